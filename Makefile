@@ -1,0 +1,43 @@
+# lance-cdf: `make test` runs the whole suite from a clean clone; `make demo` runs the pipeline.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+export PYSPARK_PYTHON := $(abspath $(PY))
+export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
+
+.PHONY: venv test proto provision bench lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test,dev]'
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+# Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
+provision: $(STAMP)
+	@if [ -f lance_cdf/devtools/__main__.py ]; then $(PY) -m lance_cdf.devtools provision; fi
+
+# pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
+test: provision
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# Regenerate lance_cdf/format/_proto from protos/ (generated modules are committed).
+proto: $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iprotos --python_out=lance_cdf/format/_proto \
+		--pyi_out=lance_cdf/format/_proto protos/file.proto protos/table.proto \
+		protos/rowids.proto protos/transaction.proto
+	sed -i -E 's/^import (file|table|rowids|transaction)_pb2 as/from . import \1_pb2 as/' \
+		lance_cdf/format/_proto/*_pb2.py
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e '.[bench]'
+	$(PY) bench/run_all.py
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check lance_cdf tests bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache build *.egg-info

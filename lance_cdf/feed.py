@@ -1,0 +1,102 @@
+"""The change feed of one table: plan commits and read their events.
+
+`read_changes` is the one-call Python API; `ChangeFeed` is what the Spark
+source, the CLI and the Kafka publisher hold on to across many calls.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import pyarrow as pa
+
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.format.table import TableLog
+from lance_cdf.plan import VersionChanges, plan_version, resolve_range
+from lance_cdf.read import META_COLUMNS, RowReader, event_schema, read_version_events, union_schema
+
+DEFAULT_BATCH_SIZE = 65536
+
+
+class ChangeFeed:
+    """Change events of the Lance table at `uri`, one commit at a time."""
+
+    def __init__(self, uri: str, storage_options: dict[str, str] | None = None):
+        self.table = TableLog(uri, storage_options)
+        self.reader = RowReader(self.table)
+        self.table.require_stable_row_ids(self.table.manifest(self.table.latest_version))
+
+    @property
+    def uri(self) -> str:
+        return self.table.uri
+
+    def latest_version(self) -> int:
+        return self.table.refresh()[-1]
+
+    def resolve_range(self, start: int, end: int | None = None) -> tuple[int, int]:
+        return resolve_range(self.table, start, end)
+
+    def plan(self, version: int) -> VersionChanges:
+        """Which rows commit `version` inserted, updated and deleted (no data read)."""
+        return plan_version(self.table, version)
+
+    def plans(self, start: int, end: int) -> Iterator[VersionChanges]:
+        for version in range(start, end + 1):
+            yield self.plan(version)
+
+    def user_schema(
+        self, start: int, end: int, columns: Sequence[str] | None = None
+    ) -> pa.Schema:
+        """Columns of the events of versions start..end (see README: schema across a range)."""
+        first = max(start - 1, 1)
+        schemas, seen = [], set()
+        for version in range(first, end + 1):
+            key = self.table.manifest(version).schema_key()
+            if key not in seen:
+                seen.add(key)
+                schemas.append(self.reader.arrow_schema(version))
+        schema = union_schema(schemas)
+        if columns is None:
+            return schema
+        unknown = [c for c in columns if c not in schema.names]
+        if unknown:
+            raise LanceCdfError(
+                f"unknown column(s) {unknown} for versions {start}..{end} of {self.uri}; "
+                f"available: {schema.names}."
+            )
+        clash = [c for c in columns if c in META_COLUMNS]
+        if clash:
+            raise LanceCdfError(f"{clash} are added to every event; do not list them in columns.")
+        return pa.schema([schema.field(c) for c in columns])
+
+    def events(
+        self, changes: VersionChanges, user_schema: pa.Schema, batch_size: int = DEFAULT_BATCH_SIZE
+    ) -> Iterator[pa.RecordBatch]:
+        return read_version_events(self.reader, changes, user_schema, batch_size)
+
+
+def read_changes(
+    uri: str,
+    start_version: int,
+    end_version: int | None = None,
+    *,
+    columns: Sequence[str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    batch_size: int = DEFAULT_BATCH_SIZE,
+) -> pa.RecordBatchReader:
+    """Row-level changes of versions `start_version`..`end_version` (inclusive).
+
+    Each event carries the table's columns (or `columns`) plus `_rowid`,
+    `_change_type` (insert, update_preimage, update_postimage, delete),
+    `_commit_version` and `_commit_timestamp`, ordered by commit version.
+    `end_version=None` reads up to the latest version.
+    """
+    feed = ChangeFeed(uri, storage_options)
+    start, end = feed.resolve_range(start_version, end_version)
+    user_schema = feed.user_schema(start, end, columns)
+
+    def batches() -> Iterator[pa.RecordBatch]:
+        for changes in feed.plans(start, end):
+            yield from feed.events(changes, user_schema, batch_size)
+
+    return pa.RecordBatchReader.from_batches(event_schema(user_schema), batches())

@@ -1,0 +1,97 @@
+"""Deletion files: which physical offsets of a fragment are deleted.
+
+`_deletions/{fragment_id}-{read_version}-{id}.arrow` holds an Arrow IPC file
+with one Int32 column; `.bin` holds a portable 32-bit roaring bitmap.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+from pyroaring import BitMap
+
+from lance_cdf.errors import CorruptFileError
+from lance_cdf.format._proto import table_pb2
+from lance_cdf.format.io import FileSystem
+
+ARROW = table_pb2.DeletionFile.ARROW_ARRAY
+BITMAP = table_pb2.DeletionFile.BITMAP
+
+
+def deletion_file_path(fragment_id: int, deletion: table_pb2.DeletionFile) -> str:
+    ext = "bin" if deletion.file_type == BITMAP else "arrow"
+    return f"_deletions/{fragment_id}-{deletion.read_version}-{deletion.id}.{ext}"
+
+
+class DeletionVector:
+    """The deleted physical offsets of one fragment, as a roaring bitmap."""
+
+    def __init__(self, bitmap: BitMap):
+        self.bitmap = bitmap
+
+    @classmethod
+    def empty(cls) -> DeletionVector:
+        return cls(BitMap())
+
+    def __len__(self) -> int:
+        return len(self.bitmap)
+
+    def to_numpy(self) -> np.ndarray:
+        """Deleted offsets, sorted ascending, as uint32."""
+        return np.frombuffer(self.bitmap.to_array(), dtype=np.uint32)
+
+    def live_offsets(self, physical_rows: int) -> np.ndarray:
+        """Offsets of the rows that are not deleted (int64, ascending)."""
+        keep = np.ones(physical_rows, dtype=bool)
+        deleted = self.to_numpy()
+        keep[deleted[deleted < physical_rows]] = False
+        return np.flatnonzero(keep)
+
+    def logical_offsets(self, physical: np.ndarray) -> np.ndarray:
+        """Map physical offsets of live rows to their index among live rows.
+
+        pylance's `LanceFragment.take` addresses rows by that index.
+        """
+        deleted = self.to_numpy().astype(np.int64)
+        physical = np.asarray(physical, dtype=np.int64)
+        return physical - np.searchsorted(deleted, physical, side="left")
+
+
+def _decode(data: bytes, file_type: int, path: str) -> BitMap:
+    if file_type == BITMAP:
+        return BitMap.deserialize(data)
+    reader = pa.ipc.open_file(pa.BufferReader(data))
+    table = reader.read_all()
+    if table.num_columns != 1:
+        raise ValueError(f"expected one column, found {table.num_columns}")
+    values = table.column(0).to_numpy(zero_copy_only=False).astype(np.uint32)
+    return BitMap(values)
+
+
+def read_deletion_vector(
+    fs: FileSystem, fragment_id: int, deletion: table_pb2.DeletionFile | None
+) -> DeletionVector:
+    """The deletion vector a fragment's manifest entry points to (empty if none)."""
+    if deletion is None or deletion.num_deleted_rows == 0 and deletion.id == 0:
+        return DeletionVector.empty()
+    path = deletion_file_path(fragment_id, deletion)
+    try:
+        data = fs.read(path)
+    except FileNotFoundError:
+        raise CorruptFileError(
+            f"deletion file {fs.root}/{path} is missing although the manifest lists it; the "
+            "table is damaged (files removed by hand?). Restore the file or read other versions."
+        ) from None
+    try:
+        bitmap = _decode(data, deletion.file_type, path)
+    except Exception as exc:  # pyarrow / pyroaring raise several types on garbage
+        raise CorruptFileError(
+            f"deletion file {fs.root}/{path} is corrupt or truncated ({exc}); restore it from "
+            "a backup or read versions that do not use it."
+        ) from None
+    if deletion.num_deleted_rows and len(bitmap) != deletion.num_deleted_rows:
+        raise CorruptFileError(
+            f"deletion file {fs.root}/{path} lists {len(bitmap)} rows but the manifest says "
+            f"{deletion.num_deleted_rows}; the file is damaged. Restore it from a backup."
+        )
+    return DeletionVector(bitmap)

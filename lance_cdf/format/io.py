@@ -1,0 +1,83 @@
+"""File access for a table root, behind one small interface.
+
+The format layer only ever reads whole small files, byte ranges and directory
+listings relative to the table root; an object-store backend implements the
+same four methods and nothing above this module changes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Protocol
+from urllib.parse import unquote, urlparse
+
+from lance_cdf.errors import TableNotFoundError, UnsupportedStorageError
+
+
+class FileSystem(Protocol):
+    """Read-only access to files under a table root (paths are relative)."""
+
+    root: str
+
+    def read(self, path: str) -> bytes: ...
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes: ...
+
+    def list_dir(self, path: str) -> list[str]: ...
+
+    def exists(self, path: str) -> bool: ...
+
+
+class LocalFileSystem:
+    """A table on the local disk."""
+
+    def __init__(self, root: str):
+        self.root = root
+
+    def _full(self, path: str) -> str:
+        return os.path.join(self.root, path)
+
+    def read(self, path: str) -> bytes:
+        with open(self._full(path), "rb") as f:
+            return f.read()
+
+    def read_range(self, path: str, offset: int, size: int) -> bytes:
+        with open(self._full(path), "rb") as f:
+            f.seek(offset)
+            return f.read(size)
+
+    def list_dir(self, path: str) -> list[str]:
+        try:
+            return os.listdir(self._full(path))
+        except FileNotFoundError:
+            return []
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(self._full(path))
+
+
+def local_path(uri: str) -> str | None:
+    """The local filesystem path of `uri`, or None when it names an object store."""
+    parsed = urlparse(uri)
+    if parsed.scheme in ("", "file") or (len(parsed.scheme) == 1 and uri[1:3] in (":\\", ":/")):
+        if parsed.scheme == "file":
+            return unquote(parsed.path)
+        return os.path.abspath(uri)
+    return None
+
+
+def open_filesystem(uri: str, storage_options: dict[str, str] | None = None) -> FileSystem:
+    """The filesystem holding the table at `uri` (a local path or `file://` URI)."""
+    path = local_path(uri)
+    if path is None:
+        raise UnsupportedStorageError(
+            f"cannot read {uri!r}: this build of lance-cdf reads local paths and file:// URIs; "
+            "object stores (s3://, gs://, az://) are not supported yet. Copy the table locally "
+            "or mount the bucket and pass the local path."
+        )
+    if not os.path.isdir(path):
+        raise TableNotFoundError(
+            f"no Lance table at {uri!r}: the directory does not exist. Check the path "
+            "(it should be the directory that contains _versions/)."
+        )
+    return LocalFileSystem(path)

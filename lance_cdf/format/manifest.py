@@ -1,0 +1,199 @@
+"""Parse a Lance manifest file into the facts the change feed needs.
+
+File layout (little endian): ... | u32 length | Manifest protobuf | ... |
+u64 position | u16 major | u16 minor | "LANC"; `position` points at the length.
+The transaction that made the version is either inline (`transaction_section`,
+same u32-length framing) or in `_transactions/{transaction_file}`.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from google.protobuf.message import DecodeError
+
+from lance_cdf.errors import CorruptFileError
+from lance_cdf.format._proto import file_pb2, table_pb2, transaction_pb2
+
+MAGIC = b"LANC"
+FOOTER = 16
+FLAG_DELETION_FILES = 1
+FLAG_STABLE_ROW_IDS = 2
+
+# Transaction oneof field name -> the operation name pylance uses.
+OPERATION_NAMES = {
+    "append": "Append",
+    "delete": "Delete",
+    "overwrite": "Overwrite",
+    "create_index": "CreateIndex",
+    "rewrite": "Rewrite",
+    "merge": "Merge",
+    "restore": "Restore",
+    "reserve_fragments": "ReserveFragments",
+    "update": "Update",
+    "project": "Project",
+    "update_config": "UpdateConfig",
+    "data_replacement": "DataReplacement",
+    "update_mem_wal_state": "UpdateMemWalState",
+    "clone": "Clone",
+    "update_bases": "UpdateBases",
+}
+
+
+def _corrupt(path: str, why: str) -> CorruptFileError:
+    return CorruptFileError(
+        f"manifest {path} is corrupt: {why}. The version cannot be read; restore the file from "
+        "a backup, or read a range that does not include this version."
+    )
+
+
+def _framed(data: bytes, pos: int, path: str, what: str) -> bytes:
+    """The u32-length-prefixed message at `pos`."""
+    if pos + 4 > len(data):
+        raise _corrupt(path, f"{what} position {pos} is past the end of the file")
+    (length,) = struct.unpack_from("<I", data, pos)
+    if pos + 4 + length > len(data):
+        raise _corrupt(path, f"{what} of {length} bytes at {pos} runs past the end of the file")
+    return data[pos + 4 : pos + 4 + length]
+
+
+@dataclass(frozen=True)
+class FragmentInfo:
+    """One fragment entry of a manifest."""
+
+    proto: table_pb2.DataFragment = field(repr=False)
+
+    @property
+    def id(self) -> int:
+        return self.proto.id
+
+    @property
+    def physical_rows(self) -> int:
+        return self.proto.physical_rows
+
+    @property
+    def deletion(self) -> table_pb2.DeletionFile | None:
+        return self.proto.deletion_file if self.proto.HasField("deletion_file") else None
+
+    @property
+    def num_deleted(self) -> int:
+        d = self.deletion
+        return d.num_deleted_rows if d is not None else 0
+
+    def key(self) -> bytes:
+        """Identity of the whole entry: equal keys mean identical rows, versions, deletions."""
+        return self.proto.SerializeToString(deterministic=True)
+
+    def lineage_key(self) -> bytes:
+        """Identity of the rows and their versions, ignoring the deletion file."""
+        p = self.proto
+        parts = [str(p.id).encode(), str(p.physical_rows).encode()]
+        for oneof in (
+            "row_id_sequence",
+            "last_updated_at_version_sequence",
+        ):
+            name = p.WhichOneof(oneof)
+            value = getattr(p, name) if name else b""
+            parts.append(value if isinstance(value, bytes) else value.SerializeToString())
+        return b"\0|".join(parts)
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The parsed manifest of one table version."""
+
+    path: str
+    proto: table_pb2.Manifest = field(repr=False)
+    transaction: transaction_pb2.Transaction | None = field(repr=False, default=None)
+
+    @property
+    def version(self) -> int:
+        return self.proto.version
+
+    @property
+    def timestamp(self) -> datetime:
+        ts = self.proto.timestamp
+        return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=timezone.utc)
+
+    @property
+    def timestamp_us(self) -> int:
+        ts = self.proto.timestamp
+        return ts.seconds * 1_000_000 + ts.nanos // 1000
+
+    @property
+    def next_row_id(self) -> int:
+        return self.proto.next_row_id
+
+    @property
+    def reader_feature_flags(self) -> int:
+        return self.proto.reader_feature_flags
+
+    @property
+    def stable_row_ids(self) -> bool:
+        return bool(self.proto.reader_feature_flags & FLAG_STABLE_ROW_IDS)
+
+    @property
+    def fields(self) -> list[file_pb2.Field]:
+        return list(self.proto.fields)
+
+    @property
+    def top_level_columns(self) -> list[str]:
+        return [f.name for f in self.proto.fields if f.parent_id == -1]
+
+    def schema_key(self) -> bytes:
+        """Identity of the schema: equal keys mean the same columns and types."""
+        return b"".join(f.SerializeToString(deterministic=True) for f in self.proto.fields)
+
+    @property
+    def fragments(self) -> list[FragmentInfo]:
+        return [FragmentInfo(f) for f in self.proto.fragments]
+
+    @property
+    def transaction_file(self) -> str:
+        return self.proto.transaction_file
+
+    @property
+    def operation(self) -> str:
+        """Name of the operation that made this version ("Unknown" if not recorded)."""
+        if self.transaction is None:
+            return "Unknown"
+        kind = self.transaction.WhichOneof("operation")
+        return OPERATION_NAMES.get(kind, "Unknown") if kind else "Unknown"
+
+    @property
+    def restored_version(self) -> int | None:
+        t = self.transaction
+        if t is not None and t.WhichOneof("operation") == "restore":
+            return t.restore.version
+        return None
+
+
+def parse_transaction(data: bytes, path: str) -> transaction_pb2.Transaction:
+    try:
+        return transaction_pb2.Transaction.FromString(data)
+    except DecodeError as exc:
+        raise CorruptFileError(
+            f"transaction {path} is corrupt ({exc}); its operation cannot be named. Restore "
+            "the file from a backup."
+        ) from None
+
+
+def parse_manifest(data: bytes, path: str = "<manifest>") -> Manifest:
+    """Parse a whole manifest file (the inline transaction included, if any)."""
+    if len(data) < FOOTER:
+        raise _corrupt(path, f"it is {len(data)} bytes, shorter than the 16-byte footer")
+    pos, major, minor, magic = struct.unpack_from("<QHH4s", data, len(data) - FOOTER)
+    if magic != MAGIC:
+        raise _corrupt(path, f"the footer magic is {magic!r}, not b'LANC' (truncated file?)")
+    body = _framed(data, pos, path, "manifest")
+    try:
+        proto = table_pb2.Manifest.FromString(body)
+    except DecodeError as exc:
+        raise _corrupt(path, f"the Manifest protobuf does not decode ({exc})") from None
+    transaction = None
+    if proto.HasField("transaction_section"):
+        section = _framed(data, proto.transaction_section, path, "transaction section")
+        transaction = parse_transaction(section, path)
+    return Manifest(path=path, proto=proto, transaction=transaction)

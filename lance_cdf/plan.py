@@ -1,0 +1,215 @@
+"""Diff two consecutive manifests into a change plan: which row IDs were
+inserted, deleted or updated, and where (fragment, physical offset) to read
+their post-images at version v and pre-images at version v-1.
+
+Only fragments whose manifest entries differ are looked at. A fragment whose
+rows and versions are unchanged but whose deletion file changed contributes
+only the offsets that flipped (a roaring-bitmap difference), so the cost grows
+with the change, not with the table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from pyroaring import BitMap
+
+from lance_cdf.errors import LanceCdfError, VersionNotFoundError
+from lance_cdf.format.manifest import FragmentInfo, Manifest
+from lance_cdf.format.table import TableLog
+
+_U64 = np.uint64
+_I64 = np.int64
+
+
+@dataclass(frozen=True)
+class RowSet:
+    """Rows of one table version: their row IDs and physical locations."""
+
+    rowids: np.ndarray  # uint64
+    fragment_ids: np.ndarray  # int64
+    offsets: np.ndarray  # int64, physical offset within the fragment
+    versions: np.ndarray  # uint64, last-updated version of each row
+
+    @staticmethod
+    def empty() -> RowSet:
+        return RowSet(
+            np.zeros(0, _U64), np.zeros(0, _I64), np.zeros(0, _I64), np.zeros(0, _U64)
+        )
+
+    @staticmethod
+    def concat(parts: list[RowSet]) -> RowSet:
+        if not parts:
+            return RowSet.empty()
+        return RowSet(
+            np.concatenate([p.rowids for p in parts]),
+            np.concatenate([p.fragment_ids for p in parts]),
+            np.concatenate([p.offsets for p in parts]),
+            np.concatenate([p.versions for p in parts]),
+        )
+
+    def __len__(self) -> int:
+        return int(self.rowids.size)
+
+    def take(self, index: np.ndarray | slice) -> RowSet:
+        return RowSet(
+            self.rowids[index], self.fragment_ids[index], self.offsets[index], self.versions[index]
+        )
+
+    def sorted_by_rowid(self) -> RowSet:
+        return self.take(np.argsort(self.rowids, kind="stable"))
+
+
+@dataclass(frozen=True)
+class VersionChanges:
+    """The changes one commit made: step `read_version` -> `version`.
+
+    `inserted` and `update_post` are located in `version`; `deleted` and
+    `update_pre` in `read_version`. `update_pre[i]` and `update_post[i]` are
+    the two images of the same row ID. All sets are ordered by row ID.
+    """
+
+    version: int
+    read_version: int
+    timestamp_us: int
+    operation: str
+    inserted: RowSet
+    deleted: RowSet
+    update_pre: RowSet
+    update_post: RowSet
+
+    @property
+    def num_events(self) -> int:
+        return len(self.inserted) + len(self.deleted) + 2 * len(self.update_post)
+
+    @property
+    def num_changed_rows(self) -> int:
+        return len(self.inserted) + len(self.deleted) + len(self.update_post)
+
+    def summary(self) -> dict[str, int | str]:
+        return {
+            "version": self.version,
+            "operation": self.operation,
+            "inserted": len(self.inserted),
+            "updated": len(self.update_post),
+            "deleted": len(self.deleted),
+        }
+
+
+def _rows(table: TableLog, frag: FragmentInfo, offsets: np.ndarray) -> RowSet:
+    offsets = np.asarray(offsets, dtype=_I64)
+    if offsets.size == 0:
+        return RowSet.empty()
+    return RowSet(
+        table.row_ids(frag).values_at(offsets),
+        np.full(offsets.size, frag.id, dtype=_I64),
+        offsets,
+        table.last_updated_versions(frag).values_at(offsets),
+    )
+
+
+def _live_rows(table: TableLog, frag: FragmentInfo) -> RowSet:
+    return _rows(table, frag, table.deletions(frag).live_offsets(frag.physical_rows))
+
+
+def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
+    return np.frombuffer(bitmap.to_array(), dtype=np.uint32).astype(_I64)
+
+
+def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> VersionChanges:
+    """The change plan of the commit that turned `old` into `new`.
+
+    `old=None` is the empty table before version 1: every live row is inserted.
+    """
+    table.require_stable_row_ids(new)
+    old_frags = {f.id: f for f in old.fragments} if old is not None else {}
+    new_frags = {f.id: f for f in new.fragments}
+    removed: list[RowSet] = []  # row entries present in `old` and not in `new`
+    added: list[RowSet] = []  # row entries present in `new` and not in `old`
+
+    for fid, nf in new_frags.items():
+        of = old_frags.get(fid)
+        if of is not None and of.key() == nf.key():
+            continue  # identical entry: same rows, same versions, same deletions
+        if of is not None and of.lineage_key() == nf.lineage_key():
+            # Same rows and versions at the same offsets; only the deletion file
+            # moved. Newly deleted offsets left, undeleted offsets came back.
+            d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
+            removed.append(_rows(table, of, _bitmap_offsets(d_new - d_old)))
+            added.append(_rows(table, nf, _bitmap_offsets(d_old - d_new)))
+            continue
+        if of is not None:
+            removed.append(_live_rows(table, of))
+        added.append(_live_rows(table, nf))
+    for fid, of in old_frags.items():
+        if fid not in new_frags:
+            removed.append(_live_rows(table, of))
+
+    gone, came = RowSet.concat(removed), RowSet.concat(added)
+    # A row ID is live at most once per version, so a row in `came` but not in
+    # `gone` was not live before (insert), one in `gone` only is no longer live
+    # (delete), and one in both moved; it changed if its version differs.
+    _, in_came, in_gone = np.intersect1d(
+        came.rowids, gone.rowids, assume_unique=True, return_indices=True
+    )
+    only_came = np.ones(len(came), dtype=bool)
+    only_came[in_came] = False
+    only_gone = np.ones(len(gone), dtype=bool)
+    only_gone[in_gone] = False
+    changed = came.versions[in_came] != gone.versions[in_gone]
+    return VersionChanges(
+        version=new.version,
+        read_version=old.version if old is not None else 0,
+        timestamp_us=new.timestamp_us,
+        operation=new.operation,
+        inserted=came.take(only_came).sorted_by_rowid(),
+        deleted=gone.take(only_gone).sorted_by_rowid(),
+        update_pre=gone.take(in_gone[changed]),
+        update_post=came.take(in_came[changed]),
+    )
+
+
+def resolve_range(table: TableLog, start: int, end: int | None) -> tuple[int, int]:
+    """Validate an inclusive version range against what the table still has."""
+    table.refresh()
+    latest = table.latest_version
+    if end is None:
+        end = latest
+    if isinstance(start, bool) or not isinstance(start, (int, np.integer)) or start < 1:
+        raise LanceCdfError(
+            f"start_version must be a version number >= 1, got {start!r}; version 1's changes "
+            "are the rows the table was created with."
+        )
+    if start > latest:
+        raise table.missing_version_error(start)
+    if end > latest:
+        raise table.missing_version_error(end)
+    if start > end:
+        raise LanceCdfError(
+            f"start_version {start} is after end_version {end}; both ends are inclusive, so "
+            f"ask for start_version <= {end}."
+        )
+    needed = range(max(start - 1, 1), end + 1)
+    present = set(table.versions)
+    missing = [v for v in needed if v not in present]
+    if missing:
+        first = missing[0]
+        raise VersionNotFoundError(
+            f"cannot read changes {start}..{end} of {table.uri}: version {first} "
+            f"{'(the base the first step is diffed against) ' if first == start - 1 else ''}"
+            f"was removed by cleanup_old_versions ({len(missing)} version(s) missing, "
+            f"{missing[0]}..{missing[-1]}). The oldest version still available is "
+            f"{table.oldest_version}: start at {table.oldest_version + 1} or later, or keep more "
+            "versions (cleanup_old_versions(older_than=...)) so consumers can catch up."
+        )
+    return int(start), int(end)
+
+
+def plan_version(table: TableLog, version: int) -> VersionChanges:
+    """The change plan of one commit (version - 1 -> version)."""
+    new = table.manifest(version)
+    old = table.manifest(version - 1) if version > 1 else None
+    if old is not None:
+        table.require_stable_row_ids(old)
+    return diff_manifests(table, old, new)
