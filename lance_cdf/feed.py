@@ -44,9 +44,7 @@ class ChangeFeed:
         for version in range(start, end + 1):
             yield self.plan(version)
 
-    def user_schema(
-        self, start: int, end: int, columns: Sequence[str] | None = None
-    ) -> pa.Schema:
+    def user_schema(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """Columns of the events of versions start..end (see README: schema across a range)."""
         first = max(start - 1, 1)
         schemas, seen = [], set()

@@ -34,9 +34,7 @@ class RowSet:
 
     @staticmethod
     def empty() -> RowSet:
-        return RowSet(
-            np.zeros(0, _U64), np.zeros(0, _I64), np.zeros(0, _I64), np.zeros(0, _U64)
-        )
+        return RowSet(np.zeros(0, _U64), np.zeros(0, _I64), np.zeros(0, _I64), np.zeros(0, _U64))
 
     @staticmethod
     def concat(parts: list[RowSet]) -> RowSet:

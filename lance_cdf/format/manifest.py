@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 from google.protobuf.message import DecodeError
 
@@ -115,7 +115,7 @@ class Manifest:
     @property
     def timestamp(self) -> datetime:
         ts = self.proto.timestamp
-        return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=timezone.utc)
+        return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
 
     @property
     def timestamp_us(self) -> int:

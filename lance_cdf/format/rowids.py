@@ -35,8 +35,15 @@ def decode_u64_array(msg: rowids_pb2.EncodedU64Array) -> np.ndarray:
 
 
 def _bitmap_mask(bitmap: bytes, n: int) -> np.ndarray:
-    """Bits of a most-significant-bit-first bitmap as n booleans."""
-    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="big")
+    """Bits of a RangeWithBitmap bitmap as n booleans.
+
+    The format documents and rowids.proto say the most significant bit of each
+    byte is the first value, but Lance writes (and reads) bit `i % 8` of byte
+    `i // 8` -- least significant bit first. Files are the authority: a
+    fragment written by pylance 14 with start=100 has byte 0 = 0x01 for
+    value 100. So this decodes LSB-first.
+    """
+    bits = np.unpackbits(np.frombuffer(bitmap, dtype=np.uint8), bitorder="little")
     if bits.size < n:
         bits = np.concatenate([bits, np.zeros(n - bits.size, dtype=np.uint8)])
     return bits[:n].astype(bool)

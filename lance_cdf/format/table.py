@@ -73,9 +73,7 @@ class TableLog:
         return self._versions[0]
 
     def has_version(self, version: int) -> bool:
-        return version in self._versions or (
-            self.fs.exists(manifest_path(version, self._scheme))
-        )
+        return version in self._versions or (self.fs.exists(manifest_path(version, self._scheme)))
 
     # -- manifests --------------------------------------------------------
     def manifest(self, version: int) -> Manifest:

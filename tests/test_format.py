@@ -1,0 +1,206 @@
+"""The format layer against hand-made protobuf messages and real pylance files."""
+
+import os
+import struct
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyroaring import BitMap
+
+from lance_cdf.errors import CorruptFileError, TableNotFoundError
+from lance_cdf.format import LocalFileSystem, TableLog, list_versions, parse_manifest
+from lance_cdf.format._proto import rowids_pb2, table_pb2
+from lance_cdf.format.deletions import read_deletion_vector
+from lance_cdf.format.manifest import FragmentInfo
+from lance_cdf.format.rowids import RowIdSequence, VersionSequence, segment_values
+
+Seg = rowids_pb2.U64Segment
+Arr = rowids_pb2.EncodedU64Array
+
+
+def u16(base, offsets):
+    return Arr(u16_array=Arr.U16Array(base=base, offsets=np.array(offsets, "<u2").tobytes()))
+
+
+def u32(base, offsets):
+    return Arr(u32_array=Arr.U32Array(base=base, offsets=np.array(offsets, "<u4").tobytes()))
+
+
+def u64(values):
+    return Arr(u64_array=Arr.U64Array(values=np.array(values, "<u8").tobytes()))
+
+
+SEGMENTS = [
+    (Seg(range=Seg.Range(start=100, end=105)), [100, 101, 102, 103, 104]),
+    (
+        Seg(range_with_holes=Seg.RangeWithHoles(start=100, end=105, holes=u16(100, [2]))),
+        [100, 101, 103, 104],
+    ),
+    (
+        Seg(range_with_holes=Seg.RangeWithHoles(start=7, end=12, holes=u64([7, 11]))),
+        [8, 9, 10],
+    ),
+    # bit i % 8 of byte i // 8 (least significant bit first), as Lance writes it
+    (
+        Seg(
+            range_with_bitmap=Seg.RangeWithBitmap(
+                start=10, end=20, bitmap=bytes([0b10000101, 0b10])
+            )
+        ),
+        [10, 12, 17, 19],
+    ),
+    (Seg(sorted_array=u16(1000, [0, 5, 70000 - 65536 + 1])), [1000, 1005, 5465]),
+    (Seg(sorted_array=u32(2**40, [1, 2**31])), [2**40 + 1, 2**40 + 2**31]),
+    (Seg(array=u64([9, 2**63 + 5, 3])), [9, 2**63 + 5, 3]),
+    (Seg(array=u32(50, [4, 0, 1])), [54, 50, 51]),
+]
+
+
+@pytest.mark.parametrize("segment,expected", SEGMENTS)
+def test_every_segment_encoding(segment, expected):
+    assert segment_values(segment).tolist() == expected
+    seq = RowIdSequence.from_bytes(rowids_pb2.RowIdSequence(segments=[segment]).SerializeToString())
+    assert len(seq) == len(expected)
+    assert seq.to_numpy().dtype == np.uint64
+    idx = np.arange(len(expected))[::-1]
+    assert seq.values_at(idx).tolist() == [expected[i] for i in idx]
+
+
+def test_multi_segment_sequence_offsets():
+    segs = [s for s, _ in SEGMENTS]
+    flat = [v for _, vals in SEGMENTS for v in vals]
+    seq = RowIdSequence.from_bytes(rowids_pb2.RowIdSequence(segments=segs).SerializeToString())
+    assert seq.to_numpy().tolist() == flat
+    idx = np.array([0, 5, len(flat) - 1, 9])
+    assert seq.values_at(idx).tolist() == [flat[i] for i in idx]
+    ranges = RowIdSequence(
+        [
+            Seg(range=Seg.Range(start=0, end=10**9)),
+            Seg(range=Seg.Range(start=5 * 10**9, end=6 * 10**9)),
+        ]
+    )
+    # arithmetic path: no billion-element array is built
+    assert ranges.values_at(np.array([10**9 - 1, 10**9, 2 * 10**9 - 1])).tolist() == [
+        10**9 - 1, 5 * 10**9, 6 * 10**9 - 1,
+    ]  # fmt: skip
+
+
+def test_version_sequence_runs():
+    msg = rowids_pb2.RowDatasetVersionSequence(
+        runs=[
+            rowids_pb2.RowDatasetVersionRun(span=Seg(range=Seg.Range(start=0, end=3)), version=5),
+            rowids_pb2.RowDatasetVersionRun(span=Seg(range=Seg.Range(start=3, end=4)), version=9),
+            rowids_pb2.RowDatasetVersionRun(span=Seg(sorted_array=u16(4, [0, 1])), version=2),
+        ]
+    )
+    seq = VersionSequence.from_bytes(msg.SerializeToString())
+    assert seq.to_numpy().tolist() == [5, 5, 5, 9, 2, 2]
+    assert seq.values_at(np.array([5, 0, 3])).tolist() == [2, 5, 9]
+    assert VersionSequence.uniform(3, 1).to_numpy().tolist() == [1, 1, 1]
+
+
+def test_external_row_ids_and_versions_are_read_by_range(tmp_path):
+    seq = rowids_pb2.RowIdSequence(segments=[Seg(array=u64([42, 7, 19]))]).SerializeToString()
+    vers = rowids_pb2.RowDatasetVersionSequence(
+        runs=[rowids_pb2.RowDatasetVersionRun(span=Seg(range=Seg.Range(start=0, end=3)), version=4)]
+    ).SerializeToString()
+    os.makedirs(tmp_path / "_versions")
+    blob = b"junk" + seq + vers + b"tail"
+    (tmp_path / "data.bin").write_bytes(blob)
+    frag = FragmentInfo(
+        table_pb2.DataFragment(
+            id=3,
+            physical_rows=3,
+            external_row_ids=table_pb2.ExternalFile(path="data.bin", offset=4, size=len(seq)),
+            external_last_updated_at_versions=table_pb2.ExternalFile(
+                path="data.bin", offset=4 + len(seq), size=len(vers)
+            ),
+        )
+    )
+    log = TableLog.__new__(TableLog)
+    log.fs, log.uri = LocalFileSystem(str(tmp_path)), str(tmp_path)
+    assert log.row_ids(frag).to_numpy().tolist() == [42, 7, 19]
+    assert log.last_updated_versions(frag).to_numpy().tolist() == [4, 4, 4]
+    assert log.created_versions(frag).to_numpy().tolist() == [1, 1, 1]  # absent -> version 1
+
+
+def test_deletion_files_both_flavours(tmp_path):
+    os.makedirs(tmp_path / "_deletions")
+    fs = LocalFileSystem(str(tmp_path))
+    with pa.OSFile(str(tmp_path / "_deletions/4-2-77.arrow"), "wb") as sink:
+        t = pa.table({"ids": pa.array([9, 1, 5], pa.int32())})
+        with pa.ipc.new_file(sink, t.schema) as w:
+            w.write_table(t)
+    (tmp_path / "_deletions/4-3-78.bin").write_bytes(BitMap(range(0, 20000, 3)).serialize())
+    arrow = table_pb2.DeletionFile(file_type=0, read_version=2, id=77, num_deleted_rows=3)
+    bitmap = table_pb2.DeletionFile(file_type=1, read_version=3, id=78, num_deleted_rows=6667)
+    assert read_deletion_vector(fs, 4, arrow).to_numpy().tolist() == [1, 5, 9]
+    dv = read_deletion_vector(fs, 4, bitmap)
+    assert len(dv) == 6667 and dv.to_numpy()[:3].tolist() == [0, 3, 6]
+    assert dv.logical_offsets(np.array([1, 2, 4])).tolist() == [0, 1, 2]
+    (tmp_path / "_deletions/4-3-78.bin").write_bytes(b"\x01\x02garbage")
+    with pytest.raises(CorruptFileError, match="4-3-78.bin"):
+        read_deletion_vector(fs, 4, bitmap)
+
+
+def test_real_table_roaring_deletions_and_segments(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(20000)}), uri, enable_stable_row_ids=True)
+    ds = lance.dataset(uri)
+    ds.delete("id % 3 = 0")  # 6667 deletions in one fragment: Lance writes a roaring .bin
+    assert any(n.endswith(".bin") for n in os.listdir(os.path.join(uri, "_deletions")))
+    log = TableLog(uri)
+    frag = log.manifest(2).fragments[0]
+    live_ids = log.row_ids(frag).values_at(log.deletions(frag).live_offsets(frag.physical_rows))
+    scanned = lance.dataset(uri).to_table(columns=[], with_row_id=True)["_rowid"].to_numpy()
+    assert np.array_equal(np.sort(live_ids), np.sort(scanned))
+
+
+def test_manifest_facts_and_naming_schemes(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).delete("id = 1")
+    versions, scheme = list_versions(LocalFileSystem(uri))
+    assert versions == [1, 2] and scheme == "v2"
+    log = TableLog(uri)
+    m = log.manifest(2)
+    assert (m.version, m.operation, m.next_row_id, m.stable_row_ids) == (2, "Delete", 2, True)
+    assert m.top_level_columns == ["id"]
+    assert log.manifest(1).operation in ("Overwrite", "Append")
+    # a V1-named manifest beside V2 names is a mixture, which the format forbids
+    src = os.path.join(uri, "_versions", sorted(os.listdir(os.path.join(uri, "_versions")))[0])
+    with open(src, "rb") as f:
+        data = f.read()
+    (tmp_path / "t.lance/_versions/3.manifest").write_bytes(data)
+    with pytest.raises(CorruptFileError, match="mixes the V1"):
+        list_versions(LocalFileSystem(uri))
+
+
+def test_v1_naming_scheme(tmp_path):
+    os.makedirs(tmp_path / "_versions")
+    for v in (1, 2, 10):
+        (tmp_path / f"_versions/{v}.manifest").write_bytes(b"")
+    assert list_versions(LocalFileSystem(str(tmp_path))) == ([1, 2, 10], "v1")
+    os.makedirs(tmp_path / "empty/_versions")
+    with pytest.raises(TableNotFoundError):
+        list_versions(LocalFileSystem(str(tmp_path / "empty")))
+
+
+def test_corrupt_and_truncated_manifests_name_the_file(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    vdir = os.path.join(uri, "_versions")
+    path = next(os.path.join(vdir, n) for n in os.listdir(vdir) if n.endswith(".manifest"))
+    data = open(path, "rb").read()
+    assert parse_manifest(data, path).version == 1
+    with pytest.raises(CorruptFileError, match="footer magic"):
+        parse_manifest(data[:-3], path)
+    with pytest.raises(CorruptFileError, match="shorter than the 16-byte footer"):
+        parse_manifest(data[:5], path)
+    pos = struct.unpack_from("<Q", data, len(data) - 16)[0]
+    bad = bytearray(data)
+    bad[pos + 4 : pos + 14] = b"\xff" * 10  # garbage inside the protobuf
+    with pytest.raises(CorruptFileError, match=os.path.basename(path)):
+        parse_manifest(bytes(bad), path)
