@@ -6,7 +6,7 @@ STAMP := $(VENV)/.installed
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv test proto provision bench lint clean
+.PHONY: venv test demo proto provision bench lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -23,6 +23,9 @@ provision: $(STAMP)
 # pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: provision
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+demo: $(STAMP)
+	$(PY) -m lance_cdf.demo $(DEMO_ARGS)
 
 # Regenerate lance_cdf/format/_proto from protos/ (generated modules are committed).
 proto: $(STAMP)
