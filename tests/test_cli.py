@@ -1,0 +1,67 @@
+"""The `lance-cdf changes` command."""
+
+import json
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from lance_cdf.cli import main
+
+
+def table(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": [1, 2, 3], "s": ["a", "b", "c"]}), uri, enable_stable_row_ids=True
+    )
+    lance.dataset(uri).update({"s": "'z'"}, where="id = 2")
+    lance.dataset(uri).delete("id = 3")
+    return uri
+
+
+def test_table_format_shows_updates_as_before_after(tmp_path, capsys):
+    assert main(["changes", table(tmp_path), "--from", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "b → z" in out and "delete" in out and "2 change(s)" in out
+
+
+def test_jsonl_and_columns(tmp_path, capsys):
+    assert (
+        main(
+            [
+                "changes",
+                table(tmp_path),
+                "--from",
+                "1",
+                "--to",
+                "2",
+                "--format",
+                "jsonl",
+                "--columns",
+                "s",
+            ]
+        )
+        == 0
+    )
+    rows = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [r["_change_type"] for r in rows] == ["insert"] * 3 + [
+        "update_preimage",
+        "update_postimage",
+    ]
+    assert set(rows[0]) == {"s", "_rowid", "_change_type", "_commit_version", "_commit_timestamp"}
+
+
+def test_parquet_output(tmp_path):
+    out = str(tmp_path / "c.parquet")
+    assert (
+        main(["changes", table(tmp_path), "--from", "3", "--format", "parquet", "--output", out])
+        == 0
+    )
+    assert pq.read_table(out)["_change_type"].to_pylist() == ["delete"]
+
+
+def test_errors_exit_2_with_a_message(tmp_path, capsys):
+    assert main(["changes", str(tmp_path / "nope.lance"), "--from", "1"]) == 2
+    assert "no Lance table" in capsys.readouterr().err
+    assert main(["changes", table(tmp_path), "--from", "1", "--format", "parquet"]) == 2
+    assert "--output" in capsys.readouterr().err
