@@ -7,6 +7,7 @@ plan are mapped to that index with the fragment's deletion vector.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -35,7 +36,7 @@ UPDATE_PRE, UPDATE_POST = "update_preimage", "update_postimage"
 CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 # chunk-level lookahead; separate from _POOL so a chunk never waits on its own pool
-_PREFETCH = ThreadPoolExecutor(max_workers=2, thread_name_prefix="lance-cdf-prefetch")
+_PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
 
 class RowReader:
@@ -190,33 +191,46 @@ def _constant(value: str, n: int) -> pa.Array:
 
 
 def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step: int):
-    """Callables, in output order, each reading one chunk of the commit's events."""
+    """(reads, assemble) per output chunk, in output order: `reads` are callables
+    fetching row images, `assemble` turns their results into one event table."""
 
-    def single(rows: RowSet, version: int, kind: str):
-        got = reader.read(rows, version, schema)
-        return _with_meta(got, rows.rowids, _constant(kind, len(rows)), vc)
+    def read(rows: RowSet, version: int):
+        return lambda: reader.read(rows, version, schema)
 
-    def pairs(pre_rows: RowSet, post_rows: RowSet):
-        pre = reader.read(pre_rows, vc.read_version, schema)
-        post = reader.read(post_rows, vc.version, schema)
-        n = len(pre_rows)
-        interleave = np.empty(2 * n, dtype=np.int64)
-        interleave[0::2] = np.arange(n)
-        interleave[1::2] = np.arange(n) + n
-        both = _take(pa.concat_tables([pre, post]), interleave)
-        kinds = pa.array(np.tile(np.array([UPDATE_PRE, UPDATE_POST], dtype=object), n), pa.string())
-        return _with_meta(both, np.repeat(post_rows.rowids, 2), kinds, vc)
+    def single(rows: RowSet, kind: str):
+        return lambda got: _with_meta(got, rows.rowids, _constant(kind, len(rows)), vc)
+
+    def pairs(post_rows: RowSet):
+        def assemble(pre: pa.Table, post: pa.Table) -> pa.Table:
+            n = pre.num_rows
+            interleave = np.empty(2 * n, dtype=np.int64)
+            interleave[0::2] = np.arange(n)
+            interleave[1::2] = np.arange(n) + n
+            both = _take(pa.concat_tables([pre, post]), interleave)
+            kinds = np.tile(np.array([UPDATE_PRE, UPDATE_POST], dtype=object), n)
+            return _with_meta(
+                both, np.repeat(post_rows.rowids, 2), pa.array(kinds, pa.string()), vc
+            )
+
+        return assemble
 
     for start in range(0, len(vc.deleted), step):
         rows = vc.deleted.take(slice(start, start + step))
-        yield lambda rows=rows: single(rows, vc.read_version, DELETE)
+        yield [read(rows, vc.read_version)], single(rows, DELETE)
     half = max(1, step // 2)
     for start in range(0, len(vc.update_post), half):
-        window = slice(start, start + half)
-        yield lambda w=window: pairs(vc.update_pre.take(w), vc.update_post.take(w))
+        pre, post = (
+            vc.update_pre.take(slice(start, start + half)),
+            vc.update_post.take(slice(start, start + half)),
+        )
+        yield [read(pre, vc.read_version), read(post, vc.version)], pairs(post)
     for start in range(0, len(vc.inserted), step):
         rows = vc.inserted.take(slice(start, start + step))
-        yield lambda rows=rows: single(rows, vc.version, INSERT)
+        yield [read(rows, vc.version)], single(rows, INSERT)
+
+
+# Row reads in flight at once while events are consumed: bounds memory to a few batches.
+_LOOKAHEAD = 4
 
 
 def read_version_events(
@@ -225,14 +239,18 @@ def read_version_events(
     """Arrow batches of one commit's events: deletes, then update pre/post pairs
     (adjacent, pre first), then inserts, each group ordered by row ID.
 
-    The next chunk is read while the current one is consumed (one chunk of
-    lookahead), so memory stays at about two batches.
+    Up to `_LOOKAHEAD` row reads run ahead of the consumer, so the images of a
+    commit (deletes, pre-images, post-images, inserts) are fetched concurrently.
     """
-    pending = None
-    for job in _event_chunks(reader, vc, schema, max(1, batch_size)):
-        future = _PREFETCH.submit(job)
-        if pending is not None:
-            yield from pending.result().to_batches()
-        pending = future
-    if pending is not None:
-        yield from pending.result().to_batches()
+    window: deque = deque()
+    in_flight = 0
+    for reads, assemble in _event_chunks(reader, vc, schema, max(1, batch_size)):
+        window.append(([_PREFETCH.submit(r) for r in reads], assemble))
+        in_flight += len(reads)
+        while in_flight >= _LOOKAHEAD:
+            futures, done = window.popleft()
+            in_flight -= len(futures)
+            yield from done(*(f.result() for f in futures)).to_batches()
+    while window:
+        futures, done = window.popleft()
+        yield from done(*(f.result() for f in futures)).to_batches()
