@@ -134,7 +134,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=10_000_000)
     ap.add_argument("--rows-per-file", type=int, default=1_000_000)
     ap.add_argument("--changes", type=int, nargs="+", default=[1, 1000, 100_000])
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--full-diff-repeat", type=int, default=1)
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None, help="write JSON results here")

@@ -151,13 +151,8 @@ class TableLog:
                 f"fragment {frag.id} of {self.uri} has no row-ID sequence; the table was "
                 "written without stable row IDs. Rewrite it with enable_stable_row_ids=True."
             )
-        seq = RowIdSequence.from_bytes(data, f"row-ID sequence of fragment {frag.id}")
-        if len(seq) != frag.physical_rows:
-            raise CorruptFileError(
-                f"row-ID sequence of fragment {frag.id} in {self.uri} has {len(seq)} entries for "
-                f"{frag.physical_rows} physical rows; the manifest is damaged."
-            )
-        return seq
+        what = f"row-ID sequence of fragment {frag.id}"
+        return self._checked(RowIdSequence.from_bytes(data, what), frag, what)
 
     def last_updated_versions(self, frag: FragmentInfo) -> VersionSequence:
         return self._versions_of(frag, "last_updated_at_version_sequence")
@@ -169,11 +164,15 @@ class TableLog:
         data = self._sequence_bytes(frag, oneof)
         if data is None:
             return VersionSequence.uniform(frag.physical_rows, DEFAULT_ROW_VERSION)
-        seq = VersionSequence.from_bytes(data, f"{oneof} of fragment {frag.id}")
+        what = f"{oneof.replace('_', ' ')} of fragment {frag.id}"
+        return self._checked(VersionSequence.from_bytes(data, what), frag, what)
+
+    def _checked(self, seq, frag: FragmentInfo, what: str):
+        """`seq` if it has one entry per physical row of `frag`."""
         if len(seq) != frag.physical_rows:
             raise CorruptFileError(
-                f"{oneof.replace('_', ' ')} of fragment {frag.id} in {self.uri} covers "
-                f"{len(seq)} rows, not {frag.physical_rows}; the manifest is damaged."
+                f"{what} in {self.uri} has {len(seq)} entries for {frag.physical_rows} "
+                "physical rows; the manifest is damaged. Restore it from a backup."
             )
         return seq
 
