@@ -149,7 +149,8 @@ def main() -> None:
     build_s = time.perf_counter() - t0
     base_version = lance.dataset(base).version
     results = []
-    next_id = args.rows
+    # new ids continue after the largest id present (a reused table has had inserts)
+    next_id = pc.max(lance.dataset(base).to_table(columns=["id"])["id"]).as_py() + 1
     for i, changes in enumerate(args.changes):
         uri = base  # each commit goes on top of the previous one: table size stays ~constant
         next_id = commit_change(uri, args.rows, changes, next_id, seed=1000 + i)
