@@ -53,14 +53,19 @@ class ChangeFeed:
             if key not in seen:
                 seen.add(key)
                 schemas.append(self.reader.arrow_schema(version))
-        schema = union_schema(schemas)
+        return self._select(union_schema(schemas), columns, f"versions {start}..{end}")
+
+    def schema_at(self, version: int, columns: Sequence[str] | None = None) -> pa.Schema:
+        """The table's columns (or `columns`) at one version."""
+        return self._select(self.reader.arrow_schema(version), columns, f"version {version}")
+
+    def _select(self, schema: pa.Schema, columns: Sequence[str] | None, where: str) -> pa.Schema:
         if columns is None:
             return schema
         unknown = [c for c in columns if c not in schema.names]
         if unknown:
             raise LanceCdfError(
-                f"unknown column(s) {unknown} for versions {start}..{end} of {self.uri}; "
-                f"available: {schema.names}."
+                f"unknown column(s) {unknown} for {where} of {self.uri}; available: {schema.names}."
             )
         clash = [c for c in columns if c in META_COLUMNS]
         if clash:

@@ -2,3 +2,5 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(__file__))
+
+pytest_plugins = ["spark_session"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from google.protobuf.message import DecodeError
 
@@ -18,6 +18,7 @@ from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import file_pb2, table_pb2, transaction_pb2
 
 MAGIC = b"LANC"
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FOOTER = 16
 FLAG_DELETION_FILES = 1
 FLAG_STABLE_ROW_IDS = 2
@@ -114,8 +115,7 @@ class Manifest:
 
     @property
     def timestamp(self) -> datetime:
-        ts = self.proto.timestamp
-        return datetime.fromtimestamp(ts.seconds + ts.nanos / 1e9, tz=UTC)
+        return EPOCH + timedelta(microseconds=self.timestamp_us)  # exact, no float rounding
 
     @property
     def timestamp_us(self) -> int:

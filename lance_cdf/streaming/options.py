@@ -1,0 +1,116 @@
+"""Options of the `lance-cdf` Spark source, parsed and checked on the driver."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+from lance_cdf.errors import LanceCdfError
+
+STORAGE_PREFIX = "storage."
+KNOWN = {
+    "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
+    "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
+}  # fmt: skip
+
+
+def _int(options: dict, key: str, minimum: int) -> int | None:
+    raw = options.get(key.lower())
+    if raw is None:
+        return None
+    try:
+        value = int(str(raw).strip())
+    except ValueError:
+        raise LanceCdfError(f"option {key}={raw!r} is not a whole number") from None
+    if value < minimum:
+        raise LanceCdfError(f"option {key}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _bool(options: dict, key: str, default: bool) -> bool:
+    raw = options.get(key.lower())
+    if raw is None:
+        return default
+    text = str(raw).strip().lower()
+    if text not in ("true", "false"):
+        raise LanceCdfError(f"option {key}={raw!r} must be true or false")
+    return text == "true"
+
+
+def _timestamp(raw: str) -> int:
+    """Microseconds since the epoch of an ISO-8601 time (UTC if no zone is given)."""
+    try:
+        ts = datetime.fromisoformat(str(raw).strip().replace("Z", "+00:00"))
+    except ValueError:
+        raise LanceCdfError(
+            f"option startingTimestamp={raw!r} is not an ISO-8601 time, e.g. 2026-11-22T10:00:00Z"
+        ) from None
+    if ts.tzinfo is None:
+        ts = ts.replace(tzinfo=UTC)
+    return int(ts.timestamp() * 1_000_000)
+
+
+@dataclass(frozen=True)
+class SourceOptions:
+    path: str
+    starting: int | str  # a version number, "latest" or "earliest"
+    starting_timestamp_us: int | None
+    ending_version: int | None
+    max_versions_per_trigger: int | None
+    max_rows_per_trigger: int | None
+    columns: tuple[str, ...] | None
+    fail_on_data_loss: bool
+    merge_schema: bool
+    rows_per_partition: int
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def parse(cls, raw: dict[str, str], streaming: bool) -> SourceOptions:
+        options = {str(k).lower(): v for k, v in raw.items()}
+        path = options.get("path")
+        if not path:
+            raise LanceCdfError(
+                'option "path" is required: .option("path", "/data/table.lance") or .load(path)'
+            )
+        starting_raw = options.get("startingversion")
+        if starting_raw is None:
+            starting: int | str = "latest" if streaming else "earliest"
+        elif str(starting_raw).strip().lower() in ("latest", "earliest"):
+            starting = str(starting_raw).strip().lower()
+        else:
+            starting = _int(options, "startingVersion", 1)
+        ts = options.get("startingtimestamp")
+        if ts is not None and starting_raw is not None:
+            raise LanceCdfError("give startingVersion or startingTimestamp, not both")
+        ending = _int(options, "endingVersion", 1)
+        if ending is not None and streaming:
+            raise LanceCdfError(
+                "endingVersion is for batch reads (spark.read); a stream runs until stopped — "
+                "use Trigger.AvailableNow to stop at the latest version"
+            )
+        columns = options.get("columns")
+        unknown = sorted(k for k in options if k not in KNOWN and not k.startswith(STORAGE_PREFIX))
+        if unknown:
+            raise LanceCdfError(
+                f"unknown option(s) {unknown} for lance-cdf; known: {sorted(KNOWN)} and "
+                f"{STORAGE_PREFIX}<key> for storage options"
+            )
+        return cls(
+            path=str(path),
+            starting=starting,
+            starting_timestamp_us=_timestamp(ts) if ts is not None else None,
+            ending_version=ending,
+            max_versions_per_trigger=_int(options, "maxVersionsPerTrigger", 1),
+            max_rows_per_trigger=_int(options, "maxRowsPerTrigger", 1),
+            columns=tuple(c.strip() for c in str(columns).split(",") if c.strip())
+            if columns
+            else None,
+            fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+            merge_schema=_bool(options, "mergeSchema", False),
+            rows_per_partition=_int(options, "rowsPerPartition", 1) or 100_000,
+            storage_options={
+                k[len(STORAGE_PREFIX) :]: str(v)
+                for k, v in raw.items()
+                if str(k).lower().startswith(STORAGE_PREFIX)
+            },
+        )
