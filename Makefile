@@ -18,7 +18,7 @@ venv: $(STAMP)
 
 # Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
 provision: $(STAMP)
-	@if [ -f lance_cdf/devtools/__main__.py ]; then $(PY) -m lance_cdf.devtools provision; fi
+	$(PY) -m lance_cdf.devtools provision
 
 # pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: provision
