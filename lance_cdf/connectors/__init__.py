@@ -1,0 +1,1 @@
+"""Connectors: change events to Avro and Kafka (and, later, to a replica)."""

@@ -1,0 +1,245 @@
+"""Arrow schemas and change events → Avro schemas and Debezium-style records.
+
+Type mapping (nullable Arrow fields become a union with null):
+
+| Arrow | Avro |
+|---|---|
+| int8, int16, int32, uint8, uint16 | int |
+| int64, uint32, uint64 | long |
+| float16, float32 | float |
+| float64 | double |
+| bool | boolean |
+| string, large_string | string |
+| binary, large_binary | bytes |
+| fixed_size_binary[n] | fixed (size n) |
+| decimal128(p, s) | bytes, logicalType decimal (precision p, scale s) |
+| date32, date64 | int, logicalType date |
+| timestamp(unit, tz) | long, timestamp-micros (with a zone) / local-timestamp-micros (without) |
+| time32, time64 | long, time-micros |
+| list, large_list, fixed_size_list (e.g. embedding vectors) | array of the item type |
+| struct | record |
+| map<string, v> | map of v; map<other, v> | array of {key, value} records |
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.types as pat
+
+from lance_cdf.errors import LanceCdfError
+
+SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
+
+
+def load_avsc(name: str) -> dict:
+    return json.loads((SCHEMAS_DIR / f"{name}.avsc").read_text())
+
+
+def _name(text: str) -> str:
+    """A valid Avro name from any column or table name."""
+    clean = re.sub(r"[^A-Za-z0-9_]", "_", text)
+    return clean if clean and not clean[0].isdigit() else f"_{clean}"
+
+
+class _Namer:
+    """Unique record names within one schema (Avro names are global to it)."""
+
+    def __init__(self):
+        self.used: set[str] = set()
+
+    def __call__(self, base: str) -> str:
+        name, i = _name(base), 1
+        while name in self.used:
+            i += 1
+            name = f"{_name(base)}_{i}"
+        self.used.add(name)
+        return name
+
+
+def avro_type(t: pa.DataType, path: str, names: _Namer) -> Any:
+    """The Avro type of an Arrow type (not nullable; see avro_field)."""
+    if pat.is_boolean(t):
+        return "boolean"
+    if pat.is_int8(t) or pat.is_int16(t) or pat.is_int32(t) or pat.is_uint8(t) or pat.is_uint16(t):
+        return "int"
+    if pat.is_integer(t):
+        return "long"
+    if pat.is_float16(t) or pat.is_float32(t):
+        return "float"
+    if pat.is_float64(t):
+        return "double"
+    if pat.is_string(t) or pat.is_large_string(t):
+        return "string"
+    if pat.is_fixed_size_binary(t):
+        return {"type": "fixed", "name": names(f"{path}_fixed"), "size": t.byte_width}
+    if pat.is_binary(t) or pat.is_large_binary(t):
+        return "bytes"
+    if pat.is_decimal(t):
+        return {
+            "type": "bytes",
+            "logicalType": "decimal",
+            "precision": t.precision,
+            "scale": t.scale,
+        }
+    if pat.is_date(t):
+        return {"type": "int", "logicalType": "date"}
+    if pat.is_timestamp(t):
+        logical = "timestamp-micros" if t.tz else "local-timestamp-micros"
+        return {"type": "long", "logicalType": logical}
+    if pat.is_time(t):
+        return {"type": "long", "logicalType": "time-micros"}
+    if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
+        return {"type": "array", "items": avro_field_type(t.value_field, f"{path}_item", names)}
+    if pat.is_struct(t):
+        return {
+            "type": "record",
+            "name": names(path),
+            "fields": [
+                avro_field(t.field(i), f"{path}_{t.field(i).name}", names)
+                for i in range(t.num_fields)
+            ],
+        }
+    if pat.is_map(t):
+        value = avro_field_type(t.item_field, f"{path}_value", names)
+        if pat.is_string(t.key_type) or pat.is_large_string(t.key_type):
+            return {"type": "map", "values": value}
+        entry = {
+            "type": "record",
+            "name": names(f"{path}_entry"),
+            "fields": [
+                {"name": "key", "type": avro_type(t.key_type, f"{path}_key", names)},
+                {"name": "value", "type": value},
+            ],
+        }
+        return {"type": "array", "items": entry}
+    raise LanceCdfError(
+        f"column {path!r} has Arrow type {t}, which lance-cdf cannot map to Avro; exclude it "
+        "with --columns / the columns option."
+    )
+
+
+def avro_field_type(field: pa.Field, path: str, names: _Namer) -> Any:
+    inner = avro_type(field.type, path, names)
+    return ["null", inner] if field.nullable else inner
+
+
+def avro_field(field: pa.Field, path: str, names: _Namer) -> dict:
+    out = {"name": _name(field.name), "type": avro_field_type(field, path, names)}
+    if field.nullable:
+        out["default"] = None
+    return out
+
+
+def row_schema(schema: pa.Schema, table_name: str) -> dict:
+    """Avro record for the table's rows (the `before`/`after` of the envelope)."""
+    names = _Namer()
+    return {
+        "type": "record",
+        "name": names(f"{table_name}_Row"),
+        "namespace": "io.lancecdf",
+        "fields": [avro_field(f, f.name, names) for f in schema],
+    }
+
+
+def envelope_schema(schema: pa.Schema, table_name: str) -> dict:
+    """The full value schema: envelope + source + the generated row record."""
+    envelope = copy.deepcopy(load_avsc("envelope"))
+    envelope["name"] = f"{_name(table_name)}_Envelope"
+    row = row_schema(schema, _name(table_name))
+    fields = {f["name"]: f for f in envelope["fields"]}
+    fields["before"]["type"] = ["null", row]
+    fields["after"]["type"] = ["null", f"io.lancecdf.{row['name']}"]
+    fields["source"]["type"] = load_avsc("source")
+    return envelope
+
+
+def key_schema(schema: pa.Schema, key_columns: list[str] | None, table_name: str) -> dict:
+    if not key_columns:
+        return load_avsc("key")
+    names = _Namer()
+    missing = [c for c in key_columns if c not in schema.names]
+    if missing:
+        raise LanceCdfError(f"key column(s) {missing} are not columns of the table: {schema.names}")
+    return {
+        "type": "record",
+        "name": f"{_name(table_name)}_Key",
+        "namespace": "io.lancecdf",
+        "fields": [avro_field(schema.field(c), c, names) for c in key_columns],
+    }
+
+
+def _python_rows(table: pa.Table) -> list[dict]:
+    """Arrow rows as Python values fastavro accepts (maps as dicts)."""
+    maps = [f.name for f in table.schema if pat.is_map(f.type)]
+    rows = table.to_pylist()
+    if maps:
+        string_keyed = {
+            f.name for f in table.schema if pat.is_map(f.type) and pat.is_string(f.type.key_type)
+        }
+        for row in rows:
+            for m in maps:
+                if row[m] is not None:
+                    row[m] = (
+                        dict(row[m]) if m in string_keyed
+                        else [{"key": k, "value": v} for k, v in row[m]]
+                    )  # fmt: skip
+    return rows
+
+
+def change_records(
+    events: pa.Table,
+    user_columns: list[str],
+    operations: dict[int, str],
+    table_name: str,
+    key_columns: list[str] | None,
+    version: str,
+    now_ms: int,
+) -> list[tuple[dict, dict | None, dict]]:
+    """(key, value, meta) per change: an update's pre- and post-image become one
+    record, a delete is followed by a tombstone marker in meta["tombstone"]."""
+    rows = _python_rows(events)
+    out = []
+    pending_pre = None
+    for row in rows:
+        kind = row["_change_type"]
+        image = {_name(c): row[c] for c in user_columns}
+        if kind == "update_preimage":
+            pending_pre = image
+            continue
+        before = (
+            pending_pre if kind == "update_postimage" else (image if kind == "delete" else None)
+        )
+        after = None if kind == "delete" else image
+        pending_pre = None
+        commit_version = row["_commit_version"]
+        source = {
+            "connector": "lance-cdf",
+            "version": version,
+            "table": table_name,
+            "commit_version": commit_version,
+            "commit_timestamp": row["_commit_timestamp"],
+            "operation": operations.get(commit_version, "Unknown"),
+            "snapshot": kind == "snapshot",
+            "rowid": row["_rowid"],
+        }
+        key = (
+            {"_rowid": row["_rowid"]}
+            if not key_columns
+            else {_name(c): (after or before)[_name(c)] for c in key_columns}
+        )
+        value = {
+            "before": before,
+            "after": after,
+            "op": OPS[kind],
+            "source": source,
+            "ts_ms": now_ms,
+        }
+        out.append((key, value, {"tombstone": kind == "delete"}))
+    return out
