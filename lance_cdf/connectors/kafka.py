@@ -1,0 +1,188 @@
+"""Publish change events to Kafka as Avro (Confluent wire format, schema registry).
+
+`KafkaChangePublisher` turns Arrow event batches into Debezium-style records
+and produces them with an idempotent producer, waiting for every delivery
+report: a batch returns only when all its records are acknowledged, and raises
+otherwise, so the caller (a Spark task) fails and is retried. Records are
+deterministic for a given commit, so a retried micro-batch produces the same
+records again: duplicates are possible, gaps and per-key reordering are not.
+
+The Spark sink (`format("lance-cdf-kafka")`) is a `DataSourceStreamArrowWriter`:
+its `write` runs in the executors, so serialisation happens next to the data, in
+bulk per Arrow batch, never row by row on the driver.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator
+
+import pyarrow as pa
+from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroSerializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+from lance_cdf import __version__
+from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.read import META_COLUMNS
+
+DEFAULT_PRODUCER = {
+    "enable.idempotence": True,
+    "acks": "all",
+    "compression.type": "lz4",
+    "linger.ms": 20,
+    "batch.num.messages": 10000,
+    "queue.buffering.max.messages": 500000,
+}
+
+
+class PublishError(LanceCdfError):
+    """Kafka or the schema registry refused or lost records."""
+
+
+def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: float = 10) -> None:
+    """Fail within `timeout` seconds, naming the address, if no broker answers."""
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
+    try:
+        admin.list_topics(timeout=timeout)
+    except KafkaException as exc:
+        raise PublishError(
+            f"cannot reach a Kafka broker at {bootstrap_servers} within {timeout:.0f}s ({exc}); "
+            "check --bootstrap-servers and that the broker is running."
+        ) from None
+
+
+def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) -> None:
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
+    meta = admin.list_topics(topic=topic, timeout=10)
+    err = meta.topics.get(topic).error if topic in meta.topics else None
+    if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        raise PublishError(
+            f"topic {topic!r} does not exist on {bootstrap_servers} and the broker does not "
+            "create topics automatically; create it (kafka-topics --create) or enable "
+            "auto.create.topics.enable."
+        )
+
+
+def check_registry(url: str, config: dict | None = None) -> None:
+    try:
+        SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
+    except Exception as exc:
+        raise PublishError(
+            f"cannot reach the schema registry at {url} ({type(exc).__name__}: {exc}); check "
+            "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
+        ) from None
+
+
+class KafkaChangePublisher:
+    """Produces the change events of one table to one topic."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        schema_registry: str,
+        user_schema: pa.Schema,
+        table_name: str,
+        key_columns: list[str] | None = None,
+        tombstones: bool = True,
+        producer_config: dict | None = None,
+        registry_config: dict | None = None,
+        flush_timeout: float = 60.0,
+    ):
+        self.topic = topic
+        self.user_columns = list(user_schema.names)
+        self.table_name = table_name
+        self.key_columns = key_columns
+        self.tombstones = tombstones
+        self.flush_timeout = flush_timeout
+        registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        self.value_serializer = AvroSerializer(
+            registry, _json(envelope_schema(user_schema, table_name)),
+            conf={"auto.register.schemas": True},
+        )  # fmt: skip
+        self.key_serializer = AvroSerializer(
+            registry, _json(key_schema(user_schema, key_columns, table_name)),
+            conf={"auto.register.schemas": True},
+        )  # fmt: skip
+        self.producer = Producer(
+            {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
+        )
+        self.value_ctx = SerializationContext(topic, MessageField.VALUE)
+        self.key_ctx = SerializationContext(topic, MessageField.KEY)
+
+    def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
+        """Produce one record per change (plus tombstones) and wait for all acks."""
+        records = change_records(
+            events, self.user_columns, operations, self.table_name, self.key_columns,
+            __version__, int(time.time() * 1000),
+        )  # fmt: skip
+        failures: list[str] = []
+
+        def on_delivery(err, msg):
+            if err is not None:
+                failures.append(f"{err} (partition {msg.partition()})")
+
+        sent = 0
+        try:
+            for key, value, meta in records:
+                key_bytes = self.key_serializer(key, self.key_ctx)
+                self._produce(key_bytes, self.value_serializer(value, self.value_ctx), on_delivery)
+                sent += 1
+                if meta["tombstone"] and self.tombstones:
+                    self._produce(key_bytes, None, on_delivery)
+                    sent += 1
+        except Exception as exc:
+            if isinstance(exc, LanceCdfError):
+                raise
+            raise PublishError(
+                f"could not publish to {self.topic!r}: {type(exc).__name__}: {exc}. If the "
+                "registry rejected the schema, the table's schema changed in a way its "
+                "compatibility rules forbid; publish to a new topic or relax the subject's "
+                "compatibility."
+            ) from exc
+        left = self.producer.flush(self.flush_timeout)
+        if left or failures:
+            raise PublishError(
+                f"{left} record(s) unacknowledged after {self.flush_timeout:.0f}s and "
+                f"{len(failures)} delivery failure(s) on {self.topic!r}"
+                f"{': ' + failures[0] if failures else ''}; the micro-batch fails and is retried."
+            )
+        return sent
+
+    def _produce(self, key: bytes, value: bytes | None, on_delivery) -> None:
+        while True:
+            try:
+                self.producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
+                return
+            except BufferError:  # local queue full: let deliveries drain, then retry
+                self.producer.poll(0.5)
+
+
+def _json(schema: dict) -> str:
+    import json
+
+    return json.dumps(schema)
+
+
+def user_schema_of(events_schema: pa.Schema) -> pa.Schema:
+    return pa.schema([f for f in events_schema if f.name not in META_COLUMNS])
+
+
+def carry_update_pairs(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
+    """Re-chunk batches so an update's preimage and postimage are never split."""
+    carry: pa.Table | None = None
+    for batch in batches:
+        table = pa.Table.from_batches([batch])
+        if carry is not None:
+            table = pa.concat_tables([carry, table])
+            carry = None
+        if table.num_rows and table["_change_type"][-1].as_py() == "update_preimage":
+            carry, table = table.slice(table.num_rows - 1), table.slice(0, table.num_rows - 1)
+        if table.num_rows:
+            yield table
+    if carry is not None:
+        yield carry

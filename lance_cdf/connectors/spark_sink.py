@@ -1,0 +1,96 @@
+"""Spark streaming sink `format("lance-cdf-kafka")`: the lance-cdf stream to Kafka.
+
+Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
+(the source table's URI: names the table in `source.table` and the operation
+in `source.operation`), `key` (comma-separated key columns; default `_rowid`),
+`tombstones` (default true), and `kafka.<producer setting>` passed to the
+producer (SASL/SSL included), `registry.<setting>` to the registry client.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from lance_cdf.connectors.kafka import KafkaChangePublisher, carry_update_pairs, user_schema_of
+from lance_cdf.errors import LanceCdfError
+
+_PUBLISHERS: dict[tuple, KafkaChangePublisher] = {}
+
+
+@dataclass
+class Published(WriterCommitMessage):
+    records: int
+
+
+def _options(raw: dict) -> dict:
+    opts = {str(k): str(v) for k, v in raw.items()}
+    lower = {k.lower(): v for k, v in opts.items()}
+    for required in ("kafka.bootstrap.servers", "topic", "schema.registry.url", "table"):
+        if not lower.get(required):
+            raise LanceCdfError(f'the lance-cdf-kafka sink needs option "{required}"')
+    return opts
+
+
+class LanceCdfKafkaSink(DataSource):
+    @classmethod
+    def name(cls) -> str:
+        return "lance-cdf-kafka"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        return KafkaStreamWriter(_options(dict(self.options)))
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    def __init__(self, options: dict):
+        self.options = options
+
+    def _publisher(self, user_schema: pa.Schema) -> KafkaChangePublisher:
+        o = {k.lower(): v for k, v in self.options.items()}
+        producer = {
+            k[len("kafka.") :]: v for k, v in self.options.items()
+            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+        }  # fmt: skip
+        registry = {
+            k[len("registry.") :]: v for k, v in self.options.items()
+            if k.lower().startswith("registry.")
+        }  # fmt: skip
+        key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
+        cache_key = (tuple(sorted(self.options.items())), user_schema)
+        publisher = _PUBLISHERS.get(cache_key)
+        if publisher is None:
+            publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
+                o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
+                table_name=o["table"], key_columns=key_cols or None,
+                tombstones=o.get("tombstones", "true").lower() == "true",
+                producer_config=producer, registry_config=registry,
+            )  # fmt: skip
+        return publisher
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        from lance_cdf.feed import ChangeFeed
+
+        table = {k.lower(): v for k, v in self.options.items()}["table"]
+        feed = None
+        sent = 0
+        for events in carry_update_pairs(iterator):
+            if feed is None:
+                feed = ChangeFeed(table)
+            versions = set(events["_commit_version"].to_pylist())
+            operations = {v: feed.table.manifest(v).operation for v in versions}
+            sent += self._publisher(user_schema_of(events.schema)).publish(events, operations)
+        return Published(sent)
+
+    def commit(self, messages, batchId: int) -> None:  # noqa: N803 (Spark's name)
+        pass
+
+    def abort(self, messages, batchId: int) -> None:  # noqa: N803
+        pass
+
+
+def register(spark) -> None:
+    spark.dataSource.register(LanceCdfKafkaSink)

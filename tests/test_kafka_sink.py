@@ -1,0 +1,136 @@
+"""The lance-cdf stream published to a real Kafka broker and schema registry."""
+
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+import lance_cdf
+from lance_cdf.connectors import spark_sink
+from lance_cdf.connectors.kafka import PublishError, check_broker, check_registry
+
+DIM = 768
+
+
+def make(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    n = 12
+    vec = pa.FixedSizeListArray.from_arrays(
+        pa.array(np.random.default_rng(0).random(n * DIM, dtype=np.float32)), DIM
+    )
+    table = pa.table({"id": np.arange(n), "s": [f"s{i}" for i in range(n)], "vec": vec})
+    lance.write_dataset(table, uri, enable_stable_row_ids=True, max_rows_per_file=5)
+    ds = lance.dataset(uri)
+    ds.update({"s": "'u'"}, where="id < 3")
+    lance.dataset(uri).delete("id IN (5, 6)")
+    src = pa.table(
+        {
+            "id": [1, 40],
+            "s": ["m", "new"],
+            "vec": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.ones(2 * DIM, dtype=np.float32)), DIM
+            ),
+        }
+    )
+    lance.dataset(uri).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(src)
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=100)
+    return uri
+
+
+def consume_all(bootstrap, topic, registry_url, expected_count):
+    client = SchemaRegistryClient({"url": registry_url})
+    key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c.subscribe([topic])
+    out = []
+    try:
+        for _ in range(120):
+            m = c.poll(0.5)
+            if m is None or m.error():
+                if len(out) >= expected_count:
+                    break
+                continue
+            key = key_de(m.key(), SerializationContext(topic, MessageField.KEY))
+            value = (
+                None
+                if m.value() is None
+                else value_de(m.value(), SerializationContext(topic, MessageField.VALUE))
+            )
+            out.append((key, value))
+    finally:
+        c.close()
+    return out
+
+
+def expected_records(uri):
+    events = lance_cdf.read_changes(uri, 1).read_all().to_pylist()
+    out, pre = [], None
+    for e in events:
+        image = {"id": e["id"], "s": e["s"], "vec": e["vec"]}
+        kind = e["_change_type"]
+        if kind == "update_preimage":
+            pre = image
+            continue
+        op = {"insert": "c", "update_postimage": "u", "delete": "d"}[kind]
+        before = pre if op == "u" else (image if op == "d" else None)
+        after = None if op == "d" else image
+        out.append(({"_rowid": e["_rowid"]}, op, before, after, e["_commit_version"]))
+        if op == "d":
+            out.append(({"_rowid": e["_rowid"]}, None, None, None, None))  # tombstone
+    return out
+
+
+def test_stream_to_kafka_equals_read_changes(spark, tmp_path, kafka_broker, schema_registry):
+    uri = make(tmp_path)
+    topic = f"cdf-{uuid.uuid4().hex[:8]}"
+    spark_sink.register(spark)
+    changes = spark.readStream.format("lance-cdf").option("path", uri)
+    writer = (
+        changes.option("startingVersion", 1).load().writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+    )  # fmt: skip
+    q = writer.trigger(availableNow=True).start()
+    q.awaitTermination(180)
+    assert q.exception() is None
+    want = expected_records(uri)
+    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, len(want))
+    flat = [
+        (k, v["op"], v["before"], v["after"], v["source"]["commit_version"])
+        if v
+        else (k, None, None, None, None)
+        for k, v in got
+    ]
+    key = lambda r: (r[4] or 0, r[0]["_rowid"], r[1] or "~")  # noqa: E731
+    # a tombstone directly follows its delete on the same key (one partition: total order)
+    for i, (k, op, *_rest) in enumerate(flat):
+        if op == "d":
+            assert flat[i + 1] == (k, None, None, None, None)
+    assert sorted([r for r in flat if r[1]], key=key) == sorted([r for r in want if r[1]], key=key)
+    assert sum(1 for r in flat if r[1] is None) == sum(1 for r in want if r[1] is None)
+    values = [v for _, v in got if v]
+    # source.operation names the Lance operation of each commit (pylance's own transaction log)
+    for v in values:
+        version = v["source"]["commit_version"]
+        op = type(lance.dataset(uri).read_transaction(version).operation).__name__
+        assert v["source"]["operation"] == op
+    assert all(
+        v["source"]["connector"] == "lance-cdf" and v["source"]["table"] == uri for v in values
+    )
+
+
+def test_unreachable_broker_and_registry_fail_fast_naming_the_address():
+    with pytest.raises(PublishError, match="127.0.0.1:9"):
+        check_broker("127.0.0.1:9", timeout=3)
+    with pytest.raises(PublishError, match="http://127.0.0.1:9/apis"):
+        check_registry("http://127.0.0.1:9/apis/ccompat/v7")
