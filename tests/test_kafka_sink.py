@@ -134,3 +134,34 @@ def test_unreachable_broker_and_registry_fail_fast_naming_the_address():
         check_broker("127.0.0.1:9", timeout=3)
     with pytest.raises(PublishError, match="http://127.0.0.1:9/apis"):
         check_registry("http://127.0.0.1:9/apis/ccompat/v7")
+
+
+def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
+    from lance_cdf.cli import main
+
+    uri = str(tmp_path / "c.lance")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).delete("id = 2")
+    topic = f"cli-{uuid.uuid4().hex[:8]}"
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
+            str(tmp_path / "ck"), "--starting-version", "1", "--available-now", "--key", "id",
+            "--producer-config", "client.id=cli-test"]  # fmt: skip
+    assert main(args) == 0
+    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 5)
+    assert [(k["id"], v and v["op"]) for k, v in got] == [
+        (1, "c"),
+        (2, "c"),
+        (3, "c"),
+        (2, "d"),
+        (2, None),
+    ]
+
+
+def test_unknown_topic_without_auto_create_is_a_clear_error(tmp_path):
+    from lance_cdf.connectors.kafka import check_topic
+    from lance_cdf.devtools import KafkaBroker
+
+    with KafkaBroker(str(tmp_path / "strict"), auto_create_topics=False) as strict:
+        with pytest.raises(PublishError, match="does not exist .* auto.create.topics.enable"):
+            check_topic(strict.bootstrap_servers, "nope")

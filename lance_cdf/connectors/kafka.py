@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
@@ -60,6 +60,14 @@ def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) 
     meta = admin.list_topics(topic=topic, timeout=10)
     err = meta.topics.get(topic).error if topic in meta.topics else None
     if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+        broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(meta.brokers))))
+        try:
+            configs = admin.describe_configs([broker])[broker].result(timeout=10)
+            auto = configs.get("auto.create.topics.enable")
+            if auto is not None and auto.value == "true":
+                return  # the first produce creates it
+        except KafkaException:
+            pass  # not allowed to read broker configs: assume it does not auto-create
         raise PublishError(
             f"topic {topic!r} does not exist on {bootstrap_servers} and the broker does not "
             "create topics automatically; create it (kafka-topics --create) or enable "

@@ -1,0 +1,97 @@
+"""`lance-cdf publish`: run the lance-cdf stream into Kafka on a local Spark session."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from lance_cdf.connectors.kafka import check_broker, check_registry, check_topic
+from lance_cdf.errors import LanceCdfError
+
+SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
+
+
+def redact(config: dict[str, str]) -> dict[str, str]:
+    """Producer settings safe to print: credentials are never shown."""
+    return {
+        k: ("***" if any(h in k.lower() for h in SECRET_HINTS) else v) for k, v in config.items()
+    }
+
+
+def publish(
+    table: str,
+    bootstrap_servers: str,
+    topic: str,
+    schema_registry: str,
+    checkpoint: str,
+    starting_version: str = "latest",
+    trigger_interval: str = "1 second",
+    available_now: bool = False,
+    key: str | None = None,
+    tombstones: bool = True,
+    producer_config: dict[str, str] | None = None,
+    registry_config: dict[str, str] | None = None,
+    storage_options: dict[str, str] | None = None,
+    max_rows_per_trigger: int | None = None,
+    master: str = "local[2]",
+) -> int:
+    """Stream the table's changes to `topic` until stopped (or, with
+    `available_now`, until the latest version at start is published)."""
+    producer_config = dict(producer_config or {})
+    check_broker(bootstrap_servers, producer_config)
+    check_registry(schema_registry, registry_config)
+    check_topic(bootstrap_servers, topic, producer_config)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    from pyspark.sql import SparkSession
+
+    from lance_cdf.connectors import spark_sink
+    from lance_cdf.streaming import register
+
+    spark = (
+        SparkSession.builder.master(master).appName(f"lance-cdf publish {topic}")
+        .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    spark_sink.register(spark)
+    reader = spark.readStream.format("lance-cdf").option("path", table)
+    reader = reader.option("startingVersion", starting_version)
+    if max_rows_per_trigger:
+        reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
+    for k, v in (storage_options or {}).items():
+        reader = reader.option(f"storage.{k}", v)
+    writer = (
+        reader.load().writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", schema_registry).option("table", table)
+        .option("tombstones", str(tombstones).lower()).option("checkpointLocation", checkpoint)
+    )  # fmt: skip
+    if key:
+        writer = writer.option("key", key)
+    for k, v in producer_config.items():
+        writer = writer.option(f"kafka.{k}", v)
+    for k, v in (registry_config or {}).items():
+        writer = writer.option(f"registry.{k}", v)
+    trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
+    query = writer.trigger(**trigger).start()
+    print(
+        f"publishing {table} -> {topic} on {bootstrap_servers} (checkpoint {checkpoint}; "
+        f"producer settings {redact(producer_config)})",
+        flush=True,
+    )
+
+    def stop(*_):
+        query.stop()
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    error = query.exception()
+    spark.stop()
+    if error is not None:
+        raise LanceCdfError(f"the publishing query failed: {error}")
+    return 0
