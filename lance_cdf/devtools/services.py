@@ -29,6 +29,7 @@ class _Service:
 
     def __init__(self, workdir: str | None = None, heap: str = "512m"):
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"lance-cdf-{self.name}-"))
+        self.workdir.mkdir(parents=True, exist_ok=True)
         self.heap = heap
         self.proc: subprocess.Popen | None = None
         self.log_path = self.workdir / f"{self.name}.log"
