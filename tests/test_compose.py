@@ -19,7 +19,8 @@ def test_compose_names_the_documented_services_and_ports():
     assert "./data:/data" in publisher["volumes"]
     command = publisher["command"]
     assert command.startswith("lance-cdf publish") and "--bootstrap-servers kafka:29092" in command
-    assert "INTERNAL://kafka:29092" in services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
+    assert "INTERNAL://kafka:29092" in advertised
     readme = (ROOT / "README.md").read_text()
     for port in ("9092", "8081"):
         assert port in readme

@@ -48,6 +48,7 @@ def publish(
     from lance_cdf.connectors import spark_sink
     from lance_cdf.streaming import register
 
+    own_session = SparkSession.getActiveSession() is None
     spark = (
         SparkSession.builder.master(master).appName(f"lance-cdf publish {topic}")
         .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
@@ -62,8 +63,10 @@ def publish(
         reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
     for k, v in (storage_options or {}).items():
         reader = reader.option(f"storage.{k}", v)
+    # One writer task per micro-batch: the versions of a micro-batch are produced in
+    # commit order, which is what keeps each key's records in order in Kafka.
     writer = (
-        reader.load().writeStream.format("lance-cdf-kafka")
+        reader.load().coalesce(1).writeStream.format("lance-cdf-kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", topic)
         .option("schema.registry.url", schema_registry).option("table", table)
         .option("tombstones", str(tombstones).lower()).option("checkpointLocation", checkpoint)
@@ -91,7 +94,8 @@ def publish(
     except KeyboardInterrupt:
         query.stop()
     error = query.exception()
-    spark.stop()
+    if own_session:
+        spark.stop()
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}")
     return 0

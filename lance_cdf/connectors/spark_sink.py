@@ -5,6 +5,11 @@ Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
 in `source.operation`), `key` (comma-separated key columns; default `_rowid`),
 `tombstones` (default true), and `kafka.<producer setting>` passed to the
 producer (SASL/SSL included), `registry.<setting>` to the registry client.
+
+Per-key order needs the versions of a micro-batch produced in order: write
+`changes.coalesce(1).writeStream.format("lance-cdf-kafka")` (as `lance-cdf
+publish` does). Without it, Spark runs the versions of one micro-batch as
+parallel tasks and their records can interleave.
 """
 
 from __future__ import annotations
