@@ -128,29 +128,26 @@ def test_restart_from_checkpoint_exactly_once(spark, tmp_path):
     uri = make(tmp_path)
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
 
-    def run():
-        q = (
-            spark.readStream.format("lance-cdf")
-            .option("path", uri)
-            .option("startingVersion", 1)
-            .option("maxVersionsPerTrigger", 2)
-            .load()
-            .writeStream.format("parquet")
-            .option("path", out)
-            .option("checkpointLocation", ck)
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination(120)
-        return q
-
-    run()
+    drain_to_parquet(spark, uri, out, ck, maxVersionsPerTrigger=2)
     churn(uri)
-    run()
+    drain_to_parquet(spark, uri, out, ck, maxVersionsPerTrigger=2)
     churn(uri, 1)
-    run()
+    drain_to_parquet(spark, uri, out, ck, maxVersionsPerTrigger=2)
     got = rows(spark.read.parquet(out).select(*expected_columns()))
     assert got == expected(uri, 1)
+
+
+def drain_to_parquet(spark, uri, out, ck, **options):
+    """Run the stream from version 1 with Trigger.AvailableNow into a parquet sink."""
+    reader = spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+    for k, v in options.items():
+        reader = reader.option(k, v)
+    q = (
+        reader.load().writeStream.format("parquet").option("path", out)
+        .option("checkpointLocation", ck).trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination(120)
+    return q
 
 
 def expected_columns():
@@ -192,18 +189,7 @@ def test_killed_driver_restarts_without_loss_or_duplicates(spark, tmp_path):
     proc.wait()
     done = len([n for n in os.listdir(commits) if n.isdigit()])
     assert 3 <= done < lance.dataset(uri).version  # it really was stopped part-way
-    q = (
-        spark.readStream.format("lance-cdf")
-        .option("path", uri)
-        .option("startingVersion", 1)
-        .load()
-        .writeStream.format("parquet")
-        .option("path", out)
-        .option("checkpointLocation", ck)
-        .trigger(availableNow=True)
-        .start()
-    )
-    q.awaitTermination(120)
+    drain_to_parquet(spark, uri, out, ck)
     assert rows(spark.read.parquet(out).select(*expected_columns())) == expected(uri, 1)
 
 
