@@ -11,7 +11,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.format.table import TableLog
+from lance_cdf.format.table import LruCache, TableLog
 from lance_cdf.plan import VersionChanges, plan_version, resolve_range
 from lance_cdf.read import META_COLUMNS, RowReader, event_schema, read_version_events, union_schema
 
@@ -24,6 +24,8 @@ class ChangeFeed:
     def __init__(self, uri: str, storage_options: dict[str, str] | None = None):
         self.table = TableLog(uri, storage_options)
         self.reader = RowReader(self.table)
+        # versions never change once written, so their plans can be kept
+        self._plans: LruCache = LruCache(16)
         self.table.require_stable_row_ids(self.table.manifest(self.table.latest_version))
 
     @property
@@ -38,7 +40,10 @@ class ChangeFeed:
 
     def plan(self, version: int) -> VersionChanges:
         """Which rows commit `version` inserted, updated and deleted (no data read)."""
-        return plan_version(self.table, version)
+        cached = self._plans.get(version)
+        if cached is None:
+            cached = self._plans.put(version, plan_version(self.table, version))
+        return cached
 
     def plans(self, start: int, end: int) -> Iterator[VersionChanges]:
         for version in range(start, end + 1):

@@ -17,7 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.format.table import TableLog, _Lru
+from lance_cdf.format.table import LruCache, TableLog
 from lance_cdf.plan import RowSet, VersionChanges
 
 ROWID = "_rowid"
@@ -44,7 +44,7 @@ class RowReader:
 
     def __init__(self, table: TableLog):
         self.table = table
-        self._datasets: _Lru = _Lru(4)
+        self._datasets: LruCache = LruCache(4)
         self._schemas: dict[bytes, pa.Schema] = {}
 
     def dataset(self, version: int) -> lance.LanceDataset:

@@ -22,7 +22,7 @@ from lance_cdf.format.versions import list_versions, manifest_path
 DEFAULT_ROW_VERSION = 1
 
 
-class _Lru(OrderedDict):
+class LruCache(OrderedDict):
     def __init__(self, size: int):
         super().__init__()
         self.size = size
@@ -48,8 +48,8 @@ class TableLog:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
         self.fs = fs if fs is not None else open_filesystem(uri, self.storage_options)
-        self._manifests: _Lru = _Lru(cache_size)
-        self._deletions: _Lru = _Lru(cache_size * 16)
+        self._manifests: LruCache = LruCache(cache_size)
+        self._deletions: LruCache = LruCache(cache_size * 16)
         self._versions: list[int] = []
         self._scheme = "v2"
         self.refresh()
