@@ -236,3 +236,33 @@ def _reached(query, version):
 
 def _frozen(image):
     return None if image is None else tuple(sorted(image.items()))
+
+
+def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, schema_registry):
+    from lance_cdf.connectors.publish import publish
+    from lance_cdf.errors import LanceCdfError
+
+    uri = str(tmp_path / "evo.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(3), "s": ["a", "b", "c"]}), uri, enable_stable_row_ids=True
+    )
+    topic = f"evo-{uuid.uuid4().hex[:8]}"
+    client = SchemaRegistryClient({"url": schema_registry.url})
+    client.set_compatibility(subject_name=f"{topic}-value", level="BACKWARD")
+    ck = str(tmp_path / "ck")
+    run = dict(bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic,
+               schema_registry=schema_registry.url, checkpoint=ck, available_now=True)  # fmt: skip
+    publish(uri, starting_version="1", **run)
+    assert len(client.get_versions(f"{topic}-value")) == 1
+    # additive: a new nullable column is a new schema version the registry accepts
+    lance.dataset(uri).add_columns({"extra": "id * 2"})
+    publish(uri, **run)
+    assert len(client.get_versions(f"{topic}-value")) == 2
+    latest = client.get_latest_version(f"{topic}-value").schema.schema_str
+    assert '"extra"' in latest
+    # incompatible: a retyped column is refused by the registry and publishing stops, saying so
+    lance.dataset(uri).alter_columns({"path": "id", "data_type": pa.int32()})
+    lance.dataset(uri).update({"s": "'z'"})
+    with pytest.raises(LanceCdfError, match="compatibility rules forbid"):
+        publish(uri, **run)
+    assert len(client.get_versions(f"{topic}-value")) == 2

@@ -89,13 +89,16 @@ def publish(
         query.stop()
 
     signal.signal(signal.SIGTERM, stop)
+    error = None
     try:
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
-    error = query.exception()
+    except Exception as exc:  # the query failed: Spark raises StreamingQueryException
+        error = exc
+    error = error or query.exception()
     if own_session:
         spark.stop()
     if error is not None:
-        raise LanceCdfError(f"the publishing query failed: {error}")
+        raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
