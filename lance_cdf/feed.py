@@ -58,13 +58,15 @@ class ChangeFeed:
             if key not in seen:
                 seen.add(key)
                 schemas.append(self.reader.arrow_schema(version))
-        return self._select(union_schema(schemas), columns, f"versions {start}..{end}")
+        return self.select_columns(union_schema(schemas), columns, f"versions {start}..{end}")
 
     def schema_at(self, version: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """The table's columns (or `columns`) at one version."""
-        return self._select(self.reader.arrow_schema(version), columns, f"version {version}")
+        return self.select_columns(self.reader.arrow_schema(version), columns, f"version {version}")
 
-    def _select(self, schema: pa.Schema, columns: Sequence[str] | None, where: str) -> pa.Schema:
+    def select_columns(
+        self, schema: pa.Schema, columns: Sequence[str] | None, where: str
+    ) -> pa.Schema:
         if columns is None:
             return schema
         unknown = [c for c in columns if c not in schema.names]

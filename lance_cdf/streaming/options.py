@@ -50,10 +50,20 @@ def _timestamp(raw: str) -> int:
     return int(ts.timestamp() * 1_000_000)
 
 
+def _columns(raw: str | None) -> tuple[str, ...] | None:
+    if raw is None or not str(raw).strip():
+        return None
+    columns = tuple(c.strip() for c in str(raw).split(",") if c.strip())
+    repeated = sorted({c for c in columns if columns.count(c) > 1})
+    if repeated:
+        raise LanceCdfError(f"option columns={raw!r} names {repeated} more than once")
+    return columns
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     path: str
-    starting: int | str  # a version number, "latest" or "earliest"
+    starting: int | str  # a version number, "latest" or "earliest" (see source._start_version)
     starting_timestamp_us: int | None
     ending_version: int | None
     max_versions_per_trigger: int | None
@@ -88,7 +98,7 @@ class SourceOptions:
                 "endingVersion is for batch reads (spark.read); a stream runs until stopped — "
                 "use Trigger.AvailableNow to stop at the latest version"
             )
-        columns = options.get("columns")
+        columns = _columns(options.get("columns"))
         unknown = sorted(k for k in options if k not in KNOWN and not k.startswith(STORAGE_PREFIX))
         if unknown:
             raise LanceCdfError(
@@ -102,9 +112,7 @@ class SourceOptions:
             ending_version=ending,
             max_versions_per_trigger=_int(options, "maxVersionsPerTrigger", 1),
             max_rows_per_trigger=_int(options, "maxRowsPerTrigger", 1),
-            columns=tuple(c.strip() for c in str(columns).split(",") if c.strip())
-            if columns
-            else None,
+            columns=columns,
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             merge_schema=_bool(options, "mergeSchema", False),
             rows_per_partition=_int(options, "rowsPerPartition", 1) or 100_000,

@@ -2,16 +2,24 @@
 table's change feed on the PySpark Python Data Source API.
 
 Offsets are `{"version": N}`: every change up to and including version N has
-been delivered. Partitions are `(version, part, parts)`: an executor re-plans
-the version from the manifests (cheap, no data) and reads its share of the
-changed rows, so a large commit is read by several tasks.
+been delivered. A partition is a list of `(version, part, parts)` segments:
+small commits are packed together, a large one is cut into `parts` row ranges
+(`rowsPerPartition` changed rows each). An executor re-plans each version from
+the manifests (cheap, no data read) and reads only its share of the rows.
+
+Where things run: `DataSource.schema()` runs once at `load()` in a Python
+worker and the instance is pickled for everything after it, so state it sets
+(the version the schema was taken at) reaches `reader()`/`streamReader()`.
+`latestOffset`/`partitions`/`commit` run in one long-lived Python process on
+the driver; `read()` runs on executors with a pickled copy of the reader.
 """
 
 from __future__ import annotations
 
+import bisect
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
 import pyarrow as pa
@@ -21,7 +29,6 @@ from pyspark.sql.datasource import (
     DataSourceStreamReader,
     InputPartition,
 )
-from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
     ReadLimit,
@@ -34,10 +41,14 @@ from pyspark.sql.types import StructType
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.plan import VersionChanges
-from lance_cdf.read import ROWID
+from lance_cdf.read import union_schema
 from lance_cdf.streaming.options import SourceOptions
+from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
 log = logging.getLogger("lance_cdf.streaming")
+
+# Versions packed into one partition at most (each is re-planned by the executor).
+MAX_SEGMENTS_PER_PARTITION = 1024
 
 _FEEDS: dict[tuple, ChangeFeed] = {}
 
@@ -51,106 +62,204 @@ def _feed(opts: SourceOptions) -> ChangeFeed:
     return feed
 
 
-def spark_arrow_schema(user_schema: pa.Schema) -> tuple[StructType, pa.Schema]:
-    """Spark schema of the events and the Arrow schema batches are cast to
-    (`_rowid` becomes a signed long: row IDs stay far below 2^63)."""
-    fields = [f for f in user_schema] + [
-        pa.field(ROWID, pa.int64(), nullable=False),
-        pa.field("_change_type", pa.string(), nullable=False),
-        pa.field("_commit_version", pa.int64(), nullable=False),
-        pa.field("_commit_timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+# -- versions -------------------------------------------------------------------
+
+
+def unreadable(versions: Sequence[int], first: int, last: int) -> list[int]:
+    """Versions in first..last whose changes cannot be computed any more: the
+    version, or the one it is diffed against, was removed by cleanup."""
+    present = set(versions)
+    return [
+        v for v in range(first, last + 1) if v not in present or (v > 1 and v - 1 not in present)
     ]
-    spark = from_arrow_schema(pa.schema(fields))
-    return spark, to_arrow_schema(spark, timezone="UTC")
+
+
+def earliest_readable(versions: Sequence[int]) -> int:
+    """The first version whose changes can still be read (latest + 1 if none)."""
+    present = set(versions)
+    for v in versions:
+        if v == 1 or v - 1 in present:
+            return v
+    return versions[-1] + 1
+
+
+def spans(versions: Iterable[int]) -> str:
+    """`[2, 3, 4, 7]` -> `"2..4, 7"`."""
+    out: list[list[int]] = []
+    for v in sorted(versions):
+        if out and v == out[-1][1] + 1:
+            out[-1][1] = v
+        else:
+            out.append([v, v])
+    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
+
+
+def _first_at_or_after(feed: ChangeFeed, timestamp_us: int, latest: int) -> int:
+    """First present version committed at or after `timestamp_us` (commit times
+    grow with versions), or latest + 1."""
+    versions = [v for v in feed.table.versions if v <= latest]
+    i = bisect.bisect_left(
+        range(len(versions)),
+        True,
+        key=lambda i: feed.table.manifest(versions[i]).timestamp_us >= timestamp_us,
+    )
+    return versions[i] if i < len(versions) else latest + 1
+
+
+def _start_version(opts: SourceOptions, feed: ChangeFeed, latest: int, streaming: bool) -> int:
+    """First version whose changes are delivered.
+
+    `latest`: a stream starts after it (only new commits); a batch read returns
+    the changes of the latest version. `earliest`: the first readable version.
+    """
+    if opts.starting_timestamp_us is not None:
+        return _first_at_or_after(feed, opts.starting_timestamp_us, latest)
+    if opts.starting == "latest":
+        return latest + 1 if streaming else latest
+    if opts.starting == "earliest":
+        return min(earliest_readable(feed.table.versions), latest + 1)
+    start = int(opts.starting)
+    if start > latest + (1 if streaming else 0):
+        raise feed.table.missing_version_error(start)
+    return start
+
+
+def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
+    """The event columns of first..last, as read_changes has them, from the
+    versions still present (a stream skips or stops at the missing ones)."""
+    lo = max(first - 1, 1)
+    present = [v for v in feed.table.versions if lo <= v <= last]
+    if not present:
+        return feed.schema_at(feed.table.latest_version, columns)
+    schemas, seen = [], set()
+    for v in present:
+        key = feed.table.manifest(v).schema_key()
+        if key not in seen:
+            seen.add(key)
+            schemas.append(feed.reader.arrow_schema(v))
+    return feed.select_columns(union_schema(schemas), columns, f"versions {first}..{last}")
 
 
 @dataclass(frozen=True)
-class VersionSlice(InputPartition):
-    """Part `part` of `parts` of the changes of one version."""
+class Resolved:
+    """Options checked against the table: where to start, the columns."""
 
-    version: int
-    part: int
-    parts: int
+    opts: SourceOptions
+    start: int
+    end: int  # a batch read's last version; a stream's "now" (the schema's version)
+    user_schema: pa.Schema
 
 
-def _slice(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
-    def cut(rows):
+def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
+    """Parse options and fix the schema: the columns of every version from the
+    start to the end. `as_of` (the version `load()` saw) stands for "latest":
+    a stream starts after it, a batch read without endingVersion ends at it."""
+    opts = SourceOptions.parse(dict(options), streaming)
+    feed = _feed(opts)
+    latest = feed.latest_version()
+    if as_of is not None and as_of <= latest:
+        latest = as_of
+    start = _start_version(opts, feed, latest, streaming)
+    if streaming:
+        return Resolved(opts, start, latest, _union(feed, start, latest, opts.columns))
+    if start > latest and opts.starting_timestamp_us is not None:
+        raise LanceCdfError(
+            f"no version of {opts.path} was committed at or after startingTimestamp; the "
+            f"latest, version {latest}, was committed at {feed.table.manifest(latest).timestamp}."
+        )
+    end = opts.ending_version if opts.ending_version is not None else latest
+    start, end = feed.resolve_range(start, end)
+    return Resolved(opts, start, end, feed.user_schema(start, end, opts.columns))
+
+
+# -- partitions and reading -----------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChangeSlices(InputPartition):
+    """Segments `(version, part, parts)`: part `part` of `parts` of the changed
+    rows of `version`, read in this order."""
+
+    segments: tuple[tuple[int, int, int], ...]
+
+
+def pack(sizes: Iterable[tuple[int, int]], rows_per_partition: int) -> list[ChangeSlices]:
+    """Partitions for `(version, changed rows)` in version order: consecutive
+    small versions share a partition, a big one is split into row ranges."""
+    out: list[ChangeSlices] = []
+    current: list[tuple[int, int, int]] = []
+    filled = 0
+    for version, rows in sizes:
+        if rows > rows_per_partition:
+            if current:
+                out.append(ChangeSlices(tuple(current)))
+                current, filled = [], 0
+            parts = math.ceil(rows / rows_per_partition)
+            out.extend(ChangeSlices(((version, p, parts),)) for p in range(parts))
+            continue
+        if current and (
+            filled + rows > rows_per_partition or len(current) >= MAX_SEGMENTS_PER_PARTITION
+        ):
+            out.append(ChangeSlices(tuple(current)))
+            current, filled = [], 0
+        current.append((version, 0, 1))
+        filled += rows
+    if current:
+        out.append(ChangeSlices(tuple(current)))
+    return out
+
+
+def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
+    """Part `part` of `parts` of one version's changes (an update's two images
+    stay together: pre- and post-images are cut at the same positions)."""
+    if parts == 1:
+        return vc
+
+    def share(rows):
         n = len(rows)
         return rows.take(slice(n * part // parts, n * (part + 1) // parts))
 
     return replace(
         vc,
-        inserted=cut(vc.inserted),
-        deleted=cut(vc.deleted),
-        update_pre=cut(vc.update_pre),
-        update_post=cut(vc.update_post),
+        inserted=share(vc.inserted),
+        deleted=share(vc.deleted),
+        update_pre=share(vc.update_pre),
+        update_post=share(vc.update_post),
     )
 
 
 class _Reading:
-    """What the batch and the stream reader share: schema, planning, reading."""
+    """What executors need (pickled with every reader): options, the columns to
+    read, and the Arrow schema Spark expects."""
 
-    def __init__(self, opts: SourceOptions, user_schema: pa.Schema):
+    def __init__(self, opts: SourceOptions, union: pa.Schema, declared: StructType):
         self.opts = opts
-        self.user_schema = user_schema
-        self.spark_schema, self.arrow_schema = spark_arrow_schema(user_schema)
+        wanted = [f.name for f in declared if f.name not in META_NAMES]
+        unknown = [c for c in wanted if c not in union.names]
+        if unknown:
+            raise LanceCdfError(
+                f"column(s) {unknown} of the query's schema are not columns of {opts.path} "
+                f"(available: {union.names}); leave them out of .schema(...) or the columns "
+                "option."
+            )
+        self.read_schema = pa.schema([union.field(c) for c in wanted])
+        self.target = arrow_target(declared)
 
-    def slices(self, first: int, last: int) -> list[VersionSlice]:
+    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
         feed = _feed(self.opts)
-        out = []
-        for version in range(first, last + 1):
-            rows = feed.plan(version).num_changed_rows
-            parts = max(1, math.ceil(rows / self.opts.rows_per_partition))
-            out.extend(VersionSlice(version, p, parts) for p in range(parts))
-        return out
-
-    def read(self, partition: VersionSlice) -> Iterator[pa.RecordBatch]:
-        feed = _feed(self.opts)
-        vc = _slice(feed.plan(partition.version), partition.part, partition.parts)
-        for batch in feed.events(vc, self.user_schema):
-            yield batch.cast(self.arrow_schema)
+        for version, part, parts in partition.segments:
+            try:
+                vc = feed.plan(version)
+            except VersionNotFoundError as exc:
+                if self.opts.fail_on_data_loss:
+                    raise
+                log.warning("skipping version %d (failOnDataLoss=false): %s", version, exc)
+                continue
+            for batch in feed.events(cut(vc, part, parts), self.read_schema):
+                yield to_spark(batch, self.target)
 
 
-def _start_version(opts: SourceOptions, feed: ChangeFeed) -> int:
-    """First version whose changes the source delivers."""
-    table = feed.table
-    table.refresh()
-    if opts.starting_timestamp_us is not None:
-        for version in table.versions:
-            if table.manifest(version).timestamp_us >= opts.starting_timestamp_us:
-                return max(version, earliest_start(feed))
-        return table.latest_version + 1
-    if opts.starting == "latest":
-        return table.latest_version + 1
-    if opts.starting == "earliest":
-        return earliest_start(feed)
-    return int(opts.starting)
-
-
-def earliest_start(feed: ChangeFeed) -> int:
-    oldest = feed.table.oldest_version
-    return 1 if oldest <= 1 else oldest + 1
-
-
-def _resolve(options: dict, streaming: bool) -> tuple[SourceOptions, pa.Schema, int]:
-    """Parse options and fix the schema: the columns of every version from the
-    start to the end (a stream: to the latest version now), as read_changes."""
-    opts = SourceOptions.parse(options, streaming)
-    feed = _feed(opts)
-    start = _start_version(opts, feed)
-    latest = feed.latest_version()
-    if start > latest + 1 and opts.starting not in ("latest", "earliest"):
-        raise feed.table.missing_version_error(start)
-    if streaming:
-        end = latest
-    else:
-        start, end = feed.resolve_range(start, opts.ending_version)
-    first = max(start, earliest_start(feed))
-    if first <= end:
-        user_schema = feed.user_schema(first, end, opts.columns)
-    else:
-        user_schema = feed.schema_at(latest, opts.columns)
-    return opts, user_schema, start
+# -- the data source -------------------------------------------------------------
 
 
 class LanceCdfDataSource(DataSource):
@@ -160,48 +269,58 @@ class LanceCdfDataSource(DataSource):
     def name(cls) -> str:
         return "lance-cdf"
 
-    def _resolved(self, streaming: bool):
-        return _resolve(dict(self.options), streaming)
-
     def schema(self) -> StructType:
-        # Spark does not say whether a batch or a stream asks: endingVersion means batch
-        # (a stream rejects it in streamReader()); the reader re-checks its own case.
-        batch = any(str(k).lower() == "endingversion" for k in self.options)
-        _, user_schema, _ = _resolve(dict(self.options), streaming=not batch)
-        return spark_arrow_schema(user_schema)[0]
+        # Spark does not say whether a batch or a stream asks. endingVersion means batch
+        # (a stream rejects it); otherwise the stream's schema is declared, and a batch
+        # read returns the declared columns (see README: they differ only when no start
+        # is given and columns were dropped before the latest version).
+        batch = "endingversion" in {str(k).lower() for k in self.options}
+        resolved = resolve(self.options, streaming=not batch)
+        # pickled with this instance: what "latest" means for the reader created next
+        self._as_of = resolved.end
+        return spark_schema(resolved.user_schema)
 
     def reader(self, schema: StructType) -> DataSourceReader:
-        opts, user_schema, start = self._resolved(streaming=False)
-        return LanceCdfBatchReader(opts, user_schema, start)
+        as_of = getattr(self, "_as_of", None)
+        return LanceCdfBatchReader(resolve(self.options, False, as_of), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
-        opts, user_schema, start = self._resolved(streaming=True)
-        return LanceCdfStreamReader(opts, user_schema, start)
+        as_of = getattr(self, "_as_of", None)
+        return LanceCdfStreamReader(resolve(self.options, True, as_of), schema)
 
 
 class LanceCdfBatchReader(DataSourceReader):
-    def __init__(self, opts: SourceOptions, user_schema: pa.Schema, start: int):
-        self.reading = _Reading(opts, user_schema)
-        feed = _feed(opts)
-        self.start, self.end = feed.resolve_range(start, opts.ending_version)
+    def __init__(self, resolved: Resolved, schema: StructType):
+        self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
+        self.start, self.end = resolved.start, resolved.end
 
     def partitions(self) -> Sequence[InputPartition]:
-        return self.reading.slices(self.start, self.end)
+        feed = _feed(self.reading.opts)
+        sizes = ((v, feed.plan(v).num_changed_rows) for v in range(self.start, self.end + 1))
+        return pack(sizes, self.reading.opts.rows_per_partition)
 
-    def read(self, partition: VersionSlice) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
 
 class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
-    def __init__(self, opts: SourceOptions, user_schema: pa.Schema, start: int):
-        self.opts = opts
-        self.reading = _Reading(opts, user_schema)
-        self.start = start
-        self.target: int | None = None  # Trigger.AvailableNow's end version
-        feed = _feed(opts)
-        # schema changes are judged against the table as it was when this query (re)started
-        self.schema_checked = feed.latest_version()
-        self.base_schema = feed.schema_at(self.schema_checked)
+    def __init__(self, resolved: Resolved, schema: StructType):
+        self.opts = resolved.opts
+        self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
+        self.start = resolved.start
+        self.target: int | None = None  # Trigger.AvailableNow's last version
+        # Schema changes are judged from the version the query's schema was taken at.
+        feed = _feed(self.opts)
+        self.checked = resolved.end
+        self.present = set(feed.reader.arrow_schema(resolved.end).names)
+        self.sizes: dict[int, tuple[int, int]] = {}  # version -> (events, changed rows)
+        self.warned = 0  # highest skipped version warned about
+
+    def __getstate__(self):
+        # executors get the reader pickled with every micro-batch: leave the caches behind
+        state = dict(self.__dict__)
+        state["sizes"] = {}
+        return state
 
     # -- offsets ----------------------------------------------------------
     def initialOffset(self) -> dict:
@@ -224,99 +343,138 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         feed = _feed(self.opts)
         done = int(start["version"])
         latest = feed.latest_version()
+        if latest < done:
+            raise LanceCdfError(
+                f"the checkpoint says versions up to {done} of {self.opts.path} were delivered, "
+                f"but its latest version is {latest}: the table was replaced. Start this stream "
+                "from a new checkpoint."
+            )
         if self.target is not None:
             latest = min(latest, self.target)
         if latest <= done:
             return start
-        first = self._first_readable(done, latest)
+        if self.opts.fail_on_data_loss:
+            # deliver what is still readable, then stop at the first lost version
+            gone = unreadable(feed.table.versions, done + 1, latest)
+            if gone and gone[0] > done + 1:
+                latest = gone[0] - 1
+        lost = self._lost(done + 1, latest)
+        readable = [v for v in range(done + 1, latest + 1) if v not in lost]
         end = latest
-        if not isinstance(limit, ReadAllAvailable):
+        if readable and not isinstance(limit, ReadAllAvailable):
             max_versions = self.opts.max_versions_per_trigger
             if isinstance(limit, ReadMaxFiles):
                 max_versions = limit.max_files
-            if max_versions is not None:
-                end = min(end, first + max_versions - 1)
-            if isinstance(limit, ReadMaxRows):
-                rows, version = 0, first
-                while version <= end:
-                    rows += feed.plan(version).num_events
-                    # a version is never split: the first one always goes in
-                    if rows > limit.max_rows and version > first:
-                        version -= 1
-                        break
-                    if rows >= limit.max_rows:
-                        break
-                    version += 1
-                end = min(end, version)
-        self._check_schema(first, end)
+            max_rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+            taken = rows = 0
+            for version in readable:
+                events = self._size(version)[0]
+                # a version is never split: the first one always goes in
+                if taken and (
+                    (max_versions is not None and taken >= max_versions)
+                    or (max_rows is not None and rows + events > max_rows)
+                ):
+                    break
+                taken, rows, end = taken + 1, rows + events, version
+                if max_rows is not None and rows >= max_rows:
+                    break
+        change = self._check_schema(done + 1, end, lost)
+        if change is not None:
+            version, message = change
+            if version == done + 1:
+                raise LanceCdfError(message)
+            end = version - 1  # deliver what came before the change; stop at it next time
         return {"version": end}
 
-    def _first_readable(self, done: int, latest: int) -> int:
-        """The first version after `done` that can still be read, or a clear error."""
-        feed = _feed(self.opts)
-        first = done + 1
-        earliest = earliest_start(feed)
-        if first >= earliest:
-            return first
-        missing = f"{first}..{earliest - 1}" if earliest - 1 > first else str(first)
+    def _size(self, version: int) -> tuple[int, int]:
+        size = self.sizes.get(version)
+        if size is None:
+            vc = _feed(self.opts).plan(version)
+            size = self.sizes[version] = (vc.num_events, vc.num_changed_rows)
+        return size
+
+    def _lost(self, first: int, last: int) -> set[int]:
+        """Versions in first..last that can no longer be read: an error naming
+        them, or (failOnDataLoss=false) a warning and the set to skip."""
+        table = _feed(self.opts).table
+        gone = unreadable(table.versions, first, last)
+        if not gone:
+            return set()
         message = (
-            f"versions {missing} of {self.opts.path} were cleaned up before this query read "
-            f"them (oldest still available: {feed.table.oldest_version}); their changes are lost "
-            "to this stream."
+            f"the changes of version(s) {spans(gone)} of {self.opts.path} can no longer be "
+            f"read: cleanup_old_versions removed them or the versions they are diffed against "
+            f"before this stream read them (versions still present: {spans(table.versions)})."
         )
         if self.opts.fail_on_data_loss:
             raise VersionNotFoundError(
-                message + " Restart from a new checkpoint, or set failOnDataLoss=false to skip "
-                "ahead, and keep more versions (cleanup_old_versions(older_than=...))."
+                message + " Set failOnDataLoss=false to skip them, or restart from a new "
+                "checkpoint; keep more versions (cleanup_old_versions(older_than=...)) so "
+                "streams can catch up."
             )
-        log.warning("%s Skipping to version %d (failOnDataLoss=false).", message, earliest)
-        return earliest
+        if gone[-1] > self.warned:
+            log.warning("%s Skipping them (failOnDataLoss=false).", message)
+            self.warned = gone[-1]
+        return set(gone)
 
-    def _check_schema(self, first: int, end: int) -> None:
-        """Stop with a clear message when the table's columns changed incompatibly."""
+    def _check_schema(self, first: int, end: int, lost: set[int]) -> tuple[int, str] | None:
+        """The first version in first..end that drops or retypes a column of this
+        query, or (without mergeSchema or columns) adds one, and what it did."""
         feed = _feed(self.opts)
-        fixed = self.base_schema
-        for version in range(max(first, self.schema_checked + 1), end + 1):
+        fixed = self.reading.read_schema
+        for version in range(max(first, self.checked + 1), end + 1):
+            if version in lost and not feed.table.has_version(version):
+                continue
             now = feed.reader.arrow_schema(version)
-            wanted = fixed.names if self.opts.columns is None else list(self.opts.columns)
-            gone = [c for c in wanted if c not in now.names]
-            changed = [
-                c for c in wanted if c in now.names and now.field(c).type != fixed.field(c).type
+            names = set(now.names)
+            gone = [c for c in fixed.names if c in self.present and c not in names]
+            retyped = [
+                f"{c} {fixed.field(c).type} -> {now.field(c).type}"
+                for c in fixed.names
+                if c in names and now.field(c).type != fixed.field(c).type
             ]
-            added = [c for c in now.names if c not in fixed.names]
-            if gone or changed:
-                raise LanceCdfError(
-                    f"the schema of {self.opts.path} changed at version {version}: "
-                    f"{'dropped ' + str(gone) if gone else ''}"
-                    f"{' retyped ' + str(changed) if changed else ''}. This stream's schema was "
-                    "fixed when it started; restart the query (same checkpoint) to pick up the "
-                    "new schema."
+            if gone or retyped:
+                what = "; ".join(
+                    ([f"dropped {gone}"] if gone else [])
+                    + ([f"retyped {retyped}"] if retyped else [])
                 )
+                return version, (
+                    f"the schema of {self.opts.path} changed at version {version}: {what}. This "
+                    "stream's schema was fixed when the query started; restart the query (same "
+                    "checkpoint) to continue with the new schema."
+                )
+            added = [c for c in now.names if c not in self.present and c not in fixed.names]
             if added and self.opts.columns is None:
                 if not self.opts.merge_schema:
-                    raise LanceCdfError(
+                    return version, (
                         f"the schema of {self.opts.path} changed at version {version}: new "
                         f"column(s) {added}. Restart the query (same checkpoint) to pick them "
                         "up, or set mergeSchema=true to keep streaming without them."
                     )
                 log.warning(
-                    "version %d added column(s) %s; mergeSchema=true: streaming continues "
+                    "version %d of %s added column(s) %s; mergeSchema=true: streaming goes on "
                     "with the columns the query started with (restart to include them)",
                     version,
+                    self.opts.path,
                     added,
                 )
-            self.schema_checked = version
+            self.present = names
+            self.checked = version
+        return None
 
     # -- reading ----------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         first, last = int(start["version"]) + 1, int(end["version"])
         if last < first:
             return []
-        first = self._first_readable(first - 1, last)
-        return self.reading.slices(first, last)
+        _feed(self.opts).latest_version()  # re-list versions: cleanup may have run
+        lost = self._lost(first, last)
+        sizes = ((v, self._size(v)[1]) for v in range(first, last + 1) if v not in lost)
+        return pack(sizes, self.opts.rows_per_partition)
 
-    def read(self, partition: VersionSlice) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
     def commit(self, end: dict) -> None:
-        pass
+        done = int(end["version"])
+        for version in [v for v in self.sizes if v <= done]:
+            del self.sizes[version]
