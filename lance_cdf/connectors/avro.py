@@ -205,11 +205,13 @@ def change_records(
     """(key, value, meta) per change: an update's pre- and post-image become one
     record, a delete is followed by a tombstone marker in meta["tombstone"]."""
     rows = _python_rows(events)
+    names = [(_name(c), c) for c in user_columns]  # Avro field name, column
+    key_names = [_name(c) for c in key_columns or []]
     out = []
     pending_pre = None
     for row in rows:
         kind = row["_change_type"]
-        image = {_name(c): row[c] for c in user_columns}
+        image = {avro: row[col] for avro, col in names}
         if kind == "update_preimage":
             pending_pre = image
             continue
@@ -231,8 +233,8 @@ def change_records(
         }
         key = (
             {"_rowid": row["_rowid"]}
-            if not key_columns
-            else {_name(c): (after or before)[_name(c)] for c in key_columns}
+            if not key_names
+            else {k: (after or before)[k] for k in key_names}
         )
         value = {
             "before": before,

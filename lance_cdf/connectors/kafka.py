@@ -14,15 +14,17 @@ bulk per Arrow batch, never row by row on the driver.
 
 from __future__ import annotations
 
+import io
+import json
+import struct
 import time
 from collections.abc import Iterable, Iterator
 
+import fastavro
 import pyarrow as pa
 from confluent_kafka import KafkaError, KafkaException, Producer
 from confluent_kafka.admin import AdminClient, ConfigResource
-from confluent_kafka.schema_registry import SchemaRegistryClient
-from confluent_kafka.schema_registry.avro import AvroSerializer
-from confluent_kafka.serialization import MessageField, SerializationContext
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from lance_cdf import __version__
 from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
@@ -107,20 +109,16 @@ class KafkaChangePublisher:
         self.key_columns = key_columns
         self.tombstones = tombstones
         self.flush_timeout = flush_timeout
-        registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
-        self.value_serializer = AvroSerializer(
-            registry, _json(envelope_schema(user_schema, table_name)),
-            conf={"auto.register.schemas": True},
-        )  # fmt: skip
-        self.key_serializer = AvroSerializer(
-            registry, _json(key_schema(user_schema, key_columns, table_name)),
-            conf={"auto.register.schemas": True},
-        )  # fmt: skip
+        self.registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        self.value_writer = _WireWriter(
+            self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
+        )
+        self.key_writer = _WireWriter(
+            self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
+        )
         self.producer = Producer(
             {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
         )
-        self.value_ctx = SerializationContext(topic, MessageField.VALUE)
-        self.key_ctx = SerializationContext(topic, MessageField.KEY)
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
@@ -137,8 +135,8 @@ class KafkaChangePublisher:
         sent = 0
         try:
             for key, value, meta in records:
-                key_bytes = self.key_serializer(key, self.key_ctx)
-                self._produce(key_bytes, self.value_serializer(value, self.value_ctx), on_delivery)
+                key_bytes = self.key_writer.encode(key)
+                self._produce(key_bytes, self.value_writer.encode(value), on_delivery)
                 sent += 1
                 if meta["tombstone"] and self.tombstones:
                     self._produce(key_bytes, None, on_delivery)
@@ -170,10 +168,30 @@ class KafkaChangePublisher:
                 self.producer.poll(0.5)
 
 
-def _json(schema: dict) -> str:
-    import json
+class _WireWriter:
+    """Avro in the Confluent wire format (magic 0, big-endian schema id, body).
 
-    return json.dumps(schema)
+    The schema is registered once under its subject (TopicNameStrategy), the
+    same registration confluent-kafka's AvroSerializer does with
+    auto.register.schemas, and records are then written with fastavro directly:
+    the per-record work is the Avro encoding alone.
+    """
+
+    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: dict):
+        self.registry, self.subject, self.schema = registry, subject, schema
+        self.parsed = fastavro.parse_schema(schema)
+        self.header: bytes | None = None
+
+    def encode(self, record: dict) -> bytes:
+        if self.header is None:
+            schema_id = self.registry.register_schema(
+                self.subject, Schema(json.dumps(self.schema), "AVRO")
+            )
+            self.header = struct.pack(">bI", 0, schema_id)
+        buf = io.BytesIO()
+        buf.write(self.header)
+        fastavro.schemaless_writer(buf, self.parsed, record)
+        return buf.getvalue()
 
 
 def user_schema_of(events_schema: pa.Schema) -> pa.Schema:

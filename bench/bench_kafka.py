@@ -1,0 +1,183 @@
+"""Publishing throughput: committed change -> acknowledged Kafka records.
+
+    python bench/bench_kafka.py --narrow-rows 1000000 --vector-rows 100000
+
+Runs a real local broker and Apicurio registry (lance_cdf.devtools). For each
+table (narrow: 5 scalar columns; vector: id + 768-d float32 embedding), one
+commit inserts all rows; measured side by side in one run:
+  * lance-cdf      the lance-cdf stream into the lance-cdf-kafka sink
+                   (Trigger.AvailableNow), Avro via the registry, every record acked;
+  * ceiling        a plain confluent-kafka producer loop sending the same
+                   records pre-serialised (serialisation not timed);
+  * spark-kafka    Spark's built-in Kafka sink with to_avro (no registry) over the
+                   same change rows, when the spark-sql-kafka / spark-avro jars
+                   resolve from Maven Central (--spark-kafka-version).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import time
+import uuid
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+from confluent_kafka import Producer  # noqa: E402
+
+DIM = 768
+
+
+def narrow(n: int) -> pa.Table:
+    ids = np.arange(n)
+    return pa.table({
+        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
+        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
+    })  # fmt: skip
+
+
+def vectors(n: int) -> pa.Table:
+    vec = np.random.default_rng(0).random(n * DIM, dtype=np.float32)
+    return pa.table(
+        {"id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM)}
+    )
+
+
+def lance_cdf_publish(spark, uri, kafka, registry, topic, ck) -> float:
+    t0 = time.perf_counter()
+    q = (
+        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .load().coalesce(1).writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", registry.url).option("table", uri)
+        .option("checkpointLocation", ck).trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination()
+    if q.exception():
+        raise RuntimeError(q.exception())
+    return time.perf_counter() - t0
+
+
+def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
+    """Serialise the same records up front, then time only produce + acks."""
+    import lance_cdf
+    from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of
+
+    events = lance_cdf.read_changes(uri, 1, 1).read_all()
+    pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
+                               user_schema_of(events.schema), uri)  # fmt: skip
+    from lance_cdf.connectors.avro import change_records
+
+    payload = [
+        (pub.key_writer.encode(k), pub.value_writer.encode(v))
+        for k, v, _ in change_records(events, pub.user_columns, {1: "Append"}, uri, None, "x", 0)
+    ]
+    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
+                         "acks": "all", "compression.type": "lz4", "linger.ms": 20,
+                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    t0 = time.perf_counter()
+    for key, value in payload:
+        while True:
+            try:
+                producer.produce(topic, key=key, value=value)
+                break
+            except BufferError:
+                producer.poll(0.2)
+    assert producer.flush(300) == 0
+    return time.perf_counter() - t0, len(payload)
+
+
+def spark_kafka(spark, uri, kafka, topic) -> float:
+    from pyspark.sql import functions as F
+    from pyspark.sql.avro.functions import to_avro
+
+    df = (
+        spark.read.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .option("endingVersion", 1)
+        .load()
+    )
+    user = [c for c in df.columns if not c.startswith("_")]
+    envelope = F.struct(
+        F.lit(None).cast("struct<x:int>").alias("before"),
+        F.struct(*user).alias("after"),
+        F.lit("c").alias("op"),
+        F.col("_commit_version"),
+    )
+    out = df.select(
+        to_avro(F.struct(F.col("_rowid"))).alias("key"), to_avro(envelope).alias("value")
+    )
+    t0 = time.perf_counter()
+    (out.write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+     .option("topic", topic).option("kafka.acks", "all").save())  # fmt: skip
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--narrow-rows", type=int, default=1_000_000)
+    ap.add_argument("--vector-rows", type=int, default=100_000)
+    ap.add_argument("--spark-kafka-version", default="4.0.0")
+    ap.add_argument("--dir", default="bench/out")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    from pyspark.sql import SparkSession
+
+    from lance_cdf.connectors.spark_sink import register as register_sink
+    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf.streaming import register
+
+    v = args.spark_kafka_version
+    spark = (
+        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .config("spark.jars.packages",
+                f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v},org.apache.spark:spark-avro_2.13:{v}")
+        .getOrCreate()
+    )  # fmt: skip
+    spark.sparkContext.setLogLevel("ERROR")
+    register(spark)
+    register_sink(spark)
+    results = {}
+    with KafkaBroker(heap="1g") as kafka, SchemaRegistry() as registry:
+        for label, table in (
+            ("narrow", narrow(args.narrow_rows)),
+            ("vector768", vectors(args.vector_rows)),
+        ):
+            uri = os.path.join(args.dir, f"kafka_{label}.lance")
+            shutil.rmtree(uri, ignore_errors=True)
+            lance.write_dataset(table, uri, enable_stable_row_ids=True, max_rows_per_file=250_000)
+            n = table.num_rows
+            tag = uuid.uuid4().hex[:6]
+            ck = os.path.join(args.dir, f"kafka-ck-{label}-{tag}")
+            cdf_s = lance_cdf_publish(spark, uri, kafka, registry, f"cdf-{label}-{tag}", ck)
+            ceil_s, sent = ceiling(uri, kafka, registry, f"ceil-{label}-{tag}")
+            try:
+                sk_s = spark_kafka(spark, uri, kafka, f"sk-{label}-{tag}")
+                sk_err = None
+            except Exception as exc:  # jars missing or incompatible with this Spark
+                sk_s, sk_err = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            row = dict(
+                rows=n, records=sent, lance_cdf_s=cdf_s, lance_cdf_eps=n / cdf_s,
+                ceiling_s=ceil_s, ceiling_eps=n / ceil_s, lance_cdf_vs_ceiling=cdf_s / ceil_s,
+                spark_kafka_s=sk_s, spark_kafka_eps=(n / sk_s) if sk_s else None,
+                spark_kafka_error=sk_err,
+            )  # fmt: skip
+            results[label] = row
+            print(label, json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
