@@ -1,4 +1,8 @@
-"""Session-wide real Kafka broker (KRaft) and Apicurio schema registry."""
+"""pytest plugin: one real Kafka broker (KRaft) and one real Apicurio schema registry
+per test session (`lance_cdf.devtools`), stopped when the session ends.
+
+Register with `pytest_plugins = ["kafka_services"]` (tests/ on sys.path) or
+`-p tests.kafka_services`. The jars are provisioned on first use (Maven, cached)."""
 
 import pytest
 
@@ -7,15 +11,17 @@ from lance_cdf.devtools import KafkaBroker, SchemaRegistry
 
 @pytest.fixture(scope="session")
 def kafka_broker(tmp_path_factory):
-    broker = KafkaBroker(str(tmp_path_factory.mktemp("kafka")))
+    """A started `KafkaBroker`: `.bootstrap_servers`, `.restart()` (same ports, same data)."""
+    broker = KafkaBroker(tmp_path_factory.mktemp("kafka"))
     broker.start()
     yield broker
-    broker.stop()
+    broker.close()
 
 
 @pytest.fixture(scope="session")
 def schema_registry(tmp_path_factory):
-    registry = SchemaRegistry(str(tmp_path_factory.mktemp("registry")))
+    """A started `SchemaRegistry`: `.url` is the Confluent-compatible base URL."""
+    registry = SchemaRegistry(tmp_path_factory.mktemp("registry"))
     registry.start()
     yield registry
-    registry.stop()
+    registry.close()

@@ -1,8 +1,25 @@
-"""Local infrastructure for tests and the demo: a single-node Apache Kafka broker
-(KRaft) and an Apicurio schema registry (Confluent-compatible API), both run
-from jars resolved from Maven Central into `.cache/devtools/`."""
+"""Local infrastructure for tests and the demo: a real single-node Apache Kafka broker
+(KRaft) and a real Apicurio schema registry (Confluent-compatible API), both run from
+jars that Maven resolves from Maven Central into `.cache/devtools/` (see pom.xml).
 
-from lance_cdf.devtools.provision import provision
-from lance_cdf.devtools.services import KafkaBroker, SchemaRegistry
+    provision()                        # once; later calls do no network work
+    with KafkaBroker() as kafka, SchemaRegistry() as registry:
+        kafka.bootstrap_servers        # "127.0.0.1:<port>"
+        registry.url                   # "http://127.0.0.1:<port>/apis/ccompat/v7"
 
-__all__ = ["KafkaBroker", "SchemaRegistry", "provision"]
+Modules: maven (provisioning), process (child-process lifecycle), kafka, registry.
+"""
+
+from lance_cdf.devtools.kafka import KafkaBroker
+from lance_cdf.devtools.maven import default_cache_dir, provision, versions
+from lance_cdf.devtools.process import free_port
+from lance_cdf.devtools.registry import SchemaRegistry
+
+__all__ = [
+    "KafkaBroker",
+    "SchemaRegistry",
+    "default_cache_dir",
+    "free_port",
+    "provision",
+    "versions",
+]

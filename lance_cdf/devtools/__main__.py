@@ -1,32 +1,59 @@
-"""`python -m lance_cdf.devtools provision|up`."""
+"""`python -m lance_cdf.devtools provision|up`.
+
+provision  resolve the broker and registry into the cache (no network once cached)
+up         start both on free 127.0.0.1 ports, print where, run until Ctrl-C or SIGTERM
+"""
 
 from __future__ import annotations
 
 import argparse
 import signal
 import sys
+import time
 
-from lance_cdf.devtools.provision import provision
-from lance_cdf.devtools.services import KafkaBroker, SchemaRegistry
+from lance_cdf.devtools.kafka import KafkaBroker
+from lance_cdf.devtools.maven import provision, versions
+from lance_cdf.devtools.registry import SchemaRegistry
+
+
+def _stop(*_):
+    raise KeyboardInterrupt
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lance_cdf.devtools")
+    ap = argparse.ArgumentParser(prog="python -m lance_cdf.devtools", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("command", choices=["provision", "up"])
+    ap.add_argument("--cache-dir", help="default: $LANCE_CDF_DEVTOOLS_CACHE or .cache/devtools")
+    ap.add_argument("--no-auto-create-topics", action="store_true")
     args = ap.parse_args(argv)
-    cache = provision()
+    t0 = time.monotonic()
+    cache = provision(args.cache_dir)
+    v = versions()
     if args.command == "provision":
-        print(f"devtools ready in {cache}")
+        print(
+            f"Kafka {v['kafka.version']} and Apicurio Registry {v['apicurio.version']} ready "
+            f"in {cache} ({time.monotonic() - t0:.1f}s)"
+        )
         return 0
-    with KafkaBroker() as kafka, SchemaRegistry() as registry:
-        print(f"kafka bootstrap servers: {kafka.bootstrap_servers}")
-        print(f"schema registry url:     {registry.url}", flush=True)
-        signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
-        try:
-            signal.pause()
-        except KeyboardInterrupt:
-            pass
-    return 0
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        with (
+            KafkaBroker(
+                auto_create_topics=not args.no_auto_create_topics, cache_dir=cache
+            ) as kafka,
+            SchemaRegistry(cache_dir=cache) as registry,
+        ):
+            print(f"kafka bootstrap servers: {kafka.bootstrap_servers}")
+            print(f"schema registry url:     {registry.url}")
+            print("Ctrl-C or SIGTERM stops both.", flush=True)
+            while kafka.running() and registry.running():
+                time.sleep(1)
+            dead = kafka if not kafka.running() else registry
+            print(f"{dead.name} exited; log tail:\n{dead.log_tail()}", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0
 
 
 if __name__ == "__main__":

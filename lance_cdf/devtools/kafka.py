@@ -1,0 +1,127 @@
+"""A single-node Apache Kafka broker in KRaft combined mode on 127.0.0.1."""
+
+from __future__ import annotations
+
+import base64
+import shutil
+import subprocess
+import uuid
+
+from lance_cdf.devtools.maven import kafka_lib
+from lance_cdf.devtools.process import JavaService, free_port, java_executable
+
+_LOG4J2 = """\
+rootLogger.level = INFO
+rootLogger.appenderRef.out.ref = out
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+logger.request.name = kafka.request.logger
+logger.request.level = WARN
+logger.statechange.name = state.change.logger
+logger.statechange.level = WARN
+logger.raft.name = org.apache.kafka.raft
+logger.raft.level = WARN
+"""
+
+
+def _cluster_id() -> str:
+    """What `kafka-storage random-uuid` prints: 16 random bytes, URL-safe base64."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cid.startswith("-"):
+            return cid
+
+
+class KafkaBroker(JavaService):
+    """`start()` formats the storage once, runs `kafka.Kafka` and waits until a client
+    can list topics; `restart()` is a broker restart (same ports, same data)."""
+
+    name = "kafka"
+
+    def __init__(self, workdir=None, auto_create_topics: bool = True, heap: str = "512m", **kw):
+        super().__init__(workdir, heap=heap, **kw)
+        self.port = free_port()
+        self.controller_port = free_port()
+        self.auto_create_topics = auto_create_topics
+        self.properties = self.workdir / "server.properties"
+        self.data_dir = self.workdir / "data"
+        self._formatted = False
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def _java(self, *args: str, heap: str | None = None) -> list[str]:
+        return [
+            java_executable(), f"-Xmx{heap or self.heap}", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            "-cp", str(kafka_lib(self.cache_dir) / "*"), *args,
+        ]  # fmt: skip
+
+    def _prepare(self) -> None:
+        (self.workdir / "log4j2.properties").write_text(_LOG4J2)
+        if self._formatted:
+            return  # a restart keeps the data
+        shutil.rmtree(self.data_dir, ignore_errors=True)  # a work dir reused by a new broker
+        self.properties.write_text(
+            "\n".join(
+                [
+                    "process.roles=broker,controller",
+                    "node.id=1",
+                    f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
+                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
+                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+                    "controller.listener.names=CONTROLLER",
+                    "inter.broker.listener.name=PLAINTEXT",
+                    "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                    f"log.dirs={self.data_dir}",
+                    "num.partitions=1",
+                    "offsets.topic.replication.factor=1",
+                    "offsets.topic.num.partitions=1",
+                    "transaction.state.log.replication.factor=1",
+                    "transaction.state.log.min.isr=1",
+                    "transaction.state.log.num.partitions=1",
+                    "share.coordinator.state.topic.replication.factor=1",
+                    "share.coordinator.state.topic.min.isr=1",
+                    "group.initial.rebalance.delay.ms=0",
+                    f"auto.create.topics.enable={str(self.auto_create_topics).lower()}",
+                ]
+            )
+            + "\n"
+        )
+        cmd = self._java(
+            "kafka.tools.StorageTool", "format", "--standalone",
+            "-t", _cluster_id(), "-c", str(self.properties), heap="256m",
+        )  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"kafka storage format failed (exit {done.returncode}):\n"
+                f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
+            )
+        self._formatted = True
+
+    def _command(self) -> list[str]:
+        return self._java("-XX:+ExitOnOutOfMemoryError", "kafka.Kafka", str(self.properties))
+
+    def _ready(self) -> bool:
+        from confluent_kafka import KafkaException
+        from confluent_kafka.admin import AdminClient
+
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            md = admin.list_topics(timeout=2)
+        except KafkaException:
+            return False
+        return bool(md.brokers)
+
+    def restart(self) -> KafkaBroker:
+        """Stop and start again on the same ports and data dir (a broker restart)."""
+        self.stop()
+        return self.start()
+
+
+__all__ = ["KafkaBroker"]

@@ -1,0 +1,147 @@
+"""Resolve the Kafka broker and the schema registry from Maven Central into a cache dir.
+
+`provision()` runs Maven once; later calls see a stamp (the hash of pom.xml) and do no
+network work. Editing pom.xml (a version bump) re-provisions on the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tarfile
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+POM = Path(__file__).with_name("pom.xml")
+CACHE_ENV = "LANCE_CDF_DEVTOOLS_CACHE"
+_STAMP = "provisioned.sha256"
+
+
+def default_cache_dir() -> Path:
+    """`$LANCE_CDF_DEVTOOLS_CACHE`, else `<project root>/.cache/devtools` for a source
+    checkout (editable install), else `~/.cache/lance-cdf/devtools`."""
+    env = os.environ.get(CACHE_ENV)
+    if env:
+        return Path(env).expanduser().resolve()
+    root = Path(__file__).resolve().parents[2]
+    if (root / "pyproject.toml").is_file():
+        return root / ".cache" / "devtools"
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "lance-cdf" / "devtools"
+
+
+def versions() -> dict[str, str]:
+    """The `<properties>` of pom.xml (kafka.version, apicurio.version, ...)."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(POM).getroot().find("m:properties", ns)
+    return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in props}
+
+
+def kafka_lib(cache: Path) -> Path:
+    return Path(cache) / "kafka" / "lib"
+
+
+def registry_jar(cache: Path) -> Path:
+    jars = sorted((Path(cache) / "apicurio").glob("*-runner.jar"))
+    if not jars:
+        raise FileNotFoundError(f"no Apicurio runner jar under {cache}/apicurio; run provision()")
+    return jars[0]
+
+
+def _pom_hash() -> str:
+    return hashlib.sha256(POM.read_bytes()).hexdigest()
+
+
+def _is_current(cache: Path) -> bool:
+    try:
+        stamp = (cache / _STAMP).read_text().strip()
+    except OSError:
+        return False
+    return (
+        stamp == _pom_hash()
+        and any(kafka_lib(cache).glob("kafka_2.13-*.jar"))
+        and any((cache / "apicurio").glob("*-runner.jar"))
+    )
+
+
+@contextlib.contextmanager
+def _locked(path: Path):
+    """Serialise concurrent provisioning (parallel test runs sharing one cache)."""
+    with open(path, "a") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _mvn(args: list[str]) -> None:
+    mvn = shutil.which("mvn")
+    if mvn is None:
+        raise RuntimeError(
+            "Maven (mvn) is not on PATH; it is needed once to fetch the local Kafka broker "
+            "and schema registry from Maven Central (e.g. apt-get install maven)"
+        )
+    cmd = [mvn, "-B", "-q", *args]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(
+            f"{' '.join(cmd)} failed (exit {done.returncode}):\n"
+            f"{done.stdout[-4000:]}{done.stderr[-4000:]}"
+        )
+
+
+def _untar(tarball: Path, dest: Path) -> None:
+    partial = dest.with_name(dest.name + ".partial")
+    shutil.rmtree(partial, ignore_errors=True)
+    with tarfile.open(tarball) as tar:
+        if hasattr(tarfile, "data_filter"):  # 3.11.4+: refuse links/paths out of dest
+            tar.extractall(partial, filter="data")
+        else:
+            tar.extractall(partial)
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+
+
+def provision(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Kafka jars in `<cache>/kafka/lib`, Apicurio in `<cache>/apicurio`, the Maven
+    repository in `<cache>/m2`. Returns the cache dir. Idempotent and offline once done."""
+    cache = Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir()
+    if _is_current(cache):
+        return cache
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / ".lock"):
+        if _is_current(cache):  # another process finished while we waited
+            return cache
+        for stale in ("kafka", "apicurio", "target", _STAMP):
+            p = cache / stale
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        v = versions()
+        repo = cache / "m2"
+        artifact = ("io.apicurio", "apicurio-registry-app", v["apicurio.version"])
+        _mvn(
+            [
+                f"-Dmaven.repo.local={repo}",
+                "-f", str(POM),
+                f"-Ddevtools.out={cache}",
+                "package",
+                # 2.8 copies the file without reading its POM (3.x reads it and fails: the
+                # parent POM io.apicurio:apicurio-registry is not on Maven Central)
+                "org.apache.maven.plugins:maven-dependency-plugin:2.8:get",
+                f"-Dartifact={artifact[0]}:{artifact[1]}:{artifact[2]}:tar.gz:all",
+                "-Dtransitive=false",
+            ]
+        )  # fmt: skip
+        group, name, version = artifact
+        tarball = repo.joinpath(*group.split("."), name, version, f"{name}-{version}-all.tar.gz")
+        _untar(tarball, cache / "apicurio")
+        shutil.rmtree(cache / "target", ignore_errors=True)
+        (cache / _STAMP).write_text(_pom_hash() + "\n")
+    return cache
+
+
+__all__ = ["default_cache_dir", "kafka_lib", "provision", "registry_jar", "versions"]
