@@ -91,7 +91,57 @@ def build_parser() -> argparse.ArgumentParser:
                      help="schema registry client setting (repeatable)")  # fmt: skip
     pub.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
     pub.set_defaults(func=cmd_publish)
+
+    rep = sub.add_parser(
+        "replicate",
+        help="apply a published change topic to a replica Lance table",
+        description="Consume a topic written by `lance-cdf publish` and apply its changes to a "
+        "Lance table (created on the first batch, with stable row IDs) through merge_insert and "
+        "deletes. Exactly once in effect: the Kafka position is stored in the same Lance commit "
+        "as the rows. Stops cleanly on SIGTERM / Ctrl-C after the current batch.",
+        epilog="example:\n  lance-cdf replicate --bootstrap-servers 127.0.0.1:9092 --topic "
+        "events.cdf \\\n      --schema-registry http://127.0.0.1:8081 --target "
+        "/data/replica.lance --key id",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    rep.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    rep.add_argument("--topic", required=True)
+    rep.add_argument("--schema-registry", required=True, metavar="URL",
+                     help="Confluent-compatible registry URL")  # fmt: skip
+    rep.add_argument("--target", required=True, help="replica table path or URI")
+    rep.add_argument("--key", type=_csv, default=None,
+                     help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
+                     "source's stable row ID kept as a column)")  # fmt: skip
+    rep.add_argument("--group-id", default=None,
+                     help="consumer group (default lance-cdf-replicate-TOPIC)")  # fmt: skip
+    rep.add_argument("--max-batch-rows", type=int, default=100_000,
+                     help="records per batch (one or two Lance commits)")  # fmt: skip
+    rep.add_argument("--max-batch-interval", type=_seconds, default=1.0, metavar="SECONDS",
+                     help="longest wait to fill a batch, e.g. 1 or 500ms")  # fmt: skip
+    rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
+                     help="set undecodable records aside here (error in a header) and go on; "
+                     "without it the replicator stops at such a record")  # fmt: skip
+    rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
+                     help="exit 0 once no record has arrived for this long")  # fmt: skip
+    rep.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
+                     help="consumer setting, e.g. security.protocol=SASL_SSL")  # fmt: skip
+    rep.add_argument("--registry-config", action="append", default=[], metavar="KEY=VALUE")
+    rep.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                     help="storage option for the replica table (repeatable)")  # fmt: skip
+    rep.set_defaults(func=cmd_replicate)
     return parser
+
+
+def _seconds(value: str) -> float:
+    text = value.strip().lower()
+    try:
+        if text.endswith("ms"):
+            return float(text[:-2]) / 1000
+        return float(text[:-1] if text.endswith("s") else text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{value!r} is not a duration (e.g. 1, 2.5s, 500ms)"
+        ) from None
 
 
 def _options(pairs: Iterable[str]) -> dict[str, str]:
@@ -148,6 +198,31 @@ def cmd_publish(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option),
         max_rows_per_trigger=args.max_rows_per_trigger,
     )  # fmt: skip
+
+
+def cmd_replicate(args: argparse.Namespace) -> int:
+    import logging
+
+    from lance_cdf.connectors.replicator import Replicator
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    replicator = Replicator(
+        args.bootstrap_servers, args.topic, args.schema_registry, args.target, key=args.key,
+        group_id=args.group_id, max_batch_rows=args.max_batch_rows,
+        max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
+        consumer_config=_options(args.consumer_config),
+        registry_config=_options(args.registry_config),
+        storage_options=_options(args.storage_option),
+    )  # fmt: skip
+    print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
+    counters = replicator.run(idle_timeout=args.idle_timeout)
+    print(
+        f"stopped: {counters.batches} batches, {counters.records} records, "
+        f"{counters.upserts} upserts, {counters.deletes} deletes, "
+        f"{counters.dead_letters} dead letters, source version {counters.source_version}",
+        flush=True,
+    )
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,7 +16,8 @@ Type mapping (nullable Arrow fields become a union with null):
 | date32, date64 | int, logicalType date |
 | timestamp(unit, tz) | long, timestamp-micros (with a zone) / local-timestamp-micros (without) |
 | time32, time64 | long, time-micros |
-| list, large_list, fixed_size_list (e.g. embedding vectors) | array of the item type |
+| list, large_list | array of the item type |
+| fixed_size_list[n] (embedding vectors) | array of the item type, with `"arrow.fixedSize": n` |
 | struct | record |
 | map<string, v> | map of v; map<other, v> | array of {key, value} records |
 """
@@ -35,6 +36,8 @@ import pyarrow.types as pat
 from lance_cdf.errors import LanceCdfError
 
 SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+# Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
+FIXED_SIZE = "arrow.fixedSize"
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 
 
@@ -96,7 +99,10 @@ def avro_type(t: pa.DataType, path: str, names: _Namer) -> Any:
     if pat.is_time(t):
         return {"type": "long", "logicalType": "time-micros"}
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
-        return {"type": "array", "items": avro_field_type(t.value_field, f"{path}_item", names)}
+        array = {"type": "array", "items": avro_field_type(t.value_field, f"{path}_item", names)}
+        if pat.is_fixed_size_list(t):  # metadata only: lets a replica keep the vector type
+            array[FIXED_SIZE] = t.list_size
+        return array
     if pat.is_struct(t):
         return {
             "type": "record",
@@ -245,3 +251,68 @@ def change_records(
         }
         out.append((key, value, {"tombstone": kind == "delete"}))
     return out
+
+
+# -- the way back: Avro schemas of published records -> Arrow (the replicator) ----------
+_AVRO_PRIMITIVES = {
+    "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
+    "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.binary(),
+}  # fmt: skip
+
+
+def arrow_type(t: Any) -> tuple[pa.DataType, bool]:
+    """(Arrow type, nullable) of an Avro type written by `avro_type`."""
+    if isinstance(t, list):
+        inner = [x for x in t if x != "null"]
+        if len(inner) != 1:
+            raise LanceCdfError(f"Avro union {t!r} has no Arrow mapping")
+        arrow, _ = arrow_type(inner[0])
+        return arrow, "null" in t
+    if isinstance(t, dict):
+        logical, base = t.get("logicalType"), t["type"]
+        if logical == "decimal":
+            return pa.decimal128(t["precision"], t.get("scale", 0)), False
+        if logical == "date":
+            return pa.date32(), False
+        if logical in ("timestamp-micros", "timestamp-millis"):
+            return pa.timestamp("us", tz="UTC"), False
+        if logical == "local-timestamp-micros":
+            return pa.timestamp("us"), False
+        if logical == "time-micros":
+            return pa.time64("us"), False
+        if base == "array":
+            item, nullable = arrow_type(t["items"])
+            if (
+                isinstance(t["items"], dict)
+                and t["items"].get("type") == "record"
+                and [f["name"] for f in t["items"]["fields"]] == ["key", "value"]
+            ):
+                k, _ = arrow_type(t["items"]["fields"][0]["type"])
+                v, vn = arrow_type(t["items"]["fields"][1]["type"])
+                return pa.map_(k, pa.field("value", v, vn)), False
+            field = pa.field("item", item, nullable)
+            size = t.get(FIXED_SIZE)
+            return (pa.list_(field, size) if size else pa.list_(field)), False
+        if base == "map":
+            value, nullable = arrow_type(t["values"])
+            return pa.map_(pa.string(), pa.field("value", value, nullable)), False
+        if base == "record":
+            return pa.struct([arrow_field(f) for f in t["fields"]]), False
+        if base == "fixed":
+            return pa.binary(t["size"]), False
+        return arrow_type(base)
+    if t in _AVRO_PRIMITIVES:
+        return _AVRO_PRIMITIVES[t], False
+    raise LanceCdfError(f"Avro type {t!r} has no Arrow mapping")
+
+
+def arrow_field(f: dict) -> pa.Field:
+    arrow, nullable = arrow_type(f["type"])
+    return pa.field(f["name"], arrow, nullable)
+
+
+def row_arrow_schema(envelope: dict) -> pa.Schema:
+    """Arrow schema of the row record (`before` / `after`) of an envelope schema."""
+    before = next(f for f in envelope["fields"] if f["name"] == "before")["type"]
+    row = next(x for x in before if isinstance(x, dict))
+    return pa.schema([arrow_field(f) for f in row["fields"]])

@@ -1,0 +1,356 @@
+"""Replicator: consume a lance-cdf Kafka topic and keep a Lance table equal to the source.
+
+    Kafka records -> decode (Avro, schema from the registry) -> one Arrow table per batch
+    -> last state per key (Arrow group-by) -> ReplicaTable.apply (deletes, upserts)
+    -> Kafka offsets committed
+
+Exactly once in effect: each batch's Kafka position (next offset per partition)
+is stored in the same Lance commit as the rows it describes (see replica.py);
+Kafka offsets are committed only after that commit; on start and on every
+partition assignment the consumer is positioned from the replica itself, and
+records below the replica's position are skipped. A crash anywhere therefore
+replays at most the one batch that was not committed to Lance, and replaying
+it is idempotent.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import signal
+import struct
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from lance_cdf.connectors.avro import row_arrow_schema
+from lance_cdf.connectors.kafka import check_broker, check_registry
+from lance_cdf.connectors.replica import (
+    OFFSETS_PROPERTY,
+    SOURCE_ROWID,
+    ReplicaTable,
+    crash_point,
+)
+from lance_cdf.errors import LanceCdfError
+
+log = logging.getLogger("lance_cdf.replicate")
+OPS = ("c", "u", "d", "r")
+
+
+class ReplicateError(LanceCdfError):
+    """A record could not be applied and there is no dead-letter topic to set it aside."""
+
+
+@dataclass
+class Counters:
+    """Progress since start; `Replicator.counters` is updated after every batch."""
+
+    batches: int = 0
+    records: int = 0
+    upserts: int = 0
+    deletes: int = 0
+    tombstones: int = 0
+    skipped: int = 0
+    dead_letters: int = 0
+    source_version: int = 0
+    lag: int = 0
+    started: float = field(default_factory=time.time)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class _Decoder:
+    """Confluent wire format -> Python dict, writer schemas fetched once per schema id."""
+
+    def __init__(self, registry: SchemaRegistryClient):
+        self.registry = registry
+        self.parsed: dict[int, object] = {}
+        self.rows: dict[int, pa.Schema] = {}
+
+    def decode(self, payload: bytes) -> tuple[int, dict]:
+        if len(payload) < 5 or payload[0] != 0:
+            raise ValueError("not in the Confluent wire format (magic byte 0 + schema id)")
+        schema_id = struct.unpack(">I", payload[1:5])[0]
+        if schema_id not in self.parsed:
+            envelope = json.loads(self.registry.get_schema(schema_id).schema_str)
+            self.rows[schema_id] = row_arrow_schema(envelope)
+            self.parsed[schema_id] = fastavro.parse_schema(envelope)
+        record = fastavro.schemaless_reader(io.BytesIO(payload[5:]), self.parsed[schema_id], None)
+        return schema_id, record
+
+
+class Replicator:
+    """Consume `topic` (records published by `lance-cdf publish`) and apply them to the
+    Lance table at `target`.
+
+    `key`: the replica's key columns; default `_source_rowid` (the source's stable row
+    ID, stored as an ordinary column). Run with `run()`; `stop()` (or SIGTERM / Ctrl-C
+    when run in the main thread) ends it after the current batch.
+    """
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        schema_registry: str,
+        target: str,
+        key: list[str] | None = None,
+        group_id: str | None = None,
+        max_batch_rows: int = 100_000,
+        max_batch_interval: float = 1.0,
+        dead_letter_topic: str | None = None,
+        consumer_config: dict | None = None,
+        registry_config: dict | None = None,
+        storage_options: dict | None = None,
+    ):
+        self.topic = topic
+        self.key = list(key) if key else [SOURCE_ROWID]
+        self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
+        self.dead_letter_topic = dead_letter_topic
+        config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
+        check_broker(bootstrap_servers, consumer_config)
+        check_registry(schema_registry, registry_config)
+        self.replica = ReplicaTable(target, self.key, storage_options)
+        self.decoder = _Decoder(
+            SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        )
+        self.consumer = Consumer({
+            "group.id": group_id or f"lance-cdf-replicate-{topic}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            **config,
+        })  # fmt: skip
+        self.dlq = Producer({**config, "acks": "all"}) if dead_letter_topic else None
+        self.counters = Counters()
+        self._stop = threading.Event()
+        self._applied: dict[int, int] = {}
+        self._assigned: float | None = None
+
+    # -- position -------------------------------------------------------------------
+    def _on_assign(self, consumer, partitions):
+        self._assigned = time.monotonic()
+        self._applied = self.replica.applied_offsets(self.topic)
+        for tp in partitions:
+            if tp.partition in self._applied:
+                tp.offset = self._applied[tp.partition]
+        consumer.assign(partitions)
+
+    # -- running --------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self, idle_timeout: float | None = None) -> Counters:
+        """Apply batches until stop() / SIGTERM / SIGINT, or until no record has
+        arrived for `idle_timeout` seconds since partitions were assigned. The batch in progress is finished (its
+        Lance commit and offset commit) before returning; nothing is half-applied."""
+        previous = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, lambda *_: self.stop())
+                        for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        self.consumer.subscribe([self.topic], on_assign=self._on_assign)
+        last_data = 0.0
+        try:
+            while not self._stop.is_set():
+                msgs = self._poll_batch()
+                if msgs:
+                    last_data = time.monotonic()
+                    self._apply(msgs)
+                elif (
+                    idle_timeout is not None
+                    and self._assigned is not None  # a restart may wait for a rebalance
+                    and time.monotonic() - max(last_data, self._assigned) > idle_timeout
+                ):
+                    break
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            self.consumer.close()
+            if self.dlq is not None:
+                self.dlq.flush(30)
+        return self.counters
+
+    def _poll_batch(self) -> list:
+        batch, deadline = [], time.monotonic() + self.max_batch_interval
+        while len(batch) < self.max_batch_rows and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for m in self.consumer.consume(min(10_000, self.max_batch_rows - len(batch)), left):
+                err = m.error()
+                if err is None:
+                    batch.append(m)
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    raise LanceCdfError(f"Kafka error while consuming {self.topic!r}: {err}")
+        return batch
+
+    # -- one batch ------------------------------------------------------------------
+    def _apply(self, msgs: list) -> None:
+        fresh = [m for m in msgs if m.offset() >= self._applied.get(m.partition(), 0)]
+        skipped = len(msgs) - len(fresh)
+        upserts, deletes, tombstones, version = self._final_states(fresh)
+        next_offsets = dict(self._applied)
+        for m in msgs:
+            next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
+        props = {OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets})}
+        self.replica.apply(upserts, deletes, props)
+        self._applied = next_offsets
+        crash_point("after-lance-commit")
+        try:
+            self.consumer.commit(
+                offsets=[TopicPartition(self.topic, p, o) for p, o in next_offsets.items()],
+                asynchronous=False,
+            )
+        except KafkaException as exc:  # the replica holds the position: safe to go on
+            log.warning("offset commit failed (the replica's position is kept): %s", exc)
+        c = self.counters
+        c.batches += 1
+        c.records += len(msgs)
+        c.skipped += skipped
+        c.tombstones += tombstones
+        c.upserts += 0 if upserts is None else upserts.num_rows
+        c.deletes += 0 if deletes is None else deletes.num_rows
+        c.source_version = max(c.source_version, version)
+        c.lag = self._lag(next_offsets)
+        log.info(
+            "batch %d: %d records (%d skipped), %d upserts, %d deletes, source version %d, "
+            "lag %d", c.batches, len(msgs), skipped,
+            0 if upserts is None else upserts.num_rows,
+            0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
+        )  # fmt: skip
+
+    def _final_states(self, msgs: list) -> tuple[pa.Table | None, pa.Table | None, int, int]:
+        """(upsert rows, deleted keys, tombstones, highest source version) of a batch:
+        the last state of each key in source commit order."""
+        images, kept, meta, schema_id, tombstones = [], [], [], None, 0
+        for m in msgs:
+            value = m.value()
+            if value is None:
+                tombstones += 1  # compaction marker after a delete: nothing to apply
+                continue
+            try:
+                sid, rec = self.decoder.decode(value)
+                op = rec.get("op")
+                if op not in OPS:
+                    raise ValueError(f"unknown op {op!r}")
+                image = rec["before"] if op == "d" else rec["after"]
+                if image is None:
+                    raise ValueError(f"op {op!r} without its row image")
+                nulls = [c for c in self.key if c != SOURCE_ROWID and image.get(c) is None]
+                if nulls:
+                    raise ValueError(f"key column(s) {nulls} missing or null")
+                source = rec["source"]
+                meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
+                             source["rowid"]))  # fmt: skip
+            except Exception as exc:
+                self._dead_letter(m, exc)
+                continue
+            images.append(image)
+            kept.append(m)
+            schema_id = sid if schema_id is None else max(schema_id, sid)
+        if not images:
+            return None, None, tombstones, 0
+        rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)
+        if bad:
+            meta = [x for i, x in enumerate(meta) if i not in bad]
+            if not meta:
+                return None, None, tombstones, 0
+        versions, is_delete, parts, offsets, rowids = np.array(meta, dtype=np.int64).T
+        is_delete = is_delete.astype(bool)
+        if self.key == [SOURCE_ROWID]:
+            rows = rows.append_column(pa.field(SOURCE_ROWID, pa.int64(), False), pa.array(rowids))
+        missing = [c for c in self.key if c not in rows.column_names]
+        if missing:
+            raise ReplicateError(
+                f"key column(s) {missing} are not in the records of {self.topic!r} "
+                f"(columns: {rows.column_names}); pick --key from those columns"
+            )
+        # commit order; within a commit deletes first (a key deleted and re-inserted by
+        # one commit under another row ID ends inserted), then Kafka order
+        order = np.lexsort((offsets, parts, ~is_delete, versions))
+        rows = rows.take(pa.array(order))
+        is_delete = is_delete[order]
+        last = (
+            rows.select(self.key)
+            .append_column("_i", pa.array(np.arange(rows.num_rows)))
+            .group_by(self.key, use_threads=False)
+            .aggregate([("_i", "max")])["_i_max"]
+            .to_numpy()
+        )
+        last = np.sort(last)
+        final, final_delete = rows.take(pa.array(last)), is_delete[last]
+        upserts = final.filter(pa.array(~final_delete))
+        deletes = final.filter(pa.array(final_delete)).select(self.key)
+        return upserts, deletes, tombstones, int(versions.max())
+
+    def _to_arrow(
+        self, images: list[dict], schema: pa.Schema, msgs: list
+    ) -> tuple[pa.Table, set[int]]:
+        """The images as one Arrow table in the newest writer schema of the batch; if
+        that fails, the records that do not fit are found one by one and set aside."""
+        try:
+            return pa.Table.from_pylist(images, schema=schema), set()
+        except (pa.ArrowException, TypeError, ValueError):
+            pass
+        bad = set()
+        for i, (image, m) in enumerate(zip(images, msgs, strict=True)):
+            try:
+                pa.Table.from_pylist([image], schema=schema)
+            except (pa.ArrowException, TypeError, ValueError) as exc:
+                bad.add(i)
+                self._dead_letter(m, exc)
+        good = [image for i, image in enumerate(images) if i not in bad]
+        return pa.Table.from_pylist(good, schema=schema), bad
+
+    def _dead_letter(self, m, exc: Exception) -> None:
+        where = f"partition {m.partition()} offset {m.offset()} of {self.topic!r}"
+        error = f"{type(exc).__name__}: {exc}"
+        if self.dlq is None:
+            raise ReplicateError(
+                f"cannot decode the record at {where}: {error}. Nothing of its batch was "
+                "applied. Fix the producer, or run with --dead-letter-topic to set such "
+                "records aside and go on."
+            ) from exc
+        headers = [("lance-cdf.error", error.encode()), ("lance-cdf.source", where.encode())]
+        self.dlq.produce(self.dead_letter_topic, key=m.key(), value=m.value(), headers=headers)
+        if self.dlq.flush(30):
+            raise ReplicateError(
+                f"could not write the record at {where} to the dead-letter topic "
+                f"{self.dead_letter_topic!r}; nothing of its batch was applied"
+            )
+        self.counters.dead_letters += 1
+        log.warning("record at %s sent to %s: %s", where, self.dead_letter_topic, error)
+
+    def _lag(self, next_offsets: dict[int, int]) -> int:
+        lag = 0
+        for p, o in next_offsets.items():
+            try:
+                _, high = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=2, cached=False
+                )
+                lag += max(0, high - o)
+            except KafkaException:
+                pass
+        return lag
+
+
+def replicate(
+    bootstrap_servers: str,
+    topic: str,
+    schema_registry: str,
+    target: str,
+    idle_timeout: float | None = None,
+    **options,
+) -> Counters:
+    """Run a `Replicator` until stopped (or idle for `idle_timeout` seconds)."""
+    return Replicator(bootstrap_servers, topic, schema_registry, target, **options).run(
+        idle_timeout
+    )

@@ -1,0 +1,248 @@
+"""The replicator on a real broker and registry: the replica equals the source.
+
+The oracle is the source table itself: after every round, the replica's rows
+(keyed by `_source_rowid`, or by the user key) equal the source's rows at its
+latest version on every source column, with no duplicate keys.
+"""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import lance
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, Producer
+from workload import Workload
+
+import lance_cdf
+from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of
+from lance_cdf.connectors.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID
+from lance_cdf.connectors.replicator import ReplicateError, Replicator
+from lance_cdf.feed import ChangeFeed
+
+# ops the replica can follow (index/config commits change no rows, so they are in too)
+ROUND_OPS = [
+    "append", "delete_sparse", "delete_dense", "update", "upsert", "upsert_delete_missing",
+    "compact", "index", "config", "add_column", "overwrite", "restore",
+]  # fmt: skip
+
+
+def publish(kafka, registry, uri, topic, start, end=None, key=None):
+    """Publish versions start..end with the same publisher the Spark sink uses."""
+    feed = ChangeFeed(uri)
+    start, end = feed.resolve_range(start, end)
+    events = lance_cdf.read_changes(uri, start, end).read_all()
+    ops = {v: feed.table.manifest(v).operation for v in range(start, end + 1)}
+    pub = KafkaChangePublisher(
+        kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri,
+        key_columns=key,
+    )  # fmt: skip
+    pub.publish(events, ops)
+    return end
+
+
+def source_rows(uri, key=None):
+    table = lance.dataset(uri).to_table(with_row_id=True)
+    rows = table.to_pylist()
+    k = key or "_rowid"
+    return {r[k]: {c: r[c] for c in table.column_names if c != "_rowid"} for r in rows}
+
+
+def assert_replica_equals_source(source_uri, replica_uri, key=None):
+    source = source_rows(source_uri, key)
+    replica = lance.dataset(replica_uri).to_table().to_pylist()
+    k = key or SOURCE_ROWID
+    keys = [r[k] for r in replica]
+    assert len(keys) == len(set(keys)), "duplicate keys in the replica"
+    got = {r[k]: {c: r.get(c) for c in next(iter(source.values()), {})} for r in replica}
+    assert got.keys() == source.keys()
+    diff = [x for x in source if got[x] != source[x]]
+    assert not diff, (diff[:3], [source[x] for x in diff[:3]], [got[x] for x in diff[:3]])
+
+
+def make_replicator(kafka, registry, topic, target, **kw):
+    kw.setdefault("max_batch_interval", 0.5)
+    return Replicator(
+        kafka.bootstrap_servers, topic, registry.url, target, group_id=f"g-{topic}", **kw
+    )
+
+
+def test_random_rounds_replica_equals_source(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=11, rows=200)
+    published = publish(kafka_broker, schema_registry, src, topic, 1)
+    rng = random.Random(5)
+    for round_ in range(6):
+        for _ in range(3):
+            w.step(rng.choice(ROUND_OPS))
+        published = publish(kafka_broker, schema_registry, src, topic, published + 1)
+        # small batches: a round spans several Lance commits on the replica
+        rep = make_replicator(kafka_broker, schema_registry, topic, dst, max_batch_rows=150)
+        counters = rep.run(idle_timeout=2)
+        assert counters.batches >= 1
+        assert_replica_equals_source(src, dst)
+        tx = lance.dataset(dst).read_transaction(lance.dataset(dst).version)
+        assert OFFSETS_PROPERTY in tx.transaction_properties, round_
+    # the replica keeps the vector type and has stable row IDs of its own
+    ds = lance.dataset(dst)
+    assert ds.schema.field("vec").type == pa.list_(pa.field("item", pa.float32()), 4)
+    assert lance_cdf.read_changes(dst, 1, 1).read_all().num_rows > 0
+
+
+def test_user_key_and_restart_skips_applied(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-key-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=3, rows=120)
+    for op in ("update", "upsert", "delete_sparse", "append", "upsert"):
+        w.step(op)
+    publish(kafka_broker, schema_registry, src, topic, 1, key=["id"])
+    rep = make_replicator(kafka_broker, schema_registry, topic, dst, key=["id"])
+    first = rep.run(idle_timeout=2)
+    assert_replica_equals_source(src, dst, key="id")
+    assert SOURCE_ROWID not in lance.dataset(dst).schema.names
+    version = lance.dataset(dst).version
+    # a new consumer group (Kafka has no committed offsets for it): the replica's own
+    # position makes it skip everything already applied
+    rep = Replicator(
+        kafka_broker.bootstrap_servers, topic, schema_registry.url, dst, key=["id"],
+        group_id=f"other-{topic}", max_batch_interval=0.5,
+    )  # fmt: skip
+    again = rep.run(idle_timeout=2)
+    assert again.upserts == again.deletes == 0
+    assert lance.dataset(dst).version == version
+    assert first.upserts > 0 and first.deletes > 0
+
+
+def test_poison_record_goes_to_dead_letter_topic(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-dlq-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=4, rows=50)
+    p = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    p.produce(topic, key=b"k", value=b"\x00\x00\x00\x00\x07garbage")  # wire header, bad body
+    assert p.flush(10) == 0
+    published = publish(kafka_broker, schema_registry, src, topic, 1)
+    p.produce(topic, key=b"k2", value=b"not avro at all")
+    assert p.flush(10) == 0
+    w.step("update")
+    publish(kafka_broker, schema_registry, src, topic, published + 1)
+
+    # without a dead-letter topic: stops at the first record, naming partition and
+    # offset, and applies nothing of its batch
+    with pytest.raises(ReplicateError, match=r"partition 0 offset 0 of .*dead-letter"):
+        make_replicator(kafka_broker, schema_registry, topic, dst).run(idle_timeout=2)
+    assert not os.path.exists(dst)
+
+    dlq = f"{topic}.dlq"
+    rep = make_replicator(kafka_broker, schema_registry, topic, dst, dead_letter_topic=dlq)
+    counters = rep.run(idle_timeout=2)
+    assert counters.dead_letters == 2
+    assert_replica_equals_source(src, dst)
+    c = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-reader",
+                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c.subscribe([dlq])
+    got = []
+    for _ in range(40):
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append(m)
+        if len(got) == 2:
+            break
+    c.close()
+    assert sorted(m.value() for m in got) == [b"\x00\x00\x00\x00\x07garbage", b"not avro at all"]
+    for m in got:
+        headers = dict(m.headers())
+        assert headers["lance-cdf.error"] and b"offset" in headers["lance-cdf.source"]
+
+
+def _replicate_cmd(kafka, registry, topic, dst, *extra):
+    return [
+        sys.executable, "-m", "lance_cdf.cli", "replicate",
+        "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
+        "--schema-registry", registry.url, "--target", dst, "--group-id", f"g-{topic}",
+        "--max-batch-rows", "60", "--max-batch-interval", "0.3",
+        # a killed consumer stays in its group until its session times out; static
+        # membership lets the restarted one take its partitions over at once
+        "--consumer-config", f"group.instance.id=replicator-{topic}",
+        "--consumer-config", "session.timeout.ms=6000", *extra,
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("point", ["before-lance-commit", "between-commits", "after-lance-commit"])
+def test_crash_points_converge(tmp_path, kafka_broker, schema_registry, point):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-crash-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=7, rows=150)
+    for op in ("update", "delete_sparse", "upsert", "append", "upsert_delete_missing", "update"):
+        w.step(op)
+    publish(kafka_broker, schema_registry, src, topic, 1)
+    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3")
+    for _ in range(3):  # each run dies at its first pass through `point`
+        run = subprocess.run(cmd, env={**os.environ, CRASH_ENV: point}, capture_output=True)
+        assert run.returncode == 137, run.stderr.decode()[-2000:]
+    run = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert_replica_equals_source(src, dst)
+
+
+def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-kill-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=8, rows=300)
+    rng = random.Random(8)
+    for _ in range(12):
+        w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
+    publish(kafka_broker, schema_registry, src, topic, 1)
+    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3")
+    kills = 0
+    for _ in range(4):
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        time.sleep(rng.uniform(2.5, 6.0))  # start-up takes ~2 s; then batches are applied
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    run = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert_replica_equals_source(src, dst)
+
+
+def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-term-{uuid.uuid4().hex[:8]}"
+    Workload(src, seed=9, rows=100)
+    publish(kafka_broker, schema_registry, src, topic, 1)
+    proc = subprocess.Popen(
+        _replicate_cmd(kafka_broker, schema_registry, topic, dst),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not os.path.exists(dst) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err[-2000:]
+    assert "batch 1:" in err and "stopped:" in out
+    # what it applied is whole batches: rows equal to the source's, position recorded
+    source, ds = source_rows(src), lance.dataset(dst)
+    for row in ds.to_table().to_pylist():
+        assert source[row[SOURCE_ROWID]] == {c: row[c] for c in source[row[SOURCE_ROWID]]}
+    offsets = ds.read_transaction(ds.version).transaction_properties[OFFSETS_PROPERTY]
+    assert f'"{topic}"' in offsets
+    # and a restart finishes the job
+    run = subprocess.run(
+        _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"),
+        capture_output=True, timeout=300,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert_replica_equals_source(src, dst)
+
+
+def test_unreachable_broker_is_named(tmp_path, schema_registry):
+    with pytest.raises(lance_cdf.LanceCdfError, match="127.0.0.1:1"):
+        Replicator("127.0.0.1:1", "t", schema_registry.url, str(tmp_path / "r.lance"))
