@@ -134,6 +134,7 @@ class Replicator:
         self._stop = threading.Event()
         self._applied: dict[int, int] = {}
         self._assigned: float | None = None
+        self._waiting_for_topic = False
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
@@ -150,8 +151,9 @@ class Replicator:
 
     def run(self, idle_timeout: float | None = None) -> Counters:
         """Apply batches until stop() / SIGTERM / SIGINT, or until no record has
-        arrived for `idle_timeout` seconds since partitions were assigned. The batch in progress is finished (its
-        Lance commit and offset commit) before returning; nothing is half-applied."""
+        arrived for `idle_timeout` seconds since partitions were assigned. The batch in
+        progress is finished (its Lance commit and offset commit) before returning;
+        nothing is half-applied."""
         previous = {}
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: self.stop())
@@ -188,6 +190,10 @@ class Replicator:
                 err = m.error()
                 if err is None:
                     batch.append(m)
+                elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    if not self._waiting_for_topic:  # the publisher has not created it yet
+                        log.warning("topic %r does not exist yet; waiting for it", self.topic)
+                    self._waiting_for_topic = True
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise LanceCdfError(f"Kafka error while consuming {self.topic!r}: {err}")
         return batch

@@ -1,0 +1,241 @@
+"""Replication throughput and commit-to-replica latency.
+
+    python bench/bench_replicate.py --rows 1000000 --latency-commits 50 \
+        --out bench/results_replicate.json
+
+Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in one run:
+  * upserts    1,000,000 insert records (narrow rows, 5 scalar columns) applied by the
+               Replicator to an empty replica (merge_insert in batches of --batch-rows),
+               against one direct merge_insert of the same 1,000,000 rows (the ceiling);
+  * mix        one source commit updating 90% and deleting 10% of the rows, replicated,
+               against one direct merge_insert (updates) + one merge delete (the ceiling);
+  * latency    the whole pipeline running (`lance-cdf-kafka` Spark stream with a 200 ms
+               trigger -> Kafka -> Replicator thread): --latency-commits small commits, each
+               timed from the source commit returning to its row being visible in the
+               replica (polled every 10 ms).
+Replicator times include decoding (Avro -> Arrow) and the Lance commits; records are
+published before the clock starts (publishing is bench_kafka.py's subject).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import threading
+import time
+import uuid
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+import lance_cdf  # noqa: E402
+from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of  # noqa: E402
+from lance_cdf.connectors.replica import SOURCE_ROWID  # noqa: E402
+from lance_cdf.connectors.replicator import Replicator  # noqa: E402
+from lance_cdf.feed import ChangeFeed  # noqa: E402
+
+
+def narrow(n: int, start: int = 0) -> pa.Table:
+    ids = np.arange(start, start + n)
+    return pa.table({
+        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
+        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
+    })  # fmt: skip
+
+
+def publish(kafka, registry, uri, topic, version) -> int:
+    feed = ChangeFeed(uri)
+    events = lance_cdf.read_changes(uri, version, version).read_all()
+    pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
+                               user_schema_of(events.schema), uri)  # fmt: skip
+    return pub.publish(events, {version: feed.table.manifest(version).operation})
+
+
+def replicate(kafka, registry, topic, target, batch_rows) -> tuple[float, object]:
+    rep = Replicator(kafka.bootstrap_servers, topic, registry.url, target,
+                     group_id=f"bench-{topic}", max_batch_rows=batch_rows,
+                     max_batch_interval=2.0)  # fmt: skip
+    t0 = time.perf_counter()
+    counters = rep.run(idle_timeout=3)
+    # the idle wait after the last batch is not replication work
+    return time.perf_counter() - t0 - 3, counters
+
+
+def events_as_rows(uri, version) -> tuple[pa.Table, pa.Table]:
+    """(final upsert rows, deleted keys) of one version, as the replicator would apply."""
+    ev = lance_cdf.read_changes(uri, version, version).read_all()
+    kinds = ev["_change_type"].to_numpy(zero_copy_only=False)
+    user = [c for c in ev.column_names if not c.startswith("_")]
+    up = ev.filter(pa.array((kinds == "insert") | (kinds == "update_postimage")))
+    dl = ev.filter(pa.array(kinds == "delete"))
+    up = up.select(user).append_column(SOURCE_ROWID, up["_rowid"].cast(pa.int64()))
+    dl = pa.table({SOURCE_ROWID: dl["_rowid"].cast(pa.int64())})
+    return up, dl
+
+
+def ceiling(rows: pa.Table, deletes: pa.Table | None, base: str | None, target: str) -> float:
+    shutil.rmtree(target, ignore_errors=True)
+    if base is None:
+        lance.write_dataset(rows.slice(0, 0), target, enable_stable_row_ids=True)
+    else:
+        shutil.copytree(base, target)
+    ds = lance.dataset(target)
+    t0 = time.perf_counter()
+    ds.merge_insert(SOURCE_ROWID).when_matched_update_all().when_not_matched_insert_all().execute(
+        rows
+    )
+    if deletes is not None and deletes.num_rows:
+        lance.dataset(target).merge_insert(SOURCE_ROWID).when_matched_delete().execute(deletes)
+    return time.perf_counter() - t0
+
+
+def latency(spark, kafka, registry, root, commits: int) -> list[float]:
+    from lance_cdf.connectors.spark_sink import register as register_sink
+    from lance_cdf.streaming import register
+
+    register(spark)
+    register_sink(spark)
+    src, dst = os.path.join(root, "lat_src.lance"), os.path.join(root, "lat_replica.lance")
+    for p in (src, dst):
+        shutil.rmtree(p, ignore_errors=True)
+    lance.write_dataset(narrow(1000), src, enable_stable_row_ids=True)
+    topic = f"lat-{uuid.uuid4().hex[:6]}"
+    q = (
+        spark.readStream.format("lance-cdf").option("path", src).option("startingVersion", 1)
+        .load().coalesce(1).writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", registry.url).option("table", src)
+        .option("checkpointLocation", os.path.join(root, f"lat-ck-{topic}"))
+        .trigger(processingTime="200 milliseconds").start()
+    )  # fmt: skip
+    rep = Replicator(kafka.bootstrap_servers, topic, registry.url, dst, group_id=f"g-{topic}",
+                     max_batch_interval=0.05)  # fmt: skip
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            rep.run()
+        except BaseException as exc:  # surfaced by wait() below
+            errors.append(exc)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+
+    def visible(marker: int) -> bool:
+        if not os.path.exists(dst):
+            return False
+        return lance.dataset(dst).count_rows(filter=f"ts = {marker}") > 0
+
+    def wait(marker: int, poll: float) -> None:
+        deadline = time.monotonic() + 120
+        while not visible(marker):
+            if errors or q.exception() or time.monotonic() > deadline:
+                raise RuntimeError(f"pipeline stalled: {errors or q.exception() or 'timeout'}")
+            time.sleep(poll)
+
+    wait(999 * 1000, 0.05)  # the initial rows
+    out = []
+    for i in range(commits):
+        marker = -(i + 1)
+        t0 = time.perf_counter()
+        if i % 2:
+            lance.dataset(src).update({"ts": str(marker)}, where=f"id = {i}")
+        else:
+            row = narrow(1, 10_000 + i)
+            row = row.set_column(3, "ts", pa.array([marker]))
+            lance.write_dataset(row, src, mode="append")
+        wait(marker, 0.01)
+        out.append(time.perf_counter() - t0)
+    rep.stop()
+    worker.join(30)
+    q.stop()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--batch-rows", type=int, default=100_000)
+    ap.add_argument("--latency-commits", type=int, default=50)
+    ap.add_argument("--dir", default="bench/out")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    from pyspark.sql import SparkSession
+
+    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+
+    os.makedirs(args.dir, exist_ok=True)
+    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows}
+    with KafkaBroker() as kafka, SchemaRegistry() as registry:
+        src = os.path.join(args.dir, "rep_src.lance")
+        dst = os.path.join(args.dir, "rep_replica.lance")
+        for p in (src, dst):
+            shutil.rmtree(p, ignore_errors=True)
+        lance.write_dataset(narrow(args.rows), src, enable_stable_row_ids=True,
+                            max_rows_per_file=250_000)  # fmt: skip
+        # version 2: one merge_insert updating 90% of the rows and deleting the other 10%
+        upd = narrow(args.rows)
+        upd = upd.filter(pa.array(upd["id"].to_numpy() % 10 != 0))
+        upd = upd.set_column(2, "score", pa.array(upd["score"].to_numpy() + 1))
+        lance.dataset(src).merge_insert(
+            "id"
+        ).when_matched_update_all().when_not_matched_by_source_delete().execute(upd)
+        tag = uuid.uuid4().hex[:6]
+        topics = {v: f"rep-v{v}-{tag}" for v in (1, 2)}
+        for v, topic in topics.items():
+            t0 = time.perf_counter()
+            n = publish(kafka, registry, src, topic, v)
+            print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s",
+                  flush=True)  # fmt: skip
+
+        rep_s, c = replicate(kafka, registry, topics[1], dst, args.batch_rows)
+        up1, _ = events_as_rows(src, 1)
+        ceil_s = ceiling(up1, None, None, os.path.join(args.dir, "rep_ceiling1.lance"))
+        results["upserts"] = dict(
+            records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
+            ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
+        )  # fmt: skip
+        print("upserts", json.dumps(results["upserts"]), flush=True)
+
+        base = os.path.join(args.dir, "rep_base.lance")
+        shutil.rmtree(base, ignore_errors=True)
+        shutil.copytree(dst, base)
+        s2, c2 = replicate(kafka, registry, topics[2], dst, args.batch_rows)
+        up2, dl2 = events_as_rows(src, 2)
+        ceil_mix = ceiling(up2, dl2, base, os.path.join(args.dir, "rep_ceiling2.lance"))
+        rows = c2.upserts + c2.deletes
+        results["mix_90_10"] = dict(
+            upserts=c2.upserts, deletes=c2.deletes, replicator_s=s2,
+            replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
+            ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix,
+        )  # fmt: skip
+        print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
+        src_rows = lance.dataset(src).count_rows()
+        assert lance.dataset(dst).count_rows() == src_rows, "replica differs from the source"
+
+        spark = (
+            SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+            .config("spark.sql.session.timeZone", "UTC").getOrCreate()
+        )  # fmt: skip
+        spark.sparkContext.setLogLevel("ERROR")
+        lat = latency(spark, kafka, registry, args.dir, args.latency_commits)
+        spark.stop()
+        ms = np.array(lat) * 1000
+        results["latency_ms"] = dict(
+            commits=len(lat), p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
+            max=float(ms.max()),
+        )  # fmt: skip
+        print("latency_ms", json.dumps(results["latency_ms"]), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
