@@ -21,6 +21,7 @@ import pyarrow as pa
 from lance_cdf.errors import LanceCdfError
 
 OFFSETS_PROPERTY = "lance-cdf.offsets"
+SOURCE_VERSION_PROPERTY = "lance-cdf.source-version"
 SOURCE_ROWID = "_source_rowid"
 # Fault injection for the crash tests: the process exits hard at the named point.
 CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
@@ -29,6 +30,11 @@ CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
 def crash_point(name: str) -> None:
     if os.environ.get(CRASH_ENV) == name:
         os._exit(137)
+
+
+def offsets_of(position: dict[str, str], topic: str) -> dict[int, int]:
+    offsets = json.loads(position.get(OFFSETS_PROPERTY, "{}")).get(topic, {})
+    return {int(p): int(o) for p, o in offsets.items()}
 
 
 class ReplicaTable:
@@ -45,9 +51,9 @@ class ReplicaTable:
                 return None
             raise LanceCdfError(f"cannot open the replica table {self.uri}: {exc}") from exc
 
-    def applied_offsets(self, topic: str) -> dict[int, int]:
-        """Next offset per partition of `topic` recorded by the newest replica commit
-        that has one; {} for a new replica (Kafka's committed offsets then decide)."""
+    def position(self) -> dict[str, str]:
+        """The transaction properties of the newest replica commit that recorded a
+        position ({} for a new replica: Kafka's committed offsets then decide)."""
         ds = self.open()
         if ds is None:
             return {}
@@ -58,9 +64,17 @@ class ReplicaTable:
                 break  # older versions cleaned up: fall back to Kafka's offsets
             props = (tx.transaction_properties or {}) if tx is not None else {}
             if OFFSETS_PROPERTY in props:
-                offsets = json.loads(props[OFFSETS_PROPERTY]).get(topic, {})
-                return {int(p): int(o) for p, o in offsets.items()}
+                return dict(props)
         return {}
+
+    def applied_offsets(self, topic: str) -> dict[int, int]:
+        """Next offset per partition of `topic` the replica holds."""
+        return offsets_of(self.position(), topic)
+
+    def source_version(self) -> int | None:
+        """Highest source commit version whose changes the replica holds."""
+        value = self.position().get(SOURCE_VERSION_PROPERTY)
+        return int(value) if value is not None else None
 
     def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict) -> bool:
         """Delete the keys in `deletes`, then upsert `upserts`; the last commit carries

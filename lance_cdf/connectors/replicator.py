@@ -35,8 +35,10 @@ from lance_cdf.connectors.kafka import check_broker, check_registry
 from lance_cdf.connectors.replica import (
     OFFSETS_PROPERTY,
     SOURCE_ROWID,
+    SOURCE_VERSION_PROPERTY,
     ReplicaTable,
     crash_point,
+    offsets_of,
 )
 from lance_cdf.errors import LanceCdfError
 
@@ -139,7 +141,11 @@ class Replicator:
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
         self._assigned = time.monotonic()
-        self._applied = self.replica.applied_offsets(self.topic)
+        position = self.replica.position()
+        self._applied = offsets_of(position, self.topic)
+        self.counters.source_version = max(
+            self.counters.source_version, int(position.get(SOURCE_VERSION_PROPERTY, 0))
+        )
         for tp in partitions:
             if tp.partition in self._applied:
                 tp.offset = self._applied[tp.partition]
@@ -206,7 +212,10 @@ class Replicator:
         next_offsets = dict(self._applied)
         for m in msgs:
             next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
-        props = {OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets})}
+        props = {
+            OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
+            SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
+        }
         self.replica.apply(upserts, deletes, props)
         self._applied = next_offsets
         crash_point("after-lance-commit")
