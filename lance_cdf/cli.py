@@ -12,6 +12,7 @@ from lance_cdf.errors import LanceCdfError
 
 EXAMPLES = """examples:
   lance-cdf changes /data/events.lance --from 3 --to 9
+  lance-cdf status --table /data/events.lance --checkpoint /data/ck/events
   lance-cdf changes /data/events.lance --from 1 --format jsonl --columns id,name
   lance-cdf changes file:///data/events.lance --from 5 --format parquet --output changes.parquet
 """
@@ -129,6 +130,24 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
                      help="storage option for the replica table (repeatable)")  # fmt: skip
     rep.set_defaults(func=cmd_replicate)
+
+    status = sub.add_parser(
+        "status",
+        help="latest version of a table and how far a publisher / replica got",
+        description="Print the table's latest version and, when given, the version a "
+        "`lance-cdf publish` checkpoint delivered through and the source version a replica "
+        "holds, with the lag of each in versions.",
+        epilog="example:\n  lance-cdf status --table /data/events.lance --checkpoint "
+        "/data/ck/events --replica /data/replica.lance",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    status.add_argument("--table", required=True, help="source table path or URI")
+    status.add_argument("--checkpoint", default=None, metavar="DIR",
+                        help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
+    status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
+    status.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    status.set_defaults(func=cmd_status)
     return parser
 
 
@@ -222,6 +241,43 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         f"{counters.dead_letters} dead letters, source version {counters.source_version}",
         flush=True,
     )
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    import datetime as dt
+
+    from lance_cdf.feed import ChangeFeed
+
+    feed = ChangeFeed(args.table, _options(args.storage_option))
+    latest = feed.latest_version()
+    when = dt.datetime.fromtimestamp(feed.table.manifest(latest).timestamp_us / 1e6, dt.UTC)
+    report: dict = {"table": args.table, "latest_version": latest,
+                    "committed_at": when.isoformat(timespec="seconds")}  # fmt: skip
+    lines = [f"table       {args.table}: latest version {latest} (committed {when:%F %T} UTC)"]
+    if args.checkpoint:
+        from lance_cdf.streaming.checkpoint import checkpoint_version
+
+        done = checkpoint_version(args.checkpoint)
+        report["checkpoint_version"] = done
+        report["checkpoint_lag"] = None if done is None else latest - done
+        lines.append(
+            f"checkpoint  {args.checkpoint}: "
+            + ("no micro-batch completed yet" if done is None
+               else f"delivered through version {done} (lag {latest - done} versions)")
+        )  # fmt: skip
+    if args.replica:
+        from lance_cdf.connectors.replica import ReplicaTable
+
+        held = ReplicaTable(args.replica, []).source_version()
+        report["replica_version"] = held
+        report["replica_lag"] = None if held is None else latest - held
+        lines.append(
+            f"replica     {args.replica}: "
+            + ("nothing applied yet" if held is None
+               else f"holds source version {held} (lag {latest - held} versions)")
+        )  # fmt: skip
+    print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 
 

@@ -1,0 +1,46 @@
+"""How far a `lance-cdf` streaming query got, read from its Spark checkpoint directory.
+
+A Spark checkpoint holds `offsets/<batch>` (written when a micro-batch is planned: a
+version line, a metadata line, then one JSON offset per source) and `commits/<batch>`
+(written when it completed). The newest committed batch's offset, `{"version": N}`,
+says every change through version N was delivered to the sink.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from lance_cdf.errors import LanceCdfError
+
+
+def _batches(path: str) -> list[int]:
+    if not os.path.isdir(path):
+        return []
+    return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+def checkpoint_version(checkpoint: str) -> int | None:
+    """The source version a lance-cdf query has delivered through, or None if it has not
+    completed a micro-batch yet (or the directory is not a checkpoint)."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        raise LanceCdfError(
+            f"checkpoint {checkpoint!r}: only local checkpoint directories can be inspected"
+        )
+    root = checkpoint.removeprefix("file://")
+    committed = _batches(os.path.join(root, "commits"))
+    if not committed:
+        return None
+    with open(os.path.join(root, "offsets", str(committed[-1]))) as f:
+        lines = f.read().splitlines()
+    for line in lines[2:]:
+        try:
+            offset = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(offset, dict) and "version" in offset:
+            return int(offset["version"])
+    raise LanceCdfError(
+        f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset in "
+        f"offsets/{committed[-1]})"
+    )
