@@ -3,6 +3,7 @@ PYTHON ?= python3.11
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+DEMO_SECONDS ?= 60
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
@@ -24,8 +25,8 @@ provision: $(STAMP)
 test: provision
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-demo: $(STAMP)
-	$(PY) -m lance_cdf.demo $(DEMO_ARGS)
+demo: provision
+	$(PY) -m lance_cdf.demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)
 
 # Regenerate lance_cdf/format/_proto from protos/ (generated modules are committed).
 proto: $(STAMP)

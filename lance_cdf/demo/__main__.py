@@ -1,0 +1,45 @@
+"""`python -m lance_cdf.demo` (`make demo`): see lance_cdf/demo/__init__.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lance_cdf.errors import LanceCdfError
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m lance_cdf.demo",
+        description="The whole lance-cdf pipeline on this machine: a writer makes random "
+        "commits to a sample table, `lance-cdf publish` streams them to a local Kafka broker, "
+        "`lance-cdf replicate` applies them to a replica, and the replica is checked against "
+        "the source at the end.",
+    )
+    ap.add_argument("--dir", default="demo-data", help="where the tables, checkpoint and logs "
+                    "go (recreated; default ./demo-data)")  # fmt: skip
+    ap.add_argument("--seconds", type=float, default=60, help="how long the writer runs")
+    ap.add_argument("--commit-interval", type=float, default=1.5,
+                    help="seconds between random commits")  # fmt: skip
+    ap.add_argument("--partitions", type=int, default=3, help="partitions of the demo topic")
+    ap.add_argument("--walkthrough", action="store_true",
+                    help="instead: the change feed of a few commits, no Kafka (fast)")  # fmt: skip
+    args = ap.parse_args(argv)
+    if args.walkthrough:
+        from lance_cdf.demo.walkthrough import main as walkthrough
+
+        return walkthrough(["--dir", args.dir])
+    from lance_cdf.demo.pipeline import run
+
+    try:
+        return run(args.dir, args.seconds, args.commit_interval, args.partitions)
+    except KeyboardInterrupt:
+        print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
+        return 130
+    except LanceCdfError as exc:
+        print(f"demo failed: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
