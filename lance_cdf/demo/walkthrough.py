@@ -1,5 +1,5 @@
-"""`make demo`: a sample table with stable row IDs, a few commits of every kind,
-and their change feed printed. Runs on the embedded default (a local table)."""
+"""`python -m lance_cdf.demo --walkthrough`: a sample table with stable row IDs, a few
+commits of every kind, and their change feed printed. No Kafka, no Spark: seconds."""
 
 from __future__ import annotations
 
@@ -11,26 +11,10 @@ import tempfile
 
 import lance
 import numpy as np
-import pyarrow as pa
 
+from lance_cdf.demo.sample import sample
 from lance_cdf.feed import read_changes
 from lance_cdf.render import render_changes
-
-DIM = 128
-
-
-def sample(ids: np.ndarray, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    return pa.table(
-        {
-            "id": pa.array(ids, pa.int64()),
-            "city": pa.array(rng.choice(["Oslo", "Lima", "Pune", "Kyiv"], ids.size)),
-            "price": pa.array(np.round(rng.random(ids.size) * 100, 2)),
-            "embedding": pa.FixedSizeListArray.from_arrays(
-                pa.array(rng.random(ids.size * DIM, dtype=np.float32)), DIM
-            ),
-        }
-    )
 
 
 def main(argv: list[str] | None = None) -> int:
