@@ -69,15 +69,17 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     import lance_cdf
     from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of
 
-    events = lance_cdf.read_changes(uri, 1, 1).read_all()
+    reader = lance_cdf.read_changes(uri, 1, 1, batch_size=20_000)
     pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
-                               user_schema_of(events.schema), uri)  # fmt: skip
+                               user_schema_of(reader.schema), uri)  # fmt: skip
     from lance_cdf.connectors.avro import change_records
 
-    payload = [
-        (pub.key_writer.encode(k), pub.value_writer.encode(v))
-        for k, v, _ in change_records(events, pub.user_columns, {1: "Append"}, uri, None, "x", 0)
-    ]
+    payload = []
+    for batch in reader:  # in chunks: Python rows of 768-d vectors are ~25 GB per million
+        records = change_records(
+            pa.Table.from_batches([batch]), pub.user_columns, {1: "Append"}, uri, None, "x", 0
+        )
+        payload += [(pub.key_writer.encode(k), pub.value_writer.encode(v)) for k, v, _ in records]
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
                          "acks": "all", "compression.type": "lz4", "linger.ms": 20,
                          "queue.buffering.max.messages": 500000})  # fmt: skip
@@ -138,6 +140,7 @@ def main() -> None:
     v = args.spark_kafka_version
     spark = (
         SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+        .config("spark.driver.memory", "4g")
         .config("spark.sql.session.timeZone", "UTC")
         .config("spark.jars.packages",
                 f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v},org.apache.spark:spark-avro_2.13:{v}")
