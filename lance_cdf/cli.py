@@ -275,7 +275,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         lines.append(
             f"replica     {args.replica}: "
             + ("nothing applied yet" if held is None
-               else f"holds source version {held} (lag {latest - held} versions)")
+               else f"holds changes through source version {held} ({latest - held} "
+                    "versions behind; commits that change no rows publish nothing)")
         )  # fmt: skip
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0

@@ -55,7 +55,9 @@ def roundtrip(schema, record):
 def test_every_type_maps_and_round_trips():
     schema = row_schema(ALL_TYPES.schema, "t")
     by_name = {f["name"]: f["type"] for f in schema["fields"]}
-    assert by_name["vec"] == ["null", {"type": "array", "items": ["null", "float"]}]
+    assert by_name["vec"] == [
+        "null", {"type": "array", "items": ["null", "float"], "arrow.fixedSize": 768}
+    ]  # fmt: skip
     assert by_name["dec"][1] == {
         "type": "bytes",
         "logicalType": "decimal",

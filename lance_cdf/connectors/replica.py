@@ -78,13 +78,12 @@ class ReplicaTable:
 
     def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict) -> bool:
         """Delete the keys in `deletes`, then upsert `upserts`; the last commit carries
-        `props`. False when there was nothing to write (no rows, or only deletes and no
-        table yet): the caller then relies on Kafka's committed offsets alone, which can
-        only replay no-ops."""
+        `props`. A batch with no rows to change (tombstones, dead letters) still commits
+        its position (an empty delete). False when nothing could be written (no table
+        yet and no rows to create it from): the caller then relies on Kafka's committed
+        offsets, which can only replay no-ops."""
         has_upserts = upserts is not None and upserts.num_rows > 0
         has_deletes = deletes is not None and deletes.num_rows > 0
-        if not (has_upserts or has_deletes):
-            return False
         ds = self.open()
         if ds is None:
             if not has_upserts:
@@ -97,8 +96,13 @@ class ReplicaTable:
             return True
         if has_upserts:
             ds = self._add_new_columns(ds, upserts.schema)
-        if has_deletes:
-            keys = deletes.select(self.key).cast(pa.schema([ds.schema.field(c) for c in self.key]))
+        if has_deletes or not has_upserts:  # deletes, or a position-only commit
+            key_schema = pa.schema([ds.schema.field(c) for c in self.key])
+            keys = (
+                deletes.select(self.key).cast(key_schema)
+                if has_deletes
+                else key_schema.empty_table()
+            )
             crash_point("before-lance-commit")
             tx, _ = ds.merge_insert(self.key).when_matched_delete().execute_uncommitted(keys)
             if not has_upserts:
