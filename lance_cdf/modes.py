@@ -202,11 +202,21 @@ def drop_unchanged_updates(events: pa.Table) -> pa.Table:
 
 
 def drop_unchanged_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """`drop_unchanged_updates` per batch (the feed never splits an update pair)."""
+    """`drop_unchanged_updates` batch by batch; a preimage that ends a batch
+    waits for its postimage in the next one."""
+    carry: pa.Table | None = None
     for batch in batches:
-        kept = drop_unchanged_updates(pa.Table.from_batches([batch]))
+        table = pa.Table.from_batches([batch])
+        if carry is not None:
+            table, carry = pa.concat_tables([carry, table]), None
+        n = table.num_rows
+        if n and table.column(CHANGE_TYPE)[n - 1].as_py() == UPDATE_PRE:
+            table, carry = table.slice(0, n - 1), table.slice(n - 1)
+        kept = drop_unchanged_updates(table)
         if kept.num_rows:
-            yield from kept.to_batches()
+            yield from kept.combine_chunks().to_batches()
+    if carry is not None:
+        yield from drop_unchanged_updates(carry).to_batches()
 
 
 def pair_safe_batches(table: pa.Table, batch_size: int) -> Iterator[pa.RecordBatch]:

@@ -214,7 +214,9 @@ def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step
             interleave = np.empty(2 * n, dtype=np.int64)
             interleave[0::2] = np.arange(n)
             interleave[1::2] = np.arange(n) + n
-            both = _take(pa.concat_tables([pre, post]), interleave)
+            # one chunk: a single pair's take is the identity and would keep pre and
+            # post in two chunks, i.e. two batches
+            both = _take(pa.concat_tables([pre, post]), interleave).combine_chunks()
             kinds = np.tile(np.array([UPDATE_PRE, UPDATE_POST], dtype=object), n)
             return _with_meta(
                 both, np.repeat(post_rows.rowids, 2), pa.array(kinds, pa.string()), vc
