@@ -134,9 +134,7 @@ def test_net_changes_batch_partitions_by_rowid_equal_read_changes(tmp_path):
     for drop in ("false", "true"):
         resolved = resolve({**options, "dropUnchangedUpdates": drop}, streaming=False)
         reader = LanceCdfBatchReader(resolved, spark_schema(resolved.user_schema))
-        counts.append(
-            sum(b.num_rows for p in reader.partitions() for b in reader.read(p))
-        )
+        counts.append(sum(b.num_rows for p in reader.partitions() for b in reader.read(p)))
     want = [
         lance_cdf.read_changes(uri, 6, 7, net=True, drop_unchanged_updates=d).read_all().num_rows
         for d in (False, True)
