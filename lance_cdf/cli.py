@@ -15,6 +15,8 @@ EXAMPLES = """examples:
   lance-cdf status --table /data/events.lance --checkpoint /data/ck/events
   lance-cdf changes /data/events.lance --from 1 --format jsonl --columns id,name
   lance-cdf changes file:///data/events.lance --from 5 --format parquet --output changes.parquet
+  lance-cdf changes /data/events.lance --from 3 --to 9 --net --drop-unchanged-updates
+  lance-cdf changes /data/events.lance --snapshot --from 7 --format jsonl
 """
 
 
@@ -42,7 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     changes.add_argument("uri", help="table path or file:// URI")
-    changes.add_argument("--from", dest="start", type=int, required=True, help="first version")
+    changes.add_argument(
+        "--from", dest="start", type=int, default=None,
+        help="first version (required, except with --snapshot: the version to snapshot, "
+        "default latest)",
+    )  # fmt: skip
     changes.add_argument(
         "--to", dest="end", type=int, default=None, help="last version (default: latest)"
     )
@@ -54,6 +60,19 @@ def build_parser() -> argparse.ArgumentParser:
         help="table (readable, default), jsonl (one event per line) or parquet (needs --output)",
     )  # fmt: skip
     changes.add_argument("--output", default=None, help="write to this file instead of stdout")
+    changes.add_argument(
+        "--snapshot", action="store_true",
+        help="first the table as it stands at version FROM as snapshot events, then the "
+        "changes of FROM+1..TO",
+    )  # fmt: skip
+    changes.add_argument(
+        "--net", action="store_true",
+        help="net changes over the range: at most one event (an update: one pair) per row",
+    )  # fmt: skip
+    changes.add_argument(
+        "--drop-unchanged-updates", action="store_true",
+        help="leave out updates whose before and after images are equal on every column shown",
+    )  # fmt: skip
     changes.add_argument(
         "--storage-option", action="append", default=[], metavar="KEY=VALUE",
         help="storage option passed to Lance (repeatable)",
@@ -80,6 +99,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pub.add_argument("--starting-version", default="latest",
                      help="first version: a number, latest (default) or earliest")  # fmt: skip
+    pub.add_argument("--snapshot", action="store_true",
+                     help="bootstrap: publish the table as it stands when the query first "
+                     "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
+    pub.add_argument("--drop-unchanged-updates", action="store_true",
+                     help="do not publish updates that changed no column value")  # fmt: skip
     pub.add_argument("--trigger-interval", default="1 second", help="micro-batch interval")
     pub.add_argument("--available-now", action="store_true",
                      help="publish everything up to the latest version, then exit")  # fmt: skip
@@ -176,9 +200,12 @@ def _options(pairs: Iterable[str]) -> dict[str, str]:
 def cmd_changes(args: argparse.Namespace) -> int:
     from lance_cdf.feed import read_changes
 
+    if args.start is None and not args.snapshot:
+        raise LanceCdfError("give --from VERSION (or --snapshot to start from a snapshot)")
     reader = read_changes(
         args.uri, args.start, args.end, columns=args.columns,
-        storage_options=_options(args.storage_option),
+        storage_options=_options(args.storage_option), snapshot=args.snapshot, net=args.net,
+        drop_unchanged_updates=args.drop_unchanged_updates,
     )  # fmt: skip
     if args.format == "parquet":
         if not args.output:
@@ -215,7 +242,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         producer_config=_options(args.producer_config),
         registry_config=_options(args.registry_config),
         storage_options=_options(args.storage_option),
-        max_rows_per_trigger=args.max_rows_per_trigger,
+        max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
+        drop_unchanged_updates=args.drop_unchanged_updates,
     )  # fmt: skip
 
 

@@ -12,8 +12,11 @@ import pyarrow as pa
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.table import LruCache, TableLog
+from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
+from lance_cdf.modes import drop_unchanged_updates as drop_unchanged_updates_of
 from lance_cdf.plan import VersionChanges, plan_version, resolve_range
 from lance_cdf.read import META_COLUMNS, RowReader, event_schema, read_version_events, union_schema
+from lance_cdf.snapshot import SnapshotFragment, read_snapshot, snapshot_fragments
 
 DEFAULT_BATCH_SIZE = 65536
 
@@ -84,15 +87,60 @@ class ChangeFeed:
     ) -> Iterator[pa.RecordBatch]:
         return read_version_events(self.reader, changes, user_schema, batch_size)
 
+    def resolve_snapshot(self, version: int | None, end: int | None = None) -> tuple[int, int]:
+        """Check a snapshot at `version` (None: the latest) followed by the changes
+        of version+1..`end` (None: the latest): every version from the snapshot on
+        must still be present."""
+        self.table.refresh()
+        latest = self.table.latest_version
+        if version is None:
+            version = latest
+        if isinstance(version, bool) or not isinstance(version, int) or version < 1:
+            raise LanceCdfError(
+                f"the snapshot version must be a version number >= 1, got {version!r}"
+            )
+        if not self.table.has_version(version):
+            raise self.table.missing_version_error(version)
+        end = latest if end is None else end
+        if end < version:
+            raise LanceCdfError(
+                f"end_version {end} is before the snapshot version {version}; a snapshot is "
+                f"followed by the changes after it, so ask for end_version >= {version}."
+            )
+        if end > version:
+            resolve_range(self.table, version + 1, end)
+        return int(version), int(end)
+
+    def snapshot_fragments(self, version: int) -> list[SnapshotFragment]:
+        """The fragments of a snapshot version and their live row counts (manifests only)."""
+        return snapshot_fragments(self.reader, version)
+
+    def snapshot_events(
+        self,
+        version: int,
+        user_schema: pa.Schema,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+        fragment_id: int | None = None,
+        offset: int = 0,
+        limit: int | None = None,
+    ) -> Iterator[pa.RecordBatch]:
+        """`snapshot` events of the table at `version` (or of a slice of one fragment)."""
+        return read_snapshot(
+            self.reader, version, user_schema, fragment_id, offset, limit, batch_size
+        )
+
 
 def read_changes(
     uri: str,
-    start_version: int,
+    start_version: int | None = None,
     end_version: int | None = None,
     *,
     columns: Sequence[str] | None = None,
     storage_options: dict[str, str] | None = None,
     batch_size: int = DEFAULT_BATCH_SIZE,
+    snapshot: bool = False,
+    net: bool = False,
+    drop_unchanged_updates: bool = False,
 ) -> pa.RecordBatchReader:
     """Row-level changes of versions `start_version`..`end_version` (inclusive).
 
@@ -100,13 +148,42 @@ def read_changes(
     `_change_type` (insert, update_preimage, update_postimage, delete),
     `_commit_version` and `_commit_timestamp`, ordered by commit version.
     `end_version=None` reads up to the latest version.
+
+    `snapshot=True`: first the table as it stands at `start_version` (None: the
+    latest version) as `snapshot` events with `_commit_version=start_version`,
+    then the changes of start_version+1..end_version. `net=True`: at most one
+    event (an update: one pair) per row ID over the whole range (materialises
+    the range in memory). `drop_unchanged_updates=True`: leave out update pairs
+    whose images are equal on every returned column.
     """
     feed = ChangeFeed(uri, storage_options)
-    start, end = feed.resolve_range(start_version, end_version)
-    user_schema = feed.user_schema(start, end, columns)
+    if snapshot:
+        start, end = feed.resolve_snapshot(start_version, end_version)
+        user_schema = feed.user_schema(start + 1, end, columns)
+        first_change = start + 1
+    else:
+        if start_version is None:
+            raise LanceCdfError(
+                "start_version is required (the first version whose changes are returned), "
+                "unless snapshot=True, where it is the version to snapshot (default: latest)."
+            )
+        start, end = feed.resolve_range(start_version, end_version)
+        user_schema = feed.user_schema(start, end, columns)
+        first_change = start
 
-    def batches() -> Iterator[pa.RecordBatch]:
-        for changes in feed.plans(start, end):
+    def events() -> Iterator[pa.RecordBatch]:
+        if snapshot:
+            yield from feed.snapshot_events(start, user_schema, batch_size)
+        for changes in feed.plans(first_change, end):
             yield from feed.events(changes, user_schema, batch_size)
 
-    return pa.RecordBatchReader.from_batches(event_schema(user_schema), batches())
+    schema = event_schema(user_schema)
+    if net:
+        table = net_changes(pa.Table.from_batches(list(events()), schema=schema))
+        if drop_unchanged_updates:
+            table = drop_unchanged_updates_of(table)
+        return pa.RecordBatchReader.from_batches(schema, pair_safe_batches(table, batch_size))
+    batches = events()
+    if drop_unchanged_updates:
+        batches = drop_unchanged_batches(batches)
+    return pa.RecordBatchReader.from_batches(schema, batches)

@@ -33,6 +33,7 @@ META_FIELDS = [
 META_COLUMNS = [f.name for f in META_FIELDS]
 INSERT, DELETE = "insert", "delete"
 UPDATE_PRE, UPDATE_POST = "update_preimage", "update_postimage"
+SNAPSHOT = "snapshot"  # a row of the table as it stood at the snapshot version
 CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 # chunk-level lookahead; separate from _POOL so a chunk never waits on its own pool
@@ -96,7 +97,7 @@ class RowReader:
             # pylance releases the GIL while reading: fragments are read concurrently
             pieces = list(_POOL.map(lambda job: _read_fragment(*job, columns), jobs))
             got = _take(pa.concat_tables(pieces), np.argsort(order, kind="stable"))
-        return _conform(got, schema, n)
+        return conform(got, schema, n)
 
 
 # Rows closer than this are read as one contiguous range rather than taken one by one.
@@ -134,7 +135,7 @@ def _take(table: pa.Table, indices: np.ndarray) -> pa.Table:
     return table.combine_chunks().take(pa.array(indices))
 
 
-def _conform(table: pa.Table | None, schema: pa.Schema, n: int) -> pa.Table:
+def conform(table: pa.Table | None, schema: pa.Schema, n: int) -> pa.Table:
     """Shape `table` to `schema`: missing columns become nulls, types are cast."""
     arrays = []
     for field in schema:
@@ -173,20 +174,27 @@ def event_schema(user_schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(user_schema) + META_FIELDS)
 
 
-def _with_meta(
-    table: pa.Table, rowids: np.ndarray, change_types: pa.Array, vc: VersionChanges
+def with_meta(
+    table: pa.Table, rowids, change_types: pa.Array, version: int, timestamp_us: int
 ) -> pa.Table:
+    """`table`'s user columns plus the four metadata columns."""
     n = table.num_rows
     meta = [
         pa.array(rowids, pa.uint64()),
         change_types,
-        pa.array(np.full(n, vc.version, dtype=np.int64)),
-        pa.array(np.full(n, vc.timestamp_us, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC")),
+        pa.array(np.full(n, version, dtype=np.int64)),
+        pa.array(np.full(n, timestamp_us, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC")),
     ]
     return pa.Table.from_arrays(list(table.columns) + meta, schema=event_schema(table.schema))
 
 
-def _constant(value: str, n: int) -> pa.Array:
+def _with_meta(
+    table: pa.Table, rowids: np.ndarray, change_types: pa.Array, vc: VersionChanges
+) -> pa.Table:
+    return with_meta(table, rowids, change_types, vc.version, vc.timestamp_us)
+
+
+def constant(value: str, n: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
 
 
@@ -198,7 +206,7 @@ def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step
         return lambda: reader.read(rows, version, schema)
 
     def single(rows: RowSet, kind: str):
-        return lambda got: _with_meta(got, rows.rowids, _constant(kind, len(rows)), vc)
+        return lambda got: _with_meta(got, rows.rowids, constant(kind, len(rows)), vc)
 
     def pairs(post_rows: RowSet):
         def assemble(pre: pa.Table, post: pa.Table) -> pa.Table:
@@ -206,7 +214,9 @@ def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step
             interleave = np.empty(2 * n, dtype=np.int64)
             interleave[0::2] = np.arange(n)
             interleave[1::2] = np.arange(n) + n
-            both = _take(pa.concat_tables([pre, post]), interleave)
+            # one chunk: a single pair's take is the identity and would keep pre and
+            # post in two chunks, i.e. two batches
+            both = _take(pa.concat_tables([pre, post]), interleave).combine_chunks()
             kinds = np.tile(np.array([UPDATE_PRE, UPDATE_POST], dtype=object), n)
             return _with_meta(
                 both, np.repeat(post_rows.rowids, 2), pa.array(kinds, pa.string()), vc

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from lance_cdf.read import CHANGE_TYPE, COMMIT_VERSION, META_COLUMNS, ROWID
 
-STYLES = {"insert": "green", "delete": "red", "update": "yellow"}
+STYLES = {"insert": "green", "delete": "red", "update": "yellow", "snapshot": "cyan"}
 MAX_CELL = 40
 
 

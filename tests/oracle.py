@@ -124,3 +124,102 @@ def feed_ids(events: pa.Table, version: int | None = None) -> tuple[list, list, 
         )
 
     return by("insert"), by("update_postimage"), by("delete")
+
+
+# -- feed modes ----------------------------------------------------------------------
+
+
+def net_snapshot_events(uri: str, start: int, end: int) -> list[tuple]:
+    """Net events of versions start..end from full snapshots of every version:
+    (change_type, rowid, last version that touched the row, values), sorted.
+
+    A row is touched at version v if it appears, disappears or has its
+    last-updated version move between snapshots v-1 and v."""
+    snaps = {v: snapshot(uri, v) for v in range(start - 1, end + 1)}
+    last_touch: dict[int, int] = {}
+    for v in range(start, end + 1):
+        a, b = snaps[v - 1], snaps[v]
+        changed = a.keys() ^ b.keys()
+        changed |= {
+            rid
+            for rid in a.keys() & b.keys()
+            if a[rid]["_row_last_updated_at_version"] != b[rid]["_row_last_updated_at_version"]
+        }
+        for rid in changed:
+            last_touch[rid] = v
+    before, after = snaps[start - 1], snaps[end]
+    events = []
+    for rid, v in last_touch.items():
+        if rid in before and rid in after:
+            events.append(("update_preimage", rid, v, _values(before[rid])))
+            events.append(("update_postimage", rid, v, _values(after[rid])))
+        elif rid in before:
+            events.append(("delete", rid, v, _values(before[rid])))
+        elif rid in after:
+            events.append(("insert", rid, v, _values(after[rid])))
+    return sorted(events, key=_key4)
+
+
+def without_unchanged_pairs(events: list[tuple]) -> list[tuple]:
+    """`events` (sorted, pre before post per row ID) less the update pairs whose two
+    images hold equal values."""
+    out, i = [], 0
+    while i < len(events):
+        e = events[i]
+        if e[0] == "update_preimage" and events[i + 1][0] == "update_postimage":
+            pre, post = e, events[i + 1]
+            assert pre[1] == post[1]
+            if pre[-1] != post[-1]:
+                out += [pre, post]
+            i += 2
+            continue
+        out.append(e)
+        i += 1
+    return out
+
+
+_RANK = {"delete": 0, "update_preimage": 1, "update_postimage": 2, "insert": 3, "snapshot": 4}
+
+
+def _key4(event: tuple):
+    return (event[1], _RANK[event[0]])
+
+
+def feed_events_with_version(events: pa.Table) -> list[tuple]:
+    """read_changes output as (change_type, rowid, commit_version, values), sorted."""
+    out = []
+    for row in events.to_pylist():
+        kind, rid = row.pop("_change_type"), row.pop("_rowid")
+        version = row.pop("_commit_version")
+        row.pop("_commit_timestamp")
+        out.append((kind, rid, version, row))
+    return sorted(out, key=_key4)
+
+
+def apply_events(events: pa.Table, replica: dict[int, dict] | None = None) -> dict[int, dict]:
+    """A replica keyed by rowid after applying `events` in order: snapshot, insert and
+    update_postimage upsert the row, delete removes it. Checks that updates and deletes
+    hit rows the replica has and inserts do not."""
+    replica = {} if replica is None else replica
+    for row in events.to_pylist():
+        kind, rid = row.pop("_change_type"), row.pop("_rowid")
+        row.pop("_commit_version")
+        row.pop("_commit_timestamp")
+        if kind == "insert":
+            assert rid not in replica, f"insert of rowid {rid} already in the replica"
+            replica[rid] = row
+        elif kind == "snapshot":
+            replica[rid] = row
+        elif kind == "update_postimage":
+            assert rid in replica, f"update of rowid {rid} missing from the replica"
+            replica[rid] = row
+        elif kind == "update_preimage":
+            assert replica.get(rid) == row, f"preimage of rowid {rid} differs from the replica"
+        elif kind == "delete":
+            assert replica.pop(rid, None) == row, f"delete of rowid {rid} does not match"
+    return replica
+
+
+def table_state(uri: str, version: int) -> dict[int, dict]:
+    """rowid -> user values at a version (what a replica should hold)."""
+    return {rid: _values(row) for rid, row in snapshot(uri, version).items()}

@@ -65,3 +65,42 @@ def test_errors_exit_2_with_a_message(tmp_path, capsys):
     assert "no Lance table" in capsys.readouterr().err
     assert main(["changes", table(tmp_path), "--from", "1", "--format", "parquet"]) == 2
     assert "--output" in capsys.readouterr().err
+
+
+def _jsonl(capsys):
+    return [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+
+
+def test_net_snapshot_and_drop_unchanged_flags(tmp_path, capsys):
+    uri = table(tmp_path)  # v1 create, v2 update id 2, v3 delete id 3
+    lance.dataset(uri).update({"s": "'y'"}, where="id = 2")  # v4: updated again
+    lance.dataset(uri).update({"s": "s"}, where="id = 1")  # v5: rewritten, values unchanged
+    assert main(["changes", uri, "--from", "2", "--format", "jsonl", "--net"]) == 0
+    net = [(r["_change_type"], r["id"], r["s"]) for r in _jsonl(capsys)]
+    assert net == [
+        ("delete", 3, "c"),  # by the version of each row's last change
+        ("update_preimage", 2, "b"),  # updated at v2 and v4: first preimage, last postimage
+        ("update_postimage", 2, "y"),
+        ("update_preimage", 1, "a"),  # the carry-over update of v5
+        ("update_postimage", 1, "a"),
+    ]
+    argv = ["changes", uri, "--from", "5", "--format", "jsonl", "--drop-unchanged-updates"]
+    assert main(argv) == 0
+    assert _jsonl(capsys) == []
+    assert main(["changes", uri, "--from", "5", "--format", "jsonl"]) == 0
+    assert len(_jsonl(capsys)) == 2  # without the flag the carry-over pair is there
+    assert main(["changes", uri, "--snapshot", "--from", "3", "--format", "jsonl"]) == 0
+    rows = _jsonl(capsys)
+    assert [(r["_change_type"], r["id"], r["s"]) for r in rows] == [
+        ("snapshot", 1, "a"),
+        ("snapshot", 2, "z"),
+        ("update_preimage", 2, "z"),
+        ("update_postimage", 2, "y"),
+        ("update_preimage", 1, "a"),
+        ("update_postimage", 1, "a"),
+    ]
+    assert {r["_commit_version"] for r in rows[:2]} == {3}
+    assert main(["changes", uri, "--snapshot", "--format", "jsonl"]) == 0  # at the latest
+    assert {r["_change_type"] for r in _jsonl(capsys)} == {"snapshot"}
+    assert main(["changes", uri]) == 2
+    assert "--from" in capsys.readouterr().err

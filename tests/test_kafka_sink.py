@@ -266,3 +266,49 @@ def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, s
     with pytest.raises(LanceCdfError, match="compatibility rules forbid"):
         publish(uri, **run)
     assert len(client.get_versions(f"{topic}-value")) == 2
+
+
+def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_registry):
+    """publish --snapshot on a table whose first versions were cleaned up: op="r"
+    records with the full row in `after`, then the later changes, each once."""
+    from datetime import timedelta
+
+    from lance_cdf.cli import main
+
+    uri = str(tmp_path / "boot.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(10), "s": [f"s{i}" for i in range(10)]}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=4,
+    )
+    lance.dataset(uri).delete("id = 0")  # v2
+    lance.dataset(uri).update({"s": "'u'"}, where="id > 6")  # v3
+    lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1)
+    v0 = lance.dataset(uri).version
+    topic = f"boot-{uuid.uuid4().hex[:8]}"
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
+            str(tmp_path / "ck"), "--snapshot", "--available-now",
+            "--max-rows-per-trigger", "4"]  # fmt: skip
+    assert main(args) == 0
+    lance.dataset(uri).delete("id = 5")  # v0 + 1
+    lance.dataset(uri).update({"s": "'w'"}, where="id = 8")  # v0 + 2
+    assert main(args) == 0  # same checkpoint: continues after the snapshot
+    want = lance_cdf.read_changes(uri, v0, snapshot=True).read_all().to_pylist()
+    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 9 + 3)
+    snap = [(k, v) for k, v in got if v is not None and v["op"] == "r"]
+    assert len(snap) == 9  # the rows at v0, each once
+    assert {k["_rowid"]: v["after"] for k, v in snap} == {
+        e["_rowid"]: {"id": e["id"], "s": e["s"]} for e in want if e["_change_type"] == "snapshot"
+    }
+    assert all(
+        v["before"] is None and v["source"]["snapshot"] and v["source"]["commit_version"] == v0
+        for _, v in snap
+    )
+    rest = [(k["_rowid"], v and v["op"], v and v["source"]["commit_version"]) for k, v in got[9:]]
+    deleted = next(e["_rowid"] for e in want if e["_change_type"] == "delete")
+    updated = next(e["_rowid"] for e in want if e["_change_type"] == "update_postimage")
+    assert got[:9] == snap  # snapshot records come first
+    assert rest == [(deleted, "d", v0 + 1), (deleted, None, None), (updated, "u", v0 + 2)]
+    assert not any(v["source"]["snapshot"] for _, v in got[9:] if v is not None)

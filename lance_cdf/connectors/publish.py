@@ -35,9 +35,15 @@ def publish(
     storage_options: dict[str, str] | None = None,
     max_rows_per_trigger: int | None = None,
     master: str = "local[2]",
+    snapshot: bool = False,
+    drop_unchanged_updates: bool = False,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
-    `available_now`, until the latest version at start is published)."""
+    `available_now`, until the latest version at start is published).
+
+    `snapshot`: first the table as it stands when the query first starts, as
+    `op="r"` records, then the changes after it (the checkpoint remembers the
+    snapshot's version and how far it got)."""
     producer_config = dict(producer_config or {})
     check_broker(bootstrap_servers, producer_config)
     check_registry(schema_registry, registry_config)
@@ -58,7 +64,9 @@ def publish(
     register(spark)
     spark_sink.register(spark)
     reader = spark.readStream.format("lance-cdf").option("path", table)
-    reader = reader.option("startingVersion", starting_version)
+    reader = reader.option("startingVersion", "snapshot" if snapshot else starting_version)
+    if drop_unchanged_updates:
+        reader = reader.option("dropUnchangedUpdates", "true")
     if max_rows_per_trigger:
         reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
     for k, v in (storage_options or {}).items():

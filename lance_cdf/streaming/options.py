@@ -11,6 +11,7 @@ STORAGE_PREFIX = "storage."
 KNOWN = {
     "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
     "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
+    "netchanges", "dropunchangedupdates",
 }  # fmt: skip
 
 
@@ -63,7 +64,8 @@ def _columns(raw: str | None) -> tuple[str, ...] | None:
 @dataclass(frozen=True)
 class SourceOptions:
     path: str
-    starting: int | str  # a version number, "latest" or "earliest" (see source._start_version)
+    # a version number, "latest", "earliest" or "snapshot" (see source._start_version)
+    starting: int | str
     starting_timestamp_us: int | None
     ending_version: int | None
     max_versions_per_trigger: int | None
@@ -72,6 +74,8 @@ class SourceOptions:
     fail_on_data_loss: bool
     merge_schema: bool
     rows_per_partition: int
+    net_changes: bool = False
+    drop_unchanged_updates: bool = False
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -85,7 +89,7 @@ class SourceOptions:
         starting_raw = options.get("startingversion")
         if starting_raw is None:
             starting: int | str = "latest" if streaming else "earliest"
-        elif str(starting_raw).strip().lower() in ("latest", "earliest"):
+        elif str(starting_raw).strip().lower() in ("latest", "earliest", "snapshot"):
             starting = str(starting_raw).strip().lower()
         else:
             starting = _int(options, "startingVersion", 1)
@@ -116,6 +120,8 @@ class SourceOptions:
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             merge_schema=_bool(options, "mergeSchema", False),
             rows_per_partition=_int(options, "rowsPerPartition", 1) or 100_000,
+            net_changes=_bool(options, "netChanges", False),
+            drop_unchanged_updates=_bool(options, "dropUnchangedUpdates", False),
             storage_options={
                 k[len(STORAGE_PREFIX) :]: str(v)
                 for k, v in raw.items()

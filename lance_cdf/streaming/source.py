@@ -7,6 +7,21 @@ small commits are packed together, a large one is cut into `parts` row ranges
 (`rowsPerPartition` changed rows each). An executor re-plans each version from
 the manifests (cheap, no data read) and reads only its share of the rows.
 
+`startingVersion=snapshot` first delivers the table as it stood at V0 (the
+latest version when the query first started). While that snapshot is being
+delivered the offset is `{"version": V0, "snapshot": {"fragment": i, "offset":
+k}}`: the rows of V0 before live row k of its i-th fragment (manifest order)
+have been delivered. Once complete it is `{"version": V0}` and the changes of
+V0+1 onward follow, so old checkpoints parse unchanged. Snapshot partitions are
+row ranges of one fragment.
+
+`netChanges=true` collapses the events of each micro-batch (a batch read: of
+its range) per row ID. That needs every event of a row in one task, so such a
+micro-batch is split by row ID (`rowid % parts`) instead of by version: each
+task re-plans all the micro-batch's versions, keeps its share of the row IDs,
+reads their images and nets them. The work stays parallel and no shuffle is
+needed.
+
 Where things run: `DataSource.schema()` runs once at `load()` in a Python
 worker and the instance is pickled for everything after it, so state it sets
 (the version the schema was taken at) reaches `reader()`/`streamReader()`.
@@ -40,8 +55,10 @@ from pyspark.sql.types import StructType
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
-from lance_cdf.plan import VersionChanges
-from lance_cdf.read import union_schema
+from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
+from lance_cdf.plan import RowSet, VersionChanges
+from lance_cdf.read import event_schema, union_schema
+from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
@@ -111,9 +128,12 @@ def _start_version(opts: SourceOptions, feed: ChangeFeed, latest: int, streaming
 
     `latest`: a stream starts after it (only new commits); a batch read returns
     the changes of the latest version. `earliest`: the first readable version.
+    `snapshot`: the changes after the snapshot version (the latest).
     """
     if opts.starting_timestamp_us is not None:
         return _first_at_or_after(feed, opts.starting_timestamp_us, latest)
+    if opts.starting == "snapshot":
+        return latest + 1
     if opts.starting == "latest":
         return latest + 1 if streaming else latest
     if opts.starting == "earliest":
@@ -148,6 +168,7 @@ class Resolved:
     start: int
     end: int  # a batch read's last version; a stream's "now" (the schema's version)
     user_schema: pa.Schema
+    snapshot_version: int | None = None  # startingVersion=snapshot: V0
 
 
 def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
@@ -159,9 +180,16 @@ def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
     latest = feed.latest_version()
     if as_of is not None and as_of <= latest:
         latest = as_of
+    if opts.starting == "snapshot" and not streaming:
+        # a batch read's snapshot is the table at endingVersion (default: the latest)
+        end = opts.ending_version if opts.ending_version is not None else latest
+        if not feed.table.has_version(end):
+            raise feed.table.missing_version_error(end)
+        return Resolved(opts, end + 1, end, feed.schema_at(end, opts.columns), end)
     start = _start_version(opts, feed, latest, streaming)
     if streaming:
-        return Resolved(opts, start, latest, _union(feed, start, latest, opts.columns))
+        snap = latest if opts.starting == "snapshot" else None
+        return Resolved(opts, start, latest, _union(feed, start, latest, opts.columns), snap)
     if start > latest and opts.starting_timestamp_us is not None:
         raise LanceCdfError(
             f"no version of {opts.path} was committed at or after startingTimestamp; the "
@@ -228,6 +256,84 @@ def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
     )
 
 
+@dataclass(frozen=True)
+class SnapshotSlice(InputPartition):
+    """Live rows `offset`..`offset + limit` of fragment `fragment_id` of the
+    snapshot version `version`."""
+
+    version: int
+    fragment_id: int
+    offset: int
+    limit: int
+
+
+@dataclass(frozen=True)
+class NetSlice(InputPartition):
+    """Net changes over `versions` of the row IDs with `rowid % parts == part`."""
+
+    versions: tuple[int, ...]
+    part: int
+    parts: int
+
+
+def snapshot_slices(
+    version: int,
+    fragments: Sequence[SnapshotFragment],
+    start: tuple[int, int],
+    end: tuple[int, int],
+    rows_per_partition: int,
+) -> list[SnapshotSlice]:
+    """Partitions for the snapshot rows from position `start` up to (not
+    including) `end`; a position is (fragment index, live-row offset)."""
+    out = []
+    for i in range(start[0], min(end[0] + 1, len(fragments))):
+        lo = start[1] if i == start[0] else 0
+        hi = end[1] if i == end[0] else fragments[i].rows
+        for first in range(lo, hi, rows_per_partition):
+            count = min(rows_per_partition, hi - first)
+            out.append(SnapshotSlice(version, fragments[i].fragment_id, first, count))
+    return out
+
+
+def advance(
+    fragments: Sequence[SnapshotFragment], position: tuple[int, int], rows: int | None
+) -> tuple[int, int]:
+    """The snapshot position `rows` live rows after `position` (None: the end),
+    never resting on the end of a fragment: (len(fragments), 0) is the end."""
+    i, k = position
+    left = rows
+    while i < len(fragments):
+        available = fragments[i].rows - k
+        if left is not None and available > left:
+            return i, k + left
+        if left is not None:
+            left -= available
+        i, k = i + 1, 0
+        if left == 0:
+            break
+    while i < len(fragments) and fragments[i].rows == 0:
+        i += 1
+    return i, 0
+
+
+def bucket(rows: RowSet, part: int, parts: int) -> RowSet:
+    """The rows of `rows` whose row ID falls in bucket `part` of `parts`."""
+    if parts == 1:
+        return rows
+    return rows.take((rows.rowids % parts) == part)
+
+
+def net_slices(sizes: Sequence[tuple[int, int]], rows_per_partition: int) -> list[NetSlice]:
+    """Partitions of a net-changes read of `(version, changed rows)`: every task
+    sees all versions and one bucket of the row IDs."""
+    if not sizes:
+        return []
+    total = sum(rows for _, rows in sizes)
+    parts = max(1, math.ceil(total / rows_per_partition))
+    versions = tuple(v for v, _ in sizes)
+    return [NetSlice(versions, p, parts) for p in range(parts)]
+
+
 class _Reading:
     """What executors need (pickled with every reader): options, the columns to
     read, and the Arrow schema Spark expects."""
@@ -245,18 +351,75 @@ class _Reading:
         self.read_schema = pa.schema([union.field(c) for c in wanted])
         self.target = arrow_target(declared)
 
-    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotSlice):
+            batches = self._snapshot(partition)
+        elif isinstance(partition, NetSlice):
+            batches = self._net(partition)
+        else:
+            batches = self._changes(partition)
+        for batch in batches:
+            yield to_spark(batch, self.target)
+
+    def _plan(self, version: int) -> VersionChanges | None:
+        try:
+            return _feed(self.opts).plan(version)
+        except VersionNotFoundError as exc:
+            if self.opts.fail_on_data_loss:
+                raise
+            log.warning("skipping version %d (failOnDataLoss=false): %s", version, exc)
+            return None
+
+    def _changes(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
         feed = _feed(self.opts)
         for version, part, parts in partition.segments:
-            try:
-                vc = feed.plan(version)
-            except VersionNotFoundError as exc:
-                if self.opts.fail_on_data_loss:
-                    raise
-                log.warning("skipping version %d (failOnDataLoss=false): %s", version, exc)
+            vc = self._plan(version)
+            if vc is None:
                 continue
-            for batch in feed.events(cut(vc, part, parts), self.read_schema):
-                yield to_spark(batch, self.target)
+            batches = feed.events(cut(vc, part, parts), self.read_schema)
+            if self.opts.drop_unchanged_updates:
+                batches = drop_unchanged_batches(batches)
+            yield from batches
+
+    def _net(self, partition: NetSlice) -> Iterator[pa.RecordBatch]:
+        feed = _feed(self.opts)
+        batches: list[pa.RecordBatch] = []
+        for version in partition.versions:
+            vc = self._plan(version)
+            if vc is None:
+                continue
+            p, n = partition.part, partition.parts
+            mine = replace(
+                vc,
+                inserted=bucket(vc.inserted, p, n),
+                deleted=bucket(vc.deleted, p, n),
+                update_pre=bucket(vc.update_pre, p, n),  # same row IDs, same order as post
+                update_post=bucket(vc.update_post, p, n),
+            )
+            batches.extend(feed.events(mine, self.read_schema))
+        events = net_changes(pa.Table.from_batches(batches, event_schema(self.read_schema)))
+        if self.opts.drop_unchanged_updates:
+            events = drop_unchanged_updates(events)
+        yield from events.combine_chunks().to_batches()
+
+    def _snapshot(self, part: SnapshotSlice) -> Iterator[pa.RecordBatch]:
+        feed = _feed(self.opts)
+        try:
+            yield from feed.snapshot_events(
+                part.version, self.read_schema, fragment_id=part.fragment_id,
+                offset=part.offset, limit=part.limit,
+            )  # fmt: skip
+        except VersionNotFoundError as exc:
+            raise VersionNotFoundError(snapshot_lost(self.opts.path, part.version, exc)) from None
+
+
+def snapshot_lost(path: str, version: int, why: Exception) -> str:
+    return (
+        f"the snapshot of {path} at version {version} cannot be completed: the version was "
+        f"removed by cleanup_old_versions before the snapshot was delivered ({why}). Restart "
+        "the query from a new checkpoint to take a new snapshot, and keep versions longer "
+        "(cleanup_old_versions(older_than=...)) than a snapshot takes."
+    )
 
 
 # -- the data source -------------------------------------------------------------
@@ -293,13 +456,23 @@ class LanceCdfBatchReader(DataSourceReader):
     def __init__(self, resolved: Resolved, schema: StructType):
         self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
         self.start, self.end = resolved.start, resolved.end
+        self.snapshot_version = resolved.snapshot_version
 
     def partitions(self) -> Sequence[InputPartition]:
-        feed = _feed(self.reading.opts)
-        sizes = ((v, feed.plan(v).num_changed_rows) for v in range(self.start, self.end + 1))
-        return pack(sizes, self.reading.opts.rows_per_partition)
+        opts = self.reading.opts
+        feed = _feed(opts)
+        if self.snapshot_version is not None:
+            fragments = feed.snapshot_fragments(self.snapshot_version)
+            end = (len(fragments), 0)
+            return snapshot_slices(
+                self.snapshot_version, fragments, (0, 0), end, opts.rows_per_partition
+            )
+        sizes = [(v, feed.plan(v).num_changed_rows) for v in range(self.start, self.end + 1)]
+        if opts.net_changes:
+            return net_slices(sizes, opts.rows_per_partition)
+        return pack(sizes, opts.rows_per_partition)
 
-    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
 
@@ -308,6 +481,8 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.opts = resolved.opts
         self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
         self.start = resolved.start
+        self.snapshot_version = resolved.snapshot_version
+        self.fragments: dict[int, list[SnapshotFragment]] = {}  # snapshot version -> fragments
         self.target: int | None = None  # Trigger.AvailableNow's last version
         # Schema changes are judged from the version the query's schema was taken at.
         feed = _feed(self.opts)
@@ -320,11 +495,43 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         # executors get the reader pickled with every micro-batch: leave the caches behind
         state = dict(self.__dict__)
         state["sizes"] = {}
+        state["fragments"] = {}
         return state
 
     # -- offsets ----------------------------------------------------------
     def initialOffset(self) -> dict:
+        if self.snapshot_version is not None:
+            return {"version": self.snapshot_version, "snapshot": {"fragment": 0, "offset": 0}}
         return {"version": self.start - 1}
+
+    def _fragments(self, version: int) -> list[SnapshotFragment]:
+        fragments = self.fragments.get(version)
+        if fragments is None:
+            try:
+                fragments = _feed(self.opts).snapshot_fragments(version)
+            except VersionNotFoundError as exc:
+                raise VersionNotFoundError(snapshot_lost(self.opts.path, version, exc)) from None
+            self.fragments = {version: fragments}
+        return fragments
+
+    @staticmethod
+    def _position(offset: dict, fragments: Sequence[SnapshotFragment]) -> tuple[int, int]:
+        """Where in the snapshot `offset` is: (fragment index, live-row offset)."""
+        snap = offset.get("snapshot")
+        if snap is None:
+            return len(fragments), 0
+        return int(snap["fragment"]), int(snap["offset"])
+
+    def _snapshot_offset(self, start: dict, limit: ReadLimit) -> dict:
+        """The end of the next snapshot micro-batch: the whole rest of the
+        snapshot, or `maxRowsPerTrigger` rows of it (changes come after it)."""
+        version = int(start["version"])
+        fragments = self._fragments(version)
+        rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        i, k = advance(fragments, self._position(start, fragments), rows)
+        if i >= len(fragments):
+            return {"version": version}
+        return {"version": version, "snapshot": {"fragment": i, "offset": k}}
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = _feed(self.opts).latest_version()
@@ -340,6 +547,8 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"version": _feed(self.opts).latest_version()}
 
     def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+        if "snapshot" in start:
+            return self._snapshot_offset(start, limit)
         feed = _feed(self.opts)
         done = int(start["version"])
         latest = feed.latest_version()
@@ -463,15 +672,29 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- reading ----------------------------------------------------------
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        out: list[InputPartition] = []
+        if "snapshot" in start:
+            version = int(start["version"])
+            fragments = self._fragments(version)
+            # an end in a later version means the snapshot was completed
+            stop = (
+                self._position(end, fragments)
+                if int(end["version"]) == version
+                else (len(fragments), 0)
+            )
+            position = self._position(start, fragments)
+            out += snapshot_slices(version, fragments, position, stop, self.opts.rows_per_partition)
         first, last = int(start["version"]) + 1, int(end["version"])
         if last < first:
-            return []
+            return out
         _feed(self.opts).latest_version()  # re-list versions: cleanup may have run
         lost = self._lost(first, last)
-        sizes = ((v, self._size(v)[1]) for v in range(first, last + 1) if v not in lost)
-        return pack(sizes, self.opts.rows_per_partition)
+        sizes = [(v, self._size(v)[1]) for v in range(first, last + 1) if v not in lost]
+        if self.opts.net_changes:
+            return out + net_slices(sizes, self.opts.rows_per_partition)
+        return out + pack(sizes, self.opts.rows_per_partition)
 
-    def read(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
     def commit(self, end: dict) -> None:

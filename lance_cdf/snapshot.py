@@ -1,0 +1,73 @@
+"""The table as it stood at one version, as `snapshot` events: the bootstrap a
+replica starts from before it follows the changes of the next versions.
+
+A snapshot needs only the manifest and data of its own version, so it works
+when the table's first versions were removed by `cleanup_old_versions`. It is
+addressed by fragment (in manifest order) and live-row offset within the
+fragment, so it can be read in slices (Spark partitions, micro-batches) that
+together are exactly the table, in a deterministic order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+from lance_cdf.read import ROWID, SNAPSHOT, RowReader, conform, constant, with_meta
+
+
+@dataclass(frozen=True)
+class SnapshotFragment:
+    """One fragment of a snapshot version: its ID and its live (undeleted) rows."""
+
+    fragment_id: int
+    rows: int
+
+
+def snapshot_fragments(reader: RowReader, version: int) -> list[SnapshotFragment]:
+    """The fragments of `version` in manifest order, with their live row counts
+    (from the manifest and deletion files; no data is read)."""
+    table = reader.table
+    return [
+        SnapshotFragment(f.id, f.physical_rows - len(table.deletions(f)))
+        for f in table.manifest(version).fragments
+    ]
+
+
+def read_snapshot(
+    reader: RowReader,
+    version: int,
+    schema: pa.Schema,
+    fragment_id: int | None = None,
+    offset: int = 0,
+    limit: int | None = None,
+    batch_size: int = 65536,
+) -> Iterator[pa.RecordBatch]:
+    """Snapshot events of `version`: every live row (or, with `fragment_id`,
+    rows `offset`..`offset + limit` of that fragment's live rows) with the user
+    columns of `schema`, `_change_type="snapshot"` and `_commit_version=version`."""
+    manifest = reader.table.manifest(version)
+    present = set(reader.arrow_schema(version).names)
+    columns = [name for name in schema.names if name in present]
+    ds = reader.dataset(version)
+    if fragment_id is None:
+        slices = [(f.id, 0, None) for f in manifest.fragments]
+    else:
+        slices = [(fragment_id, offset, limit)]
+    for fid, start, count in slices:
+        if count == 0:
+            continue
+        scanner = ds.get_fragment(fid).scanner(
+            columns=columns, with_row_id=True, offset=start or None, limit=count,
+            batch_size=max(1, batch_size),
+        )  # fmt: skip
+        for batch in scanner.to_batches():
+            if batch.num_rows == 0:
+                continue
+            rows = pa.Table.from_batches([batch])
+            user = conform(rows.drop_columns([ROWID]), schema, rows.num_rows)
+            rowids = rows.column(ROWID).combine_chunks()
+            kinds = constant(SNAPSHOT, rows.num_rows)
+            yield from with_meta(user, rowids, kinds, version, manifest.timestamp_us).to_batches()
