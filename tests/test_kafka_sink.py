@@ -312,3 +312,12 @@ def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_
     assert got[:9] == snap  # snapshot records come first
     assert rest == [(deleted, "d", v0 + 1), (deleted, None, None), (updated, "u", v0 + 2)]
     assert not any(v["source"]["snapshot"] for _, v in got[9:] if v is not None)
+    # and a replica bootstrapped from the topic equals the source, version 1 long gone
+    from test_replicate import assert_replica_equals_source
+
+    from lance_cdf.connectors.replicator import Replicator
+
+    replica = str(tmp_path / "replica.lance")
+    Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
+               group_id=f"g-{topic}", max_batch_rows=5, max_batch_interval=0.5).run(2)  # fmt: skip
+    assert_replica_equals_source(uri, replica)
