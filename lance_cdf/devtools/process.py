@@ -1,5 +1,6 @@
-"""A Java child process that never outlives us: own process group, a parent-death
-signal, atexit cleanup; a log file, a readiness wait, and free 127.0.0.1 ports."""
+"""A child process (a Java service, or a Python one) that never outlives us: own process
+group, a parent-death signal, atexit cleanup; a log file, a readiness wait, and free
+127.0.0.1 ports."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from lance_cdf.devtools.maven import default_cache_dir, provision
 
-_live: list[JavaService] = []
+_live: list[ChildService] = []
 _lock = threading.Lock()
 _handed_out: set[int] = set()
 
@@ -90,8 +91,9 @@ def _cleanup_all() -> None:
 atexit.register(_cleanup_all)
 
 
-class JavaService:
-    """Subclasses give `name`, `_command()`, `_ready()` and optionally `_prepare()`."""
+class ChildService:
+    """Subclasses give `name`, `_command()`, `_ready()` and optionally `_provision()`
+    (fetch what the command needs) and `_prepare()` (write its config)."""
 
     name = "service"
     start_timeout = 120.0
@@ -112,6 +114,9 @@ class JavaService:
         self.proc: subprocess.Popen | None = None
 
     # -- subclass hooks
+    def _provision(self) -> None:
+        pass
+
     def _prepare(self) -> None:
         pass
 
@@ -132,7 +137,7 @@ class JavaService:
     def start(self):
         if self.running():
             return self
-        self.cache_dir = provision(self.cache_dir)
+        self._provision()
         self._prepare()
         with open(self.log_path, "ab") as log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}\n".encode())
@@ -204,4 +209,11 @@ class JavaService:
         return f"<{type(self).__name__} {state} {self.workdir}>"
 
 
-__all__ = ["JavaService", "free_port", "java_executable"]
+class JavaService(ChildService):
+    """A service run from jars that Maven provisions into the cache dir."""
+
+    def _provision(self) -> None:
+        self.cache_dir = provision(self.cache_dir)
+
+
+__all__ = ["ChildService", "JavaService", "free_port", "java_executable"]
