@@ -90,6 +90,8 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--registry-config", action="append", default=[], metavar="KEY=VALUE",
                      help="schema registry client setting (repeatable)")  # fmt: skip
     pub.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    pub.add_argument("--master", default=None, metavar="URL",
+                     help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
     pub.set_defaults(func=cmd_publish)
     return parser
 
@@ -146,7 +148,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         producer_config=_options(args.producer_config),
         registry_config=_options(args.registry_config),
         storage_options=_options(args.storage_option),
-        max_rows_per_trigger=args.max_rows_per_trigger,
+        max_rows_per_trigger=args.max_rows_per_trigger, master=args.master,
     )  # fmt: skip
 
 

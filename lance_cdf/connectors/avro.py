@@ -26,7 +26,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import pyarrow as pa
@@ -34,12 +34,13 @@ import pyarrow.types as pat
 
 from lance_cdf.errors import LanceCdfError
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+# Shipped inside the package (importlib.resources also reads them from a --py-files zip).
+SCHEMAS = resources.files("lance_cdf.connectors") / "schemas"
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 
 
 def load_avsc(name: str) -> dict:
-    return json.loads((SCHEMAS_DIR / f"{name}.avsc").read_text())
+    return json.loads((SCHEMAS / f"{name}.avsc").read_text())
 
 
 def _name(text: str) -> str:

@@ -34,10 +34,13 @@ def publish(
     registry_config: dict[str, str] | None = None,
     storage_options: dict[str, str] | None = None,
     max_rows_per_trigger: int | None = None,
-    master: str = "local[2]",
+    master: str | None = None,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
-    `available_now`, until the latest version at start is published)."""
+    `available_now`, until the latest version at start is published).
+
+    `master`: the Spark master URL; by default the one `spark-submit --master` gave,
+    else `local[2]`. An active session (a spark-submit script's) is reused."""
     producer_config = dict(producer_config or {})
     check_broker(bootstrap_servers, producer_config)
     check_registry(schema_registry, registry_config)
@@ -49,11 +52,12 @@ def publish(
     from lance_cdf.streaming import register
 
     own_session = SparkSession.getActiveSession() is None
-    spark = (
-        SparkSession.builder.master(master).appName(f"lance-cdf publish {topic}")
-        .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )  # fmt: skip
+    builder = SparkSession.builder
+    if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
+        builder = builder.master(master or "local[2]")  # (spark-submit sets the gateway)
+    if own_session:
+        builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark_sink.register(spark)
@@ -77,6 +81,8 @@ def publish(
         writer = writer.option(f"kafka.{k}", v)
     for k, v in (registry_config or {}).items():
         writer = writer.option(f"registry.{k}", v)
+    for k, v in (storage_options or {}).items():
+        writer = writer.option(f"storage.{k}", v)
     trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
     query = writer.trigger(**trigger).start()
     print(

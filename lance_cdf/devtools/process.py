@@ -120,6 +120,10 @@ class ChildService:
     def _prepare(self) -> None:
         pass
 
+    def _env(self) -> dict[str, str] | None:
+        """The child's environment (None: ours)."""
+        return None
+
     def _command(self) -> list[str]:
         raise NotImplementedError
 
@@ -145,7 +149,7 @@ class ChildService:
             self.proc = subprocess.Popen(
                 [*_death_signal_prefix(), *self._command()],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, start_new_session=True,  # own process group
+                cwd=self.workdir, env=self._env(), start_new_session=True,  # own group
             )  # fmt: skip
         with _lock:
             if self not in _live:
