@@ -115,6 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--registry-config", action="append", default=[], metavar="KEY=VALUE",
                      help="schema registry client setting (repeatable)")  # fmt: skip
     pub.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    pub.add_argument("--master", default=None, metavar="URL",
+                     help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
     pub.set_defaults(func=cmd_publish)
 
     rep = sub.add_parser(
@@ -243,7 +245,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         registry_config=_options(args.registry_config),
         storage_options=_options(args.storage_option),
         max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
-        drop_unchanged_updates=args.drop_unchanged_updates,
+        drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
     )  # fmt: skip
 
 

@@ -28,3 +28,7 @@ class CorruptFileError(LanceCdfError):
 
 class UnsupportedStorageError(LanceCdfError):
     """A URI scheme this build cannot read."""
+
+
+class StorageAccessError(LanceCdfError):
+    """An object store could not be reached or refused the request."""

@@ -12,19 +12,20 @@ import pyarrow as pa
 SYSTEM = ["_rowid", "_row_last_updated_at_version"]
 
 
-def snapshot(uri: str, version: int) -> dict[int, dict]:
+def snapshot(uri: str, version: int, storage_options=None) -> dict[int, dict]:
     """rowid -> {column: value, ..., "_row_last_updated_at_version": v} at a version."""
     if version == 0:
         return {}
-    ds = lance.dataset(uri, version=version)
+    ds = lance.dataset(uri, version=version, storage_options=storage_options)
     table = ds.to_table(columns=ds.schema.names + SYSTEM)
     rows = table.to_pylist()
     return {r.pop("_rowid"): r for r in rows}
 
 
-def snapshot_events(uri: str, version: int) -> list[tuple]:
+def snapshot_events(uri: str, version: int, storage_options=None) -> list[tuple]:
     """Events of commit `version` as sorted (change_type, rowid, values) tuples."""
-    before, after = snapshot(uri, version - 1), snapshot(uri, version)
+    before = snapshot(uri, version - 1, storage_options)
+    after = snapshot(uri, version, storage_options)
     events = []
     for rid, row in after.items():
         if rid not in before:
@@ -38,10 +39,11 @@ def snapshot_events(uri: str, version: int) -> list[tuple]:
     return sorted(events, key=_key)
 
 
-def changed_values_without_version_bump(uri: str, version: int) -> list[int]:
+def changed_values_without_version_bump(uri: str, version: int, storage_options=None) -> list[int]:
     """Row IDs whose user values differ between version-1 and version although
     their last-updated version did not move (should be none outside schema changes)."""
-    before, after = snapshot(uri, version - 1), snapshot(uri, version)
+    before = snapshot(uri, version - 1, storage_options)
+    after = snapshot(uri, version, storage_options)
     out = []
     for rid, row in after.items():
         old = before.get(rid)
@@ -83,12 +85,16 @@ def feed_events(batches: pa.Table, version: int, columns: list[str] | None = Non
     return sorted(out, key=_key)
 
 
-def feed_events_as_of(uri: str, events: pa.Table, version: int) -> list[tuple]:
+def feed_events_as_of(
+    uri: str, events: pa.Table, version: int, storage_options=None
+) -> list[tuple]:
     """feed_events with each image cut to the columns that existed where it was
     read (pre-images at version-1, post-images at version): columns padded with
     nulls because they did not exist then are not part of the oracle's answer."""
     cols = {
-        at: set(lance.dataset(uri, version=at).schema.names) if at > 0 else set()
+        at: set(lance.dataset(uri, version=at, storage_options=storage_options).schema.names)
+        if at > 0
+        else set()
         for at in (version - 1, version)
     }
     out = []
@@ -103,9 +109,10 @@ def _sorted_ids(rows) -> list[int]:
     return sorted(table["_rowid"].to_pylist())
 
 
-def lance_delta_ids(uri: str, version: int) -> tuple[list, list, list]:
+def lance_delta_ids(uri: str, version: int, storage_options=None) -> tuple[list, list, list]:
     """(inserted, updated, deleted) row IDs of one commit by Lance's own Dataset.delta()."""
-    d = lance.dataset(uri, version=version).delta(begin_version=version - 1, end_version=version)
+    ds = lance.dataset(uri, version=version, storage_options=storage_options)
+    d = ds.delta(begin_version=version - 1, end_version=version)
     return (
         _sorted_ids(d.get_inserted_rows()),
         _sorted_ids(d.get_updated_rows()),

@@ -52,12 +52,14 @@ def consume_all(bootstrap, topic, registry_url, expected_count):
                   "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
     c.subscribe([topic])
     out = []
+    idle = 0
     try:
-        for _ in range(120):
+        while idle < 120:  # a minute without news
             m = c.poll(0.5)
             if m is None or m.error():
                 if len(out) >= expected_count:
                     break
+                idle += 1
                 continue
             key = key_de(m.key(), SerializationContext(topic, MessageField.KEY))
             value = (

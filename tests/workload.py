@@ -29,23 +29,36 @@ def make_rows(rng: random.Random, ids: list[int]) -> pa.Table:
 class Workload:
     """Applies random operations to a table; every call commits one or more versions."""
 
-    def __init__(self, uri: str, seed: int, rows: int = 300, rows_per_file: int = 64):
+    def __init__(
+        self,
+        uri: str,
+        seed: int,
+        rows: int = 300,
+        rows_per_file: int = 64,
+        storage_options: dict[str, str] | None = None,
+    ):
         self.uri = uri
+        self.storage_options = storage_options
         self.rng = random.Random(seed)
         self.next_id = rows
         self.rows_per_file = rows_per_file
-        shutil.rmtree(uri, ignore_errors=True)
+        if "://" not in uri:
+            shutil.rmtree(uri, ignore_errors=True)
         lance.write_dataset(
             make_rows(self.rng, list(range(rows))),
             uri,
             enable_stable_row_ids=True,
             max_rows_per_file=rows_per_file,
+            storage_options=storage_options,
         )
         self.log: list[tuple[int, str]] = [(1, "create")]
 
     @property
     def ds(self) -> lance.LanceDataset:
-        return lance.dataset(self.uri)
+        return self.open()
+
+    def open(self, version: int | None = None) -> lance.LanceDataset:
+        return lance.dataset(self.uri, version=version, storage_options=self.storage_options)
 
     def _ids(self) -> list[int]:
         return self.ds.to_table(columns=["id"])["id"].to_pylist()
@@ -58,7 +71,13 @@ class Workload:
     # -- operations -------------------------------------------------------
     def append(self):
         rows = make_rows(self.rng, self._new_ids(self.rng.randint(1, 150)))
-        lance.write_dataset(rows, self.uri, mode="append", max_rows_per_file=self.rows_per_file)
+        lance.write_dataset(
+            rows,
+            self.uri,
+            mode="append",
+            max_rows_per_file=self.rows_per_file,
+            storage_options=self.storage_options,
+        )
 
     def delete_sparse(self):
         self.ds.delete(f"id % {self.rng.randint(7, 40)} = {self.rng.randint(0, 6)}")
@@ -109,7 +128,7 @@ class Workload:
         )
 
     def compact(self):
-        lance.dataset(self.uri).optimize.compact_files(
+        self.ds.optimize.compact_files(
             target_rows_per_fragment=self.rng.choice([100, 200, 1000]),
             materialize_deletions_threshold=0.0,
         )
@@ -132,13 +151,17 @@ class Workload:
     def overwrite(self):
         rows = make_rows(self.rng, self._new_ids(self.rng.randint(20, 120)))
         lance.write_dataset(
-            self._fit(rows), self.uri, mode="overwrite", max_rows_per_file=self.rows_per_file
+            self._fit(rows),
+            self.uri,
+            mode="overwrite",
+            max_rows_per_file=self.rows_per_file,
+            storage_options=self.storage_options,
         )
 
     def restore(self):
         ds = self.ds
         target = self.rng.randint(max(1, ds.version - 4), ds.version)
-        lance.dataset(self.uri, version=target).restore()
+        self.open(target).restore()
 
     def _fit(self, rows: pa.Table) -> pa.Table:
         """Shape generated rows to the table's current schema (added columns filled)."""

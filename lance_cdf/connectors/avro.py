@@ -27,7 +27,7 @@ from __future__ import annotations
 import copy
 import json
 import re
-from pathlib import Path
+from importlib import resources
 from typing import Any
 
 import pyarrow as pa
@@ -35,14 +35,16 @@ import pyarrow.types as pat
 
 from lance_cdf.errors import LanceCdfError
 
-SCHEMAS_DIR = Path(__file__).resolve().parents[2] / "schemas"
+# The envelope / source / key schemas: the project's schemas/ directory, linked into the
+# package as connectors/schemas (importlib.resources also reads them from a --py-files zip).
+SCHEMAS = resources.files("lance_cdf.connectors") / "schemas"
 # Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
 FIXED_SIZE = "arrow.fixedSize"
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 
 
 def load_avsc(name: str) -> dict:
-    return json.loads((SCHEMAS_DIR / f"{name}.avsc").read_text())
+    return json.loads((SCHEMAS / f"{name}.avsc").read_text())
 
 
 def _name(text: str) -> str:

@@ -34,7 +34,7 @@ def publish(
     registry_config: dict[str, str] | None = None,
     storage_options: dict[str, str] | None = None,
     max_rows_per_trigger: int | None = None,
-    master: str = "local[2]",
+    master: str | None = None,
     snapshot: bool = False,
     drop_unchanged_updates: bool = False,
 ) -> int:
@@ -43,7 +43,9 @@ def publish(
 
     `snapshot`: first the table as it stands when the query first starts, as
     `op="r"` records, then the changes after it (the checkpoint remembers the
-    snapshot's version and how far it got)."""
+    snapshot's version and how far it got).
+    `master`: the Spark master URL; by default the one `spark-submit --master` gave,
+    else `local[2]`. An active session (a spark-submit script's) is reused."""
     producer_config = dict(producer_config or {})
     check_broker(bootstrap_servers, producer_config)
     check_registry(schema_registry, registry_config)
@@ -55,11 +57,12 @@ def publish(
     from lance_cdf.streaming import register
 
     own_session = SparkSession.getActiveSession() is None
-    spark = (
-        SparkSession.builder.master(master).appName(f"lance-cdf publish {topic}")
-        .config("spark.ui.enabled", "false").config("spark.sql.session.timeZone", "UTC")
-        .getOrCreate()
-    )  # fmt: skip
+    builder = SparkSession.builder
+    if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
+        builder = builder.master(master or "local[2]")  # (spark-submit sets the gateway)
+    if own_session:
+        builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     spark_sink.register(spark)
@@ -85,6 +88,8 @@ def publish(
         writer = writer.option(f"kafka.{k}", v)
     for k, v in (registry_config or {}).items():
         writer = writer.option(f"registry.{k}", v)
+    for k, v in (storage_options or {}).items():
+        writer = writer.option(f"storage.{k}", v)
     trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
     query = writer.trigger(**trigger).start()
     print(

@@ -4,7 +4,9 @@ Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
 (the source table's URI: names the table in `source.table` and the operation
 in `source.operation`), `key` (comma-separated key columns; default `_rowid`),
 `tombstones` (default true), and `kafka.<producer setting>` passed to the
-producer (SASL/SSL included), `registry.<setting>` to the registry client.
+producer (SASL/SSL included), `registry.<setting>` to the registry client,
+`storage.<key>` the table's storage options (as for the source: the sink reads
+each commit's operation from the table's manifests).
 
 Per-key order needs the versions of a micro-batch produced in order: write
 `changes.coalesce(1).writeStream.format("lance-cdf-kafka")` (as `lance-cdf
@@ -80,11 +82,15 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.feed import ChangeFeed
 
         table = {k.lower(): v for k, v in self.options.items()}["table"]
+        storage = {
+            k[len("storage.") :]: v for k, v in self.options.items()
+            if k.lower().startswith("storage.")
+        }  # fmt: skip
         feed = None
         sent = 0
         for events in carry_update_pairs(iterator):
             if feed is None:
-                feed = ChangeFeed(table)
+                feed = ChangeFeed(table, storage)
             versions = set(events["_commit_version"].to_pylist())
             operations = {v: feed.table.manifest(v).operation for v in versions}
             sent += self._publisher(user_schema_of(events.schema)).publish(events, operations)

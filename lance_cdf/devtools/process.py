@@ -1,5 +1,6 @@
-"""A Java child process that never outlives us: own process group, a parent-death
-signal, atexit cleanup; a log file, a readiness wait, and free 127.0.0.1 ports."""
+"""A child process (a Java service, or a Python one) that never outlives us: own process
+group, a parent-death signal, atexit cleanup; a log file, a readiness wait, and free
+127.0.0.1 ports."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from lance_cdf.devtools.maven import default_cache_dir, provision
 
-_live: list[JavaService] = []
+_live: list[ChildService] = []
 _lock = threading.Lock()
 _handed_out: set[int] = set()
 
@@ -90,8 +91,9 @@ def _cleanup_all() -> None:
 atexit.register(_cleanup_all)
 
 
-class JavaService:
-    """Subclasses give `name`, `_command()`, `_ready()` and optionally `_prepare()`."""
+class ChildService:
+    """Subclasses give `name`, `_command()`, `_ready()` and optionally `_provision()`
+    (fetch what the command needs) and `_prepare()` (write its config)."""
 
     name = "service"
     start_timeout = 120.0
@@ -112,8 +114,15 @@ class JavaService:
         self.proc: subprocess.Popen | None = None
 
     # -- subclass hooks
+    def _provision(self) -> None:
+        pass
+
     def _prepare(self) -> None:
         pass
+
+    def _env(self) -> dict[str, str] | None:
+        """The child's environment (None: ours)."""
+        return None
 
     def _command(self) -> list[str]:
         raise NotImplementedError
@@ -132,7 +141,7 @@ class JavaService:
     def start(self):
         if self.running():
             return self
-        self.cache_dir = provision(self.cache_dir)
+        self._provision()
         self._prepare()
         with open(self.log_path, "ab") as log:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {self.name}\n".encode())
@@ -140,7 +149,7 @@ class JavaService:
             self.proc = subprocess.Popen(
                 [*_death_signal_prefix(), *self._command()],
                 stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, start_new_session=True,  # own process group
+                cwd=self.workdir, env=self._env(), start_new_session=True,  # own group
             )  # fmt: skip
         with _lock:
             if self not in _live:
@@ -204,4 +213,11 @@ class JavaService:
         return f"<{type(self).__name__} {state} {self.workdir}>"
 
 
-__all__ = ["JavaService", "free_port", "java_executable"]
+class JavaService(ChildService):
+    """A service run from jars that Maven provisions into the cache dir."""
+
+    def _provision(self) -> None:
+        self.cache_dir = provision(self.cache_dir)
+
+
+__all__ = ["ChildService", "JavaService", "free_port", "java_executable"]

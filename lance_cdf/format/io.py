@@ -1,8 +1,8 @@
 """File access for a table root, behind one small interface.
 
 The format layer only ever reads whole small files, byte ranges and directory
-listings relative to the table root; an object-store backend implements the
-same four methods and nothing above this module changes.
+listings relative to the table root; the object-store backend (objectstore.py)
+implements the same four methods and nothing above this module changes.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import os
 from typing import Protocol
 from urllib.parse import unquote, urlparse
 
-from lance_cdf.errors import TableNotFoundError, UnsupportedStorageError
+from lance_cdf.errors import TableNotFoundError
 
 
 class FileSystem(Protocol):
@@ -67,14 +67,14 @@ def local_path(uri: str) -> str | None:
 
 
 def open_filesystem(uri: str, storage_options: dict[str, str] | None = None) -> FileSystem:
-    """The filesystem holding the table at `uri` (a local path or `file://` URI)."""
+    """The filesystem holding the table at `uri`: a local path or `file://` URI, or an
+    object-store URI (s3://, gs://, az://, ...) read with `storage_options`."""
     path = local_path(uri)
     if path is None:
-        raise UnsupportedStorageError(
-            f"cannot read {uri!r}: this build of lance-cdf reads local paths and file:// URIs; "
-            "object stores (s3://, gs://, az://) are not supported yet. Copy the table locally "
-            "or mount the bucket and pass the local path."
-        )
+        from lance_cdf.format.objectstore import ObjectStoreFileSystem, store_arguments
+
+        store_arguments(uri, storage_options)  # unknown scheme -> UnsupportedStorageError
+        return ObjectStoreFileSystem(uri, storage_options)
     if not os.path.isdir(path):
         raise TableNotFoundError(
             f"no Lance table at {uri!r}: the directory does not exist. Check the path "
