@@ -27,8 +27,11 @@ def package_zip(dest: Path) -> Path:
     """lance_cdf as a zip for --py-files (what a user builds or downloads)."""
     root = Path(lance_cdf.__file__).parent
     with zipfile.ZipFile(dest, "w") as z:
-        for path in root.rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
+        # followlinks: connectors/schemas links to the project's schemas/ (as `zip -r` does)
+        for folder, dirs, files in os.walk(root, followlinks=True):
+            dirs[:] = [d for d in dirs if d != "__pycache__"]
+            for name in files:
+                path = Path(folder, name)
                 z.write(path, path.relative_to(root.parent))
     return dest
 
