@@ -129,6 +129,7 @@ def main() -> None:
     ap.add_argument("--spark-kafka-version", default="4.0.0")
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--only", choices=["narrow", "vector768"], default=None)
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -151,10 +152,10 @@ def main() -> None:
     register_sink(spark)
     results = {}
     with KafkaBroker(heap="1g") as kafka, SchemaRegistry() as registry:
-        for label, table in (
-            ("narrow", narrow(args.narrow_rows)),
-            ("vector768", vectors(args.vector_rows)),
-        ):
+        for label, make in (("narrow", narrow), ("vector768", vectors)):
+            if args.only and label != args.only:
+                continue
+            table = make(args.narrow_rows if label == "narrow" else args.vector_rows)
             uri = os.path.join(args.dir, f"kafka_{label}.lance")
             shutil.rmtree(uri, ignore_errors=True)
             lance.write_dataset(table, uri, enable_stable_row_ids=True, max_rows_per_file=250_000)
