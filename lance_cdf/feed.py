@@ -26,7 +26,8 @@ class ChangeFeed:
         self.reader = RowReader(self.table)
         # versions never change once written, so their plans can be kept
         self._plans: LruCache = LruCache(16)
-        self.table.require_stable_row_ids(self.table.manifest(self.table.latest_version))
+        latest = self.table.manifest(self.table.latest_version, operation=False)
+        self.table.require_stable_row_ids(latest)
 
     @property
     def uri(self) -> str:
@@ -35,8 +36,10 @@ class ChangeFeed:
     def latest_version(self) -> int:
         return self.table.refresh()[-1]
 
-    def resolve_range(self, start: int, end: int | None = None) -> tuple[int, int]:
-        return resolve_range(self.table, start, end)
+    def resolve_range(
+        self, start: int, end: int | None = None, refresh: bool = True
+    ) -> tuple[int, int]:
+        return resolve_range(self.table, start, end, refresh)
 
     def plan(self, version: int) -> VersionChanges:
         """Which rows commit `version` inserted, updated and deleted (no data read)."""
@@ -54,7 +57,7 @@ class ChangeFeed:
         first = max(start - 1, 1)
         schemas, seen = [], set()
         for version in range(first, end + 1):
-            key = self.table.manifest(version).schema_key()
+            key = self.table.manifest(version, operation=False).schema_key()
             if key not in seen:
                 seen.add(key)
                 schemas.append(self.reader.arrow_schema(version))
@@ -102,7 +105,8 @@ def read_changes(
     `end_version=None` reads up to the latest version.
     """
     feed = ChangeFeed(uri, storage_options)
-    start, end = feed.resolve_range(start_version, end_version)
+    # the feed listed the versions a moment ago: one LIST per query
+    start, end = feed.resolve_range(start_version, end_version, refresh=False)
     user_schema = feed.user_schema(start, end, columns)
 
     def batches() -> Iterator[pa.RecordBatch]:

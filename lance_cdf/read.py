@@ -63,7 +63,7 @@ class RowReader:
 
     def arrow_schema(self, version: int) -> pa.Schema:
         """The table's Arrow schema at a version (cached per distinct schema)."""
-        key = self.table.manifest(version).schema_key()
+        key = self.table.manifest(version, operation=False).schema_key()
         schema = self._schemas.get(key)
         if schema is None:
             schema = self._schemas[key] = self.dataset(version).schema
@@ -76,7 +76,7 @@ class RowReader:
         n = len(rows)
         if n == 0:
             return schema.empty_table()
-        frags = {f.id: f for f in self.table.manifest(version).fragments}
+        frags = {f.id: f for f in self.table.manifest(version, operation=False).fragments}
         order = np.lexsort((rows.offsets, rows.fragment_ids))
         fids = rows.fragment_ids[order]
         bounds = np.flatnonzero(np.diff(fids)) + 1
