@@ -2,6 +2,7 @@
 the local one on byte-identical copies, clear errors, and request counts that follow the
 changed fragments rather than the table."""
 
+import json
 import os
 import uuid
 
@@ -164,3 +165,24 @@ def test_latest_version_is_one_list_and_manifests_are_read_once_per_query(s3_ser
         assert list(feed.events(changes, schema))
     manifests = {p: n for p, n in fs.paths.items() if p.endswith(".manifest")}
     assert len(manifests) == 4 and set(manifests.values()) == {1}
+
+
+def test_cli_reads_a_table_on_object_storage(s3_server, s3_uri, capsys):
+    from lance_cdf.cli import main
+
+    so = s3_server.storage_options()
+    _make_table(s3_uri, so)
+    flags = [a for k, v in so.items() for a in ("--storage-option", f"{k}={v}")]
+    assert main(["changes", s3_uri, "--from", "2", "--format", "jsonl", *flags]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = lance_cdf.read_changes(s3_uri, 2, storage_options=so).read_all()
+    assert [(e["_commit_version"], e["_change_type"], e["_rowid"]) for e in got] == list(
+        zip(
+            want["_commit_version"].to_pylist(),
+            want["_change_type"].to_pylist(),
+            want["_rowid"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert main(["changes", "s3://no-such-bucket/t.lance", "--from", "1", *flags]) == 2
+    assert "bucket 'no-such-bucket'" in capsys.readouterr().err
