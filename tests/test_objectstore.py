@@ -119,6 +119,16 @@ def test_missing_bucket_missing_table_unreachable_endpoint_bad_key(s3_server, s3
         lance_cdf.read_changes(s3_uri, 1, storage_options=dict(so, aws_endpont="x"))
 
 
+def test_missing_credentials_are_named(s3_server, s3_uri, monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    so = {k: v for k, v in s3_server.storage_options().items() if "access_key" not in k}
+    # where the client looks for credentials when none are given: nothing listens there
+    so.update(aws_metadata_endpoint="http://127.0.0.1:9", client_max_retries="0")
+    with pytest.raises(StorageAccessError, match="no credentials .*aws_access_key_id"):
+        lance_cdf.read_changes(s3_uri, 1, storage_options=so)
+
+
 def _update_one_fragment_of(fragments: int, s3_server) -> dict[str, int]:
     """Requests lance-cdf's client and the server see to plan a commit that updates
     rows in one fragment of a table with `fragments` fragments."""
