@@ -1,6 +1,6 @@
 """Chart of change-extraction time against change size (BENCHMARKS.md).
 
-    python bench/plot_core.py bench/results_core_10m.json bench/core_extraction.png
+python bench/plot_core.py bench/results_core_10m.json bench/core_extraction.png
 """
 
 from __future__ import annotations

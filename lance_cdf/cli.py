@@ -43,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    changes.add_argument("uri", help="table path or file:// URI")
+    changes.add_argument("uri", help="table path or URI (file://, s3://, gs://, az://)")
     changes.add_argument(
         "--from", dest="start", type=int, default=None,
         help="first version (required, except with --snapshot: the version to snapshot, "
@@ -89,7 +89,9 @@ def build_parser() -> argparse.ArgumentParser:
         "http://127.0.0.1:8081 --checkpoint /data/ck/events --starting-version 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    pub.add_argument("--table", required=True, help="table path or file:// URI")
+    pub.add_argument(
+        "--table", required=True, help="table path or URI (file://, s3://, gs://, az://)"
+    )
     pub.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
     pub.add_argument("--topic", required=True)
     pub.add_argument("--schema-registry", required=True, metavar="URL",

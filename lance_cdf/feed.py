@@ -29,7 +29,8 @@ class ChangeFeed:
         self.reader = RowReader(self.table)
         # versions never change once written, so their plans can be kept
         self._plans: LruCache = LruCache(16)
-        self.table.require_stable_row_ids(self.table.manifest(self.table.latest_version))
+        latest = self.table.manifest(self.table.latest_version, operation=False)
+        self.table.require_stable_row_ids(latest)
 
     @property
     def uri(self) -> str:
@@ -38,8 +39,10 @@ class ChangeFeed:
     def latest_version(self) -> int:
         return self.table.refresh()[-1]
 
-    def resolve_range(self, start: int, end: int | None = None) -> tuple[int, int]:
-        return resolve_range(self.table, start, end)
+    def resolve_range(
+        self, start: int, end: int | None = None, refresh: bool = True
+    ) -> tuple[int, int]:
+        return resolve_range(self.table, start, end, refresh)
 
     def plan(self, version: int) -> VersionChanges:
         """Which rows commit `version` inserted, updated and deleted (no data read)."""
@@ -57,7 +60,7 @@ class ChangeFeed:
         first = max(start - 1, 1)
         schemas, seen = [], set()
         for version in range(first, end + 1):
-            key = self.table.manifest(version).schema_key()
+            key = self.table.manifest(version, operation=False).schema_key()
             if key not in seen:
                 seen.add(key)
                 schemas.append(self.reader.arrow_schema(version))
@@ -87,11 +90,14 @@ class ChangeFeed:
     ) -> Iterator[pa.RecordBatch]:
         return read_version_events(self.reader, changes, user_schema, batch_size)
 
-    def resolve_snapshot(self, version: int | None, end: int | None = None) -> tuple[int, int]:
+    def resolve_snapshot(
+        self, version: int | None, end: int | None = None, refresh: bool = True
+    ) -> tuple[int, int]:
         """Check a snapshot at `version` (None: the latest) followed by the changes
         of version+1..`end` (None: the latest): every version from the snapshot on
-        must still be present."""
-        self.table.refresh()
+        must still be present (`refresh=False`: as last listed)."""
+        if refresh:
+            self.table.refresh()
         latest = self.table.latest_version
         if version is None:
             version = latest
@@ -108,7 +114,7 @@ class ChangeFeed:
                 f"followed by the changes after it, so ask for end_version >= {version}."
             )
         if end > version:
-            resolve_range(self.table, version + 1, end)
+            resolve_range(self.table, version + 1, end, refresh=False)
         return int(version), int(end)
 
     def snapshot_fragments(self, version: int) -> list[SnapshotFragment]:
@@ -157,8 +163,9 @@ def read_changes(
     whose images are equal on every returned column.
     """
     feed = ChangeFeed(uri, storage_options)
+    # the feed listed the versions a moment ago: one LIST per query
     if snapshot:
-        start, end = feed.resolve_snapshot(start_version, end_version)
+        start, end = feed.resolve_snapshot(start_version, end_version, refresh=False)
         user_schema = feed.user_schema(start + 1, end, columns)
         first_change = start + 1
     else:
@@ -167,7 +174,7 @@ def read_changes(
                 "start_version is required (the first version whose changes are returned), "
                 "unless snapshot=True, where it is the version to snapshot (default: latest)."
             )
-        start, end = feed.resolve_range(start_version, end_version)
+        start, end = feed.resolve_range(start_version, end_version, refresh=False)
         user_schema = feed.user_schema(start, end, columns)
         first_change = start
 

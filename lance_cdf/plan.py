@@ -168,9 +168,13 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     )
 
 
-def resolve_range(table: TableLog, start: int, end: int | None) -> tuple[int, int]:
-    """Validate an inclusive version range against what the table still has."""
-    table.refresh()
+def resolve_range(
+    table: TableLog, start: int, end: int | None, refresh: bool = True
+) -> tuple[int, int]:
+    """Validate an inclusive version range against what the table still has
+    (`refresh=False`: as last listed, for a TableLog that was just opened)."""
+    if refresh:
+        table.refresh()
     latest = table.latest_version
     if end is None:
         end = latest
@@ -207,7 +211,7 @@ def resolve_range(table: TableLog, start: int, end: int | None) -> tuple[int, in
 def plan_version(table: TableLog, version: int) -> VersionChanges:
     """The change plan of one commit (version - 1 -> version)."""
     new = table.manifest(version)
-    old = table.manifest(version - 1) if version > 1 else None
+    old = table.manifest(version - 1, operation=False) if version > 1 else None
     if old is not None:
         table.require_stable_row_ids(old)
     return diff_manifests(table, old, new)

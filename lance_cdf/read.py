@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.table import LruCache, TableLog
 from lance_cdf.plan import RowSet, VersionChanges
 
@@ -45,6 +46,7 @@ class RowReader:
 
     def __init__(self, table: TableLog):
         self.table = table
+        self.remote = not isinstance(table.fs, LocalFileSystem)
         self._datasets: LruCache = LruCache(4)
         self._schemas: dict[bytes, pa.Schema] = {}
 
@@ -64,7 +66,7 @@ class RowReader:
 
     def arrow_schema(self, version: int) -> pa.Schema:
         """The table's Arrow schema at a version (cached per distinct schema)."""
-        key = self.table.manifest(version).schema_key()
+        key = self.table.manifest(version, operation=False).schema_key()
         schema = self._schemas.get(key)
         if schema is None:
             schema = self._schemas[key] = self.dataset(version).schema
@@ -77,12 +79,13 @@ class RowReader:
         n = len(rows)
         if n == 0:
             return schema.empty_table()
-        frags = {f.id: f for f in self.table.manifest(version).fragments}
+        frags = {f.id: f for f in self.table.manifest(version, operation=False).fragments}
         order = np.lexsort((rows.offsets, rows.fragment_ids))
         fids = rows.fragment_ids[order]
         bounds = np.flatnonzero(np.diff(fids)) + 1
         got = None
         if columns:
+            gap = _window_gap(self.arrow_schema(version), columns, self.remote)
             ds = self.dataset(version)
             jobs = []
             for chunk in np.split(order, bounds):
@@ -95,27 +98,51 @@ class RowReader:
                 logical = self.table.deletions(frags[fid]).logical_offsets(rows.offsets[chunk])
                 jobs.append((ds.get_fragment(fid), logical))
             # pylance releases the GIL while reading: fragments are read concurrently
-            pieces = list(_POOL.map(lambda job: _read_fragment(*job, columns), jobs))
+            pieces = list(_POOL.map(lambda job: _read_fragment(*job, columns, gap), jobs))
             got = _take(pa.concat_tables(pieces), np.argsort(order, kind="stable"))
         return conform(got, schema, n)
 
 
 # Rows closer than this are read as one contiguous range rather than taken one by one.
 _WINDOW_GAP = 64
+# On object storage every take is a round trip per row and column: rows closer than this
+# many bytes are read as one range (about what S3 streams in the latency of one request).
+_REMOTE_GAP_BYTES = 1 << 20
 # At most this many ranges per fragment; sparser selections use take().
 _MAX_WINDOWS = 32
 
 
-def _read_fragment(fragment, logical: np.ndarray, columns: list[str]) -> pa.Table:
+def _window_gap(schema: pa.Schema, columns: list[str], remote: bool) -> int:
+    """Rows between two wanted rows that are cheaper to read than to skip."""
+    if not remote:
+        return _WINDOW_GAP
+    row_bytes = sum(_value_bytes(schema.field(c).type) for c in columns)
+    return max(_WINDOW_GAP, _REMOTE_GAP_BYTES // max(row_bytes, 1))
+
+
+def _value_bytes(t: pa.DataType) -> int:
+    """A rough size of one value (variable-width types: a guess)."""
+    if pa.types.is_fixed_size_list(t):
+        return t.list_size * _value_bytes(t.value_type)
+    if pa.types.is_struct(t):
+        return sum(_value_bytes(f.type) for f in t)
+    try:
+        return max(t.bit_width // 8, 1)
+    except ValueError:
+        return 64
+
+
+def _read_fragment(fragment, logical: np.ndarray, columns: list[str], gap: int) -> pa.Table:
     """Rows at sorted live-row indices `logical` of one fragment.
 
     `LanceFragment.take` costs ~20 us per row on a fragment with a deletion
     file (it resolves every index through the deletion vector), while a range
     scan (`to_table(offset=, limit=)`) streams. Dense selections -- a new
     fragment of inserts, a block of updated rows -- are read as a few ranges
-    and picked in Arrow; scattered ones fall back to take().
+    and picked in Arrow; scattered ones fall back to take(). On object storage
+    `gap` is wider: a round trip costs more than the bytes in between.
     """
-    breaks = np.flatnonzero(np.diff(logical) > _WINDOW_GAP) + 1
+    breaks = np.flatnonzero(np.diff(logical) > gap) + 1
     if breaks.size >= _MAX_WINDOWS:
         return fragment.take(logical, columns=columns)
     parts, picks, base = [], [], 0

@@ -2,6 +2,7 @@
 the local one on byte-identical copies, clear errors, and request counts that follow the
 changed fragments rather than the table."""
 
+import json
 import os
 import uuid
 
@@ -118,6 +119,16 @@ def test_missing_bucket_missing_table_unreachable_endpoint_bad_key(s3_server, s3
         lance_cdf.read_changes(s3_uri, 1, storage_options=dict(so, aws_endpont="x"))
 
 
+def test_missing_credentials_are_named(s3_server, s3_uri, monkeypatch):
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    so = {k: v for k, v in s3_server.storage_options().items() if "access_key" not in k}
+    # where the client looks for credentials when none are given: nothing listens there
+    so.update(aws_metadata_endpoint="http://127.0.0.1:9", client_max_retries="0")
+    with pytest.raises(StorageAccessError, match="no credentials .*aws_access_key_id"):
+        lance_cdf.read_changes(s3_uri, 1, storage_options=so)
+
+
 def _update_one_fragment_of(fragments: int, s3_server) -> dict[str, int]:
     """Requests lance-cdf's client and the server see to plan a commit that updates
     rows in one fragment of a table with `fragments` fragments."""
@@ -164,3 +175,24 @@ def test_latest_version_is_one_list_and_manifests_are_read_once_per_query(s3_ser
         assert list(feed.events(changes, schema))
     manifests = {p: n for p, n in fs.paths.items() if p.endswith(".manifest")}
     assert len(manifests) == 4 and set(manifests.values()) == {1}
+
+
+def test_cli_reads_a_table_on_object_storage(s3_server, s3_uri, capsys):
+    from lance_cdf.cli import main
+
+    so = s3_server.storage_options()
+    _make_table(s3_uri, so)
+    flags = [a for k, v in so.items() for a in ("--storage-option", f"{k}={v}")]
+    assert main(["changes", s3_uri, "--from", "2", "--format", "jsonl", *flags]) == 0
+    got = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    want = lance_cdf.read_changes(s3_uri, 2, storage_options=so).read_all()
+    assert [(e["_commit_version"], e["_change_type"], e["_rowid"]) for e in got] == list(
+        zip(
+            want["_commit_version"].to_pylist(),
+            want["_change_type"].to_pylist(),
+            want["_rowid"].to_pylist(),
+            strict=True,
+        )
+    )
+    assert main(["changes", "s3://no-such-bucket/t.lance", "--from", "1", *flags]) == 2
+    assert "bucket 'no-such-bucket'" in capsys.readouterr().err

@@ -1,7 +1,9 @@
-"""`python -m lance_cdf.devtools provision|up`.
+"""`python -m lance_cdf.devtools provision|up|s3`.
 
 provision  resolve the broker and registry into the cache (no network once cached)
 up         start both on free 127.0.0.1 ports, print where, run until Ctrl-C or SIGTERM
+s3         start the local S3 server with bucket `tables`, print its storage options,
+           run until Ctrl-C or SIGTERM
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import time
 from lance_cdf.devtools.kafka import KafkaBroker
 from lance_cdf.devtools.maven import provision, versions
 from lance_cdf.devtools.registry import SchemaRegistry
+from lance_cdf.devtools.s3 import S3Server
 
 
 def _stop(*_):
@@ -23,10 +26,12 @@ def _stop(*_):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lance_cdf.devtools", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("command", choices=["provision", "up"])
+    ap.add_argument("command", choices=["provision", "up", "s3"])
     ap.add_argument("--cache-dir", help="default: $LANCE_CDF_DEVTOOLS_CACHE or .cache/devtools")
     ap.add_argument("--no-auto-create-topics", action="store_true")
     args = ap.parse_args(argv)
+    if args.command == "s3":
+        return _s3()
     t0 = time.monotonic()
     cache = provision(args.cache_dir)
     v = versions()
@@ -51,6 +56,23 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1)
             dead = kafka if not kafka.running() else registry
             print(f"{dead.name} exited; log tail:\n{dead.log_tail()}", file=sys.stderr)
+            return 1
+    except KeyboardInterrupt:
+        return 0
+
+
+def _s3() -> int:
+    signal.signal(signal.SIGTERM, _stop)
+    try:
+        with S3Server() as s3:
+            s3.create_bucket("tables")
+            opts = s3.storage_options()
+            print("bucket: s3://tables")
+            print("storage options:", " ".join(f"{k}={v}" for k, v in opts.items()))
+            print("Ctrl-C or SIGTERM stops it.", flush=True)
+            while s3.running():
+                time.sleep(1)
+            print(f"s3 exited; log tail:\n{s3.log_tail()}", file=sys.stderr)
             return 1
     except KeyboardInterrupt:
         return 0

@@ -78,8 +78,12 @@ class S3Server(ChildService):
         try:
             self._request("PUT", f"/{name}")
         except urllib.error.HTTPError as exc:
-            if exc.code != 409:  # BucketAlreadyOwnedByYou
-                raise
+            if exc.code != 409:  # 409: BucketAlreadyOwnedByYou
+                detail = exc.read().decode(errors="replace")
+                raise RuntimeError(
+                    f"cannot create bucket {name!r} on {self.endpoint} (HTTP {exc.code}): "
+                    f"{detail[:300]}. Bucket names are 3-63 lowercase letters, digits, '-', '.'"
+                ) from None
         return f"s3://{name}"
 
     def request_counts(self, reset: bool = False) -> Counter[str]:

@@ -205,6 +205,13 @@ class ObjectStoreFileSystem:
                 f"{self._endpoint or 'the store'}. Check the bucket name in the URI (and "
                 "aws_endpoint / aws_region), or create the bucket."
             )
+        if any(m in str(exc) for m in ("/latest/api/token", "/latest/meta-data", "169.254.")):
+            return StorageAccessError(
+                f"no credentials to read {where}: none were given, so the client asked the "
+                f"instance metadata service, which failed ({text}). Give aws_access_key_id and "
+                "aws_secret_access_key in storage_options (or the AWS_* environment variables), "
+                "or aws_skip_signature=true for a public bucket."
+            )
         if isinstance(exc, UnauthenticatedError | PermissionDeniedError) or any(
             code in str(exc)
             for code in ("InvalidAccessKeyId", "SignatureDoesNotMatch", "AccessDenied", "403")

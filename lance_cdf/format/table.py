@@ -11,7 +11,7 @@ from lance_cdf.errors import (
     StableRowIdsRequiredError,
     VersionNotFoundError,
 )
-from lance_cdf.format._proto import table_pb2
+from lance_cdf.format._proto import table_pb2, transaction_pb2
 from lance_cdf.format.deletions import DeletionVector, deletion_file_path, read_deletion_vector
 from lance_cdf.format.io import FileSystem, open_filesystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest, parse_manifest, parse_transaction
@@ -76,10 +76,15 @@ class TableLog:
         return version in self._versions or (self.fs.exists(manifest_path(version, self._scheme)))
 
     # -- manifests --------------------------------------------------------
-    def manifest(self, version: int) -> Manifest:
+    def manifest(self, version: int, operation: bool = True) -> Manifest:
+        """The manifest of `version`. With `operation=False` a transaction kept in its own
+        file under `_transactions/` is not fetched (one request saved where the operation
+        name is not needed, e.g. the base version of a diff)."""
         cached = self._manifests.get(version)
         if cached is not None:
             self._manifests.move_to_end(version)
+            if operation and cached.transaction is None and cached.transaction_file:
+                return self._manifests.put(version, self._with_transaction(cached))
             return cached
         path = manifest_path(version, self._scheme)
         try:
@@ -93,14 +98,18 @@ class TableLog:
                 f"manifest {self.fs.root}/{path} says it is version {manifest.version}, not "
                 f"{version}; the _versions/ directory is damaged. Restore it from a backup."
             )
-        if manifest.transaction is None and manifest.transaction_file:
-            tpath = f"_transactions/{manifest.transaction_file}"
-            try:
-                tx = parse_transaction(self.fs.read(tpath), f"{self.fs.root}/{tpath}")
-                manifest = Manifest(path=manifest.path, proto=manifest.proto, transaction=tx)
-            except FileNotFoundError:
-                pass  # transaction files may be cleaned up; the operation is then "Unknown"
+        if operation and manifest.transaction is None and manifest.transaction_file:
+            manifest = self._with_transaction(manifest)
         return self._manifests.put(version, manifest)
+
+    def _with_transaction(self, manifest: Manifest) -> Manifest:
+        tpath = f"_transactions/{manifest.transaction_file}"
+        try:
+            tx = parse_transaction(self.fs.read(tpath), f"{self.fs.root}/{tpath}")
+        except FileNotFoundError:
+            # transaction files may be cleaned up; the operation is then "Unknown"
+            tx = transaction_pb2.Transaction()
+        return Manifest(path=manifest.path, proto=manifest.proto, transaction=tx)
 
     def missing_version_error(self, version: int) -> VersionNotFoundError:
         if self._versions and version > self.latest_version:

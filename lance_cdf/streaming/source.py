@@ -118,7 +118,9 @@ def _first_at_or_after(feed: ChangeFeed, timestamp_us: int, latest: int) -> int:
     i = bisect.bisect_left(
         range(len(versions)),
         True,
-        key=lambda i: feed.table.manifest(versions[i]).timestamp_us >= timestamp_us,
+        key=lambda i: (
+            feed.table.manifest(versions[i], operation=False).timestamp_us >= timestamp_us
+        ),
     )
     return versions[i] if i < len(versions) else latest + 1
 
@@ -153,7 +155,7 @@ def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
         return feed.schema_at(feed.table.latest_version, columns)
     schemas, seen = [], set()
     for v in present:
-        key = feed.table.manifest(v).schema_key()
+        key = feed.table.manifest(v, operation=False).schema_key()
         if key not in seen:
             seen.add(key)
             schemas.append(feed.reader.arrow_schema(v))
