@@ -384,8 +384,9 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     lance.dataset(uri).update({"s": "'late'"}, where="id > 300")  # v5
     assert main([*args, "--available-now"]) == 0  # resumes from the checkpoint
     replica = str(tmp_path / "replica.lance")
-    Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
-               group_id=f"g-{topic}", max_batch_rows=100, max_batch_interval=0.5).run(3)  # fmt: skip
+    rep = Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
+                     group_id=f"g-{topic}", max_batch_rows=100, max_batch_interval=0.5)  # fmt: skip
+    rep.run(3)
     assert_replica_equals_source(uri, replica)
     # every row of the snapshot reached the topic (at least once)
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, rows)
