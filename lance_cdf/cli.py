@@ -24,6 +24,17 @@ def _csv(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+def _client_settings(parser: argparse.ArgumentParser, client: str, table: str) -> None:
+    """The repeatable KEY=VALUE settings passed through to Kafka, the registry and storage."""
+    for flag, help_text in (
+        (f"--{client}-config", f"{client} setting, e.g. security.protocol=SASL_SSL"),
+        ("--registry-config", "schema registry client setting, e.g. basic.auth.user.info=u:p"),
+        ("--storage-option", f"storage option for {table}, e.g. aws_region=eu-west-1"),
+    ):
+        parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE",
+                            help=help_text + " (repeatable)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lance-cdf",
@@ -112,11 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
     pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
     pub.add_argument("--max-rows-per-trigger", type=int, default=None)
-    pub.add_argument("--producer-config", action="append", default=[], metavar="KEY=VALUE",
-                     help="producer setting, e.g. security.protocol=SASL_SSL")  # fmt: skip
-    pub.add_argument("--registry-config", action="append", default=[], metavar="KEY=VALUE",
-                     help="schema registry client setting (repeatable)")  # fmt: skip
-    pub.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
     pub.set_defaults(func=cmd_publish)
@@ -152,11 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "without it the replicator stops at such a record")  # fmt: skip
     rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
                      help="exit 0 once no record has arrived for this long")  # fmt: skip
-    rep.add_argument("--consumer-config", action="append", default=[], metavar="KEY=VALUE",
-                     help="consumer setting, e.g. security.protocol=SASL_SSL")  # fmt: skip
-    rep.add_argument("--registry-config", action="append", default=[], metavar="KEY=VALUE")
-    rep.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                     help="storage option for the replica table (repeatable)")  # fmt: skip
+    _client_settings(rep, "consumer", "the replica table")
     rep.set_defaults(func=cmd_replicate)
 
     status = sub.add_parser(

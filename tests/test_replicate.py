@@ -65,6 +65,13 @@ def assert_replica_equals_source(source_uri, replica_uri, key=None):
     assert not diff, (diff[:3], [source[x] for x in diff[:3]], [got[x] for x in diff[:3]])
 
 
+def run_to_the_end_and_compare(cmd, src, dst):
+    """A last, undisturbed replicator run; then the replica must equal the source."""
+    run = subprocess.run(cmd, capture_output=True, timeout=300)
+    assert run.returncode == 0, run.stderr.decode()[-2000:]
+    assert_replica_equals_source(src, dst)
+
+
 def make_replicator(kafka, registry, topic, target, **kw):
     kw.setdefault("max_batch_interval", 0.5)
     return Replicator(
@@ -185,9 +192,7 @@ def test_crash_points_converge(tmp_path, kafka_broker, schema_registry, point):
     for _ in range(3):  # each run dies at its first pass through `point`
         run = subprocess.run(cmd, env={**os.environ, CRASH_ENV: point}, capture_output=True)
         assert run.returncode == 137, run.stderr.decode()[-2000:]
-    run = subprocess.run(cmd, capture_output=True, timeout=300)
-    assert run.returncode == 0, run.stderr.decode()[-2000:]
-    assert_replica_equals_source(src, dst)
+    run_to_the_end_and_compare(cmd, src, dst)
 
 
 def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_registry):
@@ -207,9 +212,7 @@ def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_regis
             proc.send_signal(signal.SIGKILL)
             kills += 1
         proc.wait()
-    run = subprocess.run(cmd, capture_output=True, timeout=300)
-    assert run.returncode == 0, run.stderr.decode()[-2000:]
-    assert_replica_equals_source(src, dst)
+    run_to_the_end_and_compare(cmd, src, dst)
 
 
 def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
