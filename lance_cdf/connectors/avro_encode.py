@@ -104,32 +104,70 @@ def _take(parts: list, idx: np.ndarray) -> list:
     return out
 
 
+def _voids(p: Padded, n: int) -> np.ndarray:
+    """The part's rows as an (n,) array of w-byte void scalars (or one, broadcast)."""
+    void = f"V{p.width}"
+    if n and p.m.strides[0] == 0:  # a constant
+        return np.frombuffer(p.m[0].tobytes(), void)
+    return np.ascontiguousarray(p.m).view(void).reshape(n)
+
+
+def _side_by_side(columns: list[np.ndarray], widths: list[int], n: int) -> np.ndarray:
+    """(n, sum(widths)) uint8: the void columns next to each other in every row.
+
+    A record dtype with one void field per column copies each column as whole
+    elements, much faster than strided byte-slice assignments."""
+    starts = np.cumsum([0, *widths[:-1]]).tolist()
+    dtype = np.dtype({
+        "names": [f"p{k}" for k in range(len(widths))],
+        "formats": [f"V{w}" for w in widths],
+        "offsets": starts,
+        "itemsize": sum(widths),
+    })  # fmt: skip
+    out = np.empty(n, dtype)
+    for k, col in enumerate(columns):
+        out[f"p{k}"] = col
+    return out.view(np.uint8).reshape(n, sum(widths))
+
+
+def _prefix_mask(lens: np.ndarray, w: int) -> np.ndarray:
+    """(n,) V{w} voids whose first lens[i] bytes are 1, the rest 0."""
+    table = (np.arange(w)[None, :] < np.arange(w + 1)[:, None]).astype(np.uint8)
+    return table.view(f"V{w}").reshape(w + 1)[lens]
+
+
+def _side_by_side_parts(group: list[Padded], n: int) -> np.ndarray:
+    if len(group) == 1 and group[0].m.flags.c_contiguous:
+        return group[0].m
+    return _side_by_side([_voids(p, n) for p in group], [p.width for p in group], n)
+
+
+def _fixed_data(group: list[Padded], n: int) -> pa.Buffer:
+    """The bytes of full-width padded parts, record after record."""
+    if not group:
+        return pa.py_buffer(b"")
+    return pa.py_buffer(_side_by_side_parts(group, n).reshape(-1))
+
+
 def _compact(group: list[Padded], n: int) -> Var:
     widths = [p.width for p in group]
-    if len(group) == 1 and group[0].m.flags.c_contiguous:
-        m = group[0].m
-    else:
-        m = np.empty((n, sum(widths)), np.uint8)
-        col = 0
-        for p, w in zip(group, widths, strict=True):
-            m[:, col : col + w] = p.m
-            col += w
-    total = np.zeros(n, np.int64)
-    for p in group:
-        total += p.lengths()
+    width = sum(widths)
+    m = _side_by_side_parts(group, n)
     offsets = np.zeros(n + 1, np.int64)
-    np.cumsum(total, out=offsets[1:])
     if all(p.lens is None for p in group):
+        offsets[1:] = np.arange(1, n + 1, dtype=np.int64) * width
         data = m.reshape(-1)
     else:
-        keep = np.empty(m.shape, bool)
-        col = 0
-        for p, w in zip(group, widths, strict=True):
-            if p.lens is None:
-                keep[:, col : col + w] = True
-            else:
-                np.less(np.arange(w), p.lens[:, None], out=keep[:, col : col + w])
-            col += w
+        total = np.zeros(n, np.int64)
+        for p in group:
+            total += p.lengths()
+        np.cumsum(total, out=offsets[1:])
+        ones = np.frombuffer(b"\x01" * max(widths), np.uint8)
+        keep = _side_by_side(
+            [np.frombuffer(ones[:w].tobytes(), f"V{w}") if p.lens is None
+             else _prefix_mask(p.lens, w) for p, w in zip(group, widths, strict=True)],
+            widths, n,
+        ).view(bool)  # fmt: skip
         data = m[keep]
     return Var(offsets, pa.py_buffer(data))
 
@@ -327,8 +365,15 @@ def _list_parts(arr: pa.Array) -> list:
     counts = np.diff(item_offsets)
     if pat.is_fixed_size_list(t) and arr.null_count:
         counts = np.where(_valid(arr), counts, 0)
-    encoded = _var_of(assemble(_value_parts(items, t.value_field.nullable), len(items)))
-    byte_offsets = encoded.offsets[item_offsets]
+    item_parts = _value_parts(items, t.value_field.nullable)
+    if all(isinstance(p, Padded) and p.lens is None for p in item_parts):
+        # fixed-width items (e.g. float32 vector elements): no per-item offsets needed
+        width = sum(p.width for p in item_parts)
+        encoded = Var(item_offsets * width, _fixed_data(item_parts, len(items)))
+    else:
+        encoded = _var_of(assemble(item_parts, len(items)))
+        encoded.offsets = encoded.offsets[item_offsets]
+    byte_offsets = encoded.offsets
     count = _zigzag_varint(counts)
     count.lens = np.where(counts > 0, count.lengths(), 0)
     return [count, Var(byte_offsets, encoded.data), _const(b"\x00", n)]
