@@ -306,3 +306,42 @@ def test_values_fastavro_rejects_are_unsupported():
     naive = naive.set_column(4, "_commit_timestamp", pa.array([0], pa.timestamp("us")))
     with pytest.raises(Unsupported):  # fastavro converts naive datetimes in local time
         encode_changes(naive, naive.select(["r"]).schema, OPS, "t", None, "0.9", NOW_MS)
+
+
+class _FakeProducer:
+    def __init__(self):
+        self.sent = []
+
+    def produce(self, topic, key, value, on_delivery):
+        self.sent.append((key, value))
+
+    def flush(self, timeout):
+        return 0
+
+
+def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
+    from lance_cdf.connectors import kafka
+    from lance_cdf.connectors.kafka import KafkaChangePublisher
+
+    monkeypatch.setattr(kafka.time, "time", lambda: NOW_MS / 1000)
+
+    rng = np.random.default_rng(7)
+    events = random_events(rng, 30)
+    schema = user_schema_of(events)
+    sent = {}
+    for vectorised in (True, False):
+        for key_columns in (None, ["s", "i64"]):
+            pub = KafkaChangePublisher(
+                "127.0.0.1:1", "topic", "http://127.0.0.1:1", schema, "tbl", key_columns
+            )
+            pub.key_writer.header = b"\x00\x00\x00\x00\x07"
+            pub.value_writer.header = b"\x00\x00\x00\x01\x02"
+            pub.producer = _FakeProducer()
+            pub.vectorised = vectorised
+            n = pub.publish(events, OPS)
+            assert n == len(pub.producer.sent)
+            sent[vectorised, bool(key_columns)] = pub.producer.sent
+            assert all(k.startswith(b"\x00\x00\x00\x00\x07") for k, _ in pub.producer.sent)
+            assert any(v is None for _, v in pub.producer.sent)  # tombstones
+    assert sent[True, False] == sent[False, False]
+    assert sent[True, True] == sent[False, True]
