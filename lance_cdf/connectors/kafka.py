@@ -28,6 +28,7 @@ from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 from lance_cdf import __version__
 from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
+from lance_cdf.connectors.avro_encode import Unsupported, can_encode, encode_changes
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.read import META_COLUMNS
 
@@ -104,7 +105,9 @@ class KafkaChangePublisher:
         flush_timeout: float = 60.0,
     ):
         self.topic = topic
+        self.user_schema = user_schema
         self.user_columns = list(user_schema.names)
+        self.vectorised = can_encode(user_schema)
         self.table_name = table_name
         self.key_columns = key_columns
         self.tombstones = tombstones
@@ -122,10 +125,7 @@ class KafkaChangePublisher:
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
-        records = change_records(
-            events, self.user_columns, operations, self.table_name, self.key_columns,
-            __version__, int(time.time() * 1000),
-        )  # fmt: skip
+        now_ms = int(time.time() * 1000)
         failures: list[str] = []
 
         def on_delivery(err, msg):
@@ -134,13 +134,28 @@ class KafkaChangePublisher:
 
         sent = 0
         try:
-            for key, value, meta in records:
-                key_bytes = self.key_writer.encode(key)
-                self._produce(key_bytes, self.value_writer.encode(value), on_delivery)
-                sent += 1
-                if meta["tombstone"] and self.tombstones:
-                    self._produce(key_bytes, None, on_delivery)
+            encoded = self._encode(events, operations, now_ms)
+            if encoded is not None:  # vectorised: the wire-format bytes of every record
+                keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
+                tombstones = (encoded.tombstone & self.tombstones).tolist()
+                for key_bytes, value_bytes, tombstone in zip(keys, values, tombstones, strict=True):
+                    self._produce(key_bytes, value_bytes, on_delivery)
                     sent += 1
+                    if tombstone:
+                        self._produce(key_bytes, None, on_delivery)
+                        sent += 1
+            else:
+                records = change_records(
+                    events, self.user_columns, operations, self.table_name,
+                    self.key_columns, __version__, now_ms,
+                )  # fmt: skip
+                for key, value, meta in records:
+                    key_bytes = self.key_writer.encode(key)
+                    self._produce(key_bytes, self.value_writer.encode(value), on_delivery)
+                    sent += 1
+                    if meta["tombstone"] and self.tombstones:
+                        self._produce(key_bytes, None, on_delivery)
+                        sent += 1
         except Exception as exc:
             if isinstance(exc, LanceCdfError):
                 raise
@@ -158,6 +173,20 @@ class KafkaChangePublisher:
                 f"{': ' + failures[0] if failures else ''}; the micro-batch fails and is retried."
             )
         return sent
+
+    def _encode(self, events: pa.Table, operations: dict[int, str], now_ms: int):
+        """Keys and values of the batch in the wire format, vectorised; None when the
+        batch needs the fastavro path (a column type or value it does not handle)."""
+        if not self.vectorised or not events.num_rows:
+            return None
+        try:
+            return encode_changes(
+                events, self.user_schema, operations, self.table_name, self.key_columns,
+                __version__, now_ms, key_prefix=self.key_writer.wire_header(),
+                value_prefix=self.value_writer.wire_header(),
+            )  # fmt: skip
+        except Unsupported:
+            return None
 
     def _produce(self, key: bytes, value: bytes | None, on_delivery) -> None:
         while True:
@@ -182,14 +211,18 @@ class _WireWriter:
         self.parsed = fastavro.parse_schema(schema)
         self.header: bytes | None = None
 
-    def encode(self, record: dict) -> bytes:
+    def wire_header(self) -> bytes:
+        """Magic byte and schema id (registering the schema the first time)."""
         if self.header is None:
             schema_id = self.registry.register_schema(
                 self.subject, Schema(json.dumps(self.schema), "AVRO")
             )
             self.header = struct.pack(">bI", 0, schema_id)
+        return self.header
+
+    def encode(self, record: dict) -> bytes:
         buf = io.BytesIO()
-        buf.write(self.header)
+        buf.write(self.wire_header())
         fastavro.schemaless_writer(buf, self.parsed, record)
         return buf.getvalue()
 
