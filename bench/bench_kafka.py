@@ -76,9 +76,12 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
 
     payload = []
     for batch in reader:  # in chunks: Python rows of 768-d vectors are ~25 GB per million
-        records = change_records(
-            pa.Table.from_batches([batch]), pub.user_columns, {1: "Append"}, uri, None, "x", 0
-        )
+        table = pa.Table.from_batches([batch])
+        encoded = pub._encode(table, {1: "Append"}, 0)  # the publisher's own encoding
+        if encoded is not None:
+            payload += zip(encoded.keys.to_pylist(), encoded.values.to_pylist(), strict=True)
+            continue
+        records = change_records(table, pub.user_columns, {1: "Append"}, uri, None, "x", 0)
         payload += [(pub.key_writer.encode(k), pub.value_writer.encode(v)) for k, v, _ in records]
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
                          "acks": "all", "compression.type": "lz4", "linger.ms": 20,
