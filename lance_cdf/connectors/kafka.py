@@ -122,11 +122,19 @@ class KafkaChangePublisher:
         self.producer = Producer(
             {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
         )
+        self._failures: list[str] = []  # delivery errors since the last flush
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
+        sent = self.send(events, operations)
+        self.flush()
+        return sent
+
+    def send(self, events: pa.Table, operations: dict[int, str]) -> int:
+        """Hand the batch's records to the producer without waiting for acks; `flush()`
+        waits for them (a micro-batch sends all its Arrow batches, then flushes once)."""
         now_ms = int(time.time() * 1000)
-        failures: list[str] = []
+        failures = self._failures
 
         def on_delivery(err, msg):
             if err is not None:
@@ -165,14 +173,25 @@ class KafkaChangePublisher:
                 "compatibility rules forbid; publish to a new topic or relax the subject's "
                 "compatibility."
             ) from exc
+        return sent
+
+    def begin(self) -> None:
+        """Start a micro-batch: let records of an earlier, failed attempt drain and forget
+        their errors (the whole micro-batch is sent again)."""
+        self.producer.flush(self.flush_timeout)
+        self._failures.clear()
+
+    def flush(self) -> None:
+        """Wait until every record sent is acknowledged; any failure or a timeout raises
+        (the micro-batch fails and Spark retries it)."""
         left = self.producer.flush(self.flush_timeout)
+        failures, self._failures[:] = list(self._failures), []
         if left or failures:
             raise PublishError(
                 f"{left} record(s) unacknowledged after {self.flush_timeout:.0f}s and "
                 f"{len(failures)} delivery failure(s) on {self.topic!r}"
                 f"{': ' + failures[0] if failures else ''}; the micro-batch fails and is retried."
             )
-        return sent
 
     def _encode(self, events: pa.Table, operations: dict[int, str], now_ms: int):
         """Keys and values of the batch in the wire format, vectorised; None when the

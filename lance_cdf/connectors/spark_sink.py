@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
@@ -86,14 +87,18 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             k[len("storage.") :]: v for k, v in self.options.items()
             if k.lower().startswith("storage.")
         }  # fmt: skip
-        feed = None
+        feed = publisher = None
         sent = 0
         for events in carry_update_pairs(iterator):
             if feed is None:
                 feed = ChangeFeed(table, storage)
-            versions = set(events["_commit_version"].to_pylist())
+                publisher = self._publisher(user_schema_of(events.schema))
+                publisher.begin()  # a retried task starts clean
+            versions = np.unique(events["_commit_version"].to_numpy()).tolist()
             operations = {v: feed.table.manifest(v).operation for v in versions}
-            sent += self._publisher(user_schema_of(events.schema)).publish(events, operations)
+            sent += publisher.send(events, operations)  # acks are awaited once, below
+        if publisher is not None:
+            publisher.flush()  # every record acknowledged, or the micro-batch fails
         return Published(sent)
 
     def commit(self, messages, batchId: int) -> None:  # noqa: N803 (Spark's name)
