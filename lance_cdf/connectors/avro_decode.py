@@ -42,7 +42,7 @@ REASONS = {
     BAD_LENGTH: "string, bytes or array length out of range",
     BAD_VARINT: "varint longer than 10 bytes",
     BAD_UTF8: "string is not valid UTF-8",
-    INT_RANGE: "int value out of the 32-bit range",
+    INT_RANGE: "value out of range for its type (32-bit int, date, time, timestamp)",
     TRAILING: "bytes left over after the record",
     WIRE: "not in the Confluent wire format (magic byte 0 + schema id)",
 }
@@ -179,13 +179,19 @@ class _Node:
 
 
 class _Int(_Node):
-    def __init__(self, bits: int, arrow: pa.DataType, scale: int = 1):
+    """int / long, and the logical types on them; values outside [lo, hi] are bad
+    (dates and times as Python's datetime holds them, as fastavro reads them)."""
+
+    def __init__(self, bits: int, arrow: pa.DataType, scale: int = 1, lo=None, hi=None):
         self.bits, self.arrow, self.scale = bits, arrow, scale
+        self.lo = -(2 ** (bits - 1)) if lo is None else lo
+        self.hi = 2 ** (bits - 1) - 1 if hi is None else hi
 
     def decode(self, ctx, pos, end, err):
         v = _long(ctx, pos, end, err)
+        if self.lo > -(2**63) or self.hi < 2**63 - 1:
+            _fail(err, (v < self.lo) | (v > self.hi), INT_RANGE)
         if self.bits == 32:
-            _fail(err, (v < -(2**31)) | (v >= 2**31), INT_RANGE)
             v = v.astype(np.int32)
         elif self.scale != 1:
             v = v * self.scale
@@ -250,7 +256,9 @@ def _utf8(arr: pa.Array, err: np.ndarray) -> pa.Array:
         except UnicodeDecodeError:
             bad[i] = True
     _fail(err, bad, BAD_UTF8)
-    return pa.array([None if b else v.decode() for v, b in zip(values, bad, strict=True)])
+    return pa.array(
+        [None if b else v.decode() for v, b in zip(values, bad, strict=True)], pa.string()
+    )
 
 
 def _expand(sub: pa.Array, present: np.ndarray, where: np.ndarray) -> pa.Array:
@@ -427,12 +435,21 @@ def _primitive(name: str) -> _Node:
     raise Unsupported(f"Avro type {name!r}")
 
 
+_DAY_US = 86_400 * 10**6
+_MIN_DAY, _MAX_DAY = -719_162, 2_932_896  # 0001-01-01, 9999-12-31 (days since 1970)
+_MIN_US, _MAX_US = _MIN_DAY * _DAY_US, (_MAX_DAY + 1) * _DAY_US - 1
 _LOGICAL = {  # (base, logicalType) -> node, as avro.arrow_type maps them
-    ("int", "date"): lambda: _Int(32, pa.date32()),
-    ("long", "timestamp-micros"): lambda: _Int(64, pa.timestamp("us", tz="UTC")),
-    ("long", "timestamp-millis"): lambda: _Int(64, pa.timestamp("us", tz="UTC"), scale=1000),
-    ("long", "local-timestamp-micros"): lambda: _Int(64, pa.timestamp("us")),
-    ("long", "time-micros"): lambda: _Int(64, pa.time64("us")),
+    ("int", "date"): lambda: _Int(32, pa.date32(), lo=_MIN_DAY, hi=_MAX_DAY),
+    ("long", "timestamp-micros"): lambda: _Int(
+        64, pa.timestamp("us", tz="UTC"), lo=_MIN_US, hi=_MAX_US
+    ),
+    ("long", "timestamp-millis"): lambda: _Int(
+        64, pa.timestamp("us", tz="UTC"), scale=1000, lo=_MIN_US // 1000, hi=_MAX_US // 1000
+    ),
+    ("long", "local-timestamp-micros"): lambda: _Int(
+        64, pa.timestamp("us"), lo=_MIN_US, hi=_MAX_US
+    ),
+    ("long", "time-micros"): lambda: _Int(64, pa.time64("us"), lo=0, hi=_DAY_US - 1),
 }
 _PRIMITIVES = ("int", "long", "float", "double", "boolean", "string", "bytes")
 
