@@ -77,7 +77,7 @@ class Frames:
 
     @classmethod
     def of(cls, bodies: list[bytes]) -> Frames:
-        joined = b"".join(bodies) + bytes(PAD)
+        joined = b"".join([*bodies, bytes(PAD)])
         lengths = np.fromiter(map(len, bodies), np.int64, len(bodies))
         end = np.cumsum(lengths)
         return cls(np.frombuffer(joined, np.uint8), pa.py_buffer(joined), end - lengths, end)
@@ -215,6 +215,7 @@ class _Float(_Node):
 class _Bool(_Node):
     arrow = pa.bool_()
     width = 1
+    dtype = np.dtype("u1")
 
     def values(self, raw: np.ndarray) -> pa.Array:
         return pa.array(raw.reshape(-1) != 0)
@@ -362,14 +363,17 @@ class _Array(_Node):
             nbytes = count * step
             fits = nbytes <= end - pos
             fit = np.flatnonzero(fits)
-            raw = _binary_values(_ranges(ctx, pos[fit], nbytes[fit])).reshape(-1, step)
-            owner = np.repeat(np.arange(fit.size), count[fit])
-            wrong = np.bincount(owner[raw[:, 0] != items.tag], minlength=fit.size) > 0
-            if wrong.any():  # a null item (or a bad tag): those records take the slow path
-                raw = raw[~wrong[owner]]
+            raw = _binary_values(_ranges(ctx, pos[fit], nbytes[fit]))
+            packed = raw.view(np.dtype([("tag", "u1"), ("value", inner.dtype)]))
+            wrong = np.zeros(fit.size, bool)
+            odd = np.flatnonzero(packed["tag"] != items.tag)
+            if odd.size:  # a null item (or a bad tag): those records take the slow path
+                ends = np.cumsum(count[fit])
+                wrong[np.searchsorted(ends, odd, side="right")] = True
+                packed = packed[~np.repeat(wrong, count[fit])]
             fast = fit[~wrong]
             if fast.size:
-                out.append((inner.values(raw[:, 1:]), fast, zero[fast], count[fast]))
+                out.append((inner.values(packed["value"].copy()), fast, zero[fast], count[fast]))
                 pos[fast] += nbytes[fast]
             slow = np.concatenate([np.flatnonzero(~fits), fit[wrong]])
             slow.sort()
