@@ -98,22 +98,62 @@ class Frames:
 
 
 # -- primitive reads (all records of `pos` at once) -------------------------------------
+_STOPS = np.uint64(0x8080808080808080)
+_LOW7 = np.uint64(0x7F7F7F7F7F7F7F7F)
+_PACK = [  # (keep mask, move mask, shift): 8 x 7-bit groups -> one 56-bit value
+    (np.uint64(0x007F007F007F007F), np.uint64(0x7F007F007F007F00), np.uint64(1)),
+    (np.uint64(0x00003FFF00003FFF), np.uint64(0x3FFF00003FFF0000), np.uint64(2)),
+    (np.uint64(0x000000000FFFFFFF), np.uint64(0x0FFFFFFF00000000), np.uint64(4)),
+]
+
+
+def _at_every_byte(buf: np.ndarray, dtype: str) -> np.ndarray:
+    """A view of `buf` with an (unaligned) `dtype` value starting at every byte: one
+    fancy index then gathers values at any positions."""
+    width = np.dtype(dtype).itemsize
+    return np.ndarray((buf.size - width + 1,), dtype, buf, 0, (1,))
+
+
 def _varint(buf: np.ndarray, pos: np.ndarray, err: np.ndarray) -> np.ndarray:
-    """Unsigned varints at `pos` (uint64); advances `pos`."""
+    """Unsigned varints at `pos` (uint64); advances `pos`. The first byte for all;
+    values that go on: 8 bytes read as one little-endian word, the end found from the
+    continuation bits, the 7-bit groups packed with shifts; the few longer than 8
+    bytes (values of 57-64 bits) byte by byte."""
     b = buf[pos]
     val = (b & 0x7F).astype(np.uint64)
     more = np.flatnonzero(b & 0x80)
     pos += 1
-    shift = 7
-    while more.size:
-        if shift >= 70:
-            _fail(err, np.isin(np.arange(pos.size), more), BAD_VARINT)
-            break
-        b = buf[pos[more]]
-        val[more] |= (b & _U64_7F) << np.uint64(shift)
-        pos[more] += 1
-        more = more[(b & 0x80) != 0]
-        shift += 7
+    if not more.size:
+        return val
+    word = _at_every_byte(buf, "<u8")[pos[more] - 1]
+    stop = ~word & _STOPS  # the high bit of every byte that ends a varint
+    low = stop & (~stop + np.uint64(1))  # the first of them
+    _, exponent = np.frexp(low.astype(np.float64))  # low = 2**(exponent - 1)
+    length = exponent.astype(np.int64) // 8  # (bit index + 1) // 8
+    w = word & ((low << np.uint64(1)) - np.uint64(1)) & _LOW7
+    for keep, move, shift in _PACK:
+        w = (w & keep) | ((w & move) >> shift)
+    val[more] = w
+    pos[more] += length - 1
+    long = np.flatnonzero(stop == 0)  # no end within 8 bytes
+    if long.size:
+        idx = more[long]
+        p = pos[idx] + 8
+        pos[idx] = p
+        acc = w[long]
+        shift, go = 56, np.arange(idx.size)
+        while go.size:
+            if shift >= 70:
+                bad = np.zeros(pos.size, bool)
+                bad[idx[go]] = True
+                _fail(err, bad, BAD_VARINT)
+                break
+            byte = buf[p[go]]
+            acc[go] |= (byte & _U64_7F) << np.uint64(shift)
+            p[go] += 1
+            go = go[(byte & 0x80) != 0]
+            shift += 7
+        val[idx], pos[idx] = acc, p
     return val
 
 
@@ -124,12 +164,10 @@ def _long(ctx: Frames, pos, end, err) -> np.ndarray:
     return (v >> np.uint64(1)).astype(np.int64) ^ -(v & np.uint64(1)).astype(np.int64)
 
 
-def _fixed(ctx: Frames, pos, end, err, width: int) -> np.ndarray:
-    """`width` bytes at each cursor, as an (n, width) array; advances `pos`."""
-    buf = ctx.buf
-    windows = np.lib.stride_tricks.as_strided(buf, (buf.size - width + 1, width), (1, 1))
-    out = windows[pos]
-    pos += width
+def _fixed(ctx: Frames, pos, end, err, dtype: np.dtype) -> np.ndarray:
+    """A `dtype` value (little-endian float or double) at each cursor; advances `pos`."""
+    out = _at_every_byte(ctx.buf, dtype.str)[pos]
+    pos += dtype.itemsize
     _check_end(pos, end, err)
     return out
 
@@ -209,7 +247,7 @@ class _Float(_Node):
         return pa.array(np.ascontiguousarray(raw).view(self.dtype).reshape(-1))
 
     def decode(self, ctx, pos, end, err):
-        return self.values(_fixed(ctx, pos, end, err, self.width))
+        return pa.array(_fixed(ctx, pos, end, err, self.dtype))
 
 
 class _Bool(_Node):
