@@ -27,10 +27,19 @@ from dataclasses import asdict, dataclass, field
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.connectors.avro import row_arrow_schema
+from lance_cdf.connectors.avro_decode import (
+    OK,
+    REASONS,
+    WIRE,
+    BatchDecoder,
+    Frames,
+    Unsupported,
+)
 from lance_cdf.connectors.kafka import check_broker, check_registry
 from lance_cdf.connectors.replica import (
     OFFSETS_PROPERTY,
@@ -70,23 +79,78 @@ class Counters:
 
 
 class _Decoder:
-    """Confluent wire format -> Python dict, writer schemas fetched once per schema id."""
+    """Confluent wire format -> Python dict (one record) or Arrow (many records of one
+    schema, vectorized); writer schemas fetched once per schema id."""
 
     def __init__(self, registry: SchemaRegistryClient):
         self.registry = registry
         self.parsed: dict[int, object] = {}
         self.rows: dict[int, pa.Schema] = {}
+        self.batch: dict[int, BatchDecoder | None] = {}
+
+    def _load(self, schema_id: int) -> None:
+        if schema_id not in self.parsed:
+            envelope = json.loads(self.registry.get_schema(schema_id).schema_str)
+            self.rows[schema_id] = row_arrow_schema(envelope)
+            self.parsed[schema_id] = fastavro.parse_schema(envelope)
+            self.batch[schema_id] = _batch_decoder(envelope)
 
     def decode(self, payload: bytes) -> tuple[int, dict]:
         if len(payload) < 5 or payload[0] != 0:
             raise ValueError("not in the Confluent wire format (magic byte 0 + schema id)")
         schema_id = struct.unpack(">I", payload[1:5])[0]
-        if schema_id not in self.parsed:
-            envelope = json.loads(self.registry.get_schema(schema_id).schema_str)
-            self.rows[schema_id] = row_arrow_schema(envelope)
-            self.parsed[schema_id] = fastavro.parse_schema(envelope)
+        self._load(schema_id)
         record = fastavro.schemaless_reader(io.BytesIO(payload[5:]), self.parsed[schema_id], None)
         return schema_id, record
+
+    def batch_decoder(self, schema_id: int) -> BatchDecoder | None:
+        """The vectorized decoder of a schema id; None when only fastavro reads it."""
+        self._load(schema_id)
+        return self.batch[schema_id]
+
+
+def _batch_decoder(envelope: dict) -> BatchDecoder | None:
+    try:
+        decoder = BatchDecoder(envelope)
+    except (Unsupported, KeyError, TypeError, ValueError):
+        return None
+    t = decoder.arrow
+    names = {t.field(i).name for i in range(t.num_fields)}
+    if not {"before", "after", "op", "source"} <= names:
+        return None
+    source, row = t.field("source").type, t.field("after").type
+    if (
+        not pa.types.is_struct(source)
+        or not {"commit_version", "rowid"}
+        <= {source.field(i).name for i in range(source.num_fields)}
+        or t.field("op").type != pa.string()
+        or not pa.types.is_struct(row)
+        or t.field("before").type != row
+    ):
+        return None
+    return decoder
+
+
+def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table | None:
+    """`table` in `schema` (an older writer schema's rows in the newest one: missing
+    nullable columns null, others cast); None when that is not clearly possible."""
+    if table.schema == schema:
+        return table
+    columns = []
+    for f in schema:
+        if f.name not in table.column_names:
+            if not f.nullable:
+                return None
+            columns.append(pa.nulls(table.num_rows, f.type))
+            continue
+        col = table[f.name]
+        try:
+            columns.append(col if col.type == f.type else col.cast(f.type))
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            return None
+        if not f.nullable and columns[-1].null_count:
+            return None
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 class Replicator:
@@ -244,7 +308,111 @@ class Replicator:
 
     def _final_states(self, msgs: list) -> tuple[pa.Table | None, pa.Table | None, int, int]:
         """(upsert rows, deleted keys, tombstones, highest source version) of a batch:
-        the last state of each key in source commit order."""
+        the last state of each key in source commit order. Decoded vectorized (all
+        records of a schema at once) when every schema of the batch allows it, else
+        record by record with fastavro."""
+        fast = self._final_states_vectorized(msgs)
+        return fast if fast is not None else self._final_states_fastavro(msgs)
+
+    def _final_states_vectorized(self, msgs: list):
+        """`_final_states` with avro_decode; None (nothing done, nothing sent to the
+        dead-letter topic) when some schema of the batch needs the fastavro path."""
+        values = [m.value() for m in msgs]
+        live = [i for i, v in enumerate(values) if v is not None]
+        tombstones = len(msgs) - len(live)
+        if not live:
+            return None, None, tombstones, 0
+        msgs = [msgs[i] for i in live]
+        frames = Frames.of([values[i] for i in live])
+        schema_ids, wire = frames.confluent()
+        errors: dict[int, Exception] = {}  # record index -> why it is set aside
+        for i in np.flatnonzero(wire != OK):
+            errors[int(i)] = ValueError(REASONS[WIRE])
+        decoders = {}
+        for sid in np.unique(schema_ids[wire == OK]).tolist():
+            try:
+                decoder = self.decoder.batch_decoder(sid)
+            except Exception as exc:  # unknown schema id, registry down: like fastavro's path
+                for i in np.flatnonzero(schema_ids == sid):
+                    errors[int(i)] = exc
+                continue
+            if decoder is None:
+                return None
+            decoders[sid] = decoder
+        newest = self.decoder.rows[max(decoders)] if decoders else None
+        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
+        tables, meta = [], []
+        for sid, decoder in decoders.items():
+            rows_idx = np.flatnonzero((wire == OK) & (schema_ids == sid))
+            env, err = decoder.decode(frames, rows_idx)
+            good, image, is_delete = self._checked(env, err, rows_idx, errors)
+            if not good.all():
+                image, is_delete = image.filter(pa.array(good)), is_delete[good]
+            fields = image.type
+            table = pa.Table.from_arrays(
+                image.flatten(), names=[fields.field(i).name for i in range(fields.num_fields)]
+            )
+            table = _aligned(table, newest)
+            if table is None:
+                return None
+            source = env.field("source")
+            kept = rows_idx[good]
+            tables.append(table)
+            meta.append((
+                source.field("commit_version").to_numpy()[good], is_delete, parts[kept],
+                offsets[kept], source.field("rowid").to_numpy()[good],
+            ))  # fmt: skip
+        for i in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
+            self._dead_letter(msgs[i], errors[i])
+        rows = [t for t in tables if t.num_rows]
+        if not rows:
+            return None, None, tombstones, 0
+        rows = pa.concat_tables(rows) if len(rows) > 1 else rows[0]
+        versions, is_delete, parts, offsets, rowids = (
+            np.concatenate(x) for x in zip(*meta, strict=True)
+        )
+        return self._last_states(rows, versions, is_delete, parts, offsets, rowids, tombstones)
+
+    def _checked(self, env: pa.StructArray, err: np.ndarray, rows_idx, errors: dict):
+        """(good mask, row image, is-delete) of decoded envelopes; the errors of the
+        others into `errors` (the fastavro path's checks, in its order)."""
+        bad = err != OK
+        for i in np.flatnonzero(bad):
+            errors[int(rows_idx[i])] = ValueError(REASONS[int(err[i])])
+        op = env.field("op")
+        known = pc.fill_null(pc.is_in(op, pa.array(OPS)), False).to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(~known & ~bad):
+            errors[int(rows_idx[i])] = ValueError(f"unknown op {op[int(i)].as_py()!r}")
+        bad |= ~known
+        is_delete = pc.fill_null(pc.equal(op, "d"), False).to_numpy(zero_copy_only=False)
+        if not is_delete.any():
+            image = env.field("after")
+        elif is_delete.all():
+            image = env.field("before")
+        else:
+            image = pc.if_else(pa.array(is_delete), env.field("before"), env.field("after"))
+        missing = image.is_null().to_numpy(zero_copy_only=False)
+        for i in np.flatnonzero(missing & ~bad):
+            errors[int(rows_idx[i])] = ValueError(
+                f"op {op[int(i)].as_py()!r} without its row image"
+            )
+        bad |= missing
+        names = {image.type.field(i).name for i in range(image.type.num_fields)}
+        key_nulls = {
+            c: (image.field(c).is_null().to_numpy(zero_copy_only=False) if c in names
+                else np.ones(len(image), bool))
+            for c in self.key if c != SOURCE_ROWID
+        }  # fmt: skip
+        if key_nulls:
+            any_null = np.logical_or.reduce(list(key_nulls.values()))
+            for i in np.flatnonzero(any_null & ~bad):
+                nulls = [c for c, null in key_nulls.items() if null[i]]
+                errors[int(rows_idx[i])] = ValueError(f"key column(s) {nulls} missing or null")
+            bad |= any_null
+        return ~bad, image, is_delete
+
+    def _final_states_fastavro(self, msgs: list):
         images, kept, meta, schema_id, tombstones = [], [], [], None, 0
         for m in msgs:
             value = m.value()
@@ -279,7 +447,13 @@ class Replicator:
             if not meta:
                 return None, None, tombstones, 0
         versions, is_delete, parts, offsets, rowids = np.array(meta, dtype=np.int64).T
-        is_delete = is_delete.astype(bool)
+        return self._last_states(
+            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones
+        )
+
+    def _last_states(self, rows, versions, is_delete, parts, offsets, rowids, tombstones):
+        """The last state of each key of `rows` (one row per record, with its source
+        commit version, delete flag, Kafka partition and offset, source row ID)."""
         if self.key == [SOURCE_ROWID]:
             rows = rows.append_column(pa.field(SOURCE_ROWID, pa.int64(), False), pa.array(rowids))
         missing = [c for c in self.key if c not in rows.column_names]
@@ -291,8 +465,9 @@ class Replicator:
         # commit order; within a commit deletes first (a key deleted and re-inserted by
         # one commit under another row ID ends inserted), then Kafka order
         order = np.lexsort((offsets, parts, ~is_delete, versions))
-        rows = rows.take(pa.array(order))
-        is_delete = is_delete[order]
+        if (order != np.arange(order.size)).any():
+            rows = rows.take(pa.array(order))
+            is_delete = is_delete[order]
         last = (
             rows.select(self.key)
             .append_column("_i", pa.array(np.arange(rows.num_rows)))
@@ -301,7 +476,8 @@ class Replicator:
             .to_numpy()
         )
         last = np.sort(last)
-        final, final_delete = rows.take(pa.array(last)), is_delete[last]
+        final = rows if last.size == rows.num_rows else rows.take(pa.array(last))
+        final_delete = is_delete[last]
         upserts = final.filter(pa.array(~final_delete))
         deletes = final.filter(pa.array(final_delete)).select(self.key)
         return upserts, deletes, tombstones, int(versions.max())

@@ -1,0 +1,122 @@
+"""Avro -> Arrow decoding of change records: fastavro per record (the replicator's old
+path) against the vectorized decoder (lance_cdf.connectors.avro_decode).
+
+    python bench/bench_avro_decode.py [--narrow 1000000] [--vectors 100000]
+
+Two workloads, insert records of the real envelope schema (`envelope_schema`):
+  * narrow   rows of id long, name string, score double, ts long, flag boolean;
+  * vectors  rows of id long and a 768-d float32 vector (fixed_size_list).
+Both paths start from the same list of bodies and end with Arrow: the old one with
+fastavro.schemaless_reader per record + pa.Table.from_pylist of the `after` images, the new
+one with Frames.of + BatchDecoder.decode (the whole envelope: before, after, op, source).
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import time
+
+import fastavro
+import numpy as np
+import pyarrow as pa
+
+from lance_cdf.connectors.avro import change_records, envelope_schema, row_arrow_schema
+from lance_cdf.connectors.avro_decode import BatchDecoder, Frames
+
+
+def narrow(n: int) -> pa.Table:
+    ids = np.arange(n)
+    return pa.table({
+        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
+        "score": ids * 0.5, "ts": ids * 1000 + 1_700_000_000_000, "flag": ids % 2 == 0,
+    })  # fmt: skip
+
+
+def vectors(n: int) -> pa.Table:
+    values = np.random.default_rng(0).random(n * 768, dtype=np.float32)
+    return pa.table({
+        "id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(pa.array(values), 768),
+    })  # fmt: skip
+
+
+def bodies_of(rows: pa.Table) -> tuple[dict, list[bytes]]:
+    """Insert records of `rows`, encoded as the publisher does (fastavro, no header)."""
+    n = rows.num_rows
+    events = rows.append_column("_rowid", pa.array(np.arange(n, dtype=np.uint64)))
+    events = events.append_column("_change_type", pa.array(["insert"] * n))
+    events = events.append_column("_commit_version", pa.array(np.ones(n, np.int64)))
+    events = events.append_column(
+        "_commit_timestamp", pa.array(np.full(n, 1_700_000_000_000, "datetime64[ms]"))
+    )
+    schema = envelope_schema(rows.schema, "bench")
+    parsed = fastavro.parse_schema(schema)
+    out = []
+    for start in range(0, n, 100_000):
+        records = change_records(
+            events.slice(start, 100_000), rows.column_names, {1: "Append"}, "bench", None,
+            "0.1", 0,
+        )  # fmt: skip
+        for _, value, _ in records:
+            buf = io.BytesIO()
+            fastavro.schemaless_writer(buf, parsed, value)
+            out.append(buf.getvalue())
+    return schema, out
+
+
+def old_path(schema: dict, bodies: list[bytes]) -> pa.Table:
+    parsed = fastavro.parse_schema(schema)
+    images = [fastavro.schemaless_reader(io.BytesIO(b), parsed, None)["after"] for b in bodies]
+    return pa.Table.from_pylist(images, schema=row_arrow_schema(schema))
+
+
+def new_path(schema: dict, bodies: list[bytes]) -> pa.Table:
+    decoded, err = BatchDecoder(schema).decode(Frames.of(bodies))
+    assert not err.any()
+    return pa.Table.from_struct_array(decoded.field("after"))
+
+
+def timed(fn, *args, repeat: int = 3):
+    best, out = float("inf"), None
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        out = fn(*args)
+        best = min(best, time.perf_counter() - t0)
+    return best, out
+
+
+def run(name: str, rows: pa.Table, repeat_old: int) -> dict:
+    schema, bodies = bodies_of(rows)
+    n = len(bodies)
+    t_old, a = timed(old_path, schema, bodies, repeat=repeat_old)
+    t_new, b = timed(new_path, schema, bodies)
+    assert a.equals(b.cast(a.schema)), "the two paths disagree"
+    result = {
+        "workload": name, "records": n, "bytes_per_record": sum(map(len, bodies)) / n,
+        "fastavro_us_per_record": t_old / n * 1e6, "vectorized_us_per_record": t_new / n * 1e6,
+        "speedup": t_old / t_new,
+    }  # fmt: skip
+    print(
+        f"{name:8s} {n:>9,} records ({result['bytes_per_record']:.0f} B each): "
+        f"fastavro+from_pylist {result['fastavro_us_per_record']:.2f} us/record, "
+        f"vectorized {result['vectorized_us_per_record']:.3f} us/record, "
+        f"{result['speedup']:.1f}x"
+    )
+    return result
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--narrow", type=int, default=1_000_000)
+    ap.add_argument("--vectors", type=int, default=100_000)
+    ap.add_argument("--out", help="write the results as JSON here")
+    args = ap.parse_args()
+    results = [run("narrow", narrow(args.narrow), 1), run("vectors", vectors(args.vectors), 1)]
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
