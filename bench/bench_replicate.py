@@ -128,9 +128,10 @@ def latency(spark, kafka, registry, root, commits: int) -> list[float]:
     worker.start()
 
     def visible(marker: int) -> bool:
-        if not os.path.exists(dst):
+        try:  # the replica appears with the replicator's first batch
+            return lance.dataset(dst).count_rows(filter=f"ts = {marker}") > 0
+        except ValueError:  # not created yet (or its first commit not written yet)
             return False
-        return lance.dataset(dst).count_rows(filter=f"ts = {marker}") > 0
 
     def wait(marker: int, poll: float) -> None:
         deadline = time.monotonic() + 120
