@@ -16,29 +16,14 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import time
 
 import fastavro
 import numpy as np
 import pyarrow as pa
+from tables import narrow, timed, vectors  # noqa: E402  (bench/ is on sys.path)
 
 from lance_cdf.connectors.avro import change_records, envelope_schema, row_arrow_schema
 from lance_cdf.connectors.avro_decode import BatchDecoder, Frames
-
-
-def narrow(n: int) -> pa.Table:
-    ids = np.arange(n)
-    return pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
-        "score": ids * 0.5, "ts": ids * 1000 + 1_700_000_000_000, "flag": ids % 2 == 0,
-    })  # fmt: skip
-
-
-def vectors(n: int) -> pa.Table:
-    values = np.random.default_rng(0).random(n * 768, dtype=np.float32)
-    return pa.table({
-        "id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(pa.array(values), 768),
-    })  # fmt: skip
 
 
 def bodies_of(rows: pa.Table) -> tuple[dict, list[bytes]]:
@@ -77,20 +62,11 @@ def new_path(schema: dict, bodies: list[bytes]) -> pa.Table:
     return pa.Table.from_struct_array(decoded.field("after"))
 
 
-def timed(fn, *args, repeat: int = 3):
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best, out
-
-
 def run(name: str, rows: pa.Table, repeat_old: int) -> dict:
     schema, bodies = bodies_of(rows)
     n = len(bodies)
     t_old, a = timed(old_path, schema, bodies, repeat=repeat_old)
-    t_new, b = timed(new_path, schema, bodies)
+    t_new, b = timed(new_path, schema, bodies, repeat=3)
     assert a.equals(b.cast(a.schema)), "the two paths disagree"
     result = {
         "workload": name, "records": n, "bytes_per_record": sum(map(len, bodies)) / n,

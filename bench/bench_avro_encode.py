@@ -14,32 +14,16 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import time
 
 import fastavro
 import numpy as np
 import pyarrow as pa
+from tables import narrow, timed, vectors  # noqa: E402  (bench/ is on sys.path)
 
 from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
 from lance_cdf.connectors.avro_encode import encode_changes
 
-DIM = 768
 OPS = {1: "Append"}
-
-
-def narrow(n: int) -> pa.Table:
-    ids = np.arange(n)
-    return pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
-        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
-    })  # fmt: skip
-
-
-def vectors(n: int) -> pa.Table:
-    vec = np.random.default_rng(0).random(n * DIM, dtype=np.float32)
-    return pa.table(
-        {"id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM)}
-    )
 
 
 def as_inserts(user: pa.Table) -> pa.Table:
@@ -72,15 +56,6 @@ def old_path(events, schema, now_ms):
 def new_path(events, schema, now_ms):
     enc = encode_changes(events, schema, OPS, "t", None, "0.1", now_ms)
     return list(zip(enc.keys.to_pylist(), enc.values.to_pylist(), strict=True))
-
-
-def timed(fn, *args, repeat=1):
-    best, result = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        result = fn(*args)
-        best = min(best, time.perf_counter() - t0)
-    return best, result
 
 
 def main() -> None:

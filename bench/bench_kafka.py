@@ -27,26 +27,9 @@ import uuid
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import lance  # noqa: E402
-import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 from confluent_kafka import Producer  # noqa: E402
-
-DIM = 768
-
-
-def narrow(n: int) -> pa.Table:
-    ids = np.arange(n)
-    return pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
-        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
-    })  # fmt: skip
-
-
-def vectors(n: int) -> pa.Table:
-    vec = np.random.default_rng(0).random(n * DIM, dtype=np.float32)
-    return pa.table(
-        {"id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM)}
-    )
+from tables import narrow, vectors  # noqa: E402  (bench/ is on sys.path)
 
 
 def lance_cdf_publish(spark, uri, kafka, registry, topic, ck) -> float:

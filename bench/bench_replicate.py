@@ -33,20 +33,13 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf  # noqa: E402
 from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of  # noqa: E402
 from lance_cdf.connectors.replica import SOURCE_ROWID  # noqa: E402
 from lance_cdf.connectors.replicator import Replicator  # noqa: E402
 from lance_cdf.feed import ChangeFeed  # noqa: E402
-
-
-def narrow(n: int, start: int = 0) -> pa.Table:
-    ids = np.arange(start, start + n)
-    return pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
-        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
-    })  # fmt: skip
 
 
 def publish(kafka, registry, uri, topic, version) -> int:
