@@ -29,23 +29,12 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from tables import id_name_vec  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf
 
 DIM = 128
 SYS = ["_rowid", "_row_last_updated_at_version"]
-
-
-def rows(start: int, n: int, seed: int) -> pa.Table:
-    rng = np.random.default_rng(seed)
-    vec = rng.random((n, DIM), dtype=np.float32)
-    return pa.table(
-        {
-            "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-            "name": pa.array([f"name-{i}" for i in range(start, start + n)], pa.string()),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), DIM),
-        }
-    )
 
 
 def build(uri: str, n: int, rows_per_file: int) -> None:
@@ -54,9 +43,9 @@ def build(uri: str, n: int, rows_per_file: int) -> None:
 
     def batches():
         for start in range(0, n, chunk):
-            yield from rows(start, min(chunk, n - start), start).to_batches()
+            yield from id_name_vec(start, min(chunk, n - start), start, DIM).to_batches()
 
-    schema = rows(0, 1, 0).schema
+    schema = id_name_vec(0, 1, 0, DIM).schema
     lance.write_dataset(
         pa.RecordBatchReader.from_batches(schema, batches()),
         uri,
@@ -72,9 +61,9 @@ def commit_change(uri: str, n_rows: int, changes: int, next_id: int, seed: int) 
     n_ins = changes // 3 if changes >= 3 else 0
     n_del = changes - n_upd - n_ins
     lo = int(rng.integers(0, n_rows - changes - 1))
-    upd = rows(lo, n_upd, seed)
+    upd = id_name_vec(lo, n_upd, seed, DIM)
     upd = upd.set_column(1, "name", pa.array([f"updated-{seed}"] * n_upd, pa.string()))
-    src = pa.concat_tables([upd, rows(next_id, n_ins, seed + 1)])
+    src = pa.concat_tables([upd, id_name_vec(next_id, n_ins, seed + 1, DIM)])
     builder = lance.dataset(uri).merge_insert("id").when_matched_update_all()
     builder = builder.when_not_matched_insert_all()
     if n_del:

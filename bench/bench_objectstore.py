@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 import lance
 import numpy as np
 import pyarrow as pa
+from tables import id_name_vec  # noqa: E402  (bench/ is on sys.path)
 
 from lance_cdf.devtools import S3Server
 from lance_cdf.feed import ChangeFeed
@@ -38,25 +39,13 @@ from lance_cdf.feed import ChangeFeed
 DIM = 16
 
 
-def rows(start: int, n: int) -> pa.Table:
-    rng = np.random.default_rng(start)
-    vec = rng.random((n, DIM), dtype=np.float32)
-    return pa.table(
-        {
-            "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-            "name": pa.array([f"name-{i}" for i in range(start, start + n)], pa.string()),
-            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), DIM),
-        }
-    )
-
-
 def build(uri: str, n: int, rows_per_file: int, so: dict | None) -> None:
     chunk = 250_000
-    schema = rows(0, 1).schema
+    schema = id_name_vec(0, 1, 0, DIM).schema
 
     def batches():
         for start in range(0, n, chunk):
-            yield from rows(start, min(chunk, n - start)).to_batches()
+            yield from id_name_vec(start, min(chunk, n - start), start, DIM).to_batches()
 
     lance.write_dataset(
         pa.RecordBatchReader.from_batches(schema, batches()), uri, schema=schema,
@@ -75,10 +64,15 @@ def commits(n: int, per_file: int) -> list[tuple[str, object]]:
         return lambda ds, uri, so: ds.delete(where)
 
     def append(ds, uri, so):
-        lance.write_dataset(rows(n, 1000), uri, mode="append", storage_options=so)
+        lance.write_dataset(id_name_vec(n, 1000, n, DIM), uri, mode="append", storage_options=so)
 
     def upsert(ds, uri, so):
-        src = pa.concat_tables([rows(per_file // 2, 500), rows(n + 5000, 500)])
+        src = pa.concat_tables(
+            [
+                id_name_vec(per_file // 2, 500, per_file // 2, DIM),
+                id_name_vec(n + 5000, 500, n + 5000, DIM),
+            ]
+        )
         ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(src)
 
     return [

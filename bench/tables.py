@@ -35,3 +35,13 @@ def timed(fn, *args, repeat: int = 1):
         result = fn(*args)
         best = min(best, time.perf_counter() - t0)
     return best, result
+
+
+def id_name_vec(start: int, n: int, seed: int, dim: int) -> pa.Table:
+    """Rows start..start+n: id int64, name string, a dim-d float32 vector (random, seeded)."""
+    vec = np.random.default_rng(seed).random((n, dim), dtype=np.float32)
+    return pa.table({
+        "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+        "name": pa.array([f"name-{i}" for i in range(start, start + n)], pa.string()),
+        "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim),
+    })  # fmt: skip

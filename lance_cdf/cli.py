@@ -24,6 +24,14 @@ def _csv(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
+def _kafka_endpoint(parser: argparse.ArgumentParser) -> None:
+    """The broker, topic and schema registry publish writes to and replicate reads from."""
+    parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
+    parser.add_argument("--topic", required=True)
+    parser.add_argument("--schema-registry", required=True, metavar="URL",
+                        help="Confluent-compatible registry URL")  # fmt: skip
+
+
 def _client_settings(parser: argparse.ArgumentParser, client: str, table: str) -> None:
     """The repeatable KEY=VALUE settings passed through to Kafka, the registry and storage."""
     for flag, help_text in (
@@ -103,10 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--table", required=True, help="table path or URI (file://, s3://, gs://, az://)"
     )
-    pub.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    pub.add_argument("--topic", required=True)
-    pub.add_argument("--schema-registry", required=True, metavar="URL",
-                     help="Confluent-compatible registry URL")  # fmt: skip
+    _kafka_endpoint(pub)
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
@@ -140,10 +145,7 @@ def build_parser() -> argparse.ArgumentParser:
         "/data/replica.lance --key id",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    rep.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    rep.add_argument("--topic", required=True)
-    rep.add_argument("--schema-registry", required=True, metavar="URL",
-                     help="Confluent-compatible registry URL")  # fmt: skip
+    _kafka_endpoint(rep)
     rep.add_argument("--target", required=True, help="replica table path or URI")
     rep.add_argument("--key", type=_csv, default=None,
                      help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
