@@ -32,6 +32,12 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
+def source_version_of(position: dict[str, str]) -> int | None:
+    """The source version a recorded position reached (None: not recorded)."""
+    value = position.get(SOURCE_VERSION_PROPERTY)
+    return int(value) if value is not None else None
+
+
 def offsets_of(position: dict[str, str], topic: str) -> dict[int, int]:
     offsets = json.loads(position.get(OFFSETS_PROPERTY, "{}")).get(topic, {})
     return {int(p): int(o) for p, o in offsets.items()}
@@ -73,8 +79,7 @@ class ReplicaTable:
 
     def source_version(self) -> int | None:
         """Highest source commit version whose changes the replica holds."""
-        value = self.position().get(SOURCE_VERSION_PROPERTY)
-        return int(value) if value is not None else None
+        return source_version_of(self.position())
 
     def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict) -> bool:
         """Delete the keys in `deletes`, then upsert `upserts`; the last commit carries

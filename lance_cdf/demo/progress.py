@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import lance
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from lance_cdf.connectors.replica import ReplicaTable
+from lance_cdf.connectors.replica import ReplicaTable, offsets_of, source_version_of
 from lance_cdf.streaming.checkpoint import checkpoint_version
 
 
@@ -53,14 +53,15 @@ class Probe:
 
     def snapshot(self, last_commit: str) -> Snapshot:
         now = time.monotonic()
-        replicated = sum(self.replica.applied_offsets(self.topic).values())
+        position = self.replica.position()  # read once: offsets and source version
+        replicated = sum(offsets_of(position, self.topic).values())
         self._rate = [(t, n) for t, n in self._rate if now - t <= 10] + [(now, replicated)]
         (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
         return Snapshot(
             elapsed=now - self.started,
             source_version=lance.dataset(self.source).version,
             published_version=checkpoint_version(self.checkpoint),
-            replicated_version=self.replica.source_version(),
+            replicated_version=source_version_of(position),
             kafka_records=self.kafka_records(),
             replicated_records=replicated,
             events_per_s=(n1 - n0) / (t1 - t0) if t1 > t0 else 0.0,
