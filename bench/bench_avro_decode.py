@@ -1,5 +1,5 @@
 """Avro -> Arrow decoding of change records: fastavro per record (the replicator's old
-path) against the vectorized decoder (lance_cdf.connectors.avro_decode).
+path) against the vectorized decoder (lance_cdf.avro.decode).
 
     python bench/bench_avro_decode.py [--narrow 1000000] [--vectors 100000]
 
@@ -22,8 +22,8 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow, timed, vectors  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.connectors.avro import change_records, envelope_schema, row_arrow_schema
-from lance_cdf.connectors.avro_decode import BatchDecoder, Frames
+from lance_cdf.avro.decode import BatchDecoder, Frames
+from lance_cdf.avro.schema import change_records, envelope_schema, row_arrow_schema
 
 
 def bodies_of(rows: pa.Table) -> tuple[dict, list[bytes]]:

@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow, timed, vectors  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
-from lance_cdf.connectors.avro_encode import encode_changes
+from lance_cdf.avro.encode import encode_changes
+from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
 
 OPS = {1: "Append"}
 

@@ -50,12 +50,12 @@ def lance_cdf_publish(spark, uri, kafka, registry, topic, ck) -> float:
 def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     """Serialise the same records up front, then time only produce + acks."""
     import lance_cdf
-    from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of
+    from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 
     reader = lance_cdf.read_changes(uri, 1, 1, batch_size=20_000)
     pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
                                user_schema_of(reader.schema), uri)  # fmt: skip
-    from lance_cdf.connectors.avro import change_records
+    from lance_cdf.avro.schema import change_records
 
     payload = []
     for batch in reader:  # in chunks: Python rows of 768-d vectors are ~25 GB per million
@@ -120,8 +120,8 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from lance_cdf.connectors.spark_sink import register as register_sink
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf.kafka.sink import register as register_sink
     from lance_cdf.streaming import register
 
     v = args.spark_kafka_version

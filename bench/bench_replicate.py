@@ -36,10 +36,10 @@ import pyarrow as pa  # noqa: E402
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf  # noqa: E402
-from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of  # noqa: E402
-from lance_cdf.connectors.replica import SOURCE_ROWID  # noqa: E402
-from lance_cdf.connectors.replicator import Replicator  # noqa: E402
 from lance_cdf.feed import ChangeFeed  # noqa: E402
+from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of  # noqa: E402
+from lance_cdf.replicate.replica import SOURCE_ROWID  # noqa: E402
+from lance_cdf.replicate.replicator import Replicator  # noqa: E402
 
 
 def publish(kafka, registry, uri, topic, version) -> int:
@@ -89,7 +89,7 @@ def ceiling(rows: pa.Table, deletes: pa.Table | None, base: str | None, target: 
 
 
 def latency(spark, kafka, registry, root, commits: int) -> list[float]:
-    from lance_cdf.connectors.spark_sink import register as register_sink
+    from lance_cdf.kafka.sink import register as register_sink
     from lance_cdf.streaming import register
 
     register(spark)

@@ -242,7 +242,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
-    from lance_cdf.connectors.publish import publish
+    from lance_cdf.kafka.publish import publish
 
     return publish(
         args.table, args.bootstrap_servers, args.topic, args.schema_registry, args.checkpoint,
@@ -259,7 +259,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_replicate(args: argparse.Namespace) -> int:
     import logging
 
-    from lance_cdf.connectors.replicator import Replicator
+    from lance_cdf.replicate.replicator import Replicator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     replicator = Replicator(
@@ -304,7 +304,7 @@ def cmd_status(args: argparse.Namespace) -> int:
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
     if args.replica:
-        from lance_cdf.connectors.replica import ReplicaTable
+        from lance_cdf.replicate.replica import ReplicaTable
 
         held = ReplicaTable(args.replica, []).source_version()
         report["replica_version"] = held

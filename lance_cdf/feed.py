@@ -10,8 +10,9 @@ from collections.abc import Iterator, Sequence
 
 import pyarrow as pa
 
+from lance_cdf.cache import LruCache
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.format.table import LruCache, TableLog
+from lance_cdf.format.table import TableLog
 from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
 from lance_cdf.modes import drop_unchanged_updates as drop_unchanged_updates_of
 from lance_cdf.plan import VersionChanges, plan_version, resolve_range

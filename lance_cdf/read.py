@@ -16,9 +16,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lance_cdf.cache import LruCache
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.io import LocalFileSystem
-from lance_cdf.format.table import LruCache, TableLog
+from lance_cdf.format.table import TableLog
 from lance_cdf.plan import RowSet, VersionChanges
 
 ROWID = "_rowid"

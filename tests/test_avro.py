@@ -11,7 +11,7 @@ import pyarrow as pa
 import pytest
 
 import lance_cdf
-from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema, row_schema
+from lance_cdf.avro.schema import change_records, envelope_schema, key_schema, row_schema
 from lance_cdf.errors import LanceCdfError
 
 ALL_TYPES = pa.table(

@@ -11,8 +11,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_cdf.connectors.avro import change_records, envelope_schema
-from lance_cdf.connectors.avro_decode import (
+from lance_cdf.avro.decode import (
     BAD_UNION,
     BAD_VARINT,
     OK,
@@ -24,6 +23,7 @@ from lance_cdf.connectors.avro_decode import (
     can_decode,
     decode_bodies,
 )
+from lance_cdf.avro.schema import change_records, envelope_schema
 
 UTC = dt.UTC
 COLUMNS = pa.schema(

@@ -9,8 +9,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
-from lance_cdf.connectors.avro_encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
 
 NOW_MS = 1_767_225_600_123
 OPS = {1: "Append", 2: "Update", 3: "Delete"}
@@ -320,8 +320,8 @@ class _FakeProducer:
 
 
 def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
-    from lance_cdf.connectors import kafka
-    from lance_cdf.connectors.kafka import KafkaChangePublisher
+    from lance_cdf.kafka import publisher as kafka
+    from lance_cdf.kafka.publisher import KafkaChangePublisher
 
     monkeypatch.setattr(kafka.time, "time", lambda: NOW_MS / 1000)
 

@@ -27,7 +27,7 @@ def package_zip(dest: Path) -> Path:
     """lance_cdf as a zip for --py-files (what a user builds or downloads)."""
     root = Path(lance_cdf.__file__).parent
     with zipfile.ZipFile(dest, "w") as z:
-        # followlinks: connectors/schemas links to the project's schemas/ (as `zip -r` does)
+        # followlinks: avro/schemas links to the project's schemas/ (as `zip -r` does)
         for folder, dirs, files in os.walk(root, followlinks=True):
             dirs[:] = [d for d in dirs if d != "__pycache__"]
             for name in files:

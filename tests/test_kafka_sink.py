@@ -12,8 +12,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import lance_cdf
-from lance_cdf.connectors import spark_sink
-from lance_cdf.connectors.kafka import PublishError, check_broker, check_registry
+from lance_cdf.kafka import sink as spark_sink
+from lance_cdf.kafka.publisher import PublishError, check_broker, check_registry
 
 DIM = 768
 
@@ -162,8 +162,8 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
 
 
 def test_unknown_topic_without_auto_create_is_a_clear_error(tmp_path):
-    from lance_cdf.connectors.kafka import check_topic
     from lance_cdf.devtools import KafkaBroker
+    from lance_cdf.kafka.publisher import check_topic
 
     with KafkaBroker(str(tmp_path / "strict"), auto_create_topics=False) as strict:
         with pytest.raises(PublishError, match="does not exist .* auto.create.topics.enable"):
@@ -241,8 +241,8 @@ def _frozen(image):
 
 
 def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, schema_registry):
-    from lance_cdf.connectors.publish import publish
     from lance_cdf.errors import LanceCdfError
+    from lance_cdf.kafka.publish import publish
 
     uri = str(tmp_path / "evo.lance")
     lance.write_dataset(
@@ -317,7 +317,7 @@ def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_
     # and a replica bootstrapped from the topic equals the source, version 1 long gone
     from test_replicate import assert_replica_equals_source
 
-    from lance_cdf.connectors.replicator import Replicator
+    from lance_cdf.replicate.replicator import Replicator
 
     replica = str(tmp_path / "replica.lance")
     Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
@@ -341,7 +341,7 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     from test_replicate import assert_replica_equals_source
 
     from lance_cdf.cli import main
-    from lance_cdf.connectors.replicator import Replicator
+    from lance_cdf.replicate.replicator import Replicator
 
     uri = str(tmp_path / "big.lance")
     n = 400

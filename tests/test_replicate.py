@@ -20,10 +20,10 @@ from confluent_kafka import Consumer, Producer
 from workload import Workload
 
 import lance_cdf
-from lance_cdf.connectors.kafka import KafkaChangePublisher, user_schema_of
-from lance_cdf.connectors.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID
-from lance_cdf.connectors.replicator import ReplicateError, Replicator
 from lance_cdf.feed import ChangeFeed
+from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
+from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID
+from lance_cdf.replicate.replicator import ReplicateError, Replicator
 
 # ops the replica can follow (index/config commits change no rows, so they are in too)
 ROUND_OPS = [

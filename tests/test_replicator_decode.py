@@ -12,9 +12,9 @@ import pyarrow as pa
 import pytest
 from test_avro_decode import COLUMNS, random_events
 
-from lance_cdf.connectors.avro import change_records, envelope_schema
-from lance_cdf.connectors.replica import SOURCE_ROWID
-from lance_cdf.connectors.replicator import Counters, ReplicateError, Replicator, _Decoder
+from lance_cdf.avro.schema import change_records, envelope_schema
+from lance_cdf.replicate.replica import SOURCE_ROWID
+from lance_cdf.replicate.replicator import Counters, ReplicateError, Replicator, _Decoder
 
 
 class Msg:

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 import lance
 import pyarrow as pa
 
-from lance_cdf.connectors.replica import SOURCE_ROWID
 from lance_cdf.demo.progress import Probe, line, render
 from lance_cdf.demo.sample import Writer, create
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.replicate.replica import SOURCE_ROWID
 
 TOPIC = "demo.cdf"
 

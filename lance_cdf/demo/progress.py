@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import lance
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
-from lance_cdf.connectors.replica import ReplicaTable, offsets_of, source_version_of
+from lance_cdf.replicate.replica import ReplicaTable, offsets_of, source_version_of
 from lance_cdf.streaming.checkpoint import checkpoint_version
 
 

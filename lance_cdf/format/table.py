@@ -4,8 +4,7 @@ they point to, read once and cached."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
-
+from lance_cdf.cache import LruCache
 from lance_cdf.errors import (
     CorruptFileError,
     StableRowIdsRequiredError,
@@ -20,19 +19,6 @@ from lance_cdf.format.versions import list_versions, manifest_path
 
 # Lance reads a fragment without a version sequence as "every row at version 1".
 DEFAULT_ROW_VERSION = 1
-
-
-class LruCache(OrderedDict):
-    def __init__(self, size: int):
-        super().__init__()
-        self.size = size
-
-    def put(self, key, value):
-        self[key] = value
-        self.move_to_end(key)
-        while len(self) > self.size:
-            self.popitem(last=False)
-        return value
 
 
 class TableLog:

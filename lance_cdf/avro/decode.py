@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.connectors.avro import FIXED_SIZE
+from lance_cdf.avro.schema import FIXED_SIZE
+from lance_cdf.avro.wire import split_many
 
 # error codes of a record (0 = decoded fine); the first error of a record is kept
 OK, TRUNCATED, BAD_UNION, BAD_LENGTH, BAD_VARINT, BAD_UTF8, INT_RANGE, TRAILING, WIRE = range(9)
@@ -85,16 +86,8 @@ class Frames:
     def confluent(self) -> tuple[np.ndarray, np.ndarray]:
         """(schema id, error code) of Confluent wire-format records (magic byte 0, a
         big-endian schema id); moves `start` past the 5-byte header."""
-        n = self.start.size
-        ok = (self.end - self.start) >= 5
-        head = np.where(ok, self.start, 0)
-        ok &= self.buf[head] == 0
-        sid = np.zeros(n, np.int64)
-        for i in range(1, 5):
-            sid = (sid << 8) | self.buf[head + i]
-        err = np.where(ok, OK, WIRE).astype(np.int8)
-        self.start = np.where(ok, self.start + 5, self.end)
-        return np.where(ok, sid, -1), err
+        sid, ok, self.start = split_many(self.buf, self.start, self.end)
+        return sid, np.where(ok, OK, WIRE).astype(np.int8)
 
 
 # -- primitive reads (all records of `pos` at once) -------------------------------------

@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from lance_cdf.connectors.avro import OPS
+from lance_cdf.avro.schema import OPS
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _EMPTY = pa.scalar(b"", pa.large_binary())

@@ -7,29 +7,26 @@ otherwise, so the caller (a Spark task) fails and is retried. Records are
 deterministic for a given commit, so a retried micro-batch produces the same
 records again: duplicates are possible, gaps and per-key reordering are not.
 
-The Spark sink (`format("lance-cdf-kafka")`) is a `DataSourceStreamArrowWriter`:
-its `write` runs in the executors, so serialisation happens next to the data, in
-bulk per Arrow batch, never row by row on the driver.
+The Spark sink (`format("lance-cdf-kafka")`, sink.py) calls it from the executors, so
+serialisation happens next to the data, in bulk per Arrow batch, never row by row on
+the driver.
 """
 
 from __future__ import annotations
 
-import io
-import json
-import struct
 import time
 from collections.abc import Iterable, Iterator
 
-import fastavro
 import pyarrow as pa
-from confluent_kafka import KafkaError, KafkaException, Producer
-from confluent_kafka.admin import AdminClient, ConfigResource
-from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka import Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
-from lance_cdf.connectors.avro import change_records, envelope_schema, key_schema
-from lance_cdf.connectors.avro_encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
+from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.read import META_COLUMNS
 
 DEFAULT_PRODUCER = {
@@ -40,52 +37,6 @@ DEFAULT_PRODUCER = {
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 500000,
 }
-
-
-class PublishError(LanceCdfError):
-    """Kafka or the schema registry refused or lost records."""
-
-
-def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: float = 10) -> None:
-    """Fail within `timeout` seconds, naming the address, if no broker answers."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise PublishError(
-            f"cannot reach a Kafka broker at {bootstrap_servers} within {timeout:.0f}s ({exc}); "
-            "check --bootstrap-servers and that the broker is running."
-        ) from None
-
-
-def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) -> None:
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
-    meta = admin.list_topics(topic=topic, timeout=10)
-    err = meta.topics.get(topic).error if topic in meta.topics else None
-    if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-        broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(meta.brokers))))
-        try:
-            configs = admin.describe_configs([broker])[broker].result(timeout=10)
-            auto = configs.get("auto.create.topics.enable")
-            if auto is not None and auto.value == "true":
-                return  # the first produce creates it
-        except KafkaException:
-            pass  # not allowed to read broker configs: assume it does not auto-create
-        raise PublishError(
-            f"topic {topic!r} does not exist on {bootstrap_servers} and the broker does not "
-            "create topics automatically; create it (kafka-topics --create) or enable "
-            "auto.create.topics.enable."
-        )
-
-
-def check_registry(url: str, config: dict | None = None) -> None:
-    try:
-        SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
-    except Exception as exc:
-        raise PublishError(
-            f"cannot reach the schema registry at {url} ({type(exc).__name__}: {exc}); check "
-            "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
-        ) from None
 
 
 class KafkaChangePublisher:
@@ -113,10 +64,10 @@ class KafkaChangePublisher:
         self.tombstones = tombstones
         self.flush_timeout = flush_timeout
         self.registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
-        self.value_writer = _WireWriter(
+        self.value_writer = WireWriter(
             self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
         )
-        self.key_writer = _WireWriter(
+        self.key_writer = WireWriter(
             self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
         )
         self.producer = Producer(
@@ -214,36 +165,6 @@ class KafkaChangePublisher:
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self.producer.poll(0.5)
-
-
-class _WireWriter:
-    """Avro in the Confluent wire format (magic 0, big-endian schema id, body).
-
-    The schema is registered once under its subject (TopicNameStrategy), the
-    same registration confluent-kafka's AvroSerializer does with
-    auto.register.schemas, and records are then written with fastavro directly:
-    the per-record work is the Avro encoding alone.
-    """
-
-    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: dict):
-        self.registry, self.subject, self.schema = registry, subject, schema
-        self.parsed = fastavro.parse_schema(schema)
-        self.header: bytes | None = None
-
-    def wire_header(self) -> bytes:
-        """Magic byte and schema id (registering the schema the first time)."""
-        if self.header is None:
-            schema_id = self.registry.register_schema(
-                self.subject, Schema(json.dumps(self.schema), "AVRO")
-            )
-            self.header = struct.pack(">bI", 0, schema_id)
-        return self.header
-
-    def encode(self, record: dict) -> bytes:
-        buf = io.BytesIO()
-        buf.write(self.wire_header())
-        fastavro.schemaless_writer(buf, self.parsed, record)
-        return buf.getvalue()
 
 
 def user_schema_of(events_schema: pa.Schema) -> pa.Schema:

@@ -36,8 +36,8 @@ import pyarrow.types as pat
 from lance_cdf.errors import LanceCdfError
 
 # The envelope / source / key schemas: the project's schemas/ directory, linked into the
-# package as connectors/schemas (importlib.resources also reads them from a --py-files zip).
-SCHEMAS = resources.files("lance_cdf.connectors") / "schemas"
+# package as avro/schemas (importlib.resources also reads them from a --py-files zip).
+SCHEMAS = resources.files("lance_cdf.avro") / "schemas"
 # Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
 FIXED_SIZE = "arrow.fixedSize"
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}

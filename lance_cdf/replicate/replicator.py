@@ -19,7 +19,6 @@ import io
 import json
 import logging
 import signal
-import struct
 import threading
 import time
 from dataclasses import asdict, dataclass, field
@@ -31,8 +30,7 @@ import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.connectors.avro import row_arrow_schema
-from lance_cdf.connectors.avro_decode import (
+from lance_cdf.avro.decode import (
     OK,
     REASONS,
     WIRE,
@@ -40,8 +38,11 @@ from lance_cdf.connectors.avro_decode import (
     Frames,
     Unsupported,
 )
-from lance_cdf.connectors.kafka import check_broker, check_registry
-from lance_cdf.connectors.replica import (
+from lance_cdf.avro.schema import row_arrow_schema
+from lance_cdf.avro.wire import split
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.replicate.replica import (
     OFFSETS_PROPERTY,
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
@@ -49,7 +50,6 @@ from lance_cdf.connectors.replica import (
     crash_point,
     offsets_of,
 )
-from lance_cdf.errors import LanceCdfError
 
 log = logging.getLogger("lance_cdf.replicate")
 OPS = ("c", "u", "d", "r")
@@ -96,11 +96,9 @@ class _Decoder:
             self.batch[schema_id] = _batch_decoder(envelope)
 
     def decode(self, payload: bytes) -> tuple[int, dict]:
-        if len(payload) < 5 or payload[0] != 0:
-            raise ValueError("not in the Confluent wire format (magic byte 0 + schema id)")
-        schema_id = struct.unpack(">I", payload[1:5])[0]
+        schema_id, body = split(payload)
         self._load(schema_id)
-        record = fastavro.schemaless_reader(io.BytesIO(payload[5:]), self.parsed[schema_id], None)
+        record = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
         return schema_id, record
 
     def batch_decoder(self, schema_id: int) -> BatchDecoder | None:

@@ -6,8 +6,8 @@ import os
 import signal
 import sys
 
-from lance_cdf.connectors.kafka import check_broker, check_registry, check_topic
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
 
 SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
 
@@ -53,7 +53,7 @@ def publish(
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
-    from lance_cdf.connectors import spark_sink
+    from lance_cdf.kafka import sink as spark_sink
     from lance_cdf.streaming import register
 
     own_session = SparkSession.getActiveSession() is None

@@ -24,8 +24,8 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lance_cdf.connectors.kafka import KafkaChangePublisher, carry_update_pairs, user_schema_of
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.publisher import KafkaChangePublisher, carry_update_pairs, user_schema_of
 
 _PUBLISHERS: dict[tuple, KafkaChangePublisher] = {}
 

@@ -1,1 +1,0 @@
-"""Connectors: change events to Avro and Kafka (and, later, to a replica)."""
