@@ -57,7 +57,7 @@ from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
-from lance_cdf.read import event_schema, union_schema
+from lance_cdf.read import event_schema
 from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
@@ -153,13 +153,7 @@ def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
     present = [v for v in feed.table.versions if lo <= v <= last]
     if not present:
         return feed.schema_at(feed.table.latest_version, columns)
-    schemas, seen = [], set()
-    for v in present:
-        key = feed.table.manifest(v, operation=False).schema_key()
-        if key not in seen:
-            seen.add(key)
-            schemas.append(feed.reader.arrow_schema(v))
-    return feed.select_columns(union_schema(schemas), columns, f"versions {first}..{last}")
+    return feed.union_of(present, columns, f"versions {first}..{last}")
 
 
 @dataclass(frozen=True)
