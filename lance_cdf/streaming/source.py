@@ -57,7 +57,7 @@ from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
-from lance_cdf.read import event_schema
+from lance_cdf.read import column_sources, event_schema
 from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
@@ -154,6 +154,17 @@ def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
     if not present:
         return feed.schema_at(feed.table.latest_version, columns)
     return feed.union_of(present, columns, f"versions {first}..{last}")
+
+
+def _renames(fixed: pa.Schema, now: pa.Schema, gone: list[str]) -> list[str]:
+    """'old -> new' for columns of `fixed` missing by name from `now` whose Lance
+    field id is still there under another name."""
+    sources = column_sources(fixed, now)
+    return [
+        f"{f.name} -> {src.name}"
+        for f, src in zip(fixed, sources, strict=True)
+        if f.name in gone and src is not None and src.name != f.name
+    ]
 
 
 @dataclass(frozen=True)
@@ -632,6 +643,13 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             now = feed.reader.arrow_schema(version)
             names = set(now.names)
             gone = [c for c in fixed.names if c in self.present and c not in names]
+            renamed = _renames(fixed, feed.reader.annotated(version), gone)
+            if renamed:
+                return version, (
+                    f"the schema of {self.opts.path} changed at version {version}: renamed "
+                    f"{renamed}. This stream's columns were named when the query started; "
+                    "restart the query (same checkpoint) to continue under the new names."
+                )
             retyped = [
                 f"{c} {fixed.field(c).type} -> {now.field(c).type}"
                 for c in fixed.names
