@@ -640,10 +640,10 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for version in range(max(first, self.checked + 1), end + 1):
             if version in lost and not feed.table.has_version(version):
                 continue
-            now = feed.reader.arrow_schema(version)
+            now = feed.reader.annotated(version)  # blob columns as bytes, as events have them
             names = set(now.names)
             gone = [c for c in fixed.names if c in self.present and c not in names]
-            renamed = _renames(fixed, feed.reader.annotated(version), gone)
+            renamed = _renames(fixed, now, gone)
             if renamed:
                 return version, (
                     f"the schema of {self.opts.path} changed at version {version}: renamed "
