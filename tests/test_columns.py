@@ -194,3 +194,37 @@ def test_operation_from_inline_transaction(tmp_path):
     feed = ChangeFeed(uri)
     assert {v: feed.plan(v).summary()["operation"] for v in (1, 2, 3)} == expected
     assert expected[2] == "Update"
+
+
+def test_blob_bytes_through_avro_to_a_replica(tmp_path):
+    import io
+
+    import fastavro
+
+    from lance_cdf.avro.schema import change_records, envelope_schema, row_arrow_schema
+    from lance_cdf.replicate.replica import ReplicaTable
+
+    uri = str(tmp_path / "b.lance")
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("img", pa.large_binary(), metadata=BLOB)])
+    data = pa.table({"id": [1, 2], "img": [b"\x00one", None]}, schema=schema)
+    lance.write_dataset(data, uri, enable_stable_row_ids=True)
+    new = pa.table({"id": [2], "img": [b"two\xff"]}, schema=schema)
+    lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(new)
+    events = lance_cdf.read_changes(uri, 1).read_all()
+    user = events.schema.names[:2]
+    envelope = envelope_schema(pa.schema([events.schema.field(c) for c in user]), "b")
+    parsed = fastavro.parse_schema(envelope)
+    decoded = []
+    for _key, value, _meta in change_records(events, user, {}, "b", ["id"], "t", 0):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, parsed, value)  # a consumer lance-cdf did not write
+        decoded.append(fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), parsed))
+    afters = [v["after"] for v in decoded]
+    assert afters == [{"id": 1, "img": b"\x00one"}, {"id": 2, "img": None},
+                      {"id": 2, "img": b"two\xff"}]  # fmt: skip
+    replica = ReplicaTable(str(tmp_path / "replica.lance"), ["id"])
+    rows = row_arrow_schema(envelope)
+    for after in afters:
+        replica.apply(pa.Table.from_pylist([after], schema=rows), None, {})
+    got = lance.dataset(replica.uri).to_table().sort_by("id")
+    assert got["img"].to_pylist() == [b"\x00one", b"two\xff"]
