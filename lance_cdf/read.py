@@ -113,9 +113,9 @@ class RowReader:
             got = _take(pa.concat_tables(pieces), np.argsort(order, kind="stable"))
         blobs = [src for src in sources if src is not None and is_blob(src)]
         if blobs:
-            addresses = (rows.fragment_ids.astype(np.uint64) << np.uint64(32)) | rows.offsets.astype(
-                np.uint64
-            )
+            addresses = (
+                rows.fragment_ids.astype(np.uint64) << np.uint64(32)
+            ) | rows.offsets.astype(np.uint64)
             got = with_blobs(got, self.dataset(version), blobs, addresses)
         return conform(got, schema, n, sources)
 
@@ -232,7 +232,9 @@ def annotate(schema: pa.Schema, lance_fields) -> pa.Schema:
         kids = {c.name: c for c in children.get(fid, [])} if fid is not None else {}
         t = field.type
         if pa.types.is_struct(t):
-            t = pa.struct([walk(t.field(i), kids.get(t.field(i).name)) for i in range(t.num_fields)])
+            t = pa.struct(
+                [walk(t.field(i), kids.get(t.field(i).name)) for i in range(t.num_fields)]
+            )
         elif pa.types.is_list(t) or pa.types.is_large_list(t):
             only = next(iter(kids.values()), None) if len(kids) == 1 else None
             value = walk(t.value_field, only)
@@ -293,7 +295,11 @@ def _shape(col, source: pa.Field, target: pa.Field):
             tf = t.field(k)
             ids = _ids(tf)
             sf = next((by_id[i] for i in ids if i in by_id), None) if ids else None
-            if sf is None and not ids and tf.name in [st.field(j).name for j in range(st.num_fields)]:
+            if (
+                sf is None
+                and not ids
+                and tf.name in [st.field(j).name for j in range(st.num_fields)]
+            ):
                 sf = st.field(tf.name)
             if sf is None:
                 arrays.append(pa.nulls(len(col), _strip_type(tf.type)))
@@ -304,9 +310,11 @@ def _shape(col, source: pa.Field, target: pa.Field):
             fields.append(_strip_field(tf))
         mask = col.is_null() if col.null_count else None
         return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
-    if (pa.types.is_list(t) or pa.types.is_large_list(t)) and (
-        pa.types.is_list(st) or pa.types.is_large_list(st)
-    ) and _nested_struct(t):
+    if (
+        (pa.types.is_list(t) or pa.types.is_large_list(t))
+        and (pa.types.is_list(st) or pa.types.is_large_list(st))
+        and _nested_struct(t)
+    ):
         values = _shape(col.values, st.value_field, t.value_field)
         offsets = col.offsets.cast(pa.int64() if pa.types.is_large_list(t) else pa.int32())
         cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
@@ -357,7 +365,9 @@ def conform(
     return pa.Table.from_arrays(arrays, schema=out)
 
 
-def with_blobs(table: pa.Table | None, ds, blobs: list[pa.Field], addresses: np.ndarray) -> pa.Table:
+def with_blobs(
+    table: pa.Table | None, ds, blobs: list[pa.Field], addresses: np.ndarray
+) -> pa.Table:
     """`table` plus the bytes of blob columns `blobs` at row `addresses` (fragment id
     << 32 | physical offset), read with pylance's take_blobs; a null blob stays null."""
     n = int(addresses.size)

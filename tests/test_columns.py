@@ -100,7 +100,9 @@ BLOB = {"lance-encoding:blob": "true"}
 @pytest.mark.parametrize("storage", ["2.1", "2.2"])
 def test_blob_columns_carry_bytes(tmp_path, storage):
     uri = str(tmp_path / "b.lance")
-    schema = pa.schema([pa.field("id", pa.int64()), pa.field("img", pa.large_binary(), metadata=BLOB)])
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("img", pa.large_binary(), metadata=BLOB)]
+    )
     data = pa.table({"id": [1, 2, 3], "img": [b"one", None, b"three"]}, schema=schema)
     lance.write_dataset(data, uri, enable_stable_row_ids=True, data_storage_version=storage)
     new = pa.table({"id": [1], "img": [b"uno"]}, schema=schema)
@@ -181,7 +183,6 @@ def test_shallow_clone_base_is_named(tmp_path):
     assert "cleanup_old_versions" not in str(err.value).split(".")[0]
 
 
-
 def test_operation_from_inline_transaction(tmp_path):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
@@ -205,7 +206,9 @@ def test_blob_bytes_through_avro_to_a_replica(tmp_path):
     from lance_cdf.replicate.replica import ReplicaTable
 
     uri = str(tmp_path / "b.lance")
-    schema = pa.schema([pa.field("id", pa.int64()), pa.field("img", pa.large_binary(), metadata=BLOB)])
+    schema = pa.schema(
+        [pa.field("id", pa.int64()), pa.field("img", pa.large_binary(), metadata=BLOB)]
+    )
     data = pa.table({"id": [1, 2], "img": [b"\x00one", None]}, schema=schema)
     lance.write_dataset(data, uri, enable_stable_row_ids=True)
     new = pa.table({"id": [2], "img": [b"two\xff"]}, schema=schema)

@@ -1,11 +1,10 @@
 """read_changes against a brute-force snapshot diff on random operation sequences."""
 
-import pytest
 import random
 
 import numpy as np
 import pyarrow as pa
-
+import pytest
 from oracle import (
     apply_events,
     changed_values_without_version_bump,

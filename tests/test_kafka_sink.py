@@ -403,8 +403,8 @@ def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_r
     data = pa.table({"id": [1, 2], "s": ["a", "b"], "img": [b"one", None]}, schema=schema)
     lance.write_dataset(data, uri, enable_stable_row_ids=True)
     lance.dataset(uri).alter_columns({"path": "s", "name": "t"})  # v2
-    new = pa.table({"id": [2], "t": ["B"], "img": [b"two"]},
-                   schema=pa.schema([schema.field("id"), pa.field("t", pa.string()), blob]))  # fmt: skip
+    renamed = pa.schema([schema.field("id"), pa.field("t", pa.string()), blob])
+    new = pa.table({"id": [2], "t": ["B"], "img": [b"two"]}, schema=renamed)
     lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(new)  # v3
     topic = f"rb-{uuid.uuid4().hex[:8]}"
     publish(uri, starting_version="1", bootstrap_servers=kafka_broker.bootstrap_servers,
