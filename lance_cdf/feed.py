@@ -58,23 +58,39 @@ class ChangeFeed:
 
     def user_schema(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """Columns of the events of versions start..end (see README: schema across a range)."""
-        first = max(start - 1, 1)
-        schemas, seen = [], set()
-        for version in range(first, end + 1):
+        versions = range(max(start - 1, 1), end + 1)
+        return self.union_of(versions, columns, f"versions {start}..{end}")
+
+    def union_of(
+        self, versions: Sequence[int], columns: Sequence[str] | None, where: str
+    ) -> pa.Schema:
+        """The columns of `versions` combined by Lance field id; each distinct schema
+        counts at its last occurrence, so the newest version's names and types win
+        (a schema that comes back with `restore` beats the one it replaced)."""
+        last: dict[bytes, int] = {}
+        for version in versions:
             key = self.table.manifest(version, operation=False).schema_key()
-            if key not in seen:
-                seen.add(key)
-                schemas.append(self.reader.arrow_schema(version))
-        return self.select_columns(union_schema(schemas), columns, f"versions {start}..{end}")
+            last.pop(key, None)
+            last[key] = version
+        schemas = [self.reader.annotated(v) for v in last.values()]
+        return self.select_columns(union_schema(schemas), columns, where)
 
     def schema_at(self, version: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """The table's columns (or `columns`) at one version."""
-        return self.select_columns(self.reader.arrow_schema(version), columns, f"version {version}")
+        return self.select_columns(self.reader.annotated(version), columns, f"version {version}")
 
     def select_columns(
         self, schema: pa.Schema, columns: Sequence[str] | None, where: str
     ) -> pa.Schema:
         if columns is None:
+            clash = [c for c in schema.names if c in META_COLUMNS]
+            if clash:
+                raise LanceCdfError(
+                    f"column(s) {clash} of {self.uri} ({where}) have the names of the metadata "
+                    f"columns every event carries ({META_COLUMNS}); events would hold two "
+                    "columns of one name. Leave them out with columns=[...], or rename them "
+                    "in the table (alter_columns)."
+                )
             return schema
         unknown = [c for c in columns if c not in schema.names]
         if unknown:

@@ -197,13 +197,17 @@ def resolve_range(
     missing = [v for v in needed if v not in present]
     if missing:
         first = missing[0]
+        base = table.clone_base()
+        why = (
+            f"is before version {base}, where this table was shallow-cloned"
+            if base is not None and first < base
+            else "was removed by cleanup_old_versions"
+        )
         raise VersionNotFoundError(
             f"cannot read changes {start}..{end} of {table.uri}: version {first} "
             f"{'(the base the first step is diffed against) ' if first == start - 1 else ''}"
-            f"was removed by cleanup_old_versions ({len(missing)} version(s) missing, "
-            f"{missing[0]}..{missing[-1]}). The oldest version still available is "
-            f"{table.oldest_version}: start at {table.oldest_version + 1} or later, or keep more "
-            "versions (cleanup_old_versions(older_than=...)) so consumers can catch up."
+            f"{why} ({len(missing)} version(s) missing, {missing[0]}..{missing[-1]}). "
+            f"{table.start_advice(end)}"
         )
     return int(start), int(end)
 

@@ -15,7 +15,19 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lance_cdf.read import ROWID, SNAPSHOT, RowReader, conform, constant, with_meta
+from lance_cdf.read import (
+    ROWID,
+    SNAPSHOT,
+    RowReader,
+    column_sources,
+    conform,
+    constant,
+    is_blob,
+    with_blobs,
+    with_meta,
+)
+
+ROWADDR = "_rowaddr"
 
 
 @dataclass(frozen=True)
@@ -49,8 +61,9 @@ def read_snapshot(
     rows `offset`..`offset + limit` of that fragment's live rows) with the user
     columns of `schema`, `_change_type="snapshot"` and `_commit_version=version`."""
     manifest = reader.table.manifest(version)
-    present = set(reader.arrow_schema(version).names)
-    columns = [name for name in schema.names if name in present]
+    sources = column_sources(schema, reader.annotated(version))
+    columns = [f.name for f in sources if f is not None and not is_blob(f)]
+    blobs = [f for f in sources if f is not None and is_blob(f)]
     ds = reader.dataset(version)
     if fragment_id is None:
         slices = [(f.id, 0, None) for f in manifest.fragments]
@@ -60,14 +73,18 @@ def read_snapshot(
         if count == 0:
             continue
         scanner = ds.get_fragment(fid).scanner(
-            columns=columns, with_row_id=True, offset=start or None, limit=count,
-            batch_size=max(1, batch_size),
+            columns=columns, with_row_id=True, with_row_address=bool(blobs), offset=start or None,
+            limit=count, batch_size=max(1, batch_size),
         )  # fmt: skip
         for batch in scanner.to_batches():
             if batch.num_rows == 0:
                 continue
             rows = pa.Table.from_batches([batch])
-            user = conform(rows.drop_columns([ROWID]), schema, rows.num_rows)
+            user = rows.drop_columns([ROWID])
+            if blobs:
+                addresses = rows.column(ROWADDR).to_numpy()
+                user = with_blobs(user.drop_columns([ROWADDR]), ds, blobs, addresses)
+            user = conform(user, schema, rows.num_rows, sources)
             rowids = rows.column(ROWID).combine_chunks()
             kinds = constant(SNAPSHOT, rows.num_rows)
             yield from with_meta(user, rowids, kinds, version, manifest.timestamp_us).to_batches()

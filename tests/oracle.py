@@ -104,6 +104,42 @@ def feed_events_as_of(
     return out
 
 
+def names_by_field_id(uri: str, versions, storage_options=None) -> dict[int, dict[int, str]]:
+    """version -> {Lance field id: top-level column name}, from pylance's own
+    `lance_schema` (the field ids Lance keeps across renames)."""
+    out = {}
+    for v in versions:
+        ds = lance.dataset(uri, version=v, storage_options=storage_options)
+        out[v] = {f.id(): f.name() for f in ds.lance_schema.fields()}
+    return out
+
+
+def feed_events_renamed(
+    uri: str, events: pa.Table, version: int, latest: int, storage_options=None
+) -> list[tuple]:
+    """feed_events_as_of for a feed whose columns carry their newest names (the
+    names of versions 1..latest, last seen): each image's columns are renamed to
+    what they were called at the version it was read at, and cut to those."""
+    names = names_by_field_id(uri, range(1, latest + 1), storage_options)
+    newest: dict[int, str] = {}
+    for v in range(1, latest + 1):
+        newest.update(names[v])
+    ids: dict[str, list[int]] = {}  # a cast gives a column a new field id under its name
+    for fid, name in newest.items():
+        ids.setdefault(name, []).append(fid)
+    out = []
+    for kind, rid, vals in feed_events(events, version):
+        at = version - 1 if kind in ("delete", "update_preimage") else version
+        there = names.get(at, {}) if at > 0 else {}
+        row = {}
+        for c, v in vals.items():
+            hit = [there[i] for i in ids.get(c, []) if i in there]
+            if hit:
+                row[hit[0]] = v
+        out.append((kind, rid, row))
+    return sorted(out, key=_key)
+
+
 def _sorted_ids(rows) -> list[int]:
     table = rows.read_all() if hasattr(rows, "read_all") else rows
     return sorted(table["_rowid"].to_pylist())

@@ -392,3 +392,30 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, rows)
     snap_ids = {v["after"]["id"] for _, v in got if v is not None and v["op"] == "r"}
     assert snap_ids == {i for i in range(n) if i % 11}
+
+
+def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_registry):
+    from lance_cdf.kafka.publish import publish
+
+    uri = str(tmp_path / "rb.lance")
+    blob = pa.field("img", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.string()), blob])
+    data = pa.table({"id": [1, 2], "s": ["a", "b"], "img": [b"one", None]}, schema=schema)
+    lance.write_dataset(data, uri, enable_stable_row_ids=True)
+    lance.dataset(uri).alter_columns({"path": "s", "name": "t"})  # v2
+    renamed = pa.schema([schema.field("id"), pa.field("t", pa.string()), blob])
+    new = pa.table({"id": [2], "t": ["B"], "img": [b"two"]}, schema=renamed)
+    lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(new)  # v3
+    topic = f"rb-{uuid.uuid4().hex[:8]}"
+    publish(uri, starting_version="1", bootstrap_servers=kafka_broker.bootstrap_servers,
+            topic=topic, schema_registry=schema_registry.url, checkpoint=str(tmp_path / "ck"),
+            available_now=True)  # fmt: skip
+    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 3)
+    flat = sorted(
+        (v["source"]["commit_version"], v["op"], v["before"], v["after"]) for _, v in got if v
+    )
+    assert flat == [
+        (1, "c", None, {"id": 1, "t": "a", "img": b"one"}),
+        (1, "c", None, {"id": 2, "t": "b", "img": None}),
+        (3, "u", {"id": 2, "t": "b", "img": None}, {"id": 2, "t": "B", "img": b"two"}),
+    ]

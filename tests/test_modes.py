@@ -44,8 +44,8 @@ class CarryOverWorkload(Workload):
         self.ds.update({"name": "name"}, where=f"id % {self.rng.randint(2, 9)} = 0")
 
     OPS = Workload.OPS + ["upsert_same", "update_same"]
-    #         append del_s del_d upd ups ups_del cmp idx cfg add drop ovw rst bulk same same
-    WEIGHTS = [4, 3, 2, 3, 2, 2, 1, 0, 1, 0, 0, 1, 2, 0, 4, 2]
+    #   append del_s del_d upd ups ups_del cmp idx cfg add drop ovw rst ren cast bulk same same
+    WEIGHTS = [4, 3, 2, 3, 2, 2, 1, 0, 1, 0, 0, 1, 2, 0, 0, 0, 4, 2]
 
 
 def run(tmp_path, seed, steps, cls=CarryOverWorkload):

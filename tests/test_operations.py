@@ -204,7 +204,7 @@ def test_clear_errors(tmp_path):
     for i in range(3):
         lance.dataset(uri).delete(f"id = {i}")
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=2)
-    with pytest.raises(VersionNotFoundError, match="oldest version still available is 3"):
+    with pytest.raises(VersionNotFoundError, match="first version whose changes can be read is 4"):
         lance_cdf.read_changes(uri, 2)
     assert changes(uri, 4)["id"].to_pylist() == [2]  # 3 is still there to diff against
 

@@ -169,6 +169,40 @@ def test_batch_read_after_a_dropped_column(spark, tmp_path):
     assert rows(plain) == expected(uri, 1, drop=["x"])
 
 
+def test_batch_read_of_a_rename_and_a_blob_column(spark, tmp_path):
+    uri = str(tmp_path / "b.lance")
+    blob = pa.field("img", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.string()), blob])
+    data = pa.table({"id": [1, 2], "s": ["a", "b"], "img": [b"one", b"two"]}, schema=schema)
+    lance.write_dataset(data, uri, enable_stable_row_ids=True)
+    lance.dataset(uri).alter_columns({"path": "s", "name": "t"})  # v2
+    lance.dataset(uri).update({"t": "'B'"}, where="id = 2")  # v3
+    df = spark.read.format("lance-cdf").option("startingVersion", 1).load(uri)
+    assert df.schema.names == ["id", "t", "img"] + COLUMNS[3:]
+    got = sorted(
+        (tuple(bytes(v) if isinstance(v, bytearray) else v for v in r) for r in df.collect()),
+        key=repr,
+    )
+    assert got == expected(uri, 1)
+    assert {r[2] for r in got} == {b"one", b"two"}  # bytes, not descriptors
+    assert ("a" in {r[1] for r in got}) and None not in {r[1] for r in got}
+
+
+def test_rename_mid_stream_stops_naming_it(spark, tmp_path):
+    uri = make(tmp_path)
+    q = stream(spark, uri).writeStream.format("memory").queryName("renamed")
+    q = q.option("checkpointLocation", str(tmp_path / "ck")).start()
+    try:
+        q.processAllAvailable()
+        lance.dataset(uri).delete("id = 0")  # v2
+        lance.dataset(uri).alter_columns({"path": "s", "name": "t"})  # v3
+        with pytest.raises(Exception, match=r"changed at version 3: renamed \['s -> t'\]"):
+            q.processAllAvailable()
+        assert rows(spark.table("renamed")) == expected(uri, 2, 2)
+    finally:
+        q.stop()
+
+
 def test_large_commit_is_read_by_several_tasks(spark, tmp_path):
     uri = make(tmp_path, n=300)
     for i in range(3):

@@ -72,7 +72,7 @@ class Workload:
     def append(self):
         rows = make_rows(self.rng, self._new_ids(self.rng.randint(1, 150)))
         lance.write_dataset(
-            rows,
+            self._fit(rows),
             self.uri,
             mode="append",
             max_rows_per_file=self.rows_per_file,
@@ -94,7 +94,8 @@ class Workload:
 
     def update(self):
         k = self.rng.randint(3, 30)
-        self.ds.update({"score": "score + 1.0", "name": "'u'"}, where=f"id % {k} = 1")
+        label = "name" if "name" in self.ds.schema.names else "label"
+        self.ds.update({"score": "score + 1.0", label: "'u'"}, where=f"id % {k} = 1")
 
     def upsert(self):
         ids = self._ids()
@@ -163,12 +164,26 @@ class Workload:
         target = self.rng.randint(max(1, ds.version - 4), ds.version)
         self.open(target).restore()
 
+    def rename(self):
+        """Rename a column back and forth (name <-> label): Lance keeps its field id."""
+        names = self.ds.schema.names
+        old, new = ("name", "label") if "name" in names else ("label", "name")
+        self.ds.alter_columns({"path": old, "name": new})
+
+    def cast(self):
+        """Cast score between double and float (a type change with a new data file)."""
+        t = self.ds.schema.field("score").type
+        self.ds.alter_columns({"path": "score", "data_type": pa.float32() if t == pa.float64()
+                               else pa.float64()})  # fmt: skip
+
     def _fit(self, rows: pa.Table) -> pa.Table:
         """Shape generated rows to the table's current schema (added columns filled)."""
         schema = self.ds.schema
         cols = []
         for field in schema:
-            if field.name in rows.column_names:
+            if field.name == "label" and "name" in rows.column_names:  # renamed
+                cols.append(rows["name"].cast(field.type))
+            elif field.name in rows.column_names:
                 cols.append(rows[field.name].cast(field.type))
             elif field.name.startswith("extra"):
                 cols.append(pc.multiply(rows["id"], 2).cast(field.type))
@@ -179,9 +194,9 @@ class Workload:
     OPS = [
         "append", "delete_sparse", "delete_dense", "update", "upsert",
         "upsert_delete_missing", "compact", "index", "config", "add_column",
-        "drop_column", "overwrite", "restore", "delete_bulk",
+        "drop_column", "overwrite", "restore", "rename", "cast", "delete_bulk",
     ]  # fmt: skip
-    WEIGHTS = [4, 3, 3, 3, 3, 2, 2, 1, 1, 1, 1, 1, 2, 0]
+    WEIGHTS = [4, 3, 3, 3, 3, 2, 2, 1, 1, 1, 1, 1, 2, 2, 1, 0]
 
     def step(self, op: str | None = None) -> str:
         op = op or self.rng.choices(self.OPS, self.WEIGHTS)[0]

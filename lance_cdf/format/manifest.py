@@ -2,8 +2,9 @@
 
 File layout (little endian): ... | u32 length | Manifest protobuf | ... |
 u64 position | u16 major | u16 minor | "LANC"; `position` points at the length.
-The transaction that made the version is either inline (`transaction_section`,
-same u32-length framing) or in `_transactions/{transaction_file}`.
+The transaction that made the version is either inline (`transaction_position`,
+field 23, written by pylance 14, or the older `transaction_section`; same
+u32-length framing) or in `_transactions/{transaction_file}`.
 """
 
 from __future__ import annotations
@@ -193,7 +194,10 @@ def parse_manifest(data: bytes, path: str = "<manifest>") -> Manifest:
     except DecodeError as exc:
         raise _corrupt(path, f"the Manifest protobuf does not decode ({exc})") from None
     transaction = None
-    if proto.HasField("transaction_section"):
-        section = _framed(data, proto.transaction_section, path, "transaction section")
-        transaction = parse_transaction(section, path)
+    # pylance 14 announces the inline transaction with field 23 (its position may be 0)
+    for name in ("transaction_position", "transaction_section"):
+        if proto.HasField(name):
+            section = _framed(data, getattr(proto, name), path, "transaction section")
+            transaction = parse_transaction(section, path)
+            break
     return Manifest(path=path, proto=proto, transaction=transaction)

@@ -58,6 +58,52 @@ class TableLog:
     def oldest_version(self) -> int:
         return self._versions[0]
 
+    def first_readable_start(self, end: int | None = None) -> int | None:
+        """The smallest start version whose changes through `end` (default: the
+        latest) can all be read: every version from start-1 (start 1: from 1) to
+        `end` is still present. None if not even `end`'s own changes can be read."""
+        present = set(self._versions)
+        end = self.latest_version if end is None else end
+        if end not in present:
+            return None
+        low = end
+        while low - 1 in present:
+            low -= 1
+        if low == 1:
+            return 1
+        return low + 1 if low + 1 <= end else None
+
+    def clone_base(self) -> int | None:
+        """The version this table was shallow-cloned at, if its oldest version is a Clone."""
+        oldest = self.oldest_version
+        try:
+            return oldest if self.manifest(oldest).operation == "Clone" else None
+        except Exception:  # advice only: never hide the error being reported
+            return None
+
+    def start_advice(self, end: int | None = None) -> str:
+        """What to do when the versions a range needs are gone."""
+        first = self.first_readable_start(end)
+        base = self.clone_base()
+        note = (
+            f" Version {base} is where this table was shallow-cloned (its history before that "
+            f"lives in the source table); its rows are a snapshot (read_changes(uri, {base}, "
+            "snapshot=True)), its changes cannot be diffed."
+            if base is not None
+            else ""
+        )
+        if first is None:
+            return (
+                f"No range ending at {end or self.latest_version} can be read: read a snapshot "
+                "of the latest version (snapshot=True), or keep more versions "
+                f"(cleanup_old_versions(older_than=...)) so consumers can catch up.{note}"
+            )
+        return (
+            f"The first version whose changes can be read is {first}: start at {first} or "
+            "later, or keep more versions (cleanup_old_versions(older_than=...)) so consumers "
+            f"can catch up.{note}"
+        )
+
     def has_version(self, version: int) -> bool:
         return version in self._versions or (self.fs.exists(manifest_path(version, self._scheme)))
 
@@ -104,11 +150,15 @@ class TableLog:
                 f"{self.latest_version}. Ask for a version at most {self.latest_version}, or "
                 "wait for the commit."
             )
+        base = self.clone_base()
+        why = (
+            f"before version {base}, where this table was shallow-cloned"
+            if base is not None and version < base
+            else "removed by cleanup_old_versions, or never written"
+        )
         return VersionNotFoundError(
-            f"version {version} of {self.uri} is gone (removed by cleanup_old_versions, or never "
-            f"written); the oldest version still available is {self.oldest_version}. Start at "
-            f"version {self.oldest_version + 1} or later to read changes, or keep more versions "
-            "(cleanup_old_versions(older_than=...)) so consumers can catch up."
+            f"version {version} of {self.uri} is gone ({why}); the versions still available "
+            f"are {_spans(self._versions)}. {self.start_advice()}"
         )
 
     def require_stable_row_ids(self, manifest: Manifest) -> None:
@@ -180,3 +230,16 @@ class TableLog:
         if cached is None:
             cached = self._deletions.put(key, read_deletion_vector(self.fs, frag.id, deletion))
         return cached
+
+
+def _spans(versions: list[int]) -> str:
+    """[2, 4, 5, 6] -> "2, 4..6"."""
+    out: list[str] = []
+    i = 0
+    while i < len(versions):
+        j = i
+        while j + 1 < len(versions) and versions[j + 1] == versions[j] + 1:
+            j += 1
+        out.append(str(versions[i]) if i == j else f"{versions[i]}..{versions[j]}")
+        i = j + 1
+    return ", ".join(out)

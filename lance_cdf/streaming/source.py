@@ -57,7 +57,7 @@ from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
-from lance_cdf.read import event_schema, union_schema
+from lance_cdf.read import column_sources, event_schema
 from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
@@ -153,13 +153,18 @@ def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
     present = [v for v in feed.table.versions if lo <= v <= last]
     if not present:
         return feed.schema_at(feed.table.latest_version, columns)
-    schemas, seen = [], set()
-    for v in present:
-        key = feed.table.manifest(v, operation=False).schema_key()
-        if key not in seen:
-            seen.add(key)
-            schemas.append(feed.reader.arrow_schema(v))
-    return feed.select_columns(union_schema(schemas), columns, f"versions {first}..{last}")
+    return feed.union_of(present, columns, f"versions {first}..{last}")
+
+
+def _renames(fixed: pa.Schema, now: pa.Schema, gone: list[str]) -> list[str]:
+    """'old -> new' for columns of `fixed` missing by name from `now` whose Lance
+    field id is still there under another name."""
+    sources = column_sources(fixed, now)
+    return [
+        f"{f.name} -> {src.name}"
+        for f, src in zip(fixed, sources, strict=True)
+        if f.name in gone and src is not None and src.name != f.name
+    ]
 
 
 @dataclass(frozen=True)
@@ -635,9 +640,16 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for version in range(max(first, self.checked + 1), end + 1):
             if version in lost and not feed.table.has_version(version):
                 continue
-            now = feed.reader.arrow_schema(version)
+            now = feed.reader.annotated(version)  # blob columns as bytes, as events have them
             names = set(now.names)
             gone = [c for c in fixed.names if c in self.present and c not in names]
+            renamed = _renames(fixed, now, gone)
+            if renamed:
+                return version, (
+                    f"the schema of {self.opts.path} changed at version {version}: renamed "
+                    f"{renamed}. This stream's columns were named when the query started; "
+                    "restart the query (same checkpoint) to continue under the new names."
+                )
             retyped = [
                 f"{c} {fixed.field(c).type} -> {now.field(c).type}"
                 for c in fixed.names

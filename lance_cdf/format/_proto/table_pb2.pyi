@@ -18,7 +18,7 @@ class UUID(_message.Message):
     def __init__(self, uuid: _Optional[bytes] = ...) -> None: ...
 
 class Manifest(_message.Message):
-    __slots__ = ("fields", "schema_metadata", "fragments", "version", "version_aux_data", "writer_version", "index_section", "timestamp", "tag", "reader_feature_flags", "writer_feature_flags", "max_fragment_id", "transaction_file", "transaction_section", "next_row_id", "data_format", "config", "table_metadata", "base_paths", "branch")
+    __slots__ = ("fields", "schema_metadata", "fragments", "version", "version_aux_data", "writer_version", "index_section", "timestamp", "tag", "reader_feature_flags", "writer_feature_flags", "max_fragment_id", "transaction_file", "transaction_section", "transaction_position", "next_row_id", "data_format", "config", "table_metadata", "base_paths", "branch")
     class SchemaMetadataEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -72,6 +72,7 @@ class Manifest(_message.Message):
     MAX_FRAGMENT_ID_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_FILE_FIELD_NUMBER: _ClassVar[int]
     TRANSACTION_SECTION_FIELD_NUMBER: _ClassVar[int]
+    TRANSACTION_POSITION_FIELD_NUMBER: _ClassVar[int]
     NEXT_ROW_ID_FIELD_NUMBER: _ClassVar[int]
     DATA_FORMAT_FIELD_NUMBER: _ClassVar[int]
     CONFIG_FIELD_NUMBER: _ClassVar[int]
@@ -92,13 +93,14 @@ class Manifest(_message.Message):
     max_fragment_id: int
     transaction_file: str
     transaction_section: int
+    transaction_position: int
     next_row_id: int
     data_format: Manifest.DataStorageFormat
     config: _containers.ScalarMap[str, str]
     table_metadata: _containers.ScalarMap[str, str]
     base_paths: _containers.RepeatedCompositeFieldContainer[BasePath]
     branch: str
-    def __init__(self, fields: _Optional[_Iterable[_Union[_file_pb2.Field, _Mapping]]] = ..., schema_metadata: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[DataFragment, _Mapping]]] = ..., version: _Optional[int] = ..., version_aux_data: _Optional[int] = ..., writer_version: _Optional[_Union[Manifest.WriterVersion, _Mapping]] = ..., index_section: _Optional[int] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tag: _Optional[str] = ..., reader_feature_flags: _Optional[int] = ..., writer_feature_flags: _Optional[int] = ..., max_fragment_id: _Optional[int] = ..., transaction_file: _Optional[str] = ..., transaction_section: _Optional[int] = ..., next_row_id: _Optional[int] = ..., data_format: _Optional[_Union[Manifest.DataStorageFormat, _Mapping]] = ..., config: _Optional[_Mapping[str, str]] = ..., table_metadata: _Optional[_Mapping[str, str]] = ..., base_paths: _Optional[_Iterable[_Union[BasePath, _Mapping]]] = ..., branch: _Optional[str] = ...) -> None: ...
+    def __init__(self, fields: _Optional[_Iterable[_Union[_file_pb2.Field, _Mapping]]] = ..., schema_metadata: _Optional[_Mapping[str, bytes]] = ..., fragments: _Optional[_Iterable[_Union[DataFragment, _Mapping]]] = ..., version: _Optional[int] = ..., version_aux_data: _Optional[int] = ..., writer_version: _Optional[_Union[Manifest.WriterVersion, _Mapping]] = ..., index_section: _Optional[int] = ..., timestamp: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ..., tag: _Optional[str] = ..., reader_feature_flags: _Optional[int] = ..., writer_feature_flags: _Optional[int] = ..., max_fragment_id: _Optional[int] = ..., transaction_file: _Optional[str] = ..., transaction_section: _Optional[int] = ..., transaction_position: _Optional[int] = ..., next_row_id: _Optional[int] = ..., data_format: _Optional[_Union[Manifest.DataStorageFormat, _Mapping]] = ..., config: _Optional[_Mapping[str, str]] = ..., table_metadata: _Optional[_Mapping[str, str]] = ..., base_paths: _Optional[_Iterable[_Union[BasePath, _Mapping]]] = ..., branch: _Optional[str] = ...) -> None: ...
 
 class BasePath(_message.Message):
     __slots__ = ("id", "name", "is_dataset_root", "path")
