@@ -9,8 +9,10 @@ with the change, not with the table.
 
 Tables written by pylance 0.33.0 to 0.38.2 record no last-updated versions: a
 row that moved between fragments may have been updated or only compacted. Such
-rows are *candidates*: no event after a `Rewrite` (compaction), otherwise the
-read stage compares their images and keeps the pairs whose values differ.
+rows are *candidates*: no event after a `Rewrite` (compaction) or `Project`
+(drop_columns), otherwise `lance_cdf.candidates` compares their images and keeps
+the pairs whose values differ. So are rows whose data files changed under the
+same row IDs and versions, and moved rows of a commit that changed the columns.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ class RowSet:
     rowids: np.ndarray  # uint64
     fragment_ids: np.ndarray  # int64
     offsets: np.ndarray  # int64, physical offset within the fragment
-    versions: np.ndarray  # uint64, last-updated version of each row
+    versions: np.ndarray  # uint64, last-updated version of each row (0: not recorded)
 
     @staticmethod
     def empty() -> RowSet:
@@ -83,7 +85,7 @@ class VersionChanges:
     update_post: RowSet
     # Moved rows whose last-updated version is not recorded (pylance 0.33.0 - 0.38.2):
     # updates if their values differ. Ordered by row ID, pre[i] and post[i] one row.
-    # `read.resolve_candidates` turns them into updates before events are read.
+    # `candidates.resolve_candidates` (ChangeFeed.plan) decides them before events are read.
     candidate_pre: RowSet = field(default_factory=RowSet.empty)
     candidate_post: RowSet = field(default_factory=RowSet.empty)
 
