@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 import pyarrow as pa
 
 from lance_cdf.cache import LruCache
+from lance_cdf.candidates import resolve_candidates
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.table import TableLog
 from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
@@ -46,10 +47,13 @@ class ChangeFeed:
         return resolve_range(self.table, start, end, refresh)
 
     def plan(self, version: int) -> VersionChanges:
-        """Which rows commit `version` inserted, updated and deleted (no data read)."""
+        """Which rows commit `version` inserted, updated and deleted (no data read,
+        except the images of moved rows whose writer recorded no versions: see
+        lance_cdf.candidates)."""
         cached = self._plans.get(version)
         if cached is None:
-            cached = self._plans.put(version, plan_version(self.table, version))
+            plan = resolve_candidates(self.reader, plan_version(self.table, version))
+            cached = self._plans.put(version, plan)
         return cached
 
     def plans(self, start: int, end: int) -> Iterator[VersionChanges]:

@@ -6,18 +6,25 @@ Only fragments whose manifest entries differ are looked at. A fragment whose
 rows and versions are unchanged but whose deletion file changed contributes
 only the offsets that flipped (a roaring-bitmap difference), so the cost grows
 with the change, not with the table.
+
+Tables written by pylance 0.33.0 to 0.38.2 record no last-updated versions: a
+row that moved between fragments may have been updated or only compacted. Such
+rows are *candidates*: no event after a `Rewrite` (compaction) or `Project`
+(drop_columns), otherwise `lance_cdf.candidates` compares their images and keeps
+the pairs whose values differ. So are rows whose data files changed under the
+same row IDs and versions, and moved rows of a commit that changed the columns.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from pyroaring import BitMap
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.format.manifest import FragmentInfo, Manifest
-from lance_cdf.format.table import TableLog
+from lance_cdf.format.table import UNKNOWN_VERSION, TableLog
 
 _U64 = np.uint64
 _I64 = np.int64
@@ -30,7 +37,7 @@ class RowSet:
     rowids: np.ndarray  # uint64
     fragment_ids: np.ndarray  # int64
     offsets: np.ndarray  # int64, physical offset within the fragment
-    versions: np.ndarray  # uint64, last-updated version of each row
+    versions: np.ndarray  # uint64, last-updated version of each row (0: not recorded)
 
     @staticmethod
     def empty() -> RowSet:
@@ -76,6 +83,15 @@ class VersionChanges:
     deleted: RowSet
     update_pre: RowSet
     update_post: RowSet
+    # Moved rows whose last-updated version is not recorded (pylance 0.33.0 - 0.38.2):
+    # updates if their values differ. Ordered by row ID, pre[i] and post[i] one row.
+    # `candidates.resolve_candidates` (ChangeFeed.plan) decides them before events are read.
+    candidate_pre: RowSet = field(default_factory=RowSet.empty)
+    candidate_post: RowSet = field(default_factory=RowSet.empty)
+
+    @property
+    def num_candidates(self) -> int:
+        return len(self.candidate_post)
 
     @property
     def num_events(self) -> int:
@@ -92,6 +108,7 @@ class VersionChanges:
             "inserted": len(self.inserted),
             "updated": len(self.update_post),
             "deleted": len(self.deleted),
+            **({"undecided": self.num_candidates} if self.num_candidates else {}),
         }
 
 
@@ -115,6 +132,22 @@ def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
     return np.frombuffer(bitmap.to_array(), dtype=np.uint32).astype(_I64)
 
 
+# Operations that move or reshape rows without changing the values of the remaining
+# columns: a moved row with unrecorded versions is no event after them.
+_NO_VALUE_CHANGE = frozenset({"Rewrite", "Project"})
+
+
+def _rewritten_in_place(table: TableLog, of: FragmentInfo, nf: FragmentInfo) -> tuple:
+    """(pre, post) rows live in both `of` and `nf`, one fragment whose data files changed
+    while its row IDs and recorded versions stayed: the values may have changed."""
+    live = np.intersect1d(
+        table.deletions(of).live_offsets(of.physical_rows),
+        table.deletions(nf).live_offsets(nf.physical_rows),
+        assume_unique=True,
+    )
+    return _rows(table, of, live), _rows(table, nf, live)
+
+
 def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> VersionChanges:
     """The change plan of the commit that turned `old` into `new`.
 
@@ -125,6 +158,9 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     new_frags = {f.id: f for f in new.fragments}
     removed: list[RowSet] = []  # row entries present in `old` and not in `new`
     added: list[RowSet] = []  # row entries present in `new` and not in `old`
+    may_change = new.operation not in _NO_VALUE_CHANGE
+    cand_pre: list[RowSet] = []
+    cand_post: list[RowSet] = []
 
     for fid, nf in new_frags.items():
         of = old_frags.get(fid)
@@ -136,6 +172,12 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
             d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
             removed.append(_rows(table, of, _bitmap_offsets(d_new - d_old)))
             added.append(_rows(table, nf, _bitmap_offsets(d_old - d_new)))
+            if may_change and of.data_files != nf.data_files:
+                # new data files under the same rows and versions: add_columns by a writer
+                # that bumped no versions (0.38.x), a data replacement, an old restore
+                pre, post = _rewritten_in_place(table, of, nf)
+                cand_pre.append(pre)
+                cand_post.append(post)
             continue
         if of is not None:
             removed.append(_live_rows(table, of))
@@ -147,7 +189,10 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     gone, came = RowSet.concat(removed), RowSet.concat(added)
     # A row ID is live at most once per version, so a row in `came` but not in
     # `gone` was not live before (insert), one in `gone` only is no longer live
-    # (delete), and one in both moved; it changed if its version differs.
+    # (delete), and one in both moved; it changed if its version differs. Where a
+    # version is not recorded (UNKNOWN_VERSION) on either side, a row this commit
+    # stamped with its own version changed; any other is a candidate (values decide),
+    # except after a compaction. So is a moved row when the commit changed the columns.
     _, in_came, in_gone = np.intersect1d(
         came.rowids, gone.rowids, assume_unique=True, return_indices=True
     )
@@ -155,7 +200,17 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     only_came[in_came] = False
     only_gone = np.ones(len(gone), dtype=bool)
     only_gone[in_gone] = False
-    changed = came.versions[in_came] != gone.versions[in_gone]
+    v_new, v_old = came.versions[in_came], gone.versions[in_gone]
+    known = (v_new != UNKNOWN_VERSION) & (v_old != UNKNOWN_VERSION)
+    stamped = v_new == _U64(new.version)
+    changed = (known & (v_new != v_old)) | (~known & stamped)
+    # a restore across add_columns drops or brings back a column without moving versions
+    reshaped = old is not None and set(old.top_level_columns) != set(new.top_level_columns)
+    undecided = may_change & ~changed & (~known | reshaped)
+    cand_pre.append(gone.take(in_gone[undecided]))
+    cand_post.append(came.take(in_came[undecided]))
+    candidate_pre, candidate_post = RowSet.concat(cand_pre), RowSet.concat(cand_post)
+    by_rowid = np.argsort(candidate_post.rowids, kind="stable")
     return VersionChanges(
         version=new.version,
         read_version=old.version if old is not None else 0,
@@ -165,6 +220,8 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         deleted=gone.take(only_gone).sorted_by_rowid(),
         update_pre=gone.take(in_gone[changed]),
         update_post=came.take(in_came[changed]),
+        candidate_pre=candidate_pre.take(by_rowid),
+        candidate_post=candidate_post.take(by_rowid),
     )
 
 

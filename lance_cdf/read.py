@@ -107,9 +107,17 @@ class RowReader:
                         f"{self.table.uri}; please report it with the table's _versions/ listing."
                     )
                 logical = self.table.deletions(frags[fid]).logical_offsets(rows.offsets[chunk])
-                jobs.append((ds.get_fragment(fid), logical))
+                jobs.append((ds.get_fragment(fid), logical, frags[fid]))
+
+            def read_job(job):
+                fragment, logical, info = job
+                try:
+                    return _read_fragment(fragment, logical, columns, gap)
+                except (OSError, ValueError, RuntimeError, pa.ArrowException) as exc:
+                    raise self.unreadable(info, version, exc) from exc
+
             # pylance releases the GIL while reading: fragments are read concurrently
-            pieces = list(_POOL.map(lambda job: _read_fragment(*job, columns, gap), jobs))
+            pieces = list(_POOL.map(read_job, jobs))
             got = _take(pa.concat_tables(pieces), np.argsort(order, kind="stable"))
         blobs = [src for src in sources if src is not None and is_blob(src)]
         if blobs:
@@ -118,6 +126,20 @@ class RowReader:
             ) | rows.offsets.astype(np.uint64)
             got = with_blobs(got, self.dataset(version), blobs, addresses)
         return conform(got, schema, n, sources)
+
+    def unreadable(self, frag, version: int, exc: Exception) -> LanceCdfError:
+        """A data file pylance cannot read, as an error naming it and its writer."""
+        files = ", ".join(
+            f"{self.table.uri}/data/{f.path} (format {f.file_major_version}.{f.file_minor_version})"
+            for f in frag.proto.files
+        )
+        writer = self.table.manifest(version, operation=False).writer
+        return LanceCdfError(
+            f"pylance cannot read fragment {frag.id} of version {version} of {self.table.uri}: "
+            f"data file(s) {files}; the version was written by {writer}. "
+            f"({type(exc).__name__}: {str(exc)[:300]}) If the file is damaged, restore it; if "
+            "an old writer made it, rewrite the table with a current pylance."
+        )
 
 
 # Rows closer than this are read as one contiguous range rather than taken one by one.

@@ -266,3 +266,43 @@ def apply_events(events: pa.Table, replica: dict[int, dict] | None = None) -> di
 def table_state(uri: str, version: int) -> dict[int, dict]:
     """rowid -> user values at a version (what a replica should hold)."""
     return {rid: _values(row) for rid, row in snapshot(uri, version).items()}
+
+
+# -- values-only oracle (tables whose writers recorded no row versions) --------------
+
+
+def value_snapshot(uri: str, version: int) -> tuple[dict[int, dict], list[str]]:
+    """(rowid -> user values, user column names) at a version, from a full pylance scan."""
+    if version == 0:
+        return {}, []
+    ds = lance.dataset(uri, version=version)
+    rows = ds.to_table(columns=ds.schema.names + ["_rowid"]).to_pylist()
+    return {r.pop("_rowid"): r for r in rows}, list(ds.schema.names)
+
+
+def values_events(uri: str, version: int, columns: list[str] | None = None) -> list[tuple]:
+    """Events of commit `version` from values alone: a row ID that appears is an insert,
+    one that disappears a delete, one whose values differ in ANY user column of the two
+    versions (a column missing from one version counts as null there) an update pair.
+    Images are cut to `columns` (default: the union of both versions' columns)."""
+    before, cols_before = value_snapshot(uri, version - 1)
+    after, cols_after = value_snapshot(uri, version)
+    union = list(dict.fromkeys(cols_after + cols_before))
+
+    def full(row):
+        return {c: row.get(c) for c in union}
+
+    def cut(row):
+        return {c: row[c] for c in (columns if columns is not None else union)}
+
+    events = []
+    for rid, row in after.items():
+        if rid not in before:
+            events.append(("insert", rid, cut(full(row))))
+        elif full(row) != full(before[rid]):
+            events.append(("update_preimage", rid, cut(full(before[rid]))))
+            events.append(("update_postimage", rid, cut(full(row))))
+    for rid, row in before.items():
+        if rid not in after:
+            events.append(("delete", rid, cut(full(row))))
+    return sorted(events, key=_key)

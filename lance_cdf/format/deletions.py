@@ -36,6 +36,19 @@ class DeletionVector:
     def __len__(self) -> int:
         return len(self.bitmap)
 
+    def beyond(self, physical_rows: int) -> int:
+        """How many deleted offsets lie past the fragment's `physical_rows` rows."""
+        if not self.bitmap or self.bitmap.max() < physical_rows:
+            return 0
+        inside = self.bitmap.rank(physical_rows - 1) if physical_rows else 0
+        return len(self.bitmap) - inside
+
+    def clipped(self, physical_rows: int) -> DeletionVector:
+        """This vector without offsets past the fragment's `physical_rows` rows."""
+        keep = BitMap(self.bitmap)
+        keep.remove_range(physical_rows, int(self.bitmap.max()) + 1)
+        return DeletionVector(keep)
+
     def to_numpy(self) -> np.ndarray:
         """Deleted offsets, sorted ascending, as uint32."""
         return np.frombuffer(self.bitmap.to_array(), dtype=np.uint32)

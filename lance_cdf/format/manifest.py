@@ -88,6 +88,16 @@ class FragmentInfo:
         """Identity of the whole entry: equal keys mean identical rows, versions, deletions."""
         return self.proto.SerializeToString(deterministic=True)
 
+    @property
+    def has_version_sequence(self) -> bool:
+        """Whether the entry records its rows' last-updated versions (pylance 0.33.0 to
+        0.38.2 kept stable row IDs without them)."""
+        return self.proto.WhichOneof("last_updated_at_version_sequence") is not None
+
+    @property
+    def data_files(self) -> list[str]:
+        return [f.path for f in self.proto.files]
+
     def lineage_key(self) -> bytes:
         """Identity of the rows and their versions, ignoring the deletion file."""
         p = self.proto
@@ -130,6 +140,14 @@ class Manifest:
     @property
     def reader_feature_flags(self) -> int:
         return self.proto.reader_feature_flags
+
+    @property
+    def writer(self) -> str:
+        """The library and release that wrote this version, e.g. "lance 0.36.0"."""
+        w = self.proto.writer_version
+        if not w.library and not w.version:
+            return "an unrecorded writer"
+        return f"{w.library or 'lance'} {w.version}".strip()
 
     @property
     def stable_row_ids(self) -> bool:

@@ -4,6 +4,8 @@ they point to, read once and cached."""
 
 from __future__ import annotations
 
+import logging
+
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import (
     CorruptFileError,
@@ -17,8 +19,13 @@ from lance_cdf.format.manifest import FragmentInfo, Manifest, parse_manifest, pa
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
 
-# Lance reads a fragment without a version sequence as "every row at version 1".
-DEFAULT_ROW_VERSION = 1
+log = logging.getLogger(__name__)
+
+# A fragment without a version sequence. pylance reads it as "every row at version 1",
+# but pylance 0.33.0 to 0.38.2 wrote none although their updates keep a row's ID and move
+# it: the version is not known, and a moved row may or may not have changed. Version 0
+# never exists, so it marks "not recorded" (plan.diff_manifests then compares values).
+UNKNOWN_VERSION = 0
 
 
 class TableLog:
@@ -208,7 +215,7 @@ class TableLog:
     def _versions_of(self, frag: FragmentInfo, oneof: str) -> VersionSequence:
         data = self._sequence_bytes(frag, oneof)
         if data is None:
-            return VersionSequence.uniform(frag.physical_rows, DEFAULT_ROW_VERSION)
+            return VersionSequence.uniform(frag.physical_rows, UNKNOWN_VERSION)
         what = f"{oneof.replace('_', ' ')} of fragment {frag.id}"
         return self._checked(VersionSequence.from_bytes(data, what), frag, what)
 
@@ -228,7 +235,21 @@ class TableLog:
         key = deletion_file_path(frag.id, deletion)
         cached = self._deletions.get(key)
         if cached is None:
-            cached = self._deletions.put(key, read_deletion_vector(self.fs, frag.id, deletion))
+            vector = read_deletion_vector(self.fs, frag.id, deletion)
+            beyond = vector.beyond(frag.physical_rows)
+            if beyond:
+                # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
+                # ignores them, and so does everything that applies this vector
+                log.debug(
+                    "%s: ignoring %d deletion offset(s) >= %d physical rows of fragment %d in %s",
+                    self.uri,
+                    beyond,
+                    frag.physical_rows,
+                    frag.id,
+                    key,
+                )
+                vector = vector.clipped(frag.physical_rows)
+            cached = self._deletions.put(key, vector)
         return cached
 
 
