@@ -1,24 +1,34 @@
 """Read the rows a change plan names, and only those, into Arrow change events.
 
-Rows are fetched per fragment with pylance's `LanceFragment.take`, which
-addresses live rows by their index among live rows; the physical offsets of the
-plan are mapped to that index with the fragment's deletion vector.
+The plan knows each image's (fragment, physical offset). Rows are read by that
+physical position straight from the fragment's data files
+(`lance.file.LanceFileReader.take_rows`, one call per data file, readers kept
+open across versions: data files never change), so no deletion vector is
+consulted and the cost is the rows returned. Fragments whose layout this path
+does not handle (legacy files, other bases, fields it cannot map, blob columns,
+newer manifest features) are read through pylance's `LanceFragment.take`, which
+addresses live rows; the physical offsets are mapped to that index with the
+fragment's deletion vector.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import lance
+import lance.file
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from google.protobuf import unknown_fields
 
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.io import LocalFileSystem
+from lance_cdf.format.manifest import FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
 from lance_cdf.plan import RowSet, VersionChanges
 
@@ -42,6 +52,10 @@ _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
 
+# an open data file reader, the lock that serialises its calls, the columns read from it
+_FileColumns = tuple  # (lance.file.LanceFileReader, threading.Lock, list[str])
+
+
 class RowReader:
     """Reads located rows of any table version through pylance."""
 
@@ -50,14 +64,21 @@ class RowReader:
         self.remote = not isinstance(table.fs, LocalFileSystem)
         self._datasets: LruCache = LruCache(4)
         self._schemas: dict[bytes, pa.Schema] = {}
+        # data files never change once written: their readers serve every version
+        self._files: LruCache = LruCache(256)
+        self._layouts: LruCache = LruCache(1024)
 
     def dataset(self, version: int) -> lance.LanceDataset:
         ds = self._datasets.get(version)
         if ds is None:
             try:
-                ds = lance.dataset(
-                    self.table.uri, version=version, storage_options=self.table.storage_options
-                )
+                if self._datasets:
+                    # a checkout shares the open dataset's session (metadata and index caches)
+                    ds = next(reversed(self._datasets.values())).checkout_version(version)
+                else:
+                    ds = lance.dataset(
+                        self.table.uri, version=version, storage_options=self.table.storage_options
+                    )
             except Exception as exc:
                 if self.table.has_version(version):
                     raise
@@ -86,8 +107,9 @@ class RowReader:
         bounds = np.flatnonzero(np.diff(fids)) + 1
         got = None
         if columns:
-            gap = _window_gap(self.arrow_schema(version), columns, self.remote)
-            ds = self.dataset(version)
+            arrow = self.arrow_schema(version)
+            manifest = self.table.manifest(version, operation=False)
+            by_file = not any(_is_blob(arrow.field(c)) for c in columns)
             jobs = []
             for chunk in np.split(order, bounds):
                 fid = int(rows.fragment_ids[chunk[0]])
@@ -96,12 +118,111 @@ class RowReader:
                         f"internal error: fragment {fid} is not in version {version} of "
                         f"{self.table.uri}; please report it with the table's _versions/ listing."
                     )
-                logical = self.table.deletions(frags[fid]).logical_offsets(rows.offsets[chunk])
-                jobs.append((ds.get_fragment(fid), logical))
+                offsets = rows.offsets[chunk]
+                layout = self._layout(manifest, arrow, frags[fid], columns) if by_file else None
+                if layout is not None:
+                    fields = [arrow.field(c) for c in columns]
+                    jobs.append((_take_physical, layout, offsets, fields))
+                else:
+                    logical = self.table.deletions(frags[fid]).logical_offsets(offsets)
+                    gap = _window_gap(arrow, columns, self.remote)
+                    fragment = self.dataset(version).get_fragment(fid)
+                    jobs.append((_read_fragment, fragment, logical, columns, gap))
             # pylance releases the GIL while reading: fragments are read concurrently
-            pieces = list(_POOL.map(lambda job: _read_fragment(*job, columns, gap), jobs))
+            pieces = list(_POOL.map(lambda job: job[0](*job[1:]), jobs))
             got = _take(pa.concat_tables(pieces), np.argsort(order, kind="stable"))
         return conform(got, schema, n)
+
+    def _layout(
+        self, manifest: Manifest, arrow: pa.Schema, frag: FragmentInfo, columns: list[str]
+    ) -> list[_FileColumns] | None:
+        """Per data file of `frag`, an open reader and the `columns` it holds, or
+        None when the fragment must be read through pylance's fragment API."""
+        key = (frag.key(), manifest.schema_key(), tuple(columns))
+        if key in self._layouts:
+            return self._layouts[key]
+        layout = None
+        plan = _file_columns(manifest, frag, columns)
+        if plan is not None:
+            layout = []
+            for path, wanted in plan:
+                reader = self._file_reader(path, wanted, arrow)
+                if reader is None:
+                    layout = None
+                    break
+                layout.append((*reader, wanted))
+        return self._layouts.put(key, layout)
+
+    def _file_reader(
+        self, path: str, columns: list[str], arrow: pa.Schema
+    ) -> tuple[lance.file.LanceFileReader, threading.Lock] | None:
+        """An open reader of data file `path` projecting `columns`, or None when the
+        file does not store them under these names and types (renamed, cast)."""
+        key = (path, tuple(columns))
+        if key in self._files:
+            return self._files[key]
+        root = self.table.fs.root if not self.remote else self.table.uri.rstrip("/")
+        reader = lance.file.LanceFileReader(
+            f"{root}/data/{path}",
+            storage_options=self.table.storage_options or None,
+            columns=columns,
+        )
+        stored = reader.metadata().schema
+        same = all(c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns)
+        return self._files.put(key, (reader, threading.Lock()) if same else None)
+
+
+def _is_blob(field: pa.Field) -> bool:
+    return bool(field.metadata) and b"lance-encoding:blob" in field.metadata
+
+
+def _file_columns(
+    manifest: Manifest, frag: FragmentInfo, columns: list[str]
+) -> list[tuple[str, list[str]]] | None:
+    """(data file path, the `columns` it stores) for every data file of `frag`
+    holding some, or None when the fragment's layout is not a plain split of
+    the schema's top-level fields over Lance v2 files in the table's own base."""
+    if unknown_fields.UnknownFieldSet(frag.proto):
+        return None  # a manifest feature newer than this reader (e.g. overlays)
+    ids = {f.id for f in manifest.fields}
+    top = {f.name: f.id for f in manifest.fields if f.parent_id == -1}
+    holder: dict[int, str] = {}
+    for df in frag.proto.files:
+        if df.file_major_version < 2 or df.HasField("base_id"):
+            return None
+        if not ids.issuperset(df.fields):
+            return None  # dropped or replaced fields still stored in the file
+        for field_id in df.fields:
+            if field_id in holder:
+                return None
+            holder[field_id] = df.path
+    plan: dict[str, list[str]] = {}
+    for name in columns:
+        path = holder.get(top[name]) if name in top else None
+        if path is None:
+            return None
+        plan.setdefault(path, []).append(name)
+    return list(plan.items())
+
+
+def _take_physical(
+    layout: list[_FileColumns],
+    offsets: np.ndarray,
+    fields: list[pa.Field],
+) -> pa.Table:
+    """Rows at sorted physical `offsets` of one fragment, one take per data file,
+    as the columns `fields` in that order."""
+    offsets = offsets.astype(np.uint64)
+    got_columns = {}
+    for reader, lock, _ in layout:
+        inner = getattr(reader, "_reader", None)
+        with lock:  # a reader serves one call at a time (pylance: "Already borrowed")
+            if inner is not None:  # the public take_rows checks the order row by row in Python
+                got = inner.take_rows(offsets, max(int(offsets.size), 1), 16).read_all()
+            else:
+                got = reader.take_rows(offsets.tolist()).to_table()
+        got_columns.update(zip(got.column_names, got.columns))
+    return pa.Table.from_arrays([got_columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
 # Rows closer than this are read as one contiguous range rather than taken one by one.
