@@ -168,7 +168,9 @@ class RowReader:
             columns=columns,
         )
         stored = reader.metadata().schema
-        same = all(c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns)
+        same = all(
+            c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns
+        )
         return self._files.put(key, (reader, threading.Lock()) if same else None)
 
 
@@ -221,7 +223,7 @@ def _take_physical(
                 got = inner.take_rows(offsets, max(int(offsets.size), 1), 16).read_all()
             else:
                 got = reader.take_rows(offsets.tolist()).to_table()
-        got_columns.update(zip(got.column_names, got.columns))
+        got_columns.update(zip(got.column_names, got.columns, strict=True))
     return pa.Table.from_arrays([got_columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
