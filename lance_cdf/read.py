@@ -162,11 +162,16 @@ class RowReader:
         if key in self._files:
             return self._files[key]
         root = self.table.fs.root if not self.remote else self.table.uri.rstrip("/")
-        reader = lance.file.LanceFileReader(
-            f"{root}/data/{path}",
-            storage_options=self.table.storage_options or None,
-            columns=columns,
-        )
+        try:
+            reader = lance.file.LanceFileReader(
+                f"{root}/data/{path}",
+                storage_options=self.table.storage_options or None,
+                columns=columns,
+            )
+        except (OSError, ValueError):
+            # the file stores a column under another name (renamed since): the fragment
+            # API maps it; a file that cannot be opened at all fails there with its error
+            return self._files.put(key, None)
         stored = reader.metadata().schema
         same = all(
             c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns
@@ -207,24 +212,61 @@ def _file_columns(
     return list(plan.items())
 
 
+# Physical reads: rows at most this far apart form a run; a run of at least _MIN_RUN rows is
+# read as one range and picked in Arrow (measured on 250k-row files: a range streams ~3x
+# faster than take_rows of the same contiguous rows, ~10x faster at half density).
+_DENSE_GAP = 4
+_MIN_RUN = 256
+
+
 def _take_physical(
     layout: list[_FileColumns],
     offsets: np.ndarray,
     fields: list[pa.Field],
 ) -> pa.Table:
-    """Rows at sorted physical `offsets` of one fragment, one take per data file,
-    as the columns `fields` in that order."""
+    """Rows at sorted physical `offsets` of one fragment, as the columns `fields`
+    in that order: one take per data file for scattered rows, ranges for dense runs."""
     offsets = offsets.astype(np.uint64)
+    n = int(offsets.size)
+    breaks = np.flatnonzero(np.diff(offsets) > _DENSE_GAP) + 1
+    starts = np.concatenate([[0], breaks])
+    ends = np.concatenate([breaks, [n]])
+    runs = [(int(s), int(e)) for s, e in zip(starts, ends, strict=True) if e - s >= _MIN_RUN]
+    if runs:
+        in_run = np.zeros(n, dtype=bool)
+        for s, e in runs:
+            in_run[s:e] = True
+        scattered = np.flatnonzero(~in_run)
+        order = np.concatenate([np.arange(s, e) for s, e in runs] + [scattered])
     got_columns = {}
     for reader, lock, _ in layout:
         inner = getattr(reader, "_reader", None)
         with lock:  # a reader serves one call at a time (pylance: "Already borrowed")
-            if inner is not None:  # the public take_rows checks the order row by row in Python
-                got = inner.take_rows(offsets, max(int(offsets.size), 1), 16).read_all()
+            if not runs:
+                got = _file_take(reader, inner, offsets)
             else:
-                got = reader.take_rows(offsets.tolist()).to_table()
+                parts = []
+                for s, e in runs:
+                    lo, hi = int(offsets[s]), int(offsets[e - 1])
+                    rng = _file_range(reader, inner, lo, hi - lo + 1)
+                    parts.append(rng.take(pa.array(offsets[s:e] - np.uint64(lo))))
+                if scattered.size:
+                    parts.append(_file_take(reader, inner, offsets[scattered]))
+                got = _take(pa.concat_tables(parts), np.argsort(order, kind="stable"))
         got_columns.update(zip(got.column_names, got.columns, strict=True))
     return pa.Table.from_arrays([got_columns[f.name] for f in fields], schema=pa.schema(fields))
+
+
+def _file_take(reader, inner, offsets: np.ndarray) -> pa.Table:
+    if inner is not None:  # the public take_rows checks the order row by row in Python
+        return inner.take_rows(offsets, max(int(offsets.size), 1), 16).read_all()
+    return reader.take_rows(offsets.tolist()).to_table()
+
+
+def _file_range(reader, inner, start: int, count: int) -> pa.Table:
+    if inner is not None:
+        return inner.read_range(start, count, max(count, 1), 16).read_all()
+    return reader.read_range(start, count).to_table()
 
 
 # Rows closer than this are read as one contiguous range rather than taken one by one.
