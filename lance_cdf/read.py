@@ -52,6 +52,11 @@ _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
 
+# Open data file readers, shared by every RowReader of the process: a data file never
+# changes once written (its name is unique), so a reader serves every version of a range,
+# every call of a ChangeFeed and every read_changes call.
+_FILES: LruCache = LruCache(256)
+_FILES_LOCK = threading.Lock()
 # an open data file reader, the lock that serialises its calls, the columns read from it
 _FileColumns = tuple  # (lance.file.LanceFileReader, threading.Lock, list[str])
 
@@ -64,9 +69,8 @@ class RowReader:
         self.remote = not isinstance(table.fs, LocalFileSystem)
         self._datasets: LruCache = LruCache(4)
         self._schemas: dict[bytes, pa.Schema] = {}
-        # data files never change once written: their readers serve every version
-        self._files: LruCache = LruCache(256)
         self._layouts: LruCache = LruCache(1024)
+        self._lock = threading.Lock()  # reads of one commit's images run in several threads
 
     def dataset(self, version: int) -> lance.LanceDataset:
         ds = self._datasets.get(version)
@@ -139,8 +143,9 @@ class RowReader:
         """Per data file of `frag`, an open reader and the `columns` it holds, or
         None when the fragment must be read through pylance's fragment API."""
         key = (frag.key(), manifest.schema_key(), tuple(columns))
-        if key in self._layouts:
-            return self._layouts[key]
+        with self._lock:
+            if key in self._layouts:
+                return self._layouts[key]
         layout = None
         plan = _file_columns(manifest, frag, columns)
         if plan is not None:
@@ -151,17 +156,21 @@ class RowReader:
                     layout = None
                     break
                 layout.append((*reader, wanted))
-        return self._layouts.put(key, layout)
+        with self._lock:
+            return self._layouts.put(key, layout)
 
     def _file_reader(
         self, path: str, columns: list[str], arrow: pa.Schema
     ) -> tuple[lance.file.LanceFileReader, threading.Lock] | None:
         """An open reader of data file `path` projecting `columns`, or None when the
         file does not store them under these names and types (renamed, cast)."""
-        key = (path, tuple(columns))
-        if key in self._files:
-            return self._files[key]
         root = self.table.fs.root if not self.remote else self.table.uri.rstrip("/")
+        options = tuple(sorted(self.table.storage_options.items()))
+        types = tuple(str(arrow.field(c).type) for c in columns)
+        key = (root, path, tuple(columns), types, options)
+        with _FILES_LOCK:
+            if key in _FILES:
+                return _FILES[key]
         try:
             reader = lance.file.LanceFileReader(
                 f"{root}/data/{path}",
@@ -171,12 +180,17 @@ class RowReader:
         except (OSError, ValueError):
             # the file stores a column under another name (renamed since): the fragment
             # API maps it; a file that cannot be opened at all fails there with its error
-            return self._files.put(key, None)
-        stored = reader.metadata().schema
-        same = all(
-            c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns
-        )
-        return self._files.put(key, (reader, threading.Lock()) if same else None)
+            reader = None
+        if reader is not None:
+            stored = reader.metadata().schema
+            if all(
+                c in stored.names and stored.field(c).type == arrow.field(c).type for c in columns
+            ):
+                reader = (reader, threading.Lock())
+            else:
+                reader = None
+        with _FILES_LOCK:
+            return _FILES.put(key, reader)
 
 
 def _is_blob(field: pa.Field) -> bool:
