@@ -38,8 +38,8 @@ proto: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/bench_core.py --rows 10000000 --rows-per-file 1000000 --changes 1 1000 100000 --out bench/results_core_10m.json
-	$(PY) bench/plot_core.py bench/results_core_10m.json bench/core_extraction.png
+	$(PY) bench/bench_core.py --rows 1000000 10000000 --fragments 10 --repeat 3 --out bench/results_core.json
+	$(PY) bench/plot_core.py bench/results_core.json bench/core_extraction.png
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_cdf tests bench

@@ -1,17 +1,26 @@
-"""Change extraction for one commit: lance-cdf vs Lance's Dataset.delta() vs a full diff.
+"""Change extraction for every shape of change: lance-cdf vs what a user would hand-write.
 
-    python bench/bench_core.py --rows 10000000 --changes 1 1000 100000
+    python bench/bench_core.py --rows 1000000 10000000 --out bench/results_core.json
 
-Builds a table (id int64, name string, vec fixed_size_list<float32>[128]) with
-stable row IDs, then for each change size makes ONE commit that updates,
-inserts and deletes about a third each (merge_insert with
-when_not_matched_by_source_delete) and times, side by side in one run:
-  * lance-cdf  `read_changes(uri, v, v)`: pre- and post-images, all columns;
-  * delta      `Dataset.delta(v-1, v)`: post-images of inserts and updates and
-               the deleted row IDs (no pre-images, no deleted values);
-  * full diff  scan both versions with `_rowid` and `_row_last_updated_at_version`
-               and all columns, join on `_rowid`, keep what changed.
-Prints a markdown table and, with --out, writes JSON results.
+For each table size, builds (or with --reuse, reopens) a table (id int64, name string,
+vec fixed_size_list<float32>[128], stable row IDs, --fragments fragments), then for every
+cell of the matrix
+
+    changed rows {1, 1,000, 100,000} x layout {clustered, scattered over all fragments}
+    x change {insert, update, delete, merge_insert mix, a two-commit range}
+
+makes the commit(s) and times, side by side in one run:
+  * cold      `read_changes(uri, a, b)` from a fresh call: every event, all columns,
+              pre-images of updates and the values of deleted rows;
+  * warm      the same versions through a `ChangeFeed` held across the whole run (open
+              readers, cached sequences; its plan cache is cleared between timings);
+  * delta     Lance's `Dataset.delta(a-1, b)` alone: post-images of inserts and updates,
+              the IDs of deleted rows;
+  * delta+take  delta() plus pylance `_take_rows` of the pre-images and deleted rows at
+              version a-1: the same information a user would hand-write.
+Inserts always land in new fragments, so they have one (clustered) layout. Each commit
+goes on top of the previous one: the table size stays about constant. Prints a markdown
+table and, with --out, writes JSON results.
 """
 
 from __future__ import annotations
@@ -28,13 +37,13 @@ from datetime import UTC, datetime
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from tables import id_name_vec  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf
+from lance_cdf.feed import ChangeFeed
 
 DIM = 128
-SYS = ["_rowid", "_row_last_updated_at_version"]
+CHANGES = ["insert", "update", "delete", "merge_insert", "range"]
 
 
 def build(uri: str, n: int, rows_per_file: int) -> None:
@@ -54,125 +63,192 @@ def build(uri: str, n: int, rows_per_file: int) -> None:
     )
 
 
-def commit_change(uri: str, n_rows: int, changes: int, next_id: int, seed: int) -> int:
-    """One merge_insert commit: ~1/3 updates, ~1/3 inserts, ~1/3 deletes."""
-    rng = np.random.default_rng(seed)
-    n_upd = max(1, changes // 3) if changes >= 3 else (1 if changes >= 1 else 0)
-    n_ins = changes // 3 if changes >= 3 else 0
-    n_del = changes - n_upd - n_ins
-    lo = int(rng.integers(0, n_rows - changes - 1))
-    upd = id_name_vec(lo, n_upd, seed, DIM)
-    upd = upd.set_column(1, "name", pa.array([f"updated-{seed}"] * n_upd, pa.string()))
-    src = pa.concat_tables([upd, id_name_vec(next_id, n_ins, seed + 1, DIM)])
-    builder = lance.dataset(uri).merge_insert("id").when_matched_update_all()
-    builder = builder.when_not_matched_insert_all()
-    if n_del:
-        d0 = lo + n_upd
-        builder = builder.when_not_matched_by_source_delete(f"id >= {d0} AND id < {d0 + n_del}")
-    builder.execute(src)
-    return next_id + n_ins
+class Table:
+    """The benchmark table and the ids it holds (kept in memory to pick rows to change)."""
+
+    def __init__(self, uri: str, seed: int):
+        self.uri = uri
+        self.ids = np.sort(lance.dataset(uri).to_table(columns=["id"])["id"].to_numpy())
+        self.next_id = int(self.ids[-1]) + 1
+        self.rng = np.random.default_rng(seed)
+
+    @property
+    def version(self) -> int:
+        return lance.dataset(self.uri).version
+
+    def pick(self, n: int, layout: str) -> np.ndarray:
+        """n existing ids: a contiguous block of the id order, or spread over the table."""
+        if layout == "clustered":
+            lo = int(self.rng.integers(0, self.ids.size - n))
+            return self.ids[lo : lo + n]
+        return np.sort(self.rng.choice(self.ids, n, replace=False))
+
+    def rows(self, ids: np.ndarray, tag: int) -> pa.Table:
+        t = id_name_vec(0, ids.size, tag, DIM)
+        return t.set_column(0, "id", pa.array(ids, pa.int64()))
+
+    def new_ids(self, n: int) -> np.ndarray:
+        ids = np.arange(self.next_id, self.next_id + n, dtype=np.int64)
+        self.next_id += n
+        return ids
+
+    def insert(self, n: int, layout: str, tag: int) -> None:
+        ids = self.new_ids(n)
+        lance.write_dataset(self.rows(ids, tag), self.uri, mode="append")
+        self.ids = np.concatenate([self.ids, ids])
+
+    def update(self, n: int, layout: str, tag: int) -> None:
+        ids = self.pick(n, layout)
+        ds = lance.dataset(self.uri)
+        ds.merge_insert("id").when_matched_update_all().execute(self.rows(ids, tag))
+
+    def delete(self, n: int, layout: str, tag: int) -> None:
+        ids = self.pick(n, layout)
+        ds = lance.dataset(self.uri)
+        ds.merge_insert("id").when_matched_delete().execute(self.rows(ids, tag))
+        self.ids = np.setdiff1d(self.ids, ids, assume_unique=True)
+
+    def merge_insert(self, n: int, layout: str, tag: int) -> None:
+        """One upsert: 2/3 of the rows update existing ids, 1/3 are new."""
+        n_upd = max(1, (2 * n) // 3) if n > 1 else 1
+        n_ins = n - n_upd
+        ids = np.concatenate([self.pick(n_upd, layout), self.new_ids(n_ins)])
+        ds = lance.dataset(self.uri)
+        builder = ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+        builder.execute(self.rows(ids, tag))
+        self.ids = np.concatenate([self.ids, ids[n_upd:]])
+
+    def range(self, n: int, layout: str, tag: int) -> None:
+        """Two commits: an update of n rows, then a delete of n other rows."""
+        self.update(n, layout, tag)
+        self.delete(n, layout, tag + 1)
 
 
-def run_cdf(uri: str, v: int) -> int:
-    return sum(b.num_rows for b in lance_cdf.read_changes(uri, v, v))
+def run_cold(uri: str, a: int, b: int) -> int:
+    return sum(batch.num_rows for batch in lance_cdf.read_changes(uri, a, b))
 
 
-def run_delta(uri: str, v: int) -> int:
-    d = lance.dataset(uri, version=v).delta(begin_version=v - 1, end_version=v)
-    n = 0
-    for part in (d.get_inserted_rows(), d.get_updated_rows(), d.get_deleted_row_ids()):
-        n += (part.read_all() if hasattr(part, "read_all") else part).num_rows
-    return n
+def run_warm(feed: ChangeFeed, a: int, b: int) -> int:
+    feed._plans.clear()  # time planning too; readers and decoded sequences stay
+    feed.latest_version()
+    schema = feed.user_schema(a, b)
+    return sum(batch.num_rows for plan in feed.plans(a, b) for batch in feed.events(plan, schema))
 
 
-def run_full_diff(uri: str, v: int) -> int:
-    cols = lance.dataset(uri, version=v).schema.names
-    old = lance.dataset(uri, version=v - 1).to_table(columns=cols + SYS)
-    new = lance.dataset(uri, version=v).to_table(columns=cols + SYS)
-    keys_old = old.select(SYS).rename_columns(["_rowid", "v_old"])
-    keys_new = new.select(SYS).rename_columns(["_rowid", "v_new"])
-    joined = keys_old.join(keys_new, "_rowid", join_type="full outer")
-    inserted = joined.filter(pc.is_null(joined["v_old"]))["_rowid"]
-    deleted = joined.filter(pc.is_null(joined["v_new"]))["_rowid"]
-    both = joined.filter(pc.and_(pc.is_valid(joined["v_old"]), pc.is_valid(joined["v_new"])))
-    updated = both.filter(pc.not_equal(both["v_old"], both["v_new"]))["_rowid"]
-    post = new.filter(
-        pc.is_in(
-            new["_rowid"], pa.concat_arrays([inserted.combine_chunks(), updated.combine_chunks()])
-        )
+def _delta(uri: str, a: int, b: int):
+    d = lance.dataset(uri, version=b).delta(begin_version=a - 1, end_version=b)
+    parts = [d.get_inserted_rows(), d.get_updated_rows(), d.get_deleted_row_ids()]
+    return [p.read_all() if hasattr(p, "read_all") else p for p in parts]
+
+
+def run_delta(uri: str, a: int, b: int) -> int:
+    return sum(t.num_rows for t in _delta(uri, a, b))
+
+
+def run_delta_take(uri: str, a: int, b: int) -> int:
+    inserted, updated, deleted = _delta(uri, a, b)
+    before = pa.concat_arrays(
+        [updated["_rowid"].combine_chunks(), deleted["_rowid"].combine_chunks()]
     )
-    pre = old.filter(
-        pc.is_in(
-            old["_rowid"], pa.concat_arrays([deleted.combine_chunks(), updated.combine_chunks()])
-        )
-    )
-    return post.num_rows + pre.num_rows
+    images = lance.dataset(uri, version=a - 1)._take_rows(before) if len(before) else None
+    n = inserted.num_rows + updated.num_rows + deleted.num_rows
+    return n + (images.num_rows if images is not None else 0)
 
 
-def timed(fn, *args, repeat: int) -> tuple[float, int]:
-    times, out = [], 0
+def timed(fn, *args, repeat: int) -> tuple[float, float, int]:
+    """(median wall time, median CPU time of the process, all threads, result).
+
+    CPU time is reported beside wall time: on a shared 2-core machine the wall time of a
+    call includes waiting for a core, its CPU time does not."""
+    times, cpu, out = [], [], 0
     for _ in range(repeat):
-        t0 = time.perf_counter()
+        c0, t0 = time.process_time(), time.perf_counter()
         out = fn(*args)
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        cpu.append(time.process_time() - c0)
+    return statistics.median(times), statistics.median(cpu), out
+
+
+def run_size(args, rows: int) -> dict:
+    base = os.path.join(args.dir, f"core_{rows}.lance")
+    t0 = time.perf_counter()
+    if not (args.reuse and os.path.isdir(base)):
+        build(base, rows, rows // args.fragments)
+    build_s = time.perf_counter() - t0
+    table = Table(base, seed=rows)
+    feed = ChangeFeed(base)
+    results = []
+    tag = 0
+    for changes in args.changes:
+        for change in CHANGES:
+            for layout in ("clustered",) if change == "insert" else ("clustered", "scattered"):
+                tag += 10
+                first = table.version + 1
+                t1 = time.perf_counter()
+                getattr(table, change)(changes, layout, tag)
+                commit_s = time.perf_counter() - t1
+                a, b = first, table.version
+                repeat = args.repeat if changes < 100_000 else max(1, args.repeat // 2)
+                row = dict(rows=rows, changes=changes, layout=layout, change=change)
+                row.update(start=a, end=b, commit_s=commit_s)
+                for name, fn, arg in (
+                    ("warm", run_warm, feed),
+                    ("cold", run_cold, base),
+                    ("delta", run_delta, base),
+                    ("delta_take", run_delta_take, base),
+                ):
+                    wall, cpu, out = timed(fn, arg, a, b, repeat=repeat)
+                    row[f"{name}_s"], row[f"{name}_cpu_s"], row[f"{name}_rows"] = wall, cpu, out
+                for kind in ("s", "cpu_s"):
+                    row[f"cold_vs_delta_take_{kind}"] = (
+                        row[f"cold_{kind}"] / row[f"delta_take_{kind}"]
+                    )
+                    row[f"warm_vs_delta_take_{kind}"] = (
+                        row[f"warm_{kind}"] / row[f"delta_take_{kind}"]
+                    )
+                    row[f"cold_vs_delta_{kind}"] = row[f"cold_{kind}"] / row[f"delta_{kind}"]
+                results.append(row)
+                print(json.dumps(row), flush=True)
+    return dict(rows=rows, fragments=args.fragments, build_s=build_s, results=results)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, default=10_000_000)
-    ap.add_argument("--rows-per-file", type=int, default=1_000_000)
+    ap.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    ap.add_argument("--fragments", type=int, default=10)
     ap.add_argument("--changes", type=int, nargs="+", default=[1, 1000, 100_000])
-    ap.add_argument("--repeat", type=int, default=7)
-    ap.add_argument("--full-diff-repeat", type=int, default=1)
+    ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None, help="write JSON results here")
-    ap.add_argument("--reuse", action="store_true", help="reuse an existing base table")
+    ap.add_argument("--reuse", action="store_true", help="reuse existing base tables")
     args = ap.parse_args()
-
     os.makedirs(args.dir, exist_ok=True)
-    base = os.path.join(args.dir, f"core_{args.rows}.lance")
     t0 = time.perf_counter()
-    if not (args.reuse and os.path.isdir(base)):
-        build(base, args.rows, args.rows_per_file)
-    build_s = time.perf_counter() - t0
-    base_version = lance.dataset(base).version
-    results = []
-    # new ids continue after the largest id present (a reused table has had inserts)
-    next_id = pc.max(lance.dataset(base).to_table(columns=["id"])["id"]).as_py() + 1
-    for i, changes in enumerate(args.changes):
-        uri = base  # each commit goes on top of the previous one: table size stays ~constant
-        next_id = commit_change(uri, args.rows, changes, next_id, seed=1000 + i)
-        v = lance.dataset(uri).version
-        cdf_s, cdf_n = timed(run_cdf, uri, v, repeat=args.repeat)
-        delta_s, delta_n = timed(run_delta, uri, v, repeat=args.repeat)
-        full_s, full_n = timed(run_full_diff, uri, v, repeat=args.full_diff_repeat)
-        row = dict(
-            changes=changes, version=v, cdf_s=cdf_s, cdf_events=cdf_n, delta_s=delta_s,
-            delta_rows=delta_n, full_diff_s=full_s, full_diff_rows=full_n,
-            cdf_vs_delta=cdf_s / delta_s, full_vs_cdf=full_s / cdf_s,
-        )  # fmt: skip
-        results.append(row)
-        print(json.dumps(row), flush=True)
+    sizes = [run_size(args, rows) for rows in args.rows]
     meta = dict(
-        rows=args.rows, rows_per_file=args.rows_per_file, build_s=build_s,
-        base_version=base_version, date=datetime.now(UTC).isoformat(timespec="seconds"),
+        date=datetime.now(UTC).isoformat(timespec="seconds"),
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        pylance=lance.__version__, pyarrow=pa.__version__,
+        pylance=lance.__version__, pyarrow=pa.__version__, repeat=args.repeat,
+        total_s=time.perf_counter() - t0,
     )  # fmt: skip
-    print(f"\n{args.rows:,} rows, {args.rows_per_file:,} rows per fragment\n")
-    header = ["changed rows", "lance-cdf (s)", "delta() (s)", "full diff (s)"]
-    header += ["lance-cdf / delta", "full diff / lance-cdf"]
-    print("| " + " | ".join(header) + " |")
-    print("|---:|---:|---:|---:|---:|---:|")
-    for r in results:
+    for size in sizes:
+        print(f"\n{size['rows']:,} rows, {size['fragments']} fragments: ms wall (CPU)\n")
         print(
-            f"| {r['changes']:,} | {r['cdf_s']:.3f} | {r['delta_s']:.3f} | {r['full_diff_s']:.2f} "
-            f"| {r['cdf_vs_delta']:.2f}x | {r['full_vs_cdf']:.0f}x |"
+            "| changed | layout | change | events | lance-cdf cold | warm ChangeFeed | delta() "
+            "| delta()+_take_rows | cold / hand-written | cold / delta() |"
         )
+        print("|---:|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        for r in size["results"]:
+            cells = [f"{r['changes']:,}", r["layout"], r["change"], f"{r['cold_rows']:,}"]
+            for name in ("cold", "warm", "delta", "delta_take"):
+                cells.append(f"{r[name + '_s'] * 1e3:.1f} ({r[name + '_cpu_s'] * 1e3:.1f})")
+            for ratio in ("cold_vs_delta_take", "cold_vs_delta"):
+                cells.append(f"{r[ratio + '_s']:.2f}x ({r[ratio + '_cpu_s']:.2f}x)")
+            print("| " + " | ".join(cells) + " |")
+    print(f"\ntotal {meta['total_s']:.0f} s")
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"meta": meta, "results": results}, f, indent=2)
+            json.dump({"meta": meta, "sizes": sizes}, f, indent=2)
 
 
 if __name__ == "__main__":

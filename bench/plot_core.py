@@ -1,6 +1,6 @@
-"""Chart of change-extraction time against change size (BENCHMARKS.md).
+"""Chart of the change-extraction matrix (BENCHMARKS.md).
 
-python bench/plot_core.py bench/results_core_10m.json bench/core_extraction.png
+python bench/plot_core.py bench/results_core.json bench/core_extraction.png
 """
 
 from __future__ import annotations
@@ -13,26 +13,36 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+SERIES = (
+    ("cold_s", "lance-cdf read_changes (fresh call)", "o"),
+    ("warm_s", "lance-cdf warm ChangeFeed", "."),
+    ("delta_take_s", "delta() + _take_rows of pre-images (hand-written)", "s"),
+    ("delta_s", "delta() alone (no pre-images)", "^"),
+)
+
 
 def main(src: str, out: str) -> None:
     data = json.load(open(src))
-    rows = data["results"]
-    changes = [r["changes"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=120)
-    for key, label, marker in (
-        ("cdf_s", "lance-cdf (read_changes)", "o"),
-        ("delta_s", "Lance Dataset.delta()", "s"),
-        ("full_diff_s", "full snapshot diff", "^"),
-    ):
-        ax.plot(changes, [r[key] * 1000 for r in rows], marker=marker, label=label)
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("rows changed by the commit")
-    ax.set_ylabel("extraction time (ms, log)")
-    meta = data["meta"]
-    ax.set_title(f"One commit on a {meta['rows']:,}-row table ({meta['machine']})", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    sizes = data["sizes"]
+    fig, axes = plt.subplots(len(sizes), 1, figsize=(11, 4.2 * len(sizes)), dpi=110)
+    axes = axes if len(sizes) > 1 else [axes]
+    for ax, size in zip(axes, sizes, strict=True):
+        rows = size["results"]
+        x = range(len(rows))
+        for key, label, marker in SERIES:
+            ax.plot(x, [r[key] * 1000 for r in rows], marker=marker, label=label, linewidth=1)
+        ax.set_xticks(list(x))
+        ax.set_xticklabels(
+            [f"{r['changes']:,} {r['layout'][:4]} {r['change']}" for r in rows],
+            rotation=70,
+            fontsize=7,
+        )
+        ax.set_yscale("log")
+        ax.set_ylabel("ms (log)")
+        ax.set_title(f"{size['rows']:,} rows, {size['fragments']} fragments", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle(f"Change extraction per cell ({data['meta']['machine']})", fontsize=10)
     fig.tight_layout()
     fig.savefig(out)
 

@@ -17,7 +17,6 @@ ALLOWED = {
     "read": {"plan", "format", "errors", "cache"},
     "snapshot": {"read", "plan", "format", "errors", "cache"},
     "modes": {"read", "errors"},
-    "candidates": {"modes", "read", "plan", "format", "errors", "cache"},
     "candidates": {"modes", "read", "plan", "errors"},
     "avro": {"errors"},
     "kafka": {"avro", "read", "feed", "streaming", "errors", ""},

@@ -6,6 +6,8 @@ with one Int32 column; `.bin` holds a portable 32-bit roaring bitmap.
 
 from __future__ import annotations
 
+import array
+
 import numpy as np
 import pyarrow as pa
 from pyroaring import BitMap
@@ -78,7 +80,8 @@ def _decode(data: bytes, file_type: int, path: str) -> BitMap:
     if table.num_columns != 1:
         raise ValueError(f"expected one column, found {table.num_columns}")
     values = table.column(0).to_numpy(zero_copy_only=False).astype(np.uint32)
-    return BitMap(values)
+    # pyroaring builds from array.array in bulk; from numpy it iterates element by element
+    return BitMap(array.array("I", values.tobytes()))
 
 
 def read_deletion_vector(

@@ -108,6 +108,7 @@ class RowIdSequence:
         lengths = np.array([segment_len(s) for s in segments], dtype=np.int64)
         self._starts = np.concatenate([[0], np.cumsum(lengths)])
         self._values: np.ndarray | None = None
+        self._range_starts: np.ndarray | bool | None = None
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
@@ -132,10 +133,15 @@ class RowIdSequence:
         offsets = np.asarray(offsets, dtype=np.int64)
         if offsets.size and (offsets.min() < 0 or offsets.max() >= len(self)):
             raise IndexError("offset outside the fragment's row-ID sequence")
-        if all(s.WhichOneof("segment") == "range" for s in self.segments):
+        if self._range_starts is None:
+            # decided once per sequence: the sequence is cached across the steps of a range
+            ranges = all(s.WhichOneof("segment") == "range" for s in self.segments)
+            self._range_starts = (
+                np.array([s.range.start for s in self.segments], dtype=U64) if ranges else False
+            )
+        if self._range_starts is not False:
             seg = np.searchsorted(self._starts, offsets, side="right") - 1
-            seg_start = np.array([s.range.start for s in self.segments], dtype=U64)
-            return seg_start[seg] + (offsets - self._starts[seg]).astype(U64)
+            return self._range_starts[seg] + (offsets - self._starts[seg]).astype(U64)
         return self.to_numpy()[offsets]
 
 

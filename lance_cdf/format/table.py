@@ -196,7 +196,33 @@ class TableLog:
                 f"{frag.id}) is missing; the table is damaged. Restore the file."
             ) from None
 
+    def _sequence_key(self, frag: FragmentInfo, oneof: str):
+        name = frag.proto.WhichOneof(oneof)
+        if name is None:
+            return None
+        value = getattr(frag.proto, name)
+        if isinstance(value, bytes):
+            return (name, frag.physical_rows, value)
+        return (name, frag.physical_rows, value.path, value.offset, value.size)
+
+    def _cached_sequence(self, frag: FragmentInfo, oneof: str, decode):
+        """Decoded sequences, keyed by their bytes or external file range: a fragment
+        entry a commit left alone is not decoded again at the next step of a range."""
+        cache = self.__dict__.get("_sequences")
+        if cache is None:
+            cache = self._sequences = LruCache(1024)
+        key = self._sequence_key(frag, oneof)
+        seq = cache.get(key) if key is not None else None
+        if seq is None:
+            seq = decode()
+            if key is not None:
+                cache.put(key, seq)
+        return seq
+
     def row_ids(self, frag: FragmentInfo) -> RowIdSequence:
+        return self._cached_sequence(frag, "row_id_sequence", lambda: self._row_ids(frag))
+
+    def _row_ids(self, frag: FragmentInfo) -> RowIdSequence:
         data = self._sequence_bytes(frag, "row_id_sequence")
         if data is None:
             raise StableRowIdsRequiredError(
@@ -213,6 +239,9 @@ class TableLog:
         return self._versions_of(frag, "created_at_version_sequence")
 
     def _versions_of(self, frag: FragmentInfo, oneof: str) -> VersionSequence:
+        return self._cached_sequence(frag, oneof, lambda: self._decode_versions(frag, oneof))
+
+    def _decode_versions(self, frag: FragmentInfo, oneof: str) -> VersionSequence:
         data = self._sequence_bytes(frag, oneof)
         if data is None:
             return VersionSequence.uniform(frag.physical_rows, UNKNOWN_VERSION)
