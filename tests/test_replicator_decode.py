@@ -147,8 +147,9 @@ def test_without_dead_letter_topic_the_first_bad_record_stops_the_batch():
 def test_unsupported_schema_takes_the_fastavro_path():
     with_map = pa.schema([("id", pa.int64()), ("m", pa.map_(pa.string(), pa.int64()))])
     schema = envelope_schema(with_map, "t")
-    src = {"connector": "c", "version": "v", "table": "t", "commit_version": 1,
-           "commit_timestamp": 0, "operation": "Append", "snapshot": False, "rowid": 3}  # fmt: skip
+    src = {"version": "v", "connector": "c", "name": "lancecdf", "ts_ms": 0, "snapshot": "false",
+           "db": "", "table": "t", "commit_version": 1, "commit_timestamp": 0,
+           "operation": "Append", "rowid": 3}  # fmt: skip
     value = {"before": None, "after": {"id": 1, "m": {"a": 1}}, "op": "c", "source": src,
              "ts_ms": 0}  # fmt: skip
     rep = replicator({1: schema})
