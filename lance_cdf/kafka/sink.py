@@ -127,12 +127,14 @@ def _avro_of(t: pa.DataType):
 def table_types(widened: pa.Schema, feed, version: int) -> pa.Schema:
     """`widened` (the user columns as Spark delivers them) with each column whose Avro
     type Spark changed (unsigned and narrow integers, float16, fixed-size lists and
-    binaries, inside lists and structs too) back in the table's own type at `version`."""
+    binaries, inside lists and structs too) back in the table's own type at `version`.
+    Dates and times keep Spark's form (same values; Spark's microsecond units are the
+    ones the Avro mapping writes)."""
     table = feed.schema_at(version)
     fields = []
     for f in widened:
         own = table.field(f.name) if f.name in table.names else None
-        if own is not None and own.type != f.type:
+        if own is not None and own.type != f.type and not pa.types.is_temporal(own.type):
             try:
                 changed = _avro_of(own.type) != _avro_of(f.type)
             except LanceCdfError:
