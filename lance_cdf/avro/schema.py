@@ -26,12 +26,12 @@ Type mapping (nullable Arrow fields become a union with null):
 | time32, time64 | long, time-micros |
 | list, large_list | array of the item type |
 | fixed_size_list[n] (embedding vectors) | array of the item type, with `"arrow.fixedSize": n` |
+| struct | record |
+| map<string, v> | map of v; map<other, v> | array of {key, value} records |
 
 int8, int16, the unsigned integers and float16 carry their Arrow type in an extra
 attribute, e.g. `{"type": "long", "arrow.type": "uint32"}` (Avro readers ignore it; the
 replicator and `arrow_type` restore the exact type from it, as from `arrow.fixedSize`).
-| struct | record |
-| map<string, v> | map of v; map<other, v> | array of {key, value} records |
 """
 
 from __future__ import annotations
