@@ -169,7 +169,7 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
 
 def test_unknown_topic_without_auto_create_is_a_clear_error(tmp_path):
     from lance_cdf.devtools import KafkaBroker
-    from lance_cdf.kafka.publisher import check_topic
+    from lance_cdf.kafka.endpoints import check_topic
 
     with KafkaBroker(str(tmp_path / "strict"), auto_create_topics=False) as strict:
         with pytest.raises(PublishError, match="does not exist .* auto.create.topics.enable"):
