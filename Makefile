@@ -20,6 +20,7 @@ venv: $(STAMP)
 # Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
 provision: $(STAMP)
 	$(PY) -m lance_cdf.devtools provision
+	$(PY) -m lance_cdf.devtools connect
 
 # pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: provision

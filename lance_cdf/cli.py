@@ -126,6 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--available-now", action="store_true",
                      help="publish everything up to the latest version, then exit")  # fmt: skip
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
+    pub.add_argument("--table-name", default=None, metavar="PREFIX.TABLE",
+                     help="names the Avro records PREFIX.TABLE.Envelope/.Value/.Key and fills "
+                     "source.name/source.table (default lancecdf.<table directory)")  # fmt: skip
     pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
     pub.add_argument("--max-rows-per-trigger", type=int, default=None)
     _client_settings(pub, "producer", "the source table")
@@ -253,6 +256,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option),
         max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
         drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
+        table_name=args.table_name,
     )  # fmt: skip
 
 

@@ -11,7 +11,15 @@ import pyarrow as pa
 import pytest
 
 import lance_cdf
-from lance_cdf.avro.schema import change_records, envelope_schema, key_schema, row_schema
+from lance_cdf.avro.schema import (
+    TableName,
+    arrow_type,
+    change_records,
+    envelope_schema,
+    key_schema,
+    row_arrow_schema,
+    row_schema,
+)
 from lance_cdf.errors import LanceCdfError
 
 ALL_TYPES = pa.table(
@@ -112,3 +120,78 @@ def test_unmappable_type_and_bad_key_are_clear_errors():
         row_schema(pa.schema([("u", pa.dense_union([]))]), "t")
     with pytest.raises(LanceCdfError, match="key column"):
         key_schema(pa.schema([("a", pa.int64())]), ["b"], "t")
+
+
+def test_records_are_named_as_debezium_names_them():
+    """Debezium recognises a change event by a value schema named `*.Envelope`
+    (io.debezium.data.Envelope.isEnvelopeSchema); rows are `*.Value`, keys `*.Key`."""
+    schema = pa.schema([("id", pa.int64()), ("Value", pa.struct([("Key", pa.int32())]))])
+    for name, uri, full, table in [
+        (None, "/data/my-items.lance", "lancecdf.my_items", "my_items"),
+        (None, "s3://bucket/x/9lives.lance/", "lancecdf._9lives", "_9lives"),
+        ("shop.items", "/d/t.lance", "shop.items", "items"),
+        ("a.b.c", "/d/t.lance", "a.b.c", "c"),
+        ("orders", "", "lancecdf.orders", "orders"),
+        ("/old/callers/pass/the/uri.lance", "", "lancecdf.uri", "uri"),
+    ]:
+        t = TableName.of(name, uri)
+        assert (t.namespace, t.table) == (full, table)
+        env = envelope_schema(schema, t)
+        parsed = fastavro.parse_schema(env)  # a valid Avro schema (names, namespaces)
+        assert parsed["name"] == f"{full}.Envelope"
+        before = next(f for f in env["fields"] if f["name"] == "before")["type"][1]
+        assert f"{before['namespace']}.{before['name']}" == f"{full}.Value"
+        # a struct column called Value does not take the row's name
+        struct = next(f for f in before["fields"] if f["name"] == "Value")["type"][1]
+        assert struct["name"] not in ("Value", "Key", "Envelope")
+        for key_cols in (None, ["id"]):
+            key = fastavro.parse_schema(key_schema(schema, key_cols, t))
+            assert key["name"] == f"{full}.Key"
+    with pytest.raises(LanceCdfError, match="--table-name"):
+        TableName.of("shop.9items")
+    with pytest.raises(LanceCdfError, match="dotted Avro name"):
+        TableName.of("shop..items")
+
+
+def test_source_carries_debeziums_common_fields(tmp_path):
+    uri = str(tmp_path / "items.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).delete("id = 2")
+    events = lance_cdf.read_changes(uri, 1).read_all()
+    snap = lance_cdf.read_changes(uri, 2, snapshot=True).read_all()
+    name = TableName.of("shop.items", uri)
+    schema = envelope_schema(pa.schema([("id", pa.int64())]), name)
+    ops = {1: "Overwrite", 2: "Delete"}
+    for table, want in ((events, ["false", "false", "false"]), (snap, ["true"])):
+        records = change_records(table, ["id"], ops, name, None, "0.9", 7)
+        sources = [roundtrip(schema, v)["source"] for _, v, _ in records]
+        assert [s["snapshot"] for s in sources] == want
+        for s in sources:
+            ts = s["commit_timestamp"]
+            assert (s["version"], s["connector"], s["name"], s["db"], s["table"]) == (
+                "0.9",
+                "lance-cdf",
+                "shop",
+                uri,
+                "items",
+            )
+            # ts_ms: the commit time in ms, as Debezium's source.ts_ms (when the change was made)
+            assert s["ts_ms"] == round(ts.timestamp() * 1000)
+            expect = lance.dataset(uri).versions()[s["commit_version"] - 1]["timestamp"]
+            assert abs(s["ts_ms"] - expect.timestamp() * 1000) < 1000
+
+
+@pytest.mark.parametrize(
+    "t",
+    [
+        pa.int8(), pa.int16(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(), pa.float16(),
+        pa.binary(16), pa.list_(pa.float32(), 768), pa.list_(pa.uint16()),
+        pa.struct([("u", pa.uint32()), ("v", pa.list_(pa.int8(), 3))]),
+    ],
+)  # fmt: skip
+def test_exact_arrow_types_survive_the_avro_schema(t):
+    """The Avro schema carries the table's own type: back through `arrow_type` (what
+    the replicator builds its replica from) comes the same Arrow type."""
+    schema = pa.schema([pa.field("c", t, nullable=False)])
+    assert row_arrow_schema(envelope_schema(schema, "t")) == schema
+    assert arrow_type(row_schema(schema, "t")["fields"][0]["type"]) == (t, False)

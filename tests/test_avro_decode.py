@@ -196,8 +196,9 @@ def test_every_type_matches_fastavro(change_batch):
 def test_all_null_and_all_present_images():
     schema = envelope_schema(pa.schema([("x", pa.int64()), ("v", pa.list_(pa.float32(), 3))]), "t")
     src = {
-        "connector": "c", "version": "v", "table": "t", "commit_version": 1,
-        "commit_timestamp": 0, "operation": "Append", "snapshot": False, "rowid": 0,
+        "version": "v", "connector": "c", "name": "lancecdf", "ts_ms": 0, "snapshot": "false",
+        "db": "/t.lance", "table": "t", "commit_version": 1, "commit_timestamp": 0,
+        "operation": "Append", "rowid": 0,
     }  # fmt: skip
     values = [
         {

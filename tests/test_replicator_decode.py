@@ -147,8 +147,9 @@ def test_without_dead_letter_topic_the_first_bad_record_stops_the_batch():
 def test_unsupported_schema_takes_the_fastavro_path():
     with_map = pa.schema([("id", pa.int64()), ("m", pa.map_(pa.string(), pa.int64()))])
     schema = envelope_schema(with_map, "t")
-    src = {"connector": "c", "version": "v", "table": "t", "commit_version": 1,
-           "commit_timestamp": 0, "operation": "Append", "snapshot": False, "rowid": 3}  # fmt: skip
+    src = {"version": "v", "connector": "c", "name": "lancecdf", "ts_ms": 0, "snapshot": "false",
+           "db": "", "table": "t", "commit_version": 1, "commit_timestamp": 0,
+           "operation": "Append", "rowid": 3}  # fmt: skip
     value = {"before": None, "after": {"id": 1, "m": {"a": 1}}, "op": "c", "source": src,
              "ts_ms": 0}  # fmt: skip
     rep = replicator({1: schema})
@@ -178,3 +179,75 @@ def test_bytes_left_over_are_a_dead_letter():
     rep._final_states_vectorized(msgs)
     assert [v for v, _ in rep.dlq.got] == [msgs[-1].value()]
     assert b"left over" in rep.dlq.got[0][1]["lance-cdf.error"]
+
+
+def _previous_release_envelope(user_schema: pa.Schema) -> dict:
+    """The value schema lance-cdf registered before records were named as Debezium
+    names them: `io.lancecdf.<table>_Envelope` / `_Row`, `source.table` the URI,
+    `source.snapshot` a boolean, no Debezium source fields."""
+    env = json.loads(json.dumps(envelope_schema(user_schema, "t")))
+    env["name"], env["namespace"] = "t_Envelope", "io.lancecdf"
+    fields = {f["name"]: f for f in env["fields"]}
+    row = fields["before"]["type"][1]
+    row["name"], row["namespace"] = "t_Row", "io.lancecdf"
+    fields["after"]["type"] = ["null", "io.lancecdf.t_Row"]
+    fields["source"]["type"]["fields"] = [
+        {"name": "connector", "type": "string"}, {"name": "version", "type": "string"},
+        {"name": "table", "type": "string"}, {"name": "commit_version", "type": "long"},
+        {"name": "commit_timestamp", "type": {"type": "long", "logicalType": "timestamp-millis"}},
+        {"name": "operation", "type": "string"}, {"name": "snapshot", "type": "boolean"},
+        {"name": "rowid", "type": "long"},
+    ]  # fmt: skip
+    return env
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_records_of_the_previous_naming_and_the_new_one_replicate_alike(seed):
+    """A topic that holds records of both namings (an existing topic whose subject was
+    relaxed): the vectorized path reads both, and agrees with the fastavro path."""
+    rng = random.Random(seed)
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), ("s", pa.string())])
+    old, new = _previous_release_envelope(schema), envelope_schema(schema, "shop.t")
+    fastavro.parse_schema(old)  # a valid schema of its own
+    # 4 versions of 10 records, each row ID once per version (as in a real feed)
+    events = pa.table(
+        {
+            "id": pa.array(range(40), pa.int64()),
+            "s": [f"v{i}" for i in range(40)],
+            "_rowid": pa.array([(i * 3 + seed) % 10 for i in range(40)], pa.uint64()),
+            "_change_type": [rng.choice(["insert", "delete"]) for _ in range(40)],
+            "_commit_version": pa.array([1 + i // 10 for i in range(40)], pa.int64()),
+            "_commit_timestamp": pa.array([1_700_000_000_000 + i for i in range(40)], pa.int64()),
+        }
+    )
+    records = change_records(events, ["id", "s"], {}, "shop.t", None, "0.1", 5)
+    msgs = []
+    for i, (_, value, _) in enumerate(records):
+        if i < 20:  # the older half of the topic: the previous release's records
+            src = value["source"]
+            value = {**value, "source": {
+                "connector": "lance-cdf", "version": "0.0.9", "table": "/t.lance",
+                "commit_version": src["commit_version"],
+                "commit_timestamp": src["commit_timestamp"], "operation": "Append",
+                "snapshot": False, "rowid": src["rowid"],
+            }}  # fmt: skip
+            msgs.append(Msg(wire(1, old, value), 0, i))
+        else:
+            msgs.append(Msg(wire(2, new, value), 0, i))
+    rep = replicator({1: old, 2: new})
+    assert rep.decoder.batch_decoder(1) is not None and rep.decoder.batch_decoder(2) is not None
+    vectorized = rep._final_states_vectorized(msgs)
+    assert vectorized is not None
+    slow = replicator({1: old, 2: new})._final_states(msgs)
+    assert vectorized[0].sort_by(SOURCE_ROWID) == slow[0].sort_by(SOURCE_ROWID)
+    assert sorted(vectorized[1].to_pylist(), key=str) == sorted(slow[1].to_pylist(), key=str)
+    # the last state of each source row: its last record, whichever naming wrote it
+    last = {}
+    for _, value, _ in records:
+        last[value["source"]["rowid"]] = value
+    got = {row[SOURCE_ROWID]: {"id": row["id"], "s": row["s"]} for row in slow[0].to_pylist()}
+    assert {r: got.get(r) for r, v in last.items() if v["op"] != "d"} == {
+        r: v["after"] for r, v in last.items() if v["op"] != "d"
+    }
+    deleted = {row[SOURCE_ROWID] for row in slow[1].to_pylist()}
+    assert {r for r, v in last.items() if v["op"] == "d"} <= deleted

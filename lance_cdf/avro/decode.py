@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.avro.schema import FIXED_SIZE
+from lance_cdf.avro.schema import ARROW_TYPE, FIXED_SIZE, arrow_type
 from lance_cdf.avro.wire import split_many
 
 # error codes of a record (0 = decoded fine); the first error of a record is kept
@@ -227,7 +227,11 @@ class _Int(_Node):
         elif self.scale != 1:
             v = v * self.scale
         out = pa.array(v)
-        return out if out.type == self.arrow else out.view(self.arrow)
+        if out.type == self.arrow:
+            return out
+        if pa.types.is_integer(self.arrow):  # int8/16, unsigned: out-of-range values are
+            return out.cast(self.arrow, safe=False)  # flagged above (their records rejected)
+        return out.view(self.arrow)
 
 
 class _Float(_Node):
@@ -515,6 +519,16 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
         if (base, logical) in _LOGICAL:
             return _LOGICAL[(base, logical)](), False
         raise Unsupported(f"logical type {logical!r}")
+    if base in _PRIMITIVES and ARROW_TYPE in t:  # a narrower or unsigned Arrow type
+        exact, _ = arrow_type(t)
+        if pa.types.is_integer(exact) and base in ("int", "long"):
+            bits = 32 if base == "int" else 64
+            if pa.types.is_signed_integer(exact):
+                lo, hi = -(2 ** (exact.bit_width - 1)), 2 ** (exact.bit_width - 1) - 1
+            else:
+                lo, hi = 0, min(2**exact.bit_width - 1, 2**63 - 1)
+            return _Int(bits, exact, lo=lo, hi=hi), False
+        raise Unsupported(f"Avro {base} with {ARROW_TYPE} {t[ARROW_TYPE]!r}")
     if base in _PRIMITIVES:
         return _primitive(base), False
     if base == "record":

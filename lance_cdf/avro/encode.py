@@ -27,7 +27,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from lance_cdf.avro.schema import OPS
+from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TableName
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _EMPTY = pa.scalar(b"", pa.large_binary())
@@ -422,7 +422,7 @@ def encode_changes(
     events: pa.Table,
     user_schema: pa.Schema,
     operations: dict[int, str],
-    table_name: str,
+    table_name: str | TableName,
     key_columns: list[str] | None,
     version: str,
     now_ms: int,
@@ -481,6 +481,13 @@ def encode_changes(
 
     rowid = _long_values(_column(events, "_rowid"))[rows]
     commit_ms = _commit_millis(_column(events, "_commit_timestamp"))[rows]
+    table = TableName.of(table_name)
+    true, false = (_string_bytes(SNAPSHOT_VALUES[b]) for b in (True, False))
+    snapshot = np.zeros((n, max(len(true), len(false))), np.uint8)
+    is_snap = snap[rows]
+    snapshot[is_snap, : len(true)] = np.frombuffer(true, np.uint8)
+    snapshot[~is_snap, : len(false)] = np.frombuffer(false, np.uint8)
+    snapshot_lens = np.where(is_snap, len(true), len(false)).astype(np.int64)
     value_parts = [
         _const(value_prefix, n),
         Padded(has_before.astype(np.uint8)[:, None] << 1),
@@ -489,12 +496,14 @@ def encode_changes(
         *_mask(after, has_after),
         Padded(op),
         _const(
-            _string_bytes("lance-cdf") + _string_bytes(version) + _string_bytes(table_name), n
+            _string_bytes(version) + _string_bytes("lance-cdf") + _string_bytes(table.prefix), n
         ),  # fmt: skip
+        _zigzag_varint(commit_ms),  # source.ts_ms
+        Padded(snapshot, snapshot_lens),
+        _const(_string_bytes(table.uri) + _string_bytes(table.table), n),
         _zigzag_varint(versions),
-        _zigzag_varint(commit_ms),
+        _zigzag_varint(commit_ms),  # source.commit_timestamp
         operation,
-        Padded(snap[rows].astype(np.uint8)[:, None]),
         _zigzag_varint(rowid),
         _const(varint_bytes(now_ms), n),
     ]

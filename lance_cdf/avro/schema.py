@@ -1,5 +1,13 @@
 """Arrow schemas and change events → Avro schemas and Debezium-style records.
 
+Records are named as Debezium names them, so Debezium's tooling (the JDBC sink,
+`ExtractNewRecordState`) recognises them as change events: for the logical table
+name `<prefix>.<table>` (`TableName`; default `lancecdf.<directory name>`) the
+value is `<prefix>.<table>.Envelope`, its `before`/`after` row `<prefix>.<table>.Value`
+and a key `<prefix>.<table>.Key`. `source` carries Debezium's common fields
+(`version`, `connector`, `name`, `ts_ms`, `snapshot`, `db`, `table`) and lance-cdf's
+own (`commit_version`, `commit_timestamp`, `operation`, `rowid`).
+
 Type mapping (nullable Arrow fields become a union with null):
 
 | Arrow | Avro |
@@ -20,13 +28,19 @@ Type mapping (nullable Arrow fields become a union with null):
 | fixed_size_list[n] (embedding vectors) | array of the item type, with `"arrow.fixedSize": n` |
 | struct | record |
 | map<string, v> | map of v; map<other, v> | array of {key, value} records |
+
+int8, int16, the unsigned integers and float16 carry their Arrow type in an extra
+attribute, e.g. `{"type": "long", "arrow.type": "uint32"}` (Avro readers ignore it; the
+replicator and `arrow_type` restore the exact type from it, as from `arrow.fixedSize`).
 """
 
 from __future__ import annotations
 
 import copy
+import datetime as dt
 import json
 import re
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
@@ -40,7 +54,28 @@ from lance_cdf.errors import LanceCdfError
 SCHEMAS = resources.files("lance_cdf.avro") / "schemas"
 # Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
 FIXED_SIZE = "arrow.fixedSize"
+# Extra attribute on an int/long/float that came from a narrower or unsigned Arrow type.
+ARROW_TYPE = "arrow.type"
+_TAGGED = {
+    str(t): t
+    for t in (
+        pa.int8(),
+        pa.int16(),
+        pa.uint8(),
+        pa.uint16(),
+        pa.uint32(),
+        pa.uint64(),
+        pa.float16(),
+    )  # fmt: skip
+}
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
+# Debezium's source.snapshot values used here ("true" for a snapshot read, "false" for a
+# change; "last" is not written: a snapshot spans micro-batches that do not know its end).
+SNAPSHOT_VALUES = {True: "true", False: "false"}
+DEFAULT_PREFIX = "lancecdf"
+# Record names the generated schemas use themselves (a struct column must not take them).
+_RESERVED = ("Envelope", "Value", "Key")
+_EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
 def load_avsc(name: str) -> dict:
@@ -53,11 +88,54 @@ def _name(text: str) -> str:
     return clean if clean and not clean[0].isdigit() else f"_{clean}"
 
 
+_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class TableName:
+    """How records name a table: `prefix.table` (Debezium's `<topic.prefix>.<table>`),
+    and the table's URI (`source.db`)."""
+
+    prefix: str
+    table: str
+    uri: str = ""
+
+    @property
+    def namespace(self) -> str:
+        """The Avro namespace of the table's records (`<prefix>.<table>`)."""
+        return f"{self.prefix}.{self.table}"
+
+    @classmethod
+    def of(cls, name: str | TableName | None, uri: str = "") -> TableName:
+        """`name` given (`--table-name` / the sink's `table.name`): a dotted Avro name
+        (`shop.items`: prefix `shop`, table `items`; a bare `items`: prefix `lancecdf`).
+        No name: derived from the URI's last path component (`.../items.lance` → `items`).
+        A `name` that is a path or URI (older callers) counts as the URI."""
+        if isinstance(name, TableName):
+            return name
+        if name and ("/" in name or ":" in name or "\\" in name):
+            name, uri = None, uri or name
+        if not name:
+            base = re.split(r"[/\\]", uri.rstrip("/\\"))[-1] if uri else ""
+            base = base[: -len(".lance")] if base.endswith(".lance") else base
+            return cls(DEFAULT_PREFIX, _name(base or "table"), uri)
+        parts = name.split(".")
+        bad = [p for p in parts if not _AVRO_NAME.fullmatch(p)]
+        if bad:
+            raise LanceCdfError(
+                f"table name {name!r} is not a dotted Avro name (bad part(s): {bad}); use "
+                "letters, digits and _ in each dot-separated part, not starting with a digit, "
+                "e.g. --table-name shop.items"
+            )
+        prefix = ".".join(parts[:-1]) or DEFAULT_PREFIX
+        return cls(prefix, parts[-1], uri)
+
+
 class _Namer:
     """Unique record names within one schema (Avro names are global to it)."""
 
     def __init__(self):
-        self.used: set[str] = set()
+        self.used: set[str] = set(_RESERVED)
 
     def __call__(self, base: str) -> str:
         name, i = _name(base), 1
@@ -72,6 +150,9 @@ def avro_type(t: pa.DataType, path: str, names: _Namer) -> Any:
     """The Avro type of an Arrow type (not nullable; see avro_field)."""
     if pat.is_boolean(t):
         return "boolean"
+    if str(t) in _TAGGED:  # the Avro type with the exact Arrow type beside it
+        base = "float" if pat.is_float16(t) else ("long" if t.bit_width >= 32 else "int")
+        return {"type": base, ARROW_TYPE: str(t)}
     if pat.is_int8(t) or pat.is_int16(t) or pat.is_int32(t) or pat.is_uint8(t) or pat.is_uint16(t):
         return "int"
     if pat.is_integer(t):
@@ -145,42 +226,45 @@ def avro_field(field: pa.Field, path: str, names: _Namer) -> dict:
     return out
 
 
-def row_schema(schema: pa.Schema, table_name: str) -> dict:
-    """Avro record for the table's rows (the `before`/`after` of the envelope)."""
+def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
+    """Avro record `<prefix>.<table>.Value`: the table's rows (`before`/`after`)."""
     names = _Namer()
     return {
         "type": "record",
-        "name": names(f"{table_name}_Row"),
-        "namespace": "io.lancecdf",
+        "name": "Value",
+        "namespace": TableName.of(table_name).namespace,
         "fields": [avro_field(f, f.name, names) for f in schema],
     }
 
 
-def envelope_schema(schema: pa.Schema, table_name: str) -> dict:
-    """The full value schema: envelope + source + the generated row record."""
+def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
+    """The full value schema `<prefix>.<table>.Envelope`: envelope + source + row."""
+    name = TableName.of(table_name)
     envelope = copy.deepcopy(load_avsc("envelope"))
-    envelope["name"] = f"{_name(table_name)}_Envelope"
-    row = row_schema(schema, _name(table_name))
+    envelope["name"], envelope["namespace"] = "Envelope", name.namespace
+    row = row_schema(schema, name)
     fields = {f["name"]: f for f in envelope["fields"]}
     fields["before"]["type"] = ["null", row]
-    fields["after"]["type"] = ["null", f"io.lancecdf.{row['name']}"]
+    fields["after"]["type"] = ["null", f"{name.namespace}.Value"]
     fields["source"]["type"] = load_avsc("source")
     return envelope
 
 
-def key_schema(schema: pa.Schema, key_columns: list[str] | None, table_name: str) -> dict:
+def key_schema(
+    schema: pa.Schema, key_columns: list[str] | None, table_name: str | TableName
+) -> dict:
+    """The key schema `<prefix>.<table>.Key`: `_rowid`, or the key columns."""
+    key = load_avsc("key")
+    key["namespace"] = TableName.of(table_name).namespace
     if not key_columns:
-        return load_avsc("key")
+        return key
     names = _Namer()
     missing = [c for c in key_columns if c not in schema.names]
     if missing:
         raise LanceCdfError(f"key column(s) {missing} are not columns of the table: {schema.names}")
-    return {
-        "type": "record",
-        "name": f"{_name(table_name)}_Key",
-        "namespace": "io.lancecdf",
-        "fields": [avro_field(schema.field(c), c, names) for c in key_columns],
-    }
+    key["fields"] = [avro_field(schema.field(c), c, names) for c in key_columns]
+    key["doc"] = "Record key: the key columns."
+    return key
 
 
 def _python_rows(table: pa.Table) -> list[dict]:
@@ -201,17 +285,27 @@ def _python_rows(table: pa.Table) -> list[dict]:
     return rows
 
 
+def _millis(ts: Any) -> int:
+    """Milliseconds since the epoch of a commit timestamp (as fastavro writes
+    timestamp-millis: floored)."""
+    if isinstance(ts, int):
+        return ts
+    delta = ts - _EPOCH if ts.tzinfo else ts - _EPOCH.replace(tzinfo=None)
+    return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
+
+
 def change_records(
     events: pa.Table,
     user_columns: list[str],
     operations: dict[int, str],
-    table_name: str,
+    table_name: str | TableName,
     key_columns: list[str] | None,
     version: str,
     now_ms: int,
 ) -> list[tuple[dict, dict | None, dict]]:
     """(key, value, meta) per change: an update's pre- and post-image become one
     record, a delete is followed by a tombstone marker in meta["tombstone"]."""
+    table = TableName.of(table_name)
     rows = _python_rows(events)
     names = [(_name(c), c) for c in user_columns]  # Avro field name, column
     key_names = [_name(c) for c in key_columns or []]
@@ -229,14 +323,18 @@ def change_records(
         after = None if kind == "delete" else image
         pending_pre = None
         commit_version = row["_commit_version"]
+        commit_ts = row["_commit_timestamp"]
         source = {
-            "connector": "lance-cdf",
             "version": version,
-            "table": table_name,
+            "connector": "lance-cdf",
+            "name": table.prefix,
+            "ts_ms": _millis(commit_ts),
+            "snapshot": SNAPSHOT_VALUES[kind == "snapshot"],
+            "db": table.uri,
+            "table": table.table,
             "commit_version": commit_version,
-            "commit_timestamp": row["_commit_timestamp"],
+            "commit_timestamp": commit_ts,
             "operation": operations.get(commit_version, "Unknown"),
-            "snapshot": kind == "snapshot",
             "rowid": row["_rowid"],
         }
         key = (
@@ -302,6 +400,8 @@ def arrow_type(t: Any) -> tuple[pa.DataType, bool]:
             return pa.struct([arrow_field(f) for f in t["fields"]]), False
         if base == "fixed":
             return pa.binary(t["size"]), False
+        if t.get(ARROW_TYPE) in _TAGGED and base in ("int", "long", "float"):
+            return _TAGGED[t[ARROW_TYPE]], False
         return arrow_type(base)
     if t in _AVRO_PRIMITIVES:
         return _AVRO_PRIMITIVES[t], False

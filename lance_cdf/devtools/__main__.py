@@ -4,6 +4,8 @@ provision  resolve the broker and registry into the cache (no network once cache
 up         start both on free 127.0.0.1 ports, print where, run until Ctrl-C or SIGTERM
 s3         start the local S3 server with bucket `tables`, print its storage options,
            run until Ctrl-C or SIGTERM
+connect    resolve Kafka Connect + the Debezium JDBC sink (PostgreSQL driver, Apicurio
+           converter) into the cache and print the worker's classpath and plugin.path
 """
 
 from __future__ import annotations
@@ -26,12 +28,25 @@ def _stop(*_):
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lance_cdf.devtools", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
-    ap.add_argument("command", choices=["provision", "up", "s3"])
+    ap.add_argument("command", choices=["provision", "up", "s3", "connect"])
     ap.add_argument("--cache-dir", help="default: $LANCE_CDF_DEVTOOLS_CACHE or .cache/devtools")
     ap.add_argument("--no-auto-create-topics", action="store_true")
     args = ap.parse_args(argv)
     if args.command == "s3":
         return _s3()
+    if args.command == "connect":
+        from lance_cdf.devtools.maven import (
+            connect_lib,
+            connect_plugins,
+            connect_versions,
+            provision_connect,
+        )
+
+        cache, v = provision_connect(args.cache_dir), connect_versions()
+        print(f"Kafka Connect {v['connect.version']}, Debezium JDBC sink {v['debezium.version']}")
+        print(f"classpath:   {connect_lib(cache)}/*")
+        print(f"plugin.path={connect_plugins(cache)}")
+        return 0
     t0 = time.monotonic()
     cache = provision(args.cache_dir)
     v = versions()

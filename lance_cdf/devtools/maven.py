@@ -144,4 +144,75 @@ def provision(cache_dir: str | os.PathLike | None = None) -> Path:
     return cache
 
 
-__all__ = ["default_cache_dir", "kafka_lib", "provision", "registry_jar", "versions"]
+# -- Kafka Connect + Debezium JDBC sink (the Debezium integration test) ----------------
+# Separate POMs and stamp: provisioning Connect never touches the broker's cache (and a
+# version bump here does not re-provision the broker).
+CONNECT_POMS = (POM.with_name("connect") / "runtime.xml", POM.with_name("connect") / "plugins.xml")
+_CONNECT_STAMP = "connect.sha256"
+
+
+def connect_lib(cache: Path) -> Path:
+    """The Connect worker's classpath folder."""
+    return Path(cache) / "connect" / "lib"
+
+
+def connect_plugins(cache: Path) -> Path:
+    """The Connect `plugin.path` (one folder: debezium-jdbc)."""
+    return Path(cache) / "connect" / "plugins"
+
+
+def connect_versions() -> dict[str, str]:
+    """The `<properties>` of the Connect POMs (connect.version, debezium.version, ...)."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    out = {}
+    for pom in CONNECT_POMS:
+        props = ET.parse(pom).getroot().find("m:properties", ns)
+        out.update({el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in props})
+    return out
+
+
+def _connect_hash() -> str:
+    return hashlib.sha256(b"".join(p.read_bytes() for p in CONNECT_POMS)).hexdigest()
+
+
+def _connect_current(cache: Path) -> bool:
+    try:
+        stamp = (cache / _CONNECT_STAMP).read_text().strip()
+    except OSError:
+        return False
+    return (
+        stamp == _connect_hash()
+        and any(connect_lib(cache).glob("connect-runtime-*.jar"))
+        and any((connect_plugins(cache) / "debezium-jdbc").glob("debezium-connector-jdbc-*.jar"))
+    )
+
+
+def provision_connect(cache_dir: str | os.PathLike | None = None) -> Path:
+    """Kafka Connect in `<cache>/connect/lib`, the Debezium JDBC sink, the PostgreSQL
+    driver and Apicurio's converter in `<cache>/connect/plugins/debezium-jdbc`, from Maven
+    Central into the shared `<cache>/m2`. Idempotent and offline once done."""
+    cache = Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir()
+    if _connect_current(cache):
+        return cache
+    cache.mkdir(parents=True, exist_ok=True)
+    with _locked(cache / ".connect.lock"):
+        if _connect_current(cache):
+            return cache
+        for stale in ("connect", "target-connect", "target-connect-plugins", _CONNECT_STAMP):
+            p = cache / stale
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+        for pom in CONNECT_POMS:
+            _mvn(
+                [f"-Dmaven.repo.local={cache / 'm2'}", "-f", str(pom),
+                 f"-Ddevtools.out={cache}", "package"]
+            )  # fmt: skip
+        for target in ("target-connect", "target-connect-plugins"):
+            shutil.rmtree(cache / target, ignore_errors=True)
+        (cache / _CONNECT_STAMP).write_text(_connect_hash() + "\n")
+    return cache
+
+
+__all__ = [
+    "connect_lib", "connect_plugins", "connect_versions", "default_cache_dir", "kafka_lib",
+    "provision", "provision_connect", "registry_jar", "versions",
+]  # fmt: skip

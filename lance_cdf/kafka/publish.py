@@ -37,6 +37,7 @@ def publish(
     master: str | None = None,
     snapshot: bool = False,
     drop_unchanged_updates: bool = False,
+    table_name: str | None = None,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -44,6 +45,8 @@ def publish(
     `snapshot`: first the table as it stands when the query first starts, as
     `op="r"` records, then the changes after it (the checkpoint remembers the
     snapshot's version and how far it got).
+    `table_name`: `prefix.table` naming the Avro records (`prefix.table.Envelope`)
+    and `source.name` / `source.table`; default `lancecdf.<table directory name>`.
     `master`: the Spark master URL; by default the one `spark-submit --master` gave,
     else `local[2]`. An active session (a spark-submit script's) is reused."""
     producer_config = dict(producer_config or {})
@@ -84,6 +87,8 @@ def publish(
     )  # fmt: skip
     if key:
         writer = writer.option("key", key)
+    if table_name:
+        writer = writer.option("table.name", table_name)
     for k, v in producer_config.items():
         writer = writer.option(f"kafka.{k}", v)
     for k, v in (registry_config or {}).items():

