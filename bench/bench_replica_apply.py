@@ -12,7 +12,9 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
   * replica        `ReplicaTable.apply` (lance_cdf/replicate/replica.py): key lookup
                    through the BTREE index (or one key-column scan for a batch too large
                    to probe), deletion vectors on the touched fragments, new fragments,
-                   one `LanceOperation.Update` commit.
+                   one `LanceOperation.Update` commit;
+  * replica_keep   the same with `keep_row_ids=True` (updated rows keep their replica
+                   row IDs; Lance then resolves them against the whole table at commit).
 The methods run interleaved on the same replica; after every apply the replica is
 restored to its base version, so each apply sees the same table. Each time is the
 median of --repeat applies. Replicas are built once under --dir and reused.
@@ -109,12 +111,15 @@ def main() -> None:
         print(f"replica {n} rows ready ({built:.1f}s to build)", flush=True)
         for b in args.batches:
             times: dict[str, list[float]] = {m: [] for m in args.methods}
+            # one per method, kept across applies: the key index stays in its cache
+            replicas = {m: ReplicaTable(path, [KEY], keep_row_ids=m == "replica_keep")
+                        for m in args.methods}  # fmt: skip
             for r in range(args.repeat):
                 rows, deletes = batch(n, b, seed=r + 1)
                 for m in args.methods:
-                    replica = ReplicaTable(path, [KEY])
+                    replica = replicas[m]
                     t0 = time.perf_counter()
-                    if m == "replica":
+                    if m.startswith("replica"):
                         replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"})
                     else:
                         merge_insert(path, rows, deletes, use_index=m == "merge_index")
