@@ -1,7 +1,7 @@
 """Replication throughput and commit-to-replica latency.
 
     python bench/bench_replicate.py --rows 1000000 --latency-commits 50 \
-        --out bench/results_replicate.json
+        --latency-replica-rows 10000000 --out bench/results_replicate.json
 
 Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in one run:
   * upserts    1,000,000 insert records (narrow rows, 5 scalar columns) applied by the
@@ -12,7 +12,8 @@ Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in
   * latency    the whole pipeline running (`lance-cdf-kafka` Spark stream with a 200 ms
                trigger -> Kafka -> Replicator thread): --latency-commits small commits, each
                timed from the source commit returning to its row being visible in the
-               replica (polled every 10 ms).
+               replica (polled every 10 ms); with --latency-replica-rows the replica
+               already holds that many rows (built once under --dir, then copied).
 Replicator times include decoding (Avro -> Arrow) and the Lance commits; records are
 published before the clock starts (publishing is bench_kafka.py's subject).
 """
@@ -189,8 +190,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--batch-rows", type=int, default=100_000)
     ap.add_argument("--latency-commits", type=int, default=50)
-    ap.add_argument("--latency-replica-rows", type=int, default=0,
-                    help="rows the replica holds before the latency run (built once)")
+    ap.add_argument(
+        "--latency-replica-rows",
+        type=int,
+        default=0,
+        help="rows the replica holds before the latency run (built once)",
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -259,7 +264,8 @@ def main() -> None:
         spark.stop()
         ms = np.array(lat) * 1000
         results["latency_ms"] = dict(
-            commits=len(lat), replica_rows=args.latency_replica_rows, p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
+            commits=len(lat), replica_rows=args.latency_replica_rows,
+            p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
             max=float(ms.max()),
         )  # fmt: skip
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)

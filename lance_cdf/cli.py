@@ -167,16 +167,16 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--max-batch-interval", type=_seconds, default=1.0, metavar="SECONDS",
                      help="longest wait to fill a batch, e.g. 1 or 500ms: the latency a "
                      "quiet topic adds")  # fmt: skip
-    rep.add_argument("--compact-every", type=int, default=100, metavar="BATCHES",
-                     help="compact the small fragments batches leave, and bring the key "
-                     "index up to date, every this many batches (default 100; 0: never)")  # fmt: skip
+    rep.add_argument("--compact-every", type=int, default=100, metavar="N",
+                     help="compact the small fragments batches leave, and bring the "
+                     "key index up to date, every N batches (default 100, 0: off)")  # fmt: skip
     rep.add_argument("--index-rows", type=int, default=None, metavar="ROWS",
-                     help="add new fragments to the key index once they hold more than "
-                     "this many rows (default 100000); every lookup scans them until then")  # fmt: skip
+                     help="add new fragments to the key index once they hold more "
+                     "than ROWS rows (default 100000); lookups scan them till then")  # fmt: skip
     rep.add_argument("--keep-row-ids", action="store_true",
-                     help="an updated row keeps its replica _rowid (the replica's own change "
-                     "feed then shows updates, not delete+insert); each commit then costs "
-                     "O(replica rows): ~3 s at 10M rows")  # fmt: skip
+                     help="an updated row keeps its replica _rowid (the replica's own "
+                     "change feed then shows updates, not delete+insert); each commit "
+                     "then costs O(replica rows): ~3 s at 10M rows")  # fmt: skip
     rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip

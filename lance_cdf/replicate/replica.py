@@ -221,7 +221,7 @@ class ReplicaTable:
     def _with_key_index(self, ds: lance.LanceDataset) -> lance.LanceDataset:
         """`ds` with a BTREE index on the key (built once, on the first batch that finds
         none); a key type the index cannot take keeps the merge_insert path."""
-        if self._key_index(ds) is not None:
+        if self._key_index(ds):
             return ds
         try:
             ds.create_scalar_index(self.key[0], "BTREE")
@@ -231,26 +231,26 @@ class ReplicaTable:
             return ds
         return self.open()
 
-    def _key_index(self, ds: lance.LanceDataset) -> dict | None:
-        for index in ds.list_indices():
-            if index["fields"] == self.key and index["type"] == "BTree":
-                return index
-        return None
+    def _key_index(self, ds: lance.LanceDataset) -> list[dict]:
+        """The segments of the BTREE index on the key (one, plus a delta per upkeep
+        between compactions); [] when there is none."""
+        return [i for i in ds.list_indices() if i["fields"] == self.key and i["type"] == "BTree"]
 
     # -- upkeep -----------------------------------------------------------------------
     def unindexed_rows(self, ds: lance.LanceDataset | None = None) -> int:
         """Rows in fragments the key index does not cover yet (each lookup scans them)."""
         ds = ds or self.open()
-        index = self._key_index(ds) if ds is not None and self._indexable else None
-        if index is None:
+        segments = self._key_index(ds) if ds is not None and self._indexable else []
+        if not segments:
             return 0
-        covered = set(index["fragment_ids"])
+        covered = set().union(*(set(s["fragment_ids"]) for s in segments))
         return sum(f.count_rows() for f in ds.get_fragments() if f.fragment_id not in covered)
 
     def maintain(self, compact: bool = False) -> dict:
-        """Compact the replica's small fragments (`compact`) and add unindexed fragments
-        to the key index once they hold more than `index_rows_max` rows (always after a
-        compaction). Neither changes a row nor the recorded position: the position is
+        """Compact the replica's small fragments (`compact`, then the key index is merged
+        into one segment covering every fragment), else index the fragments outside the
+        key index as a delta segment once they hold more than `index_rows_max` rows.
+        Neither changes a row nor the recorded position: the position is
         read from the newest commit that carries one. Returns what was done."""
         done: dict = {}
         ds = self.open()
@@ -261,10 +261,17 @@ class ReplicaTable:
             done["fragments_removed"] = metrics.fragments_removed
             done["fragments_added"] = metrics.fragments_added
             ds = self.open()
-        if self._indexable and self._key_index(ds) is not None:
+        segments = self._key_index(ds) if self._indexable else []
+        if segments:
             unindexed = self.unindexed_rows(ds)
-            if unindexed and (compact or unindexed > self.index_rows_max):
-                ds.optimize.optimize_indices(index_names=[self._key_index(ds)["name"]])
+            name = segments[0]["name"]
+            if compact and (unindexed or len(segments) > 1):
+                # one segment again: O(replica), as often as compaction runs
+                ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=len(segments))
+                done["indexed_rows"] = unindexed
+            elif unindexed > self.index_rows_max:
+                # a delta segment over the new fragments only: O(new rows)
+                ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
                 done["indexed_rows"] = unindexed
         return done
 

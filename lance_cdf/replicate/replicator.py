@@ -159,8 +159,9 @@ class Replicator:
     ID, stored as an ordinary column). `compact_every`: compact the replica's small
     fragments every that many batches (0: never); `index_rows_max`: add new fragments to
     the key index once they hold more rows than this; `keep_row_ids`: an updated row
-    keeps its replica row ID (the commit then costs O(replica); see replica.py). Run with `run()`; `stop()` (or SIGTERM / Ctrl-C
-    when run in the main thread) ends it after the current batch.
+    keeps its replica row ID (the commit then costs O(replica); see replica.py). Run
+    with `run()`; `stop()` (or SIGTERM / Ctrl-C when run in the main thread) ends it
+    after the current batch.
     """
 
     def __init__(
