@@ -205,7 +205,7 @@ class ReplicaTable:
         column, else that scan. Without `with_keys` a probe reads no data page: the
         addresses come from the index alone (~4x less per key at 10M rows)."""
         key = self.key[0]
-        cols = dict(columns=[key], with_row_id=True, with_row_address=True)
+        cols = dict(columns=[key], with_row_id=with_keys, with_row_address=True)
         probe_cols = cols if with_keys else dict(columns=[], with_row_address=True)
         small = len(keys) * INDEX_PROBE_ROWS_PER_KEY <= ds.count_rows()
         probe = _sql_literals(keys) if small else None
