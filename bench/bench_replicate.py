@@ -1,7 +1,7 @@
 """Replication throughput and commit-to-replica latency.
 
     python bench/bench_replicate.py --rows 1000000 --latency-commits 50 \
-        --out bench/results_replicate.json
+        --latency-replica-rows 10000000 --out bench/results_replicate.json
 
 Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in one run:
   * upserts    1,000,000 insert records (narrow rows, 5 scalar columns) applied by the
@@ -12,7 +12,8 @@ Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in
   * latency    the whole pipeline running (`lance-cdf-kafka` Spark stream with a 200 ms
                trigger -> Kafka -> Replicator thread): --latency-commits small commits, each
                timed from the source commit returning to its row being visible in the
-               replica (polled every 10 ms).
+               replica (polled every 10 ms); with --latency-replica-rows the replica
+               already holds that many rows (built once under --dir, then copied).
 Replicator times include decoding (Avro -> Arrow) and the Lance commits; records are
 published before the clock starts (publishing is bench_kafka.py's subject).
 """
@@ -80,15 +81,42 @@ def ceiling(rows: pa.Table, deletes: pa.Table | None, base: str | None, target: 
         shutil.copytree(base, target)
     ds = lance.dataset(target)
     t0 = time.perf_counter()
-    ds.merge_insert(SOURCE_ROWID).when_matched_update_all().when_not_matched_insert_all().execute(
-        rows
-    )
+    # use_index(False): the copied replica has the replicator's key index, and pylance's
+    # index-backed merge_insert of 900k rows exhausts its 300 MB join memory pool
+    builder = ds.merge_insert(SOURCE_ROWID).when_matched_update_all()
+    builder.when_not_matched_insert_all().use_index(False).execute(rows)
     if deletes is not None and deletes.num_rows:
-        lance.dataset(target).merge_insert(SOURCE_ROWID).when_matched_delete().execute(deletes)
+        lance.dataset(target).merge_insert(SOURCE_ROWID).when_matched_delete().use_index(
+            False
+        ).execute(deletes)
     return time.perf_counter() - t0
 
 
-def latency(spark, kafka, registry, root, commits: int) -> list[float]:
+def seeded_replica(root: str, dst: str, rows: int) -> None:
+    """`dst`: a replica already holding `rows` rows (keys far from the source's row IDs),
+    built once under `root` and copied, so latency is measured into a large replica."""
+    seed = os.path.join(root, f"lat_seed_{rows}.lance")
+    try:
+        ok = lance.dataset(seed).count_rows() == rows
+    except (ValueError, FileNotFoundError, OSError):
+        ok = False
+    if not ok:
+        schema = narrow(1).schema.append(pa.field(SOURCE_ROWID, pa.int64(), False))
+
+        def batches():
+            for start in range(0, rows, 1_000_000):
+                t = narrow(min(1_000_000, rows - start), start)
+                yield from t.append_column(
+                    schema.field(SOURCE_ROWID), pa.array(t["id"].to_numpy() + (1 << 40))
+                ).to_batches()
+
+        lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), seed,
+                            mode="overwrite", enable_stable_row_ids=True)  # fmt: skip
+        lance.dataset(seed).create_scalar_index(SOURCE_ROWID, "BTREE")
+    shutil.copytree(seed, dst)
+
+
+def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -> list[float]:
     from lance_cdf.kafka.sink import register as register_sink
     from lance_cdf.streaming import register
 
@@ -98,6 +126,8 @@ def latency(spark, kafka, registry, root, commits: int) -> list[float]:
     for p in (src, dst):
         shutil.rmtree(p, ignore_errors=True)
     lance.write_dataset(narrow(1000), src, enable_stable_row_ids=True)
+    if replica_rows:
+        seeded_replica(root, dst, replica_rows)
     topic = f"lat-{uuid.uuid4().hex[:6]}"
     q = (
         spark.readStream.format("lance-cdf").option("path", src).option("startingVersion", 1)
@@ -120,20 +150,24 @@ def latency(spark, kafka, registry, root, commits: int) -> list[float]:
     worker = threading.Thread(target=run, daemon=True)
     worker.start()
 
-    def visible(marker: int) -> bool:
+    session = lance.Session()  # polls of a large replica: keep its index cached
+
+    def visible(marker: int, rowid: int) -> bool:
         try:  # the replica appears with the replicator's first batch
-            return lance.dataset(dst).count_rows(filter=f"ts = {marker}") > 0
+            return lance.dataset(dst, session=session).count_rows(
+                filter=f"{SOURCE_ROWID} = {rowid} AND ts = {marker}"
+            ) > 0  # fmt: skip
         except ValueError:  # not created yet (or its first commit not written yet)
             return False
 
-    def wait(marker: int, poll: float) -> None:
-        deadline = time.monotonic() + 120
-        while not visible(marker):
+    def wait(marker: int, rowid: int, poll: float) -> None:
+        deadline = time.monotonic() + 300
+        while not visible(marker, rowid):
             if errors or q.exception() or time.monotonic() > deadline:
                 raise RuntimeError(f"pipeline stalled: {errors or q.exception() or 'timeout'}")
             time.sleep(poll)
 
-    wait(999 * 1000, 0.05)  # the initial rows
+    wait(999 * 1000, 999, 0.05)  # the initial rows (and, on a seeded replica, its index)
     out = []
     for i in range(commits):
         marker = -(i + 1)
@@ -144,7 +178,9 @@ def latency(spark, kafka, registry, root, commits: int) -> list[float]:
             row = narrow(1, 10_000 + i)
             row = row.set_column(3, "ts", pa.array([marker]))
             lance.write_dataset(row, src, mode="append")
-        wait(marker, 0.01)
+        rowid = lance.dataset(src).to_table(columns=[], filter=f"ts = {marker}",
+                                            with_row_id=True)["_rowid"][0].as_py()  # fmt: skip
+        wait(marker, rowid, 0.01)
         out.append(time.perf_counter() - t0)
     rep.stop()
     worker.join(30)
@@ -157,6 +193,12 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--batch-rows", type=int, default=100_000)
     ap.add_argument("--latency-commits", type=int, default=50)
+    ap.add_argument(
+        "--latency-replica-rows",
+        type=int,
+        default=0,
+        help="rows the replica holds before the latency run (built once)",
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -218,11 +260,15 @@ def main() -> None:
             .config("spark.sql.session.timeZone", "UTC").getOrCreate()
         )  # fmt: skip
         spark.sparkContext.setLogLevel("ERROR")
-        lat = latency(spark, kafka, registry, args.dir, args.latency_commits)
+        t0 = time.perf_counter()
+        lat = latency(spark, kafka, registry, args.dir, args.latency_commits,
+                      args.latency_replica_rows)  # fmt: skip
+        results["latency_run_s"] = time.perf_counter() - t0
         spark.stop()
         ms = np.array(lat) * 1000
         results["latency_ms"] = dict(
-            commits=len(lat), p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
+            commits=len(lat), replica_rows=args.latency_replica_rows,
+            p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
             max=float(ms.max()),
         )  # fmt: skip
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)

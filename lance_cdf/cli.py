@@ -140,9 +140,18 @@ def build_parser() -> argparse.ArgumentParser:
         "replicate",
         help="apply a published change topic to a replica Lance table",
         description="Consume a topic written by `lance-cdf publish` and apply its changes to a "
-        "Lance table (created on the first batch, with stable row IDs) through merge_insert and "
-        "deletes. Exactly once in effect: the Kafka position is stored in the same Lance commit "
-        "as the rows. Stops cleanly on SIGTERM / Ctrl-C after the current batch.",
+        "Lance table (created on the first batch, with stable row IDs). Exactly once in "
+        "effect: the Kafka position is stored in the same Lance commit as the rows. Stops "
+        "cleanly on SIGTERM / Ctrl-C after the current batch.\n\n"
+        "What a batch costs: decode, then one lookup of its keys through a BTREE index on "
+        "the key (built on the first batch), deletion vectors on the fragments those rows "
+        "live in, one new fragment and one commit: it follows the batch, not the replica "
+        "(1,000 rows: ~0.1-0.2 s into 10M rows). A batch so large that probing the index "
+        "key by key costs more than one scan of the key column (keys x 750 > replica rows) "
+        "scans that column instead; composite keys use merge_insert (O(replica)). "
+        "Latency vs throughput: --max-batch-interval bounds the wait for a batch, "
+        "--max-batch-rows its size; small batches mean low latency and more small "
+        "fragments, which --compact-every folds together.",
         epilog="example:\n  lance-cdf replicate --bootstrap-servers 127.0.0.1:9092 --topic "
         "events.cdf \\\n      --schema-registry http://127.0.0.1:8081 --target "
         "/data/replica.lance --key id",
@@ -156,9 +165,21 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--group-id", default=None,
                      help="consumer group (default lance-cdf-replicate-TOPIC)")  # fmt: skip
     rep.add_argument("--max-batch-rows", type=int, default=100_000,
-                     help="records per batch (one or two Lance commits)")  # fmt: skip
+                     help="records per batch (one Lance commit); bigger batches: fewer "
+                     "commits and files, more throughput, more latency")  # fmt: skip
     rep.add_argument("--max-batch-interval", type=_seconds, default=1.0, metavar="SECONDS",
-                     help="longest wait to fill a batch, e.g. 1 or 500ms")  # fmt: skip
+                     help="longest wait to fill a batch, e.g. 1 or 500ms: the latency a "
+                     "quiet topic adds")  # fmt: skip
+    rep.add_argument("--compact-every", type=int, default=100, metavar="N",
+                     help="compact the small fragments batches leave, and bring the "
+                     "key index up to date, every N batches (default 100, 0: off)")  # fmt: skip
+    rep.add_argument("--index-rows", type=int, default=None, metavar="ROWS",
+                     help="add new fragments to the key index once they hold more "
+                     "than ROWS rows (default 100000); lookups scan them till then")  # fmt: skip
+    rep.add_argument("--keep-row-ids", action="store_true",
+                     help="an updated row keeps its replica _rowid (the replica's own "
+                     "change feed then shows updates, not delete+insert); each commit "
+                     "then costs O(replica rows): ~3 s at 10M rows")  # fmt: skip
     rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
@@ -272,7 +293,8 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
         consumer_config=_options(args.consumer_config),
         registry_config=_options(args.registry_config),
-        storage_options=_options(args.storage_option),
+        storage_options=_options(args.storage_option), compact_every=args.compact_every,
+        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
     )  # fmt: skip
     print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
     counters = replicator.run(idle_timeout=args.idle_timeout)

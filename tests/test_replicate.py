@@ -16,13 +16,13 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer, Producer
+from confluent_kafka import Consumer, Producer, TopicPartition
 from workload import Workload
 
 import lance_cdf
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
-from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID
+from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID, ReplicaTable
 from lance_cdf.replicate.replicator import ReplicateError, Replicator
 
 # ops the replica can follow (index/config commits change no rows, so they are in too)
@@ -124,6 +124,69 @@ def test_user_key_and_restart_skips_applied(tmp_path, kafka_broker, schema_regis
     assert again.upserts == again.deletes == 0
     assert lance.dataset(dst).version == version
     assert first.upserts > 0 and first.deletes > 0
+
+
+def _end_offsets(kafka, topic) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"w-{topic}"})
+    try:
+        parts = c.list_topics(topic, timeout=10).topics[topic].partitions
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
+                for p in parts}  # fmt: skip
+    finally:
+        c.close()
+
+
+def test_compaction_and_reindex_mid_stream_then_restart(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-compact-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=23, rows=300)
+    rng = random.Random(9)
+    for _ in range(6):
+        w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
+    published = publish(kafka_broker, schema_registry, src, topic, 1)
+    # small batches, compaction every 3rd batch, every new fragment indexed at once
+    rep = make_replicator(kafka_broker, schema_registry, topic, dst, max_batch_rows=60,
+                          compact_every=3, index_rows_max=0)  # fmt: skip
+    first = rep.run(idle_timeout=2)
+    assert first.batches >= 6
+    table = ChangeFeed(dst).table  # pylance cannot decode a Rewrite of an indexed table
+    ops = [table.manifest(v).operation for v in range(2, lance.dataset(dst).version + 1)]
+    assert "Rewrite" in ops, ops  # compacted mid-stream ...
+    assert ops.count("CreateIndex") >= 2, ops  # ... and the key index brought up to date
+    assert_replica_equals_source(src, dst)
+    replica = ReplicaTable(dst, [SOURCE_ROWID])
+    assert replica.unindexed_rows() == 0
+    end = _end_offsets(kafka_broker, topic)
+    assert replica.applied_offsets(topic) == end  # the position survives maintenance commits
+
+    def more(n):
+        nonlocal published
+        before = sum(_end_offsets(kafka_broker, topic).values())
+        for _ in range(n):
+            w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "compact"]))
+        published = publish(kafka_broker, schema_registry, src, topic, published + 1)
+        return sum(_end_offsets(kafka_broker, topic).values()) - before
+
+    more(3)
+    make_replicator(kafka_broker, schema_registry, topic, dst, compact_every=0).run(2)
+    assert len(lance.dataset(dst).get_fragments()) > 1
+    done = replica.maintain(compact=True)  # the newest commits: a compaction, an index
+    assert done["fragments_removed"] > 1 and done["indexed_rows"] > 0
+    assert table.manifest(lance.dataset(dst).version).operation != "Update"
+    assert_replica_equals_source(src, dst)
+
+    new_records = more(3)
+    assert new_records > 0
+    # a new consumer group (no committed offsets in Kafka): the position comes from the
+    # replica, from behind its compaction and index commits
+    rep = Replicator(
+        kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
+        group_id=f"other-{topic}", max_batch_interval=0.5, max_batch_rows=60,
+        compact_every=2, index_rows_max=0,
+    )  # fmt: skip
+    again = rep.run(idle_timeout=2)
+    assert again.records == new_records and again.skipped == 0
+    assert_replica_equals_source(src, dst)
 
 
 def test_poison_record_goes_to_dead_letter_topic(tmp_path, kafka_broker, schema_registry):

@@ -156,8 +156,12 @@ class Replicator:
     Lance table at `target`.
 
     `key`: the replica's key columns; default `_source_rowid` (the source's stable row
-    ID, stored as an ordinary column). Run with `run()`; `stop()` (or SIGTERM / Ctrl-C
-    when run in the main thread) ends it after the current batch.
+    ID, stored as an ordinary column). `compact_every`: compact the replica's small
+    fragments every that many batches (0: never); `index_rows_max`: add new fragments to
+    the key index once they hold more rows than this; `keep_row_ids`: an updated row
+    keeps its replica row ID (the commit then costs O(replica); see replica.py). Run
+    with `run()`; `stop()` (or SIGTERM / Ctrl-C when run in the main thread) ends it
+    after the current batch.
     """
 
     def __init__(
@@ -174,15 +178,22 @@ class Replicator:
         consumer_config: dict | None = None,
         registry_config: dict | None = None,
         storage_options: dict | None = None,
+        compact_every: int = 100,
+        index_rows_max: int | None = None,
+        keep_row_ids: bool = False,
     ):
         self.topic = topic
+        self.compact_every = compact_every
         self.key = list(key) if key else [SOURCE_ROWID]
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.dead_letter_topic = dead_letter_topic
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
         check_broker(bootstrap_servers, consumer_config)
         check_registry(schema_registry, registry_config)
-        self.replica = ReplicaTable(target, self.key, storage_options)
+        self.replica = ReplicaTable(
+            target, self.key, storage_options, keep_row_ids=keep_row_ids,
+            **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
+        )  # fmt: skip
         self.decoder = _Decoder(
             SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
         )
@@ -199,6 +210,7 @@ class Replicator:
         self._applied: dict[int, int] = {}
         self._assigned: float | None = None
         self._waiting_for_topic = False
+        self._since_compaction = 0
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
@@ -303,6 +315,21 @@ class Replicator:
             0 if upserts is None else upserts.num_rows,
             0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
         )  # fmt: skip
+        self._maintain()
+
+    def _maintain(self) -> None:
+        """Replica upkeep after a batch (its Lance and offset commits are done, so a
+        crash here loses nothing): every `compact_every` batches the small fragments
+        are compacted and the key index brought up to date; in between, the index
+        takes in new fragments once they hold more than `index_rows_max` rows."""
+        self._since_compaction += 1
+        compact = 0 < self.compact_every <= self._since_compaction
+        done = self.replica.maintain(compact=compact)
+        if compact:
+            self._since_compaction = 0
+        if done:
+            crash_point("after-maintenance")
+            log.info("replica upkeep: %s", done)
 
     def _final_states(self, msgs: list) -> tuple[pa.Table | None, pa.Table | None, int, int]:
         """(upsert rows, deleted keys, tombstones, highest source version) of a batch:
@@ -519,15 +546,19 @@ class Replicator:
         log.warning("record at %s sent to %s: %s", where, self.dead_letter_topic, error)
 
     def _lag(self, next_offsets: dict[int, int]) -> int:
+        """Records behind the partitions' high watermarks, as of the consumer's last
+        fetch responses (cached): asking the broker would wait behind the consumer's
+        pending long-poll fetch (~450 ms per batch)."""
         lag = 0
         for p, o in next_offsets.items():
             try:
                 _, high = self.consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=2, cached=False
+                    TopicPartition(self.topic, p), cached=True
                 )
-                lag += max(0, high - o)
             except KafkaException:
-                pass
+                continue
+            if high is not None and high >= 0:  # negative: no fetch response yet
+                lag += max(0, high - o)
         return lag
 
 

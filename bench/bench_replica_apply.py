@@ -1,0 +1,139 @@
+"""Per-batch apply time into replicas of growing size: is the cost the batch's or the table's?
+
+    python bench/bench_replica_apply.py --sizes 100000 1000000 10000000 \
+        --batches 1000 100000 --repeat 3 --out bench/results_replica_apply.json
+
+No Kafka, no Avro: one batch of final row states (80% updates of existing keys, 10% new
+keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
+  * merge_insert   today's path before issue 21: merge_insert(key) delete + upsert, two
+                   commits, no index on the key (`use_index(False)`: a full join);
+  * merge_index    the same two merge_inserts with a BTREE index on the key and
+                   `use_index(True)` (pylance's index-backed merge_insert);
+  * replica        `ReplicaTable.apply` (lance_cdf/replicate/replica.py): key lookup
+                   through the BTREE index (or one key-column scan for a batch too large
+                   to probe), deletion vectors on the touched fragments, new fragments,
+                   one `LanceOperation.Update` commit;
+  * replica_keep   the same with `keep_row_ids=True` (updated rows keep their replica
+                   row IDs; Lance then resolves them against the whole table at commit).
+The methods run interleaved on the same replica; after every apply the replica is
+restored to its base version, so each apply sees the same table. Each time is the
+median of --repeat applies. Replicas are built once under --dir and reused.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+import lance
+import numpy as np
+import pyarrow as pa
+from tables import narrow  # noqa: E402  (bench/ is on sys.path)
+
+from lance_cdf.replicate.replica import ReplicaTable
+
+KEY = "id"
+
+
+def build(path: str, n: int) -> float:
+    """The base replica of n rows with a BTREE index on the key (built once)."""
+    try:
+        ds = lance.dataset(path)
+        if ds.count_rows() == n and ds.list_indices():
+            return 0.0
+    except (ValueError, FileNotFoundError, OSError):
+        pass
+    t0 = time.perf_counter()
+    chunk = 1_000_000
+
+    def batches():
+        for start in range(0, n, chunk):
+            yield from narrow(min(chunk, n - start), start).to_batches()
+
+    schema = narrow(1).schema
+    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), path,
+                        mode="overwrite", enable_stable_row_ids=True)  # fmt: skip
+    lance.dataset(path).create_scalar_index(KEY, "BTREE")
+    return time.perf_counter() - t0
+
+
+def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table]:
+    """(upserts, deleted keys): 80% updates, 10% new keys, 10% deletes."""
+    rng = np.random.default_rng(seed)
+    existing = rng.choice(n, size=int(b * 0.9), replace=False)
+    upd, dele = existing[: int(b * 0.8)], existing[int(b * 0.8) :]
+    new = np.arange(n, n + b - existing.size) + seed * b
+    ids = np.concatenate([upd, new]).astype(np.int64)
+    rows = narrow(len(ids)).set_column(0, KEY, pa.array(ids))
+    rows = rows.set_column(2, "score", pa.array(np.full(len(ids), -1.0)))
+    return rows, pa.table({KEY: pa.array(dele.astype(np.int64))})
+
+
+def merge_insert(path: str, rows: pa.Table, deletes: pa.Table, use_index: bool) -> None:
+    ds = lance.dataset(path)
+    tx, _ = (ds.merge_insert(KEY).when_matched_delete().use_index(use_index)
+             .execute_uncommitted(deletes))  # fmt: skip
+    ds = lance.LanceDataset.commit(path, tx, read_version=ds.version)
+    builder = ds.merge_insert(KEY).when_matched_update_all().when_not_matched_insert_all()
+    tx, _ = builder.use_index(use_index).execute_uncommitted(rows)
+    tx.transaction_properties = {"lance-cdf.offsets": "{}"}
+    lance.LanceDataset.commit(path, tx, read_version=ds.version)
+
+
+def check(path: str, base: int, n: int, rows: pa.Table, deletes: pa.Table) -> None:
+    """Rows added / deleted as expected, every upserted row holds its new value once."""
+    ds = lance.dataset(path)
+    new = int((rows[KEY].to_numpy() >= n).sum())
+    expect = lance.dataset(path, version=base).count_rows() + new - deletes.num_rows
+    assert ds.count_rows() == expect, (ds.count_rows(), expect)
+    assert ds.count_rows(filter="score = -1") == rows.num_rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000])
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--methods", nargs="+", default=["merge_insert", "merge_index", "replica"])
+    ap.add_argument("--dir", default="bench/out")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    os.makedirs(args.dir, exist_ok=True)
+    results: dict = {"runs": []}
+    for n in args.sizes:
+        path = os.path.join(args.dir, f"apply_base_{n}.lance")
+        built = build(path, n)
+        base = lance.dataset(path).version
+        print(f"replica {n} rows ready ({built:.1f}s to build)", flush=True)
+        for b in args.batches:
+            times: dict[str, list[float]] = {m: [] for m in args.methods}
+            # one per method, kept across applies: the key index stays in its cache
+            replicas = {m: ReplicaTable(path, [KEY], keep_row_ids=m == "replica_keep")
+                        for m in args.methods}  # fmt: skip
+            for r in range(args.repeat):
+                rows, deletes = batch(n, b, seed=r + 1)
+                for m in args.methods:
+                    replica = replicas[m]
+                    t0 = time.perf_counter()
+                    if m.startswith("replica"):
+                        replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"})
+                    else:
+                        merge_insert(path, rows, deletes, use_index=m == "merge_index")
+                    times[m].append(time.perf_counter() - t0)
+                    check(path, base, n, rows, deletes)
+                    lance.dataset(path, version=base).restore()
+            row = {"replica_rows": n, "batch_rows": b, "build_s": built}
+            row.update({f"{m}_s": statistics.median(t) for m, t in times.items()})
+            results["runs"].append(row)
+            print(json.dumps(row), flush=True)
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,78 @@
+"""ReplicaTable.apply without Kafka: random batches against a dict model of the replica.
+
+Both key lookups (probes of the BTREE key index, one scan of the key column) are forced in
+turn, with compaction and index upkeep in between; the oracle is a plain dict of key ->
+row, and with `keep_row_ids` the replica's `_rowid` of a key must never change.
+"""
+
+import random
+
+import lance
+import pyarrow as pa
+import pytest
+
+from lance_cdf.replicate import replica as replica_mod
+from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ReplicaTable
+
+
+def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
+    return pa.table({
+        "k": pa.array(keys, key_type), "v": pa.array([model[k] for k in keys], pa.int64()),
+    })  # fmt: skip
+
+
+@pytest.mark.parametrize("lookup", ["probe", "scan"])
+@pytest.mark.parametrize("key_type", [pa.int64(), pa.string()])
+@pytest.mark.parametrize("keep_row_ids", [False, True])
+def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, keep_row_ids):
+    # probe: every batch through the index; scan: every batch through the key column
+    monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0 if lookup == "probe" else 10**9)
+    monkeypatch.setattr(replica_mod, "PROBE_CHUNK", 7)  # several IN lists per batch
+    uri = str(tmp_path / "replica.lance")
+    rep = ReplicaTable(uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids)
+    rng = random.Random(hash((lookup, str(key_type), keep_row_ids)) & 0xFFFF)
+
+    def key(i):
+        return i if key_type == pa.int64() else f"k'{i}"  # a quote: SQL literal escaping
+
+    model: dict = {}
+    rowids: dict = {}
+    for step in range(25):
+        live = list(model)
+        deleted = rng.sample(live, min(len(live), rng.randint(0, 15)))
+        for k in deleted:
+            del model[k]
+        upserted = [key(rng.randrange(400)) for _ in range(rng.randint(0, 40))]
+        upserted = [k for k in dict.fromkeys(upserted) if k not in deleted]
+        for k in upserted:
+            model[k] = step
+        props = {OFFSETS_PROPERTY: f'{{"t": {{"0": {step}}}}}'}
+        up = rows_of(model, upserted, key_type) if upserted else None
+        dl = pa.table({"k": pa.array(deleted, key_type)}) if deleted else None
+        rep.apply(up, dl, props)
+        if step % 6 == 5:
+            rep.maintain(compact=True)
+        else:
+            rep.maintain()
+        ds = lance.dataset(uri) if (up is not None or lance_exists(uri)) else None
+        if ds is None:
+            continue
+        got = ds.to_table(with_row_id=True).to_pylist()
+        keys = [r["k"] for r in got]
+        assert len(keys) == len(set(keys)), f"duplicate keys after step {step}"
+        assert {r["k"]: r["v"] for r in got} == model, f"step {step}"
+        assert rep.position()[OFFSETS_PROPERTY] == props[OFFSETS_PROPERTY]
+        if keep_row_ids:
+            for r in got:
+                assert rowids.setdefault(r["k"], r["_rowid"]) == r["_rowid"], r
+            for k in deleted:
+                rowids.pop(k, None)
+    assert rep._indexable and rep.unindexed_rows() <= 50
+
+
+def lance_exists(uri: str) -> bool:
+    try:
+        lance.dataset(uri)
+        return True
+    except (ValueError, FileNotFoundError, OSError):
+        return False
