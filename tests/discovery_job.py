@@ -40,6 +40,11 @@ def main(args: dict) -> None:
     except Exception as exc:
         out["sql_unquoted_error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
 
+    manager = spark._jsparkSession.sessionState().dataSourceManager()
+    out["sink_found"] = bool(manager.dataSourceExists("lance-cdf-kafka"))
+    if not args.get("stream", True):
+        finish(spark, args, out)
+        return
     stream = (
         spark.readStream.format("lance-cdf").option("path", uri)
         .option("startingVersion", start).option("maxVersionsPerTrigger", 1).load()
@@ -50,8 +55,10 @@ def main(args: dict) -> None:
     out["progress"] = [
         {"sources": p["sources"], "numInputRows": p["numInputRows"]} for p in stream.recentProgress
     ]
-    manager = spark._jsparkSession.sessionState().dataSourceManager()
-    out["sink_found"] = bool(manager.dataSourceExists("lance-cdf-kafka"))
+    finish(spark, args, out)
+
+
+def finish(spark, args: dict, out: dict) -> None:
     with open(args["out"], "w") as f:
         json.dump(out, f)
     spark.stop()
