@@ -18,7 +18,8 @@ ALLOWED = {
     "snapshot": {"read", "plan", "format", "errors", "cache"},
     "modes": {"read", "errors"},
     "avro": {"errors"},
-    "kafka": {"avro", "read", "feed", "streaming", "errors", ""},
+    "metrics": {"format", "errors", "cache"},
+    "kafka": {"avro", "read", "feed", "streaming", "metrics", "errors", ""},
     "replicate": {"avro", "kafka", "errors"},
 }
 
