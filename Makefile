@@ -12,7 +12,10 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[test,dev]'
+	# compat: the project root on sys.path, so PySpark's lookup of `pyspark_*` modules
+	# (pkgutil.iter_modules) finds pyspark_lance_cdf; the default (lenient) editable
+	# install hides it behind an import hook that iter_modules does not see.
+	$(PY) -m pip install -q -e '.[test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -43,6 +43,15 @@ def _client_settings(parser: argparse.ArgumentParser, client: str, table: str) -
                             help=help_text + " (repeatable)")  # fmt: skip
 
 
+def _metrics_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
+                        help="serve Prometheus metrics at http://HOST:PORT/metrics (lag, "
+                        "events/s, batches, failures; 0 = any free port)")  # fmt: skip
+    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
+                        help="address the metrics endpoint listens on (default 127.0.0.1; "
+                        "0.0.0.0 for a scraper on another host)")  # fmt: skip
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="lance-cdf",
@@ -134,6 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
+    _metrics_flags(pub)
     pub.set_defaults(func=cmd_publish)
 
     rep = sub.add_parser(
@@ -186,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
                      help="exit 0 once no record has arrived for this long")  # fmt: skip
     _client_settings(rep, "consumer", "the replica table")
+    _metrics_flags(rep)
+    rep.add_argument("--source-table", default=None, metavar="URI",
+                     help="the published table (read-only): its latest version and commit "
+                     "times give the lag metrics in versions and seconds")  # fmt: skip
+    rep.add_argument("--source-storage-option", action="append", default=[],
+                     metavar="KEY=VALUE", help="storage option for --source-table "
+                     "(repeatable)")  # fmt: skip
     rep.set_defaults(func=cmd_replicate)
 
     status = sub.add_parser(
@@ -278,6 +295,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
         drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
         table_name=args.table_name,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
     )  # fmt: skip
 
 
@@ -297,6 +315,18 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
     )  # fmt: skip
     print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
+    if args.metrics_port is not None:
+        from lance_cdf.metrics import PipelineMetrics, Progress
+
+        c = replicator.counters
+        progress = lambda: Progress(  # noqa: E731 (read on every scrape)
+            version=c.source_version or None, events=c.records, batches=c.batches,
+            dead_letters=c.dead_letters, delivery_failures=c.delivery_failures,
+            last_error=c.last_error, kafka_lag=c.lag,
+        )  # fmt: skip
+        metrics = PipelineMetrics("replicate", progress, args.source_table,
+                                  _options(args.source_storage_option), args.topic)  # fmt: skip
+        print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
     counters = replicator.run(idle_timeout=args.idle_timeout)
     print(
         f"stopped: {counters.batches} batches, {counters.records} records, "

@@ -19,7 +19,8 @@ ALLOWED = {
     "modes": {"read", "errors"},
     "candidates": {"modes", "read", "plan", "errors"},
     "avro": {"errors"},
-    "kafka": {"avro", "read", "feed", "streaming", "errors", ""},
+    "metrics": {"format", "errors", "cache"},
+    "kafka": {"avro", "read", "feed", "streaming", "metrics", "errors", ""},
     "replicate": {"avro", "kafka", "errors"},
 }
 

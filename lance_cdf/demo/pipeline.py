@@ -92,6 +92,7 @@ def run(root: str, seconds: float, commit_interval: float, partitions: int, out=
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry, provision
+    from lance_cdf.devtools.process import free_port
 
     out = out or sys.stdout
     paths = Paths(root)
@@ -114,13 +115,18 @@ def run(root: str, seconds: float, commit_interval: float, partitions: int, out=
         create(paths.source)
         kafka = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", TOPIC,
                  "--schema-registry", registry.url]  # fmt: skip
+        pub_port, rep_port = free_port(), free_port()
         children.start("publisher", ["publish", "--table", paths.source, *kafka,
                                      "--checkpoint", paths.checkpoint, "--starting-version",
-                                     "1", "--trigger-interval", "1 second"])  # fmt: skip
+                                     "1", "--trigger-interval", "1 second",
+                                     "--metrics-port", str(pub_port)])  # fmt: skip
         children.start("replicator", ["replicate", *kafka, "--target", paths.replica,
                                       "--dead-letter-topic", f"{TOPIC}.dlq",
-                                      "--max-batch-interval", "500ms"])  # fmt: skip
+                                      "--max-batch-interval", "500ms", "--source-table",
+                                      paths.source, "--metrics-port", str(rep_port)])  # fmt: skip
         say(f"publisher and replicator started (logs in {paths.logs}); writing for {seconds:.0f}s")
+        say(f"Prometheus metrics: publisher http://127.0.0.1:{pub_port}/metrics, "
+            f"replicator http://127.0.0.1:{rep_port}/metrics")  # fmt: skip
         probe = Probe(
             paths.source, paths.checkpoint, paths.replica, broker.bootstrap_servers, TOPIC
         )

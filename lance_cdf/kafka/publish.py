@@ -38,6 +38,8 @@ def publish(
     snapshot: bool = False,
     drop_unchanged_updates: bool = False,
     table_name: str | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str = "127.0.0.1",
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -48,7 +50,9 @@ def publish(
     `table_name`: `prefix.table` naming the Avro records (`prefix.table.Envelope`)
     and `source.name` / `source.table`; default `lancecdf.<table directory name>`.
     `master`: the Spark master URL; by default the one `spark-submit --master` gave,
-    else `local[2]`. An active session (a spark-submit script's) is reused."""
+    else `local[2]`. An active session (a spark-submit script's) is reused.
+    `metrics_port`: serve Prometheus metrics on metrics_host:metrics_port (0: any free
+    port; see lance_cdf.metrics)."""
     producer_config = dict(producer_config or {})
     check_broker(bootstrap_servers, producer_config)
     check_registry(schema_registry, registry_config)
@@ -102,6 +106,7 @@ def publish(
         f"producer settings {redact(producer_config)})",
         flush=True,
     )
+    follower = _serve_metrics(query, table, topic, storage_options, metrics_port, metrics_host)
 
     def stop(*_):
         query.stop()
@@ -115,8 +120,25 @@ def publish(
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
     error = error or query.exception()
+    if follower is not None:
+        follower.stop()
+        if error is not None:
+            follower.failed()
     if own_session:
         spark.stop()
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
+
+
+def _serve_metrics(query, table, topic, storage_options, port, host):
+    """Follow the query's progress and serve it as Prometheus metrics (None: no port)."""
+    if port is None:
+        return None
+    from lance_cdf.kafka.progress import QueryFollower
+    from lance_cdf.metrics import PipelineMetrics
+
+    follower = QueryFollower(query).start()
+    metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)
+    print(f"metrics at {metrics.serve(port, host)}", flush=True)
+    return follower

@@ -72,7 +72,13 @@ class Counters:
     dead_letters: int = 0
     source_version: int = 0
     lag: int = 0
+    delivery_failures: int = 0  # offset commits and dead-letter writes that failed
+    last_error: float = 0.0  # unix time of the last of those (0: none)
     started: float = field(default_factory=time.time)
+
+    def failed(self) -> None:
+        self.delivery_failures += 1
+        self.last_error = time.time()
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -299,6 +305,7 @@ class Replicator:
                 asynchronous=False,
             )
         except KafkaException as exc:  # the replica holds the position: safe to go on
+            self.counters.failed()
             log.warning("offset commit failed (the replica's position is kept): %s", exc)
         c = self.counters
         c.batches += 1
@@ -538,6 +545,7 @@ class Replicator:
         headers = [("lance-cdf.error", error.encode()), ("lance-cdf.source", where.encode())]
         self.dlq.produce(self.dead_letter_topic, key=m.key(), value=m.value(), headers=headers)
         if self.dlq.flush(30):
+            self.counters.failed()
             raise ReplicateError(
                 f"could not write the record at {where} to the dead-letter topic "
                 f"{self.dead_letter_topic!r}; nothing of its batch was applied"

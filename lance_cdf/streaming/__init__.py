@@ -1,13 +1,27 @@
-"""Spark source for the change feed: `spark.readStream.format("lance-cdf")`."""
+"""Spark source for the change feed: `spark.readStream.format("lance-cdf")`.
+
+PySpark >= 4.0 finds the source without a call (the `pyspark_lance_cdf` module);
+`register(spark)` registers it explicitly and adds the SQL table-valued function
+`lance_table_changes(path, start [, end])`."""
 
 from __future__ import annotations
 
 
 def register(spark) -> None:
-    """Make `format("lance-cdf")` available in this Spark session."""
+    """Make `format("lance-cdf")` and `lance_table_changes` available in this session."""
+    from lance_cdf.streaming import table_changes
     from lance_cdf.streaming.source import LanceCdfDataSource
 
     spark.dataSource.register(LanceCdfDataSource)
+    table_changes.register(spark)
 
 
-__all__ = ["register"]
+def lag(query) -> int | None:
+    """Versions the table is ahead of what a `format("lance-cdf")` StreamingQuery
+    delivered, from its last progress report (None before the first one)."""
+    from lance_cdf.streaming.progress import lag as _lag
+
+    return _lag(query)
+
+
+__all__ = ["lag", "register"]

@@ -1,0 +1,66 @@
+"""What `lance-cdf publish` reports to the metrics endpoint, followed from the Spark
+query's progress reports (one per micro-batch, read every second)."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+from lance_cdf.metrics import Progress
+from lance_cdf.streaming.progress import source_versions
+
+log = logging.getLogger("lance_cdf.kafka")
+
+
+class QueryFollower:
+    """Accumulates the progress reports of a running StreamingQuery into `Progress`."""
+
+    def __init__(self, query, interval: float = 1.0):
+        self.query, self.interval = query, interval
+        self.state = Progress()
+        self._last_batch = -1
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="lance-cdf-progress", daemon=True)
+
+    def start(self) -> QueryFollower:
+        self._thread.start()
+        return self
+
+    def progress(self) -> Progress:
+        with self._lock:
+            return Progress(**vars(self.state))
+
+    def failed(self) -> None:
+        """The query failed: its micro-batch was not delivered."""
+        with self._lock:
+            self.state.delivery_failures += 1
+            self.state.last_error = time.time()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.update()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.update()
+            except Exception as exc:  # e.g. the JVM is stopping: the caller reports that
+                log.debug("reading the query's progress failed: %s", exc)
+
+    def update(self) -> None:
+        reports = self.query.recentProgress or []
+        with self._lock:
+            for p in reports:
+                batch = int(p.get("batchId", -1))
+                if batch <= self._last_batch:
+                    continue
+                self._last_batch = batch
+                versions = source_versions(p)
+                if versions is None:
+                    continue
+                rows = int(p.get("numInputRows") or 0)
+                self.state.batches += 1
+                self.state.events += rows
+                self.state.version = versions.delivered

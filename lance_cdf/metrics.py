@@ -1,0 +1,177 @@
+"""Prometheus metrics of `lance-cdf publish` and `lance-cdf replicate` (`--metrics-port`).
+
+A pipeline hands `PipelineMetrics` a function returning its `Progress` (counters
+it keeps anyway); every scrape reads that, and the source table's latest version
+and commit times, so lag is computed when asked, never stale:
+
+    lance_cdf_source_latest_version      latest version of the source table
+    lance_cdf_published_version          publish: changes up to it are in Kafka
+    lance_cdf_applied_version            replicate: changes up to it are in the replica
+    lance_cdf_lag_versions               latest - published/applied
+    lance_cdf_lag_seconds                age of the oldest version not yet published/applied
+                                         (now - its commit time; 0 when caught up)
+    lance_cdf_events_total               events published / records consumed
+    lance_cdf_events_per_second          over the last minute
+    lance_cdf_batches_total              micro-batches / replica batches
+    lance_cdf_dead_letters_total         records set aside (replicate --dead-letter-topic)
+    lance_cdf_delivery_failures_total    failed micro-batches (publish) / offset commits
+                                         and dead-letter writes that failed (replicate)
+    lance_cdf_last_error_timestamp_seconds  unix time of the last failure (0: none)
+    lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
+    lance_cdf_pipeline_info{role,table,topic}  1
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+
+from lance_cdf.errors import LanceCdfError
+
+RATE_WINDOW = 60.0  # seconds of history behind lance_cdf_events_per_second
+
+
+@dataclass
+class Progress:
+    """What a pipeline has done since it started."""
+
+    version: int | None = None  # source version published / applied through (None: none yet)
+    events: int = 0
+    batches: int = 0
+    dead_letters: int = 0
+    delivery_failures: int = 0
+    last_error: float = 0.0  # unix time, 0 = never
+    kafka_lag: int | None = None
+
+
+class PipelineMetrics:
+    """The metrics of one pipeline (`role` "publish" or "replicate"), collected on scrape."""
+
+    def __init__(
+        self,
+        role: str,
+        progress: Callable[[], Progress],
+        table: str | None = None,
+        storage_options: dict[str, str] | None = None,
+        topic: str = "",
+    ):
+        if role not in ("publish", "replicate"):
+            raise LanceCdfError(f"unknown pipeline role {role!r}: publish or replicate")
+        self.role, self.progress, self.table, self.topic = role, progress, table, topic
+        self.storage_options = dict(storage_options or {})
+        self._log = None  # the source table's TableLog, opened on the first scrape
+        self._samples: collections.deque[tuple[float, int]] = collections.deque()
+        self._lock = threading.Lock()
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(self)
+        self.server = None
+        self.url: str | None = None
+
+    # -- serving ------------------------------------------------------------------
+    def serve(self, port: int, host: str = "127.0.0.1") -> str:
+        """Serve `/metrics` on host:port (0: a free port) from a daemon thread; the URL."""
+        try:
+            self.server, _ = start_http_server(port, addr=host, registry=self.registry)
+        except OSError as exc:
+            raise LanceCdfError(
+                f"cannot serve metrics on {host}:{port} ({exc}); pick a free --metrics-port"
+            ) from None
+        shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        self.url = f"http://{shown}:{self.server.server_port}/metrics"
+        return self.url
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+            self.server = None
+
+    # -- the source table -----------------------------------------------------------
+    def _source(self, version: int | None) -> tuple[int | None, float | None]:
+        """(latest version, commit time of the first version after `version`)."""
+        if self.table is None:
+            return None, None
+        from lance_cdf.format.table import TableLog
+
+        if self._log is None:
+            self._log = TableLog(self.table, self.storage_options)
+        versions = self._log.refresh()
+        latest = versions[-1]
+        done = version or 0
+        behind = [v for v in versions if v > done]
+        if not behind:
+            return latest, None
+        return latest, self._log.manifest(behind[0], operation=False).timestamp_us / 1e6
+
+    def _rate(self, events: int, now: float) -> float:
+        with self._lock:
+            self._samples.append((now, events))
+            while len(self._samples) > 2 and now - self._samples[1][0] >= RATE_WINDOW:
+                self._samples.popleft()
+            t0, e0 = self._samples[0]
+        return (events - e0) / (now - t0) if now > t0 else 0.0
+
+    # -- prometheus_client Collector --------------------------------------------------
+    def describe(self):
+        return []  # collected fresh on every scrape
+
+    def collect(self):
+        p = self.progress()
+        now = time.time()
+        info = InfoMetricFamily("lance_cdf_pipeline", "the pipeline this process runs")
+        info.add_metric([], {"role": self.role, "table": self.table or "", "topic": self.topic})
+        yield info
+        latest, oldest_pending = self._source(p.version)
+        done = "published" if self.role == "publish" else "applied"
+        if latest is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_source_latest_version", "latest version of the source table",
+                value=latest,
+            )  # fmt: skip
+        if p.version is not None:
+            yield GaugeMetricFamily(
+                f"lance_cdf_{done}_version", f"the changes up to this source version are {done}",
+                value=p.version,
+            )  # fmt: skip
+        if latest is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_lag_versions", f"latest source version - {done} version",
+                value=max(0, latest - (p.version or 0)),
+            )  # fmt: skip
+            yield GaugeMetricFamily(
+                "lance_cdf_lag_seconds",
+                f"seconds since the oldest source version not yet {done} was committed",
+                value=0.0 if oldest_pending is None else max(0.0, now - oldest_pending),
+            )
+        yield CounterMetricFamily(
+            "lance_cdf_events", "change events published / records consumed", value=p.events
+        )
+        yield GaugeMetricFamily(
+            "lance_cdf_events_per_second", f"events per second over the last {RATE_WINDOW:.0f} s",
+            value=self._rate(p.events, now),
+        )  # fmt: skip
+        yield CounterMetricFamily("lance_cdf_batches", "batches completed", value=p.batches)
+        yield CounterMetricFamily(
+            "lance_cdf_dead_letters", "records sent to the dead-letter topic",
+            value=p.dead_letters,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "lance_cdf_delivery_failures", "failed micro-batches, offset commits or "
+            "dead-letter writes", value=p.delivery_failures,
+        )  # fmt: skip
+        yield GaugeMetricFamily(
+            "lance_cdf_last_error_timestamp_seconds",
+            "unix time of the last failure (0: none)",
+            value=p.last_error,
+        )
+        if p.kafka_lag is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",
+                value=p.kafka_lag,
+            )  # fmt: skip

@@ -1,0 +1,205 @@
+"""Prometheus metrics of `lance-cdf publish` / `lance-cdf replicate` (`--metrics-port`),
+scraped over HTTP and parsed with prometheus_client's own text parser while the
+pipeline runs. Oracles: the table's versions and commit times as pylance reports
+them, read_changes' event counts, and the records in the topic."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import uuid
+
+import lance
+from prometheus_client.parser import text_string_to_metric_families
+from test_replicate import publish
+from workload import Workload
+
+import lance_cdf
+from lance_cdf.devtools.process import free_port
+from lance_cdf.metrics import PipelineMetrics, Progress
+
+CHANGING = ["append", "update", "upsert", "delete_sparse", "upsert_delete_missing"]
+
+
+def scrape(url: str) -> dict[str, float]:
+    """sample name (labels left out) -> value, as a Prometheus server would read them."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples}
+
+
+def scrape_until(url: str, done, proc, timeout: float = 240) -> dict[str, float]:
+    deadline, last, why = time.monotonic() + timeout, None, None
+    while time.monotonic() < deadline:
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read()[-3000:]}")
+        try:
+            last = scrape(url)
+            if done(last):
+                return last
+        except OSError as exc:  # not listening yet
+            why = exc
+        time.sleep(0.5)
+    raise AssertionError(f"metrics never got there: {last} ({why})")
+
+
+def commit_seconds(uri: str) -> dict[int, float]:
+    """version -> commit time, as pylance reports it."""
+    return {v["version"]: v["timestamp"].timestamp() for v in lance.dataset(uri).versions()}
+
+
+def test_lag_from_the_table_and_the_counters(tmp_path):
+    uri = str(tmp_path / "t.lance")
+    w = Workload(uri, seed=1, rows=50)
+    for op in ("update", "append", "delete_sparse", "upsert"):
+        w.step(op)
+    latest = lance.dataset(uri).version
+    commits = commit_seconds(uri)
+    state = Progress(version=2, events=40, batches=3, dead_letters=1, delivery_failures=2,
+                     last_error=1234.5, kafka_lag=7)  # fmt: skip
+    metrics = PipelineMetrics("replicate", lambda: state, uri, topic="t.cdf")
+    url = metrics.serve(0)
+    try:
+        before = time.time()
+        m = scrape(url)
+        after = time.time()
+        assert m["lance_cdf_source_latest_version"] == latest
+        assert m["lance_cdf_applied_version"] == 2
+        assert m["lance_cdf_lag_versions"] == latest - 2
+        # the oldest version not applied is 3: its age at the moment of the scrape
+        assert before - commits[3] - 0.01 <= m["lance_cdf_lag_seconds"] <= after - commits[3]
+        assert m["lance_cdf_events_total"] == 40 and m["lance_cdf_batches_total"] == 3
+        assert m["lance_cdf_dead_letters_total"] == 1
+        assert m["lance_cdf_delivery_failures_total"] == 2
+        assert m["lance_cdf_last_error_timestamp_seconds"] == 1234.5
+        assert m["lance_cdf_kafka_lag_records"] == 7
+        assert m["lance_cdf_pipeline_info"] == 1
+        # caught up: no lag; a new commit: lag again, from the new table state
+        state.version, state.events = latest, 90
+        m = scrape(url)
+        assert m["lance_cdf_lag_versions"] == 0 and m["lance_cdf_lag_seconds"] == 0
+        assert m["lance_cdf_events_per_second"] > 0  # 50 more events since the last scrape
+        w.step("update")
+        m = scrape(url)
+        assert m["lance_cdf_source_latest_version"] == latest + 1
+        assert m["lance_cdf_lag_versions"] == 1
+    finally:
+        metrics.close()
+
+
+def test_port_in_use_is_a_clear_error(tmp_path):
+    first = PipelineMetrics("publish", Progress)
+    url = first.serve(0)
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    try:
+        second = PipelineMetrics("publish", Progress)
+        try:
+            second.serve(port)
+            raise AssertionError("a second server on the same port")
+        except lance_cdf.LanceCdfError as exc:
+            assert str(port) in str(exc) and "--metrics-port" in str(exc)
+    finally:
+        first.close()
+
+
+def _stop(proc) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def test_replicate_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry):
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"metrics-rep-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=2, rows=120)
+    for op in CHANGING[:3]:
+        w.step(op)
+    first = publish(kafka_broker, schema_registry, src, topic, 1)
+    records = lance_cdf.read_changes(src, 1).read_all()
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "lance_cdf.cli", "replicate",
+        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
+        "--schema-registry", schema_registry.url, "--target", dst, "--group-id", f"g-{topic}",
+        "--max-batch-rows", "100", "--max-batch-interval", "0.3",
+        "--metrics-port", str(port), "--source-table", src,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        # one Kafka record per event, update preimages excepted; plus a tombstone per delete
+        kinds = records["_change_type"].to_pylist()
+        sent = sum(k != "update_preimage" for k in kinds) + kinds.count("delete")
+        m = scrape_until(
+            url,
+            # the consumer lag is measured just after a batch is counted: wait for both
+            lambda m: (
+                m.get("lance_cdf_applied_version") == first
+                and m["lance_cdf_events_total"] >= sent
+                and m["lance_cdf_kafka_lag_records"] == 0
+            ),
+            proc,
+        )
+        assert m["lance_cdf_events_total"] == sent, m
+        assert m["lance_cdf_source_latest_version"] == first
+        assert m["lance_cdf_lag_versions"] == 0 and m["lance_cdf_lag_seconds"] == 0
+        assert m["lance_cdf_batches_total"] >= sent / 100
+        assert m["lance_cdf_dead_letters_total"] == 0
+        # the source moves on: the lag shows before anything is published ...
+        for op in CHANGING[3:]:
+            w.step(op)
+        latest = lance.dataset(src).version
+        m = scrape(url)
+        assert m["lance_cdf_lag_versions"] == latest - first
+        assert m["lance_cdf_lag_seconds"] > 0
+        # ... and goes back to 0 once the replicator applied the new versions
+        publish(kafka_broker, schema_registry, src, topic, first + 1)
+        m = scrape_until(url, lambda m: m.get("lance_cdf_applied_version") == latest, proc)
+        assert m["lance_cdf_lag_versions"] == 0
+    finally:
+        _stop(proc)
+
+
+def test_publish_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry):
+    src = str(tmp_path / "src.lance")
+    topic = f"metrics-pub-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=3, rows=200)
+    w.step("update")
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src,
+        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
+        "--schema-registry", schema_registry.url, "--checkpoint", str(tmp_path / "ck"),
+        "--starting-version", "1", "--trigger-interval", "500 milliseconds",
+        "--metrics-port", str(port),
+    ]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    log = open(tmp_path / "publish.log", "w")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        for round_ in range(2):
+            if round_:
+                for op in CHANGING[1:]:
+                    w.step(op)
+            latest = lance.dataset(src).version
+            m = scrape_until(
+                url, lambda m, v=latest: m.get("lance_cdf_published_version") == v, None, 480
+            )
+            assert m["lance_cdf_source_latest_version"] == latest
+            assert m["lance_cdf_lag_versions"] == 0 and m["lance_cdf_lag_seconds"] == 0
+            assert m["lance_cdf_events_total"] == lance_cdf.read_changes(src, 1).read_all().num_rows
+            assert m["lance_cdf_batches_total"] >= 1
+            assert m["lance_cdf_delivery_failures_total"] == 0
+            assert m["lance_cdf_last_error_timestamp_seconds"] == 0
+    except AssertionError as exc:
+        log.flush()
+        raise AssertionError(f"{exc}\n{(tmp_path / 'publish.log').read_text()[-4000:]}") from None
+    finally:
+        _stop(proc)
+        log.close()
