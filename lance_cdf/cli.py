@@ -131,7 +131,8 @@ def build_parser() -> argparse.ArgumentParser:
                      "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
     pub.add_argument("--drop-unchanged-updates", action="store_true",
                      help="do not publish updates that changed no column value")  # fmt: skip
-    pub.add_argument("--trigger-interval", default="1 second", help="micro-batch interval")
+    pub.add_argument("--trigger-interval", type=_interval, default="1 second",
+                     help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second'")  # fmt: skip
     pub.add_argument("--available-now", action="store_true",
                      help="publish everything up to the latest version, then exit")  # fmt: skip
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
@@ -235,6 +236,15 @@ def _seconds(value: str) -> float:
         raise argparse.ArgumentTypeError(
             f"{value!r} is not a duration (e.g. 1, 2.5s, 500ms)"
         ) from None
+
+
+def _interval(value: str) -> str:
+    """A micro-batch interval for Spark's processingTime trigger: Spark's own form
+    ('1 second', '500 milliseconds') as it is, the replicate-style 500ms / 2s / 1.5 as
+    milliseconds (Spark rejects '500ms')."""
+    if any(c.isspace() for c in value.strip()):
+        return value.strip()
+    return f"{round(_seconds(value) * 1000)} milliseconds"
 
 
 def _options(pairs: Iterable[str]) -> dict[str, str]:

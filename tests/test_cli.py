@@ -5,6 +5,7 @@ import json
 import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
+import pytest
 
 from lance_cdf.cli import main
 
@@ -104,3 +105,29 @@ def test_net_snapshot_and_drop_unchanged_flags(tmp_path, capsys):
     assert {r["_change_type"] for r in _jsonl(capsys)} == {"snapshot"}
     assert main(["changes", uri]) == 2
     assert "--from" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "given, spark",
+    [("500ms", "500 milliseconds"), ("2s", "2000 milliseconds"), ("1.5", "1500 milliseconds"),
+     ("1 second", "1 second"), (" 10 seconds ", "10 seconds")],
+)  # fmt: skip
+def test_publish_trigger_interval_takes_replicate_style_durations(given, spark):
+    from lance_cdf.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["publish", "--table", "t", "--bootstrap-servers", "b", "--topic", "x",
+         "--schema-registry", "r", "--checkpoint", "c", "--trigger-interval", given]
+    )  # fmt: skip
+    assert args.trigger_interval == spark
+
+
+def test_publish_trigger_interval_rejects_nonsense(capsys):
+    from lance_cdf.cli import build_parser
+
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(
+            ["publish", "--table", "t", "--bootstrap-servers", "b", "--topic", "x",
+             "--schema-registry", "r", "--checkpoint", "c", "--trigger-interval", "soon"]
+        )  # fmt: skip
+    assert "not a duration" in capsys.readouterr().err
