@@ -128,6 +128,11 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
     pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
     pub.add_argument("--max-rows-per-trigger", type=int, default=None)
+    pub.add_argument("--writers", type=int, default=None, metavar="N",
+                     help="parallel writer tasks per micro-batch (default: Spark's default "
+                     "parallelism; at most the topic's partition count)")  # fmt: skip
+    pub.add_argument("--at-least-once", action="store_true",
+                     help="do not skip, on a replay, records the topic already holds")  # fmt: skip
     _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
@@ -253,6 +258,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option),
         max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
         drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
+        writers=args.writers, exactly_once=not args.at_least_once,
     )  # fmt: skip
 
 

@@ -10,14 +10,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    import lance
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.table import TableLog
 from lance_cdf.plan import RowSet, VersionChanges
@@ -52,6 +55,10 @@ class RowReader:
         self._schemas: dict[bytes, pa.Schema] = {}
 
     def dataset(self, version: int) -> lance.LanceDataset:
+        # imported here: pylance takes seconds to import, and the processes that only plan
+        # (Spark's driver-side source worker) or publish (the Kafka sink) never read rows
+        import lance
+
         ds = self._datasets.get(version)
         if ds is None:
             try:

@@ -12,13 +12,14 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lance_cdf"
 ALLOWED = {
     "cache": set(),
     "errors": set(),
+    "keyhash": {"errors"},
     "format": {"errors", "cache"},
     "plan": {"format", "errors", "cache"},
     "read": {"plan", "format", "errors", "cache"},
     "snapshot": {"read", "plan", "format", "errors", "cache"},
     "modes": {"read", "errors"},
     "avro": {"errors"},
-    "kafka": {"avro", "read", "feed", "streaming", "errors", ""},
+    "kafka": {"avro", "read", "feed", "streaming", "keyhash", "errors", ""},
     "replicate": {"avro", "kafka", "errors"},
 }
 

@@ -3,15 +3,20 @@
 Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
 (the source table's URI: names the table in `source.table` and the operation
 in `source.operation`), `key` (comma-separated key columns; default `_rowid`),
-`tombstones` (default true), and `kafka.<producer setting>` passed to the
-producer (SASL/SSL included), `registry.<setting>` to the registry client,
-`storage.<key>` the table's storage options (as for the source: the sink reads
-each commit's operation from the table's manifests).
+`tombstones` (default true), `exactlyOnce` (default true; routed streams: a replayed
+micro-batch skips what each partition already holds, see `high_water_marks`), and
+`kafka.<producer setting>` passed to the producer (SASL/SSL included),
+`registry.<setting>` to the registry client, `storage.<key>` the table's storage
+options (as for the source: the sink reads each commit's operation from the table's
+manifests).
 
-Per-key order needs the versions of a micro-batch produced in order: write
-`changes.coalesce(1).writeStream.format("lance-cdf-kafka")` (as `lance-cdf
-publish` does). Without it, Spark runs the versions of one micro-batch as
-parallel tasks and their records can interleave.
+Per-key order needs each key's records of a micro-batch written by one task, in
+commit order. `lance-cdf publish` routes the stream for that (`publish.route`: a
+`_kafka_partition` column from the key's hash, a repartition on it); each task then
+sorts its share into commit order (Spark cannot sort a stream) and produces each
+record to its `_kafka_partition`. A stream without those columns must be written by
+one task in order (`changes.coalesce(1).writeStream...`): the producer's
+partitioner picks partitions.
 """
 
 from __future__ import annotations
@@ -21,11 +26,19 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.kafka.publisher import KafkaChangePublisher, carry_update_pairs, user_schema_of
+from lance_cdf.kafka.publisher import (
+    PARTITION_COLUMN,
+    KafkaChangePublisher,
+    carry_update_pairs,
+    commit_order,
+    user_schema_of,
+)
+from lance_cdf.keyhash import EVENT_ORDER
 
 _PUBLISHERS: dict[tuple, KafkaChangePublisher] = {}
 
@@ -50,10 +63,14 @@ class LanceCdfKafkaSink(DataSource):
         return "lance-cdf-kafka"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
-        return KafkaStreamWriter(_options(dict(self.options)))
+        writer = KafkaStreamWriter(_options(dict(self.options)))
+        writer.routed = EVENT_ORDER in schema.fieldNames()
+        return writer
 
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    routed = False
+
     def __init__(self, options: dict):
         self.options = options
 
@@ -82,21 +99,34 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         from lance_cdf.feed import ChangeFeed
 
-        table = {k.lower(): v for k, v in self.options.items()}["table"]
+        opts = {k.lower(): v for k, v in self.options.items()}
+        table = opts["table"]
         storage = {
             k[len("storage.") :]: v for k, v in self.options.items()
             if k.lower().startswith("storage.")
         }  # fmt: skip
         feed = publisher = None
         sent = 0
+        owned: list[int] = []
+        if self.routed:
+            # a routed stream (publish.route): the task's whole share, put in commit order
+            # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
+            whole = commit_order(pa.Table.from_batches(list(iterator)))
+            if whole.num_rows:
+                owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            iterator = whole.to_batches(max_chunksize=65536)
+        exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
+        marks = None
         for events in carry_update_pairs(iterator):
             if feed is None:
                 feed = ChangeFeed(table, storage)
                 publisher = self._publisher(user_schema_of(events.schema))
                 publisher.begin()  # a retried task starts clean
+                if exactly_once:  # how far an earlier attempt got, per owned partition
+                    marks = publisher.high_water_marks(owned)
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
             operations = {v: feed.table.manifest(v).operation for v in versions}
-            sent += publisher.send(events, operations)  # acks are awaited once, below
+            sent += publisher.send(events, operations, marks)  # acks are awaited once, below
         if publisher is not None:
             publisher.flush()  # every record acknowledged, or the micro-batch fails
         return Published(sent)
