@@ -138,6 +138,9 @@ def _publish(
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     stages["Spark session"] = time.monotonic() - t
+    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
+    # KeyboardInterrupt inside a py4j call): ours again
+    _on_signals(lambda *_: stopping.set())
     try:
         partitions = pending.result()
     except BaseException:
