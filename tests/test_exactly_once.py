@@ -54,10 +54,12 @@ def python_workers(root):
     return workers
 
 
-def writer(uri, stop):
-    """Commits that move user keys between row IDs, until stopped."""
+def writer(uri, stop, commits=60):
+    """Commits that move user keys between row IDs, until stopped (at most `commits`)."""
     rng = random.Random(7)
-    while not stop.is_set():
+    for _ in range(commits):
+        if stop.is_set():
+            return
         ds = lance.dataset(uri)
         ids = rng.sample(range(200), 5)
         kind = rng.random()
@@ -73,7 +75,7 @@ def writer(uri, stop):
             ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
                 src
             )
-        time.sleep(0.2)
+        time.sleep(0.5)
 
 
 def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
@@ -90,7 +92,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
     args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
             "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
             str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
-            "--max-rows-per-trigger", "40"]  # fmt: skip
+            "--max-rows-per-trigger", "60"]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
            "--master", "local[2,100]"]  # fmt: skip  (local[N,F]: a failed task is retried)

@@ -142,10 +142,11 @@ def record_headers(events: pa.Table) -> list[list[tuple[str, bytes]]]:
     names = list(_OPS)
     for i, kind in enumerate(names):
         codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
-    pairs, inverse = np.unique(np.stack([versions, codes], axis=1), axis=0, return_inverse=True)
+    # one 1-d key per (version, op): np.unique over rows (axis=0) is ~30x slower
+    pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
     shared = [
-        [(VERSION_HEADER, str(v).encode()), (OP_HEADER, _OPS[names[c]].encode())]
-        for v, c in pairs.tolist()
+        [(VERSION_HEADER, str(p >> 3).encode()), (OP_HEADER, _OPS[names[p & 7]].encode())]
+        for p in pairs.tolist()
     ]
     return [shared[i] for i in inverse.reshape(-1).tolist()]
 
