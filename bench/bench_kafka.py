@@ -6,7 +6,9 @@ Runs a real local broker and Apicurio registry (lance_cdf.devtools). For each
 table (narrow: 5 scalar columns; vector: id + 768-d float32 embedding), one
 commit inserts all rows; measured side by side in one run:
   * lance-cdf      the lance-cdf stream into the lance-cdf-kafka sink
-                   (Trigger.AvailableNow), Avro via the registry, every record acked;
+                   (Trigger.AvailableNow), Avro via the registry, every record acked:
+                   routed into --writers tasks (publish.route, as `lance-cdf publish`),
+                   and coalesced to one task (the earlier way), side by side;
   * ceiling        a plain confluent-kafka producer loop sending the same
                    records pre-serialised (serialisation not timed);
   * spark-kafka    Spark's built-in Kafka sink with to_avro (no registry) over the
@@ -32,11 +34,28 @@ from confluent_kafka import Producer  # noqa: E402
 from tables import narrow, vectors  # noqa: E402  (bench/ is on sys.path)
 
 
-def lance_cdf_publish(spark, uri, kafka, registry, topic, ck) -> float:
+def new_topic(kafka, topic, partitions) -> str:
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
+    return topic
+
+
+def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, partitions=1):
+    """writers=None: the stream coalesced to one task (the earlier `lance-cdf publish`);
+    else `publish.route` into that many writer tasks (what `lance-cdf publish` does now)."""
+    from lance_cdf.kafka.publish import route
+
     t0 = time.perf_counter()
+    changes = spark.readStream.format("lance-cdf").option("path", uri)
+    changes = changes.option("startingVersion", 1)
+    if writers is None:
+        changes = changes.load().coalesce(1)
+    else:
+        changes = route(changes.option("keyHash", "_rowid").load(), partitions, writers)
     q = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .load().coalesce(1).writeStream.format("lance-cdf-kafka")
+        changes.writeStream.format("lance-cdf-kafka")
         .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
         .option("schema.registry.url", registry.url).option("table", uri)
         .option("checkpointLocation", ck).trigger(availableNow=True).start()
@@ -116,6 +135,8 @@ def main() -> None:
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     ap.add_argument("--only", choices=["narrow", "vector768"], default=None)
+    ap.add_argument("--writers", type=int, default=2, help="routed lance-cdf writer tasks")
+    ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic")
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -148,16 +169,24 @@ def main() -> None:
             n = table.num_rows
             tag = uuid.uuid4().hex[:6]
             ck = os.path.join(args.dir, f"kafka-ck-{label}-{tag}")
-            cdf_s = lance_cdf_publish(spark, uri, kafka, registry, f"cdf-{label}-{tag}", ck)
-            ceil_s, sent = ceiling(uri, kafka, registry, f"ceil-{label}-{tag}")
+            p = args.partitions
+            cdf_s = lance_cdf_publish(spark, uri, kafka, registry,
+                                      new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
+            routed_s = lance_cdf_publish(
+                spark, uri, kafka, registry, new_topic(kafka, f"routed-{label}-{tag}", p),
+                ck + "-routed", writers=args.writers, partitions=p,
+            )  # fmt: skip
+            ceil_s, sent = ceiling(uri, kafka, registry, new_topic(kafka, f"ceil-{label}-{tag}", p))
             try:
-                sk_s = spark_kafka(spark, uri, kafka, f"sk-{label}-{tag}")
+                sk_s = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p))
                 sk_err = None
             except Exception as exc:  # jars missing or incompatible with this Spark
                 sk_s, sk_err = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
             row = dict(
-                rows=n, records=sent, lance_cdf_s=cdf_s, lance_cdf_eps=n / cdf_s,
-                ceiling_s=ceil_s, ceiling_eps=n / ceil_s, lance_cdf_vs_ceiling=cdf_s / ceil_s,
+                rows=n, records=sent,
+                lance_cdf_coalesce1_s=cdf_s, lance_cdf_coalesce1_eps=n / cdf_s,
+                lance_cdf_s=routed_s, lance_cdf_eps=n / routed_s, writers=args.writers,
+                ceiling_s=ceil_s, ceiling_eps=n / ceil_s, lance_cdf_vs_ceiling=ceil_s / routed_s,
                 spark_kafka_s=sk_s, spark_kafka_eps=(n / sk_s) if sk_s else None,
                 spark_kafka_error=sk_err,
             )  # fmt: skip

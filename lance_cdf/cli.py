@@ -141,6 +141,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "source.name/source.table (default lancecdf.<table directory)")  # fmt: skip
     pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
     pub.add_argument("--max-rows-per-trigger", type=int, default=None)
+    pub.add_argument("--writers", type=int, default=None, metavar="N",
+                     help="parallel writer tasks per micro-batch (default: Spark's default "
+                     "parallelism; at most the topic's partition count)")  # fmt: skip
+    pub.add_argument("--at-least-once", action="store_true",
+                     help="do not skip, on a replay, records the topic already holds")  # fmt: skip
     _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
@@ -306,6 +311,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
         table_name=args.table_name,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        writers=args.writers, exactly_once=not args.at_least_once,
     )  # fmt: skip
 
 

@@ -17,9 +17,8 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
-import lance
-import lance.file
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -27,6 +26,9 @@ from google.protobuf import unknown_fields
 
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    import lance
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
@@ -73,6 +75,10 @@ class RowReader:
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
 
     def dataset(self, version: int) -> lance.LanceDataset:
+        # imported here: pylance takes seconds to import, and the processes that only plan
+        # (Spark's driver-side source worker) or publish (the Kafka sink) never read rows
+        import lance
+
         ds = self._datasets.get(version)
         if ds is None:
             try:
@@ -219,6 +225,8 @@ class RowReader:
         with _FILES_LOCK:
             if key in _FILES:
                 return _FILES[key]
+        import lance.file  # lazily, as in dataset()
+
         url = f"{root}/data/{path}"
         opts = self.table.storage_options or None
         reader = None

@@ -312,8 +312,8 @@ class _FakeProducer:
     def __init__(self):
         self.sent = []
 
-    def produce(self, topic, key, value, on_delivery):
-        self.sent.append((key, value))
+    def produce(self, topic, key, value, on_delivery, partition=-1, headers=None):
+        self.sent.append((key, value, partition, headers))
 
     def flush(self, timeout):
         return 0
@@ -341,7 +341,7 @@ def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
             n = pub.publish(events, OPS)
             assert n == len(pub.producer.sent)
             sent[vectorised, bool(key_columns)] = pub.producer.sent
-            assert all(k.startswith(b"\x00\x00\x00\x00\x07") for k, _ in pub.producer.sent)
-            assert any(v is None for _, v in pub.producer.sent)  # tombstones
+            assert all(k.startswith(b"\x00\x00\x00\x00\x07") for k, *_ in pub.producer.sent)
+            assert any(v is None for _, v, *_ in pub.producer.sent)  # tombstones
     assert sent[True, False] == sent[False, False]
     assert sent[True, True] == sent[False, True]

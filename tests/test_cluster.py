@@ -70,6 +70,11 @@ def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
     want = expected_records(s3_uri, so)
     events = lance_cdf.read_changes(s3_uri, 1, storage_options=so).read_all()
     topic = f"cluster-{uuid.uuid4().hex[:8]}"
+    # 4 partitions: publish runs min(4, the cluster's 2 cores) = 2 writer tasks
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
     out = tmp_path / "result.json"
     args = {
         "executors": 2, "table": s3_uri, "storage_options": so, "slice_rows": 60,
@@ -112,10 +117,21 @@ def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
     assert sum(n for _, n in result["slices"]) == events.num_rows
     assert {d for d, n in result["slices"] if n} == executor_dirs
     # and the stream the cluster published equals read_changes of the table on S3
-    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url,
-                      len(want) + sum(1 for r in want if r[2] == "d"))  # fmt: skip
+    count = len(want) + sum(1 for r in want if r[2] == "d")
+    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, count,
+                      with_partitions=True)  # fmt: skip
+    got, partitions = [(k, v) for k, v, _ in got], [p for _, _, p in got]
     records = sorted(
         (k["_rowid"], v["source"]["commit_version"], v["op"], v["after"]) for k, v in got if v
     )
     assert records == sorted(want)
+    # two writer tasks, each key in one partition, in commit order
+    assert "with 2 writer(s) over 4 partition(s)" in log.read_text()
+    partition_of, versions = {}, {}
+    for (k, v), p in zip(got, partitions, strict=True):
+        assert partition_of.setdefault(k["_rowid"], p) == p
+        if v:
+            versions.setdefault(k["_rowid"], []).append(v["source"]["commit_version"])
+    assert len(set(partition_of.values())) >= 2
+    assert all(vs == sorted(vs) for vs in versions.values())
     assert sum(1 for _, v in got if v is None) == sum(1 for r in want if r[2] == "d")

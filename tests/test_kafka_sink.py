@@ -45,7 +45,9 @@ def make(tmp_path):
     return uri
 
 
-def consume_all(bootstrap, topic, registry_url, expected_count):
+def consume_all(
+    bootstrap, topic, registry_url, expected_count, with_headers=False, with_partitions=False
+):
     client = SchemaRegistryClient({"url": registry_url})
     key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
@@ -67,7 +69,12 @@ def consume_all(bootstrap, topic, registry_url, expected_count):
                 if m.value() is None
                 else value_de(m.value(), SerializationContext(topic, MessageField.VALUE))
             )
-            out.append((key, value))
+            if with_headers:
+                out.append((key, value, dict(m.headers() or [])))
+            elif with_partitions:
+                out.append((key, value, m.partition()))
+            else:
+                out.append((key, value))
     finally:
         c.close()
     return out
@@ -107,7 +114,19 @@ def test_stream_to_kafka_equals_read_changes(spark, tmp_path, kafka_broker, sche
     q.awaitTermination(180)
     assert q.exception() is None
     want = expected_records(uri)
-    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, len(want))
+    got = consume_all(
+        kafka_broker.bootstrap_servers, topic, schema_registry.url, len(want), with_headers=True
+    )
+    # the headers repeat the record's commit version and op (a tombstone: its delete's)
+    previous = None
+    for _, v, headers in got:
+        if v is None:
+            want_headers = {"lance-cdf.commit-version": previous, "lance-cdf.op": b"tombstone"}
+        else:
+            previous = str(v["source"]["commit_version"]).encode()
+            want_headers = {"lance-cdf.commit-version": previous, "lance-cdf.op": v["op"].encode()}
+        assert headers == want_headers
+    got = [(k, v) for k, v, _ in got]
     flat = [
         (k, v["op"], v["before"], v["after"], v["source"]["commit_version"])
         if v
@@ -165,6 +184,32 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
         (2, "d"),
         (2, None),
     ]
+    # headers, read with a plain consumer and no Avro decoding
+    assert raw_headers(kafka_broker.bootstrap_servers, topic, 5) == [
+        {"lance-cdf.commit-version": b"1", "lance-cdf.op": b"c"},
+        {"lance-cdf.commit-version": b"1", "lance-cdf.op": b"c"},
+        {"lance-cdf.commit-version": b"1", "lance-cdf.op": b"c"},
+        {"lance-cdf.commit-version": b"2", "lance-cdf.op": b"d"},
+        {"lance-cdf.commit-version": b"2", "lance-cdf.op": b"tombstone"},
+    ]
+
+
+def raw_headers(bootstrap, topic, count):
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c.subscribe([topic])
+    out, idle = [], 0
+    try:
+        while len(out) < count and idle < 60:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                idle += 1
+                continue
+            headers = dict(m.headers() or [])
+            out.append({k: headers[k] for k in ("lance-cdf.commit-version", "lance-cdf.op")})
+    finally:
+        c.close()
+    return out
 
 
 def test_unknown_topic_without_auto_create_is_a_clear_error(tmp_path):

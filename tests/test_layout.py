@@ -12,6 +12,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lance_cdf"
 ALLOWED = {
     "cache": set(),
     "errors": set(),
+    "keyhash": {"errors"},
     "format": {"errors", "cache"},
     "plan": {"format", "errors", "cache"},
     "read": {"plan", "format", "errors", "cache"},
@@ -20,7 +21,7 @@ ALLOWED = {
     "candidates": {"modes", "read", "plan", "errors"},
     "avro": {"errors"},
     "metrics": {"format", "errors", "cache"},
-    "kafka": {"avro", "read", "feed", "streaming", "metrics", "errors", ""},
+    "kafka": {"avro", "read", "feed", "streaming", "metrics", "keyhash", "errors", ""},
     "replicate": {"avro", "kafka", "errors"},
 }
 

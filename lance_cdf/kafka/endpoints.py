@@ -26,17 +26,23 @@ def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: fl
         ) from None
 
 
-def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) -> None:
+def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) -> int:
+    """The topic's partition count (for a topic the first produce creates: the broker's
+    num.partitions); a clear error if it does not exist and will not be created."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
     meta = admin.list_topics(topic=topic, timeout=10)
     err = meta.topics.get(topic).error if topic in meta.topics else None
+    if err is None and topic in meta.topics:
+        return len(meta.topics[topic].partitions)
     if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(meta.brokers))))
         try:
             configs = admin.describe_configs([broker])[broker].result(timeout=10)
             auto = configs.get("auto.create.topics.enable")
             if auto is not None and auto.value == "true":
-                return  # the first produce creates it
+                partitions = configs.get("num.partitions")
+                # the first produce creates it
+                return int(partitions.value) if partitions is not None else 1
         except KafkaException:
             pass  # not allowed to read broker configs: assume it does not auto-create
         raise PublishError(
@@ -44,6 +50,7 @@ def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) 
             "create topics automatically; create it (kafka-topics --create) or enable "
             "auto.create.topics.enable."
         )
+    raise PublishError(f"topic {topic!r} on {bootstrap_servers} cannot be used: {err}")
 
 
 def check_registry(url: str, config: dict | None = None) -> None:

@@ -5,9 +5,14 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
+from lance_cdf.kafka.publisher import PARTITION_COLUMN
+from lance_cdf.keyhash import KEY_HASH
 
 SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
 
@@ -40,6 +45,8 @@ def publish(
     table_name: str | None = None,
     metrics_port: int | None = None,
     metrics_host: str = "127.0.0.1",
+    writers: int | None = None,
+    exactly_once: bool = True,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -52,11 +59,77 @@ def publish(
     `master`: the Spark master URL; by default the one `spark-submit --master` gave,
     else `local[2]`. An active session (a spark-submit script's) is reused.
     `metrics_port`: serve Prometheus metrics on metrics_host:metrics_port (0: any free
-    port; see lance_cdf.metrics)."""
+    port; see lance_cdf.metrics).
+    `writers`: parallel writer tasks per micro-batch (default: Spark's default
+    parallelism), at most one per partition of the topic; each owns a disjoint set of
+    partitions, so per-key order holds whatever their number.
+    `exactly_once`: a replayed micro-batch skips the records each partition already holds
+    (per-partition high-water marks); False: plain at-least-once."""
     producer_config = dict(producer_config or {})
-    check_broker(bootstrap_servers, producer_config)
-    check_registry(schema_registry, registry_config)
-    check_topic(bootstrap_servers, topic, producer_config)
+    # SIGTERM / SIGINT only set a flag: the main thread polls it between short
+    # awaitTermination() calls and stops the query itself. A handler that called
+    # query.stop() would re-enter py4j while the main thread is blocked in it
+    # ("reentrant call inside <_io.BufferedReader>", then Py4JNetworkError).
+    stopping = threading.Event()
+    previous = _on_signals(lambda *_: stopping.set())
+    try:
+        return _publish(
+            stopping, table, bootstrap_servers, topic, schema_registry, checkpoint,
+            starting_version, trigger_interval, available_now, key, tombstones,
+            producer_config, registry_config, storage_options, max_rows_per_trigger, master,
+            snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
+            metrics_port, metrics_host,
+        )  # fmt: skip
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def route(changes, partitions: int, tasks: int):
+    """The stream (read with option keyHash) routed for `tasks` parallel writers that keep
+    per-key order: each record's Kafka partition is `_key_hash % partitions`, and a hash
+    repartition on that partition gives every writer task a disjoint set of Kafka
+    partitions. Spark refuses to sort a stream, so each writer task puts its share back in
+    commit order itself (`publisher.commit_order`: commit version; deletes, updates,
+    inserts; `_event_order`).
+
+    Why a shuffle rather than `coalesce(1)` (one task per micro-batch, the earlier way):
+    see BENCHMARKS.md, "Parallel writers"."""
+    from pyspark.sql import functions as F
+
+    return (
+        changes.withColumn(PARTITION_COLUMN, F.pmod(F.col(KEY_HASH), F.lit(partitions)).cast("int"))
+        .drop(KEY_HASH)
+        .repartition(tasks, PARTITION_COLUMN)
+    )  # fmt: skip
+
+
+def _on_signals(handler) -> dict:
+    if threading.current_thread() is not threading.main_thread():
+        return {}  # signals are delivered to the main thread only
+    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _publish(
+    stopping, table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version,
+    trigger_interval, available_now, key, tombstones, producer_config, registry_config,
+    storage_options, max_rows_per_trigger, master, snapshot, drop_unchanged_updates, writers,
+    exactly_once, table_name, metrics_port, metrics_host,
+) -> int:  # fmt: skip
+    started = time.monotonic()
+    stages: dict[str, float] = {}
+
+    def checks() -> int:
+        t = time.monotonic()
+        check_broker(bootstrap_servers, producer_config)
+        check_registry(schema_registry, registry_config)
+        partitions = check_topic(bootstrap_servers, topic, producer_config)
+        stages["checks"] = time.monotonic() - t
+        return partitions
+
+    # The broker, registry and topic checks run beside the JVM's start (they are network
+    # round trips, it is ~4 s of CPU); a failed check still stops publish before any query.
+    pending = ThreadPoolExecutor(1, thread_name_prefix="lance-cdf-checks").submit(checks)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
@@ -69,8 +142,19 @@ def publish(
         builder = builder.master(master or "local[2]")  # (spark-submit sets the gateway)
     if own_session:
         builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+    t = time.monotonic()
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    stages["Spark session"] = time.monotonic() - t
+    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
+    # KeyboardInterrupt inside a py4j call): ours again
+    _on_signals(lambda *_: stopping.set())
+    try:
+        partitions = pending.result()
+    except BaseException:
+        if own_session:
+            spark.stop()
+        raise
     register(spark)
     spark_sink.register(spark)
     reader = spark.readStream.format("lance-cdf").option("path", table)
@@ -81,13 +165,17 @@ def publish(
         reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
     for k, v in (storage_options or {}).items():
         reader = reader.option(f"storage.{k}", v)
-    # One writer task per micro-batch: the versions of a micro-batch are produced in
-    # commit order, which is what keeps each key's records in order in Kafka.
+    reader = reader.option("keyHash", key or "_rowid")
+    tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
+    t = time.monotonic()
+    changes = route(reader.load(), partitions, tasks)  # load(): the schema, in a Python worker
+    stages["source schema"] = time.monotonic() - t
     writer = (
-        reader.load().coalesce(1).writeStream.format("lance-cdf-kafka")
+        changes.writeStream.format("lance-cdf-kafka")
         .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", topic)
         .option("schema.registry.url", schema_registry).option("table", table)
         .option("tombstones", str(tombstones).lower()).option("checkpointLocation", checkpoint)
+        .option("exactlyOnce", str(exactly_once).lower())
     )  # fmt: skip
     if key:
         writer = writer.option("key", key)
@@ -100,25 +188,32 @@ def publish(
     for k, v in (storage_options or {}).items():
         writer = writer.option(f"storage.{k}", v)
     trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
+    if stopping.is_set():  # stopped during start-up: nothing was started
+        if own_session:
+            spark.stop()
+        return 0
+    t = time.monotonic()
     query = writer.trigger(**trigger).start()
+    stages["query start"] = time.monotonic() - t
+    took = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
     print(
-        f"publishing {table} -> {topic} on {bootstrap_servers} (checkpoint {checkpoint}; "
-        f"producer settings {redact(producer_config)})",
+        f"publishing {table} -> {topic} on {bootstrap_servers} with {tasks} writer(s) over "
+        f"{partitions} partition(s) (checkpoint {checkpoint}; producer settings "
+        f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
         flush=True,
     )
     follower = _serve_metrics(query, table, topic, storage_options, metrics_port, metrics_host)
 
-    def stop(*_):
-        query.stop()
-
-    signal.signal(signal.SIGTERM, stop)
     error = None
     try:
-        query.awaitTermination()
-    except KeyboardInterrupt:
-        query.stop()
+        while not stopping.is_set() and not query.awaitTermination(0.5):
+            pass
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
+    if stopping.is_set() and error is None:
+        # Stopping interrupts the running micro-batch: it is not committed, so the next
+        # start sends it again from the checkpoint (see README, "When things fail").
+        query.stop()
     error = error or query.exception()
     if follower is not None:
         follower.stop()

@@ -17,7 +17,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
@@ -27,6 +29,7 @@ from lance_cdf.avro.schema import TableName, change_records, envelope_schema, ke
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import PublishError
+from lance_cdf.keyhash import EVENT_ORDER
 from lance_cdf.read import META_COLUMNS
 
 DEFAULT_PRODUCER = {
@@ -37,6 +40,119 @@ DEFAULT_PRODUCER = {
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 500000,
 }
+# Record headers a consumer can filter on without decoding Avro: the commit version (decimal
+# ASCII) and the Debezium op ("c", "u", "d", "r"; "tombstone" on a delete's tombstone).
+VERSION_HEADER = "lance-cdf.commit-version"
+OP_HEADER = "lance-cdf.op"
+_OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
+
+
+# The Kafka partition of each event, when the stream routes records itself (publish.py):
+# an int column the sink reads and leaves out of the records.
+PARTITION_COLUMN = "_kafka_partition"
+
+
+def _record_rows(events: pa.Table) -> pa.Array:
+    """True for the events that make a record (all but update preimages)."""
+    kinds = events["_change_type"]
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    return pc.invert(pc.equal(kinds, "update_preimage").fill_null(False))
+
+
+def commit_order(events: pa.Table) -> pa.Table:
+    """A routed writer task's events (runs from several source partitions, in the order
+    the shuffle delivered them) in commit order: commit version; deletes, updates, inserts;
+    then `_event_order`. An update's two images are adjacent in `_event_order` and stay so."""
+    if EVENT_ORDER not in events.column_names or not events.num_rows:
+        return events
+    kinds = events["_change_type"]
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    group = np.full(events.num_rows, 2, np.int8)
+    group[pc.equal(kinds, "delete").fill_null(False).to_numpy(zero_copy_only=False)] = 0
+    group[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False)] = 1
+    version = events["_commit_version"].to_numpy()
+    order = events[EVENT_ORDER].to_numpy()
+    idx = np.lexsort((order, group, version))
+    if (idx[1:] > idx[:-1]).all():
+        return events  # already in order (one run)
+    return events.take(idx)
+
+
+# Where a record stands in its partition's sequence (routed streams only): commit version,
+# group (0 deletes, 1 updates, 2 inserts and snapshot reads), `_event_order`, and 0 for a
+# record, 1 for the tombstone after it, as ASCII "v.g.o.s". A partition's last record is its
+# high-water mark: a replayed micro-batch skips every record at or below it.
+POSITION_HEADER = "lance-cdf.position"
+
+
+def record_positions(events: pa.Table) -> np.ndarray | None:
+    """(version, group, order) per record, int64 (n, 3); None if the stream is not routed."""
+    if EVENT_ORDER not in events.column_names:
+        return None
+    rows = _record_rows(events)
+    kinds = pc.filter(events["_change_type"], rows)
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    out = np.empty((len(kinds), 3), np.int64)
+    out[:, 0] = pc.filter(events["_commit_version"], rows).to_numpy()
+    out[:, 1] = 2
+    out[pc.equal(kinds, "delete").fill_null(False).to_numpy(zero_copy_only=False), 1] = 0
+    out[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False), 1] = 1
+    out[:, 2] = pc.filter(events[EVENT_ORDER], rows).to_numpy()
+    return out
+
+
+def parse_position(value: bytes | None) -> tuple[int, int, int, int] | None:
+    try:
+        v, g, o, t = (int(x) for x in value.decode().split("."))
+        return v, g, o, t
+    except (AttributeError, ValueError):
+        return None
+
+
+def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
+    """Lexicographically (positions, sub) > marks, row by row (marks (n, 4); -1: none)."""
+    v, g, o = positions[:, 0], positions[:, 1], positions[:, 2]
+    mv, mg, mo, ms = marks[:, 0], marks[:, 1], marks[:, 2], marks[:, 3]
+    return (v > mv) | (v == mv) & (
+        (g > mg) | (g == mg) & ((o > mo) | (o == mo) & (sub > ms))
+    )  # fmt: skip
+
+
+def record_partitions(events: pa.Table) -> list[int] | None:
+    """The Kafka partition of each record, or None to let the producer choose."""
+    if PARTITION_COLUMN not in events.column_names:
+        return None
+    return pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
+
+
+def record_headers(events: pa.Table) -> list[list[tuple[str, bytes]]]:
+    """The headers of each record of `events`, in record order (one record per event,
+    an update's preimage and postimage together): one shared list per (version, op)."""
+    kinds = events["_change_type"]
+    if pa.types.is_dictionary(kinds.type):
+        kinds = kinds.cast(pa.string())
+    records = _record_rows(events)
+    versions = pc.filter(events["_commit_version"], records).to_numpy()
+    kinds = pc.filter(kinds, records)
+    codes = np.zeros(len(versions), np.int64)
+    names = list(_OPS)
+    for i, kind in enumerate(names):
+        codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
+    # one 1-d key per (version, op): np.unique over rows (axis=0) is ~30x slower
+    pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
+    shared = [
+        [(VERSION_HEADER, str(p >> 3).encode()), (OP_HEADER, _OPS[names[p & 7]].encode())]
+        for p in pairs.tolist()
+    ]
+    return [shared[i] for i in inverse.reshape(-1).tolist()]
+
+
+def tombstone_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
+    """A record's headers -> its tombstone's (op "tombstone")."""
+    return [headers[0], (OP_HEADER, b"tombstone")]
 
 
 class KafkaChangePublisher:
@@ -73,6 +189,11 @@ class KafkaChangePublisher:
         self.producer = Producer(
             {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
         )
+        # the high-water-mark reader connects as the producer does (SASL/SSL settings)
+        shared = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
+        self._consumer_config = {"bootstrap.servers": bootstrap_servers, **{
+            k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
+        }}  # fmt: skip
         self._failures: list[str] = []  # delivery errors since the last flush
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
@@ -81,9 +202,13 @@ class KafkaChangePublisher:
         self.flush()
         return sent
 
-    def send(self, events: pa.Table, operations: dict[int, str]) -> int:
+    def send(self, events: pa.Table, operations: dict[int, str], marks: dict | None = None) -> int:
         """Hand the batch's records to the producer without waiting for acks; `flush()`
-        waits for them (a micro-batch sends all its Arrow batches, then flushes once)."""
+        waits for them (a micro-batch sends all its Arrow batches, then flushes once).
+
+        `marks` (routed streams): partition -> the position of its last record
+        (`high_water_marks`); records at or below their partition's mark are not sent
+        again."""
         now_ms = int(time.time() * 1000)
         failures = self._failures
 
@@ -93,27 +218,58 @@ class KafkaChangePublisher:
 
         sent = 0
         try:
+            headers = record_headers(events) if events.num_rows else []
+            partitions = record_partitions(events) or [-1] * len(headers)  # -1: any
+            positions = record_positions(events) if headers else None
+            send_record = send_tomb = [True] * len(headers)
+            tomb_headers = [tombstone_headers(h) for h in headers]  # shared lists: cheap
+            if positions is not None:
+                text = [f"{v}.{g}.{o}." for v, g, o in positions.tolist()]
+                tomb_headers = [
+                    [*h, (POSITION_HEADER, (t + "1").encode())]
+                    for h, t in zip(tomb_headers, text, strict=True)
+                ]
+                headers = [
+                    [*h, (POSITION_HEADER, (t + "0").encode())]
+                    for h, t in zip(headers, text, strict=True)
+                ]
+                if marks:
+                    m = np.full((len(partitions), 4), -1, np.int64)
+                    for p, mark in marks.items():
+                        if mark is not None:
+                            m[np.asarray(partitions) == p] = mark
+                    send_record = _after(positions, 0, m).tolist()
+                    send_tomb = _after(positions, 1, m).tolist()
             encoded = self._encode(events, operations, now_ms)
             if encoded is not None:  # vectorised: the wire-format bytes of every record
                 keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
                 tombstones = (encoded.tombstone & self.tombstones).tolist()
-                for key_bytes, value_bytes, tombstone in zip(keys, values, tombstones, strict=True):
-                    self._produce(key_bytes, value_bytes, on_delivery)
-                    sent += 1
-                    if tombstone:
-                        self._produce(key_bytes, None, on_delivery)
+                for key_bytes, value_bytes, tombstone, head, tomb_head, part, rec, tomb in zip(
+                    keys, values, tombstones, headers, tomb_headers, partitions, send_record,
+                    send_tomb, strict=True,
+                ):  # fmt: skip
+                    if rec:
+                        self._produce(key_bytes, value_bytes, on_delivery, head, part)
+                        sent += 1
+                    if tombstone and tomb:
+                        self._produce(key_bytes, None, on_delivery, tomb_head, part)
                         sent += 1
             else:
                 records = change_records(
                     events, self.user_columns, operations, self.table_name,
                     self.key_columns, __version__, now_ms,
                 )  # fmt: skip
-                for key, value, meta in records:
+                for (key, value, meta), head, tomb_head, part, rec, tomb in zip(
+                    records, headers, tomb_headers, partitions, send_record, send_tomb,
+                    strict=True,
+                ):  # fmt: skip
                     key_bytes = self.key_writer.encode(key)
-                    self._produce(key_bytes, self.value_writer.encode(value), on_delivery)
-                    sent += 1
-                    if meta["tombstone"] and self.tombstones:
-                        self._produce(key_bytes, None, on_delivery)
+                    if rec:
+                        value_bytes = self.value_writer.encode(value)
+                        self._produce(key_bytes, value_bytes, on_delivery, head, part)
+                        sent += 1
+                    if meta["tombstone"] and self.tombstones and tomb:
+                        self._produce(key_bytes, None, on_delivery, tomb_head, part)
                         sent += 1
         except Exception as exc:
             if isinstance(exc, LanceCdfError):
@@ -125,6 +281,43 @@ class KafkaChangePublisher:
                 "compatibility."
             ) from exc
         return sent
+
+    def high_water_marks(self, partitions) -> dict[int, tuple[int, int, int, int] | None]:
+        """The position of the last record of each partition (None: none with a position).
+        With one writer task per partition at a time, a partition holds a prefix of its
+        records in order (the idempotent producer neither reorders nor leaves holes), so
+        its last record says exactly how far an earlier attempt got."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({
+            **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+        })  # fmt: skip
+        marks: dict[int, tuple[int, int, int, int] | None] = {}
+        try:
+            for p in sorted(partitions):
+                low, high = consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=self.flush_timeout, cached=False
+                )
+                marks[p] = None
+                if high <= low:
+                    continue
+                consumer.assign([TopicPartition(self.topic, p, high - 1)])
+                deadline = time.monotonic() + self.flush_timeout
+                while time.monotonic() < deadline:
+                    m = consumer.poll(0.5)
+                    if m is None or m.error():
+                        continue
+                    marks[p] = parse_position(dict(m.headers() or []).get(POSITION_HEADER))
+                    break
+                else:
+                    raise PublishError(
+                        f"could not read the last record of {self.topic!r} partition {p} "
+                        f"within {self.flush_timeout:.0f}s; the micro-batch fails and is retried."
+                    )
+        finally:
+            consumer.close()
+        return marks
 
     def begin(self) -> None:
         """Start a micro-batch: let records of an earlier, failed attempt drain and forget
@@ -158,17 +351,24 @@ class KafkaChangePublisher:
         except Unsupported:
             return None
 
-    def _produce(self, key: bytes, value: bytes | None, on_delivery) -> None:
+    def _produce(
+        self, key: bytes, value: bytes | None, on_delivery, headers=None, partition: int = -1
+    ) -> None:
         while True:
             try:
-                self.producer.produce(self.topic, key=key, value=value, on_delivery=on_delivery)
+                self.producer.produce(
+                    self.topic, key=key, value=value, partition=partition,
+                    on_delivery=on_delivery, headers=headers,
+                )  # fmt: skip
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self.producer.poll(0.5)
 
 
 def user_schema_of(events_schema: pa.Schema) -> pa.Schema:
-    return pa.schema([f for f in events_schema if f.name not in META_COLUMNS])
+    return pa.schema(
+        [f for f in events_schema if f.name not in META_COLUMNS + [PARTITION_COLUMN, EVENT_ORDER]]
+    )
 
 
 def carry_update_pairs(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:

@@ -5,20 +5,25 @@ Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
 `table.name` (`prefix.table`: the records' Avro names `prefix.table.Envelope`, and
 `source.name` / `source.table`; default `lancecdf.<table directory name>`), `key`
 (comma-separated key columns; default `_rowid`),
-`tombstones` (default true), and `kafka.<producer setting>` passed to the
-producer (SASL/SSL included), `registry.<setting>` to the registry client,
-`storage.<key>` the table's storage options (as for the source: the sink reads
-each commit's operation from the table's manifests).
+`tombstones` (default true), `exactlyOnce` (default true; routed streams: a replayed
+micro-batch skips what each partition already holds, see `high_water_marks`), and
+`kafka.<producer setting>` passed to the producer (SASL/SSL included),
+`registry.<setting>` to the registry client, `storage.<key>` the table's storage
+options (as for the source: the sink reads each commit's operation from the table's
+manifests).
 
 The topic's schema carries the table's own types, not Spark's: Spark widens what it
 cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
 streaming/types.py); the sink reads the table's Arrow schema and casts such columns
 back before building the Avro schema (`arrow.fixedSize`, `fixed`, `arrow.type`).
 
-Per-key order needs the versions of a micro-batch produced in order: write
-`changes.coalesce(1).writeStream.format("lance-cdf-kafka")` (as `lance-cdf
-publish` does). Without it, Spark runs the versions of one micro-batch as
-parallel tasks and their records can interleave.
+Per-key order needs each key's records of a micro-batch written by one task, in
+commit order. `lance-cdf publish` routes the stream for that (`publish.route`: a
+`_kafka_partition` column from the key's hash, a repartition on it); each task then
+sorts its share into commit order (Spark cannot sort a stream) and produces each
+record to its `_kafka_partition`. A stream without those columns must be written by
+one task in order (`changes.coalesce(1).writeStream...`): the producer's
+partitioner picks partitions.
 """
 
 from __future__ import annotations
@@ -28,12 +33,20 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
 from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.kafka.publisher import KafkaChangePublisher, carry_update_pairs, user_schema_of
+from lance_cdf.kafka.publisher import (
+    PARTITION_COLUMN,
+    KafkaChangePublisher,
+    carry_update_pairs,
+    commit_order,
+    user_schema_of,
+)
+from lance_cdf.keyhash import EVENT_ORDER
 
 _PUBLISHERS: dict[tuple, KafkaChangePublisher] = {}
 
@@ -58,10 +71,14 @@ class LanceCdfKafkaSink(DataSource):
         return "lance-cdf-kafka"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
-        return KafkaStreamWriter(_options(dict(self.options)))
+        writer = KafkaStreamWriter(_options(dict(self.options)))
+        writer.routed = EVENT_ORDER in schema.fieldNames()
+        return writer
 
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    routed = False
+
     def __init__(self, options: dict):
         self.options = options
 
@@ -91,7 +108,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         from lance_cdf.feed import ChangeFeed
 
-        table = {k.lower(): v for k, v in self.options.items()}["table"]
+        opts = {k.lower(): v for k, v in self.options.items()}
+        table = opts["table"]
         storage = {
             k[len("storage.") :]: v for k, v in self.options.items()
             if k.lower().startswith("storage.")
@@ -99,6 +117,16 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         feed = publisher = None
         sent = 0
         exact = None
+        owned: list[int] = []
+        if self.routed:
+            # a routed stream (publish.route): the task's whole share, put in commit order
+            # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
+            whole = commit_order(pa.Table.from_batches(list(iterator)))
+            if whole.num_rows:
+                owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            iterator = whole.to_batches(max_chunksize=65536)
+        exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
+        marks = None
         for events in carry_update_pairs(iterator):
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
             if feed is None:
@@ -106,9 +134,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 exact = table_types(user_schema_of(events.schema), feed, max(versions))
                 publisher = self._publisher(exact)
                 publisher.begin()  # a retried task starts clean
+                if exactly_once:  # how far an earlier attempt got, per owned partition
+                    marks = publisher.high_water_marks(owned)
             events = restore_types(events, exact)
             operations = {v: feed.table.manifest(v).operation for v in versions}
-            sent += publisher.send(events, operations)  # acks are awaited once, below
+            sent += publisher.send(events, operations, marks)  # acks are awaited once, below
         if publisher is not None:
             publisher.flush()  # every record acknowledged, or the micro-batch fails
         return Published(sent)

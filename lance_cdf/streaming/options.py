@@ -11,7 +11,7 @@ STORAGE_PREFIX = "storage."
 KNOWN = {
     "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
     "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
-    "netchanges", "dropunchangedupdates",
+    "netchanges", "dropunchangedupdates", "keyhash",
 }  # fmt: skip
 
 
@@ -76,6 +76,8 @@ class SourceOptions:
     rows_per_partition: int
     net_changes: bool = False
     drop_unchanged_updates: bool = False
+    # keyHash: key columns whose hash each event carries in `_key_hash` (keyhash.py)
+    key_hash: tuple[str, ...] | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -122,6 +124,7 @@ class SourceOptions:
             rows_per_partition=_int(options, "rowsPerPartition", 1) or 100_000,
             net_changes=_bool(options, "netChanges", False),
             drop_unchanged_updates=_bool(options, "dropUnchangedUpdates", False),
+            key_hash=_columns(options.get("keyhash")),
             storage_options={
                 k[len(STORAGE_PREFIX) :]: str(v)
                 for k, v in raw.items()

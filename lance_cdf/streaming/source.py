@@ -37,6 +37,7 @@ import math
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
 import pyarrow as pa
 from pyspark.sql.datasource import (
     DataSource,
@@ -51,10 +52,11 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StructType
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
+from lance_cdf.keyhash import EVENT_ORDER, KEY_HASH, ORDER_BITS, key_hash
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.read import column_sources, event_schema
@@ -347,7 +349,8 @@ class _Reading:
 
     def __init__(self, opts: SourceOptions, union: pa.Schema, declared: StructType):
         self.opts = opts
-        wanted = [f.name for f in declared if f.name not in META_NAMES]
+        routing = (KEY_HASH, EVENT_ORDER)
+        wanted = [f.name for f in declared if f.name not in META_NAMES and f.name not in routing]
         unknown = [c for c in wanted if c not in union.names]
         if unknown:
             raise LanceCdfError(
@@ -359,14 +362,61 @@ class _Reading:
         self.target = arrow_target(declared)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        if isinstance(partition, SnapshotSlice):
-            batches = self._snapshot(partition)
-        elif isinstance(partition, NetSlice):
-            batches = self._net(partition)
-        else:
-            batches = self._changes(partition)
+        batches = self._routed(partition) if self.opts.key_hash else self._events(partition)
         for batch in batches:
             yield to_spark(batch, self.target)
+
+    def _events(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if isinstance(partition, SnapshotSlice):
+            return self._snapshot(partition)
+        if isinstance(partition, NetSlice):
+            return self._net(partition)
+        return self._changes(partition)
+
+    def _routed(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        """Events with `_key_hash` and `_event_order` (option keyHash): sorting a version's
+        events by (delete/update/insert, `_event_order`) gives the order `read_changes`
+        yields, whichever partitions (slices of the version) they were read in."""
+        if isinstance(partition, ChangeSlices):
+            for segment in partition.segments:  # (version, part, parts)
+                one = ChangeSlices((segment,))
+                yield from self._with_key_hash(self._changes(one), segment[1] << ORDER_BITS)
+        elif isinstance(partition, SnapshotSlice):
+            # by the fragment's place in the manifest (the order snapshot slices are taken
+            # in, across micro-batches), not its ID
+            ids = [f.fragment_id for f in _feed(self.opts).snapshot_fragments(partition.version)]
+            base = (ids.index(partition.fragment_id) << ORDER_BITS) + partition.offset
+            yield from self._with_key_hash(self._snapshot(partition), base)
+        else:
+            yield from self._with_key_hash(self._net(partition), partition.part << ORDER_BITS)
+
+    def _with_key_hash(
+        self, batches: Iterator[pa.RecordBatch], base: int
+    ) -> Iterator[pa.RecordBatch]:
+        """Each event's key hash and order (`base` + its position); a batch's trailing
+        preimage waits for its postimage (the next batch's first row) so the pair shares
+        the postimage's hash."""
+        keys = list(self.opts.key_hash or ())
+        carry: pa.Table | None = None
+        position = base
+
+        def finish(table: pa.Table) -> list[pa.RecordBatch]:
+            nonlocal position
+            order = np.arange(position, position + table.num_rows, dtype=np.int64)
+            position += table.num_rows
+            table = table.append_column(KEY_HASH, pa.array(key_hash(table, keys)))
+            return table.append_column(EVENT_ORDER, pa.array(order)).to_batches()
+
+        for batch in batches:
+            table = pa.Table.from_batches([batch])
+            if carry is not None:
+                table, carry = pa.concat_tables([carry, table]).combine_chunks(), None
+            if table.num_rows and table["_change_type"][-1].as_py() == "update_preimage":
+                carry, table = table.slice(table.num_rows - 1), table.slice(0, table.num_rows - 1)
+            if table.num_rows:
+                yield from finish(table)
+        if carry is not None:  # a preimage without its postimage: its own key
+            yield from finish(carry)
 
     def _plan(self, version: int) -> VersionChanges | None:
         try:
@@ -448,7 +498,20 @@ class LanceCdfDataSource(DataSource):
         resolved = resolve(self.options, streaming=not batch)
         # pickled with this instance: what "latest" means for the reader created next
         self._as_of = resolved.end
-        return spark_schema(resolved.user_schema)
+        declared = spark_schema(resolved.user_schema)
+        if resolved.opts.key_hash:
+            missing = [
+                c for c in resolved.opts.key_hash
+                if c != "_rowid" and c not in resolved.user_schema.names
+            ]  # fmt: skip
+            if missing:
+                raise LanceCdfError(
+                    f"keyHash names {missing}, not columns of {resolved.opts.path} "
+                    f"(available: {resolved.user_schema.names} and _rowid)"
+                )
+            declared = declared.add(KEY_HASH, LongType(), nullable=False)
+            declared = declared.add(EVENT_ORDER, LongType(), nullable=False)
+        return declared
 
     def reader(self, schema: StructType) -> DataSourceReader:
         as_of = getattr(self, "_as_of", None)

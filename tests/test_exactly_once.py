@@ -1,0 +1,148 @@
+"""Exactly once into Kafka: `lance-cdf publish` killed at random points (its Python
+workers, i.e. executor-side writers and readers, and the whole process group: driver, JVM
+and workers) and the broker restarted, while commits keep coming; a read_committed
+consumer then finds every change once, in per-key order (read_changes is the oracle)."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+from confluent_kafka.admin import AdminClient, NewTopic
+from test_kafka_order import consume_by_key, expected_by_key
+
+from lance_cdf.cli import main
+
+PARTITIONS = 4
+
+
+def _children(pid):
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if ppid == pid:
+                out.append(int(entry))
+    return out
+
+
+def python_workers(root):
+    """Spark's Python workers under `root` (children of a pyspark daemon process)."""
+    todo, workers = [root], []
+    while todo:
+        pid = todo.pop()
+        for child in _children(pid):
+            todo.append(child)
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    parent_cmd = f.read()
+            except OSError:
+                continue
+            if b"pyspark.daemon" in parent_cmd:
+                workers.append(child)
+    return workers
+
+
+def writer(uri, stop, commits=60):
+    """Commits that move user keys between row IDs, until stopped (at most `commits`)."""
+    rng = random.Random(7)
+    for _ in range(commits):
+        if stop.is_set():
+            return
+        ds = lance.dataset(uri)
+        ids = rng.sample(range(200), 5)
+        kind = rng.random()
+        if kind < 0.4:
+            ds.update({"s": f"'u{ds.version}'"}, where=f"id IN {tuple(ids)}")
+        elif kind < 0.7:
+            ds.delete(f"id IN {tuple(ids)}")
+            lance.write_dataset(
+                pa.table({"id": ids, "s": [f"b{ds.version}"] * 5}), uri, mode="append"
+            )
+        else:
+            src = pa.table({"id": ids, "s": [f"m{ds.version}"] * 5})
+            ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(
+                src
+            )
+        time.sleep(0.5)
+
+
+def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
+    tmp_path, kafka_broker, schema_registry
+):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
+        enable_stable_row_ids=True, max_rows_per_file=50,
+    )  # fmt: skip
+    topic = f"eo-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
+            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
+            "--max-rows-per-trigger", "60"]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        *args,
+        "--trigger-interval",
+        "0 seconds",
+        "--master",
+        "local[2,100]",
+    ]  # fmt: skip  (local[N,F]: a failed task is retried)
+    rng = random.Random(20)
+    stop = threading.Event()
+    commits = threading.Thread(target=writer, args=(uri, stop), daemon=True)
+    commits.start()
+    proc = None
+    kills = {"worker": 0, "group": 0}
+    try:
+        while sum(kills.values()) < 12:
+            if proc is None or proc.poll() is not None:
+                proc = subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            time.sleep(rng.uniform(1, 5))
+            if sum(kills.values()) == 6:
+                kafka_broker.restart()  # same ports and data; producers reconnect
+            workers = python_workers(proc.pid)
+            if kills["group"] < 3 and (rng.random() < 0.25 or not workers):
+                os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and workers at once
+                proc.wait(30)
+                kills["group"] += 1
+            elif workers:
+                os.kill(rng.choice(workers), signal.SIGKILL)  # one writer or reader task
+                kills["worker"] += 1
+    finally:
+        stop.set()
+        commits.join(30)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert kills["group"] >= 1 and kills["worker"] >= 6
+    assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
+    want = expected_by_key(uri)
+    count = sum(len(v) for v in want.values())
+    got, _ = consume_by_key(
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        count + 1,
+        isolation="read_committed",
+    )
+    assert got == want  # every change once, per key in commit order

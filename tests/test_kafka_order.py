@@ -1,0 +1,151 @@
+"""Parallel writers keep per-key order: records routed to Kafka partitions by key hash,
+≥ 2 writer tasks on local[2], one user key under several `_rowid`s in one micro-batch
+(overwrite; delete and re-insert; an update that changes the key)."""
+
+import uuid
+from collections import defaultdict
+
+import lance
+import numpy as np
+import pyarrow as pa
+from confluent_kafka import Consumer
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+
+import lance_cdf
+from lance_cdf.kafka import sink as spark_sink
+from lance_cdf.kafka.publish import route
+from lance_cdf.kafka.publisher import commit_order
+
+PARTITIONS = 4
+
+
+def make_table(uri, seed):
+    """Versions where user keys move between row IDs; returns the table's URI."""
+    rng = np.random.default_rng(seed)
+    n = 60
+    lance.write_dataset(
+        pa.table({"id": np.arange(n), "s": [f"a{i}" for i in range(n)]}), uri,
+        enable_stable_row_ids=True, max_rows_per_file=17,
+    )  # fmt: skip
+    ids = rng.choice(n, 12, replace=False).tolist()
+    lance.dataset(uri).update({"s": "'u1'"}, where=f"id IN {tuple(ids[:6])}")
+    lance.dataset(uri).delete(f"id IN {tuple(ids[6:])}")  # deleted here ...
+    lance.write_dataset(  # ... and re-inserted under new row IDs
+        pa.table({"id": ids[6:], "s": ["back"] * 6}), uri, mode="append"
+    )
+    lance.dataset(uri).update({"id": "id + 1000"}, where=f"id = {ids[0]}")  # the key changes
+    # overwrite: every key gets a new row ID (delete + insert of each id in one version)
+    kept = rng.choice(n, 40, replace=False)
+    lance.write_dataset(
+        pa.table({"id": kept, "s": [f"o{i}" for i in kept]}), uri, mode="overwrite",
+        max_rows_per_file=13,
+    )  # fmt: skip
+    lance.dataset(uri).update({"s": "'u2'"}, where="id % 3 = 0")
+    return uri
+
+
+def expected_by_key(uri):
+    """Per user key: the records it should get, in order (read_changes is the oracle)."""
+    out = defaultdict(list)
+    for e in lance_cdf.read_changes(uri, 1).read_all().to_pylist():
+        kind = e["_change_type"]
+        if kind == "update_preimage":
+            continue
+        op = {"insert": "c", "update_postimage": "u", "delete": "d"}[kind]
+        after = None if op == "d" else {"id": e["id"], "s": e["s"]}
+        out[e["id"]].append((op, e["_commit_version"], after))
+        if op == "d":
+            out[e["id"]].append((None, None, None))
+    return dict(out)
+
+
+def consume_by_key(bootstrap, topic, registry_url, count, isolation="read_uncommitted"):
+    """Per key: its records in partition order; stops after `count` records or 60 s idle."""
+    client = SchemaRegistryClient({"url": registry_url})
+    key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                  "isolation.level": isolation})  # fmt: skip
+    c.subscribe([topic])
+    out, partition_of, seen, idle = defaultdict(list), {}, 0, 0
+    try:
+        while seen < count and idle < (120 if seen < count - 1 else 20):
+            m = c.poll(0.5)
+            if m is None or m.error():
+                idle += 1
+                continue
+            seen += 1
+            key = key_de(m.key(), SerializationContext(topic, MessageField.KEY))["id"]
+            assert partition_of.setdefault(key, m.partition()) == m.partition()
+            if m.value() is None:
+                out[key].append((None, None, None))
+                continue
+            v = value_de(m.value(), SerializationContext(topic, MessageField.VALUE))
+            out[key].append((v["op"], v["source"]["commit_version"], v["after"]))
+    finally:
+        c.close()
+    return dict(out), partition_of
+
+
+def new_topic(bootstrap):
+    topic = f"order-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    return topic
+
+
+def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_path):
+    uri = make_table(str(tmp_path / "t.lance"), 1)
+    changes = (
+        spark.read.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("rowsPerPartition", 7).option("keyHash", "id").load()
+    )  # fmt: skip
+    assert changes.rdd.getNumPartitions() > 4  # big versions are cut into slices
+    routed = route(changes, PARTITIONS, 2)
+    shares = routed.rdd.glom().map(lambda rows: [r.asDict() for r in rows]).collect()
+    assert len(shares) == 2
+    # what each writer task does with its share before producing
+    tasks = [commit_order(pa.Table.from_pylist(rows)).to_pylist() for rows in shares]
+    owned = [{r["_kafka_partition"] for r in rows} for rows in tasks]
+    assert not owned[0] & owned[1] and owned[0] | owned[1] == set(range(PARTITIONS))
+    events = lance_cdf.read_changes(uri, 1).read_all().to_pylist()
+    rank = {"delete": 0, "update_preimage": 1, "update_postimage": 1, "insert": 2}
+    for rows in tasks:
+        order = [(r["_commit_version"], rank[r["_change_type"]]) for r in rows]
+        assert order == sorted(order)
+        for i, r in enumerate(rows):  # a preimage is followed by its postimage
+            assert i == 0 or (r["_commit_version"], r["_event_order"]) != (
+                rows[i - 1]["_commit_version"], rows[i - 1]["_event_order"])  # fmt: skip
+            if r["_change_type"] == "update_preimage":
+                assert rows[i + 1]["_change_type"] == "update_postimage"
+                assert rows[i + 1]["_rowid"] == r["_rowid"]
+    assert sum(len(rows) for rows in tasks) == len(events)
+
+
+def test_parallel_writers_keep_per_key_order(spark, tmp_path, kafka_broker, schema_registry):
+    uri = make_table(str(tmp_path / "t.lance"), 2)
+    topic = new_topic(kafka_broker.bootstrap_servers)
+    spark_sink.register(spark)
+    changes = (
+        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("rowsPerPartition", 7).option("keyHash", "id").load()
+    )  # fmt: skip
+    q = (
+        route(changes, PARTITIONS, 2).writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("key", "id").option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination(300)
+    assert q.exception() is None
+    want = expected_by_key(uri)
+    count = sum(len(v) for v in want.values())
+    got, partition_of = consume_by_key(
+        kafka_broker.bootstrap_servers, topic, schema_registry.url, count
+    )
+    assert got == want  # every key's records, each once, in commit order
+    assert set(partition_of.values()) == set(range(PARTITIONS))  # all partitions used

@@ -1,0 +1,52 @@
+"""`lance-cdf publish` stops cleanly on SIGTERM and SIGINT: exit 0, no traceback."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_publish_stops_cleanly_on_signal(sig, tmp_path, kafka_broker, schema_registry):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
+    ck = tmp_path / "ck"
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", f"sig-{uuid.uuid4().hex[:8]}", "--schema-registry", schema_registry.url,
+            "--checkpoint", str(ck), "--starting-version", "1",
+            "--trigger-interval", "200 milliseconds"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lance_cdf.cli", *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (ck / "commits" / "0").exists():
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        # keep the query busy: commits arrive while it is being stopped
+        for i in range(3):
+            lance.dataset(uri).update({"id": f"id + {i + 1}"}, where="id < 10")
+        # SIGINT goes to the whole group, as a terminal's Ctrl-C does
+        if sig == signal.SIGINT:
+            os.killpg(proc.pid, sig)
+        else:
+            os.kill(proc.pid, sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    text = err.decode()
+    assert proc.returncode == 0, text[-3000:]
+    assert "Traceback" not in text and "Py4J" not in text, text[-3000:]
+    assert b"publishing" in out, (out, text[-3000:])
