@@ -56,16 +56,21 @@ def _pom_hash() -> str:
     return hashlib.sha256(POM.read_bytes()).hexdigest()
 
 
-def _is_current(cache: Path) -> bool:
+def _stamped(cache: Path, stamp_name: str, digest: str, *required: tuple[Path, str]) -> bool:
+    """The stamp `stamp_name` holds `digest` (the POMs are unchanged) and every
+    (folder, glob) in `required` matches a file (the jars are still there)."""
     try:
-        stamp = (cache / _STAMP).read_text().strip()
+        stamp = (cache / stamp_name).read_text().strip()
     except OSError:
         return False
-    return (
-        stamp == _pom_hash()
-        and any(kafka_lib(cache).glob("kafka_2.13-*.jar"))
-        and any((cache / "apicurio").glob("*-runner.jar"))
-    )
+    return stamp == digest and all(any(folder.glob(pattern)) for folder, pattern in required)
+
+
+def _is_current(cache: Path) -> bool:
+    return _stamped(
+        cache, _STAMP, _pom_hash(),
+        (kafka_lib(cache), "kafka_2.13-*.jar"), (cache / "apicurio", "*-runner.jar"),
+    )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -176,15 +181,11 @@ def _connect_hash() -> str:
 
 
 def _connect_current(cache: Path) -> bool:
-    try:
-        stamp = (cache / _CONNECT_STAMP).read_text().strip()
-    except OSError:
-        return False
-    return (
-        stamp == _connect_hash()
-        and any(connect_lib(cache).glob("connect-runtime-*.jar"))
-        and any((connect_plugins(cache) / "debezium-jdbc").glob("debezium-connector-jdbc-*.jar"))
-    )
+    return _stamped(
+        cache, _CONNECT_STAMP, _connect_hash(),
+        (connect_lib(cache), "connect-runtime-*.jar"),
+        (connect_plugins(cache) / "debezium-jdbc", "debezium-connector-jdbc-*.jar"),
+    )  # fmt: skip
 
 
 def provision_connect(cache_dir: str | os.PathLike | None = None) -> Path:
