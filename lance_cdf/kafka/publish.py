@@ -220,10 +220,19 @@ def _publish(
         if error is not None:
             follower.failed()
     if own_session:
-        spark.stop()
+        _quiet_stop(spark)
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
+
+
+def _quiet_stop(spark) -> None:
+    """Stop the session without PySpark's accumulator server printing an EOFError
+    traceback when the JVM closes its connection first (a race at shutdown, not an error)."""
+    server = getattr(spark.sparkContext, "_accumulatorServer", None)
+    if server is not None:
+        server.handle_error = lambda *_: None
+    spark.stop()
 
 
 def _serve_metrics(query, table, topic, storage_options, port, host):
