@@ -145,6 +145,8 @@ def _publish(
     t = time.monotonic()
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
+    if own_session:
+        _quiet_accumulators(spark)
     stages["Spark session"] = time.monotonic() - t
     # SparkContext installs its own SIGINT handler (cancel all jobs, raise
     # KeyboardInterrupt inside a py4j call): ours again
@@ -226,12 +228,17 @@ def _publish(
     return 0
 
 
-def _quiet_stop(spark) -> None:
-    """Stop the session without PySpark's accumulator server printing an EOFError
-    traceback when the JVM closes its connection first (a race at shutdown, not an error)."""
+def _quiet_accumulators(spark) -> None:
+    """PySpark's accumulator server prints an EOFError traceback when the JVM closes its
+    connection first (a race while a query or the session stops, not an error): silenced
+    for the session publish owns."""
     server = getattr(spark.sparkContext, "_accumulatorServer", None)
     if server is not None:
         server.handle_error = lambda *_: None
+
+
+def _quiet_stop(spark) -> None:
+    _quiet_accumulators(spark)
     spark.stop()
 
 
