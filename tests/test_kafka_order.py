@@ -149,3 +149,28 @@ def test_parallel_writers_keep_per_key_order(spark, tmp_path, kafka_broker, sche
     )
     assert got == want  # every key's records, each once, in commit order
     assert set(partition_of.values()) == set(range(PARTITIONS))  # all partitions used
+
+
+def test_a_writer_task_with_an_empty_share(spark, tmp_path, kafka_broker, schema_registry):
+    """Small commits leave some writer tasks nothing to write: the micro-batch still
+    succeeds (an empty share once failed the task, so the query retried it for ever)."""
+    uri = str(tmp_path / "one.lance")
+    lance.write_dataset(pa.table({"id": [7], "s": ["x"]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).update({"s": "'y'"}, where="id = 7")
+    topic = new_topic(kafka_broker.bootstrap_servers)
+    spark_sink.register(spark)
+    changes = (
+        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("keyHash", "id").load()
+    )  # fmt: skip
+    q = (
+        route(changes, PARTITIONS, 3).writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("key", "id").option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination(300)
+    assert q.exception() is None
+    got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, 2)
+    assert got == expected_by_key(uri)  # one key, one partition: two tasks had nothing

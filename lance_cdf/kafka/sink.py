@@ -121,9 +121,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
-            whole = commit_order(pa.Table.from_batches(list(iterator)))
-            if whole.num_rows:
-                owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            # (a task whose share is empty gets no batch at all: nothing to write)
+            batches = [b for b in iterator if b.num_rows]
+            if not batches:
+                return Published(0)
+            whole = commit_order(pa.Table.from_batches(batches))
+            owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
             iterator = whole.to_batches(max_chunksize=65536)
         exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
         marks = None
