@@ -1,10 +1,15 @@
 """Publishing throughput: committed change -> acknowledged Kafka records.
 
-    python bench/bench_kafka.py --narrow-rows 1000000 --vector-rows 100000
+    python bench/bench_kafka.py --narrow-rows 1000000 --vector-rows 100000 --commits 5
 
 Runs a real local broker and Apicurio registry (lance_cdf.devtools). For each
-table (narrow: 5 scalar columns; vector: id + 768-d float32 embedding), one
-commit inserts all rows; measured side by side in one run:
+table (narrow: 5 scalar columns; vector: id + 768-d float32 embedding), --commits
+commits insert the rows; the streams read one commit per micro-batch
+(maxVersionsPerTrigger 1). Each stream's time runs from the query's start to its last
+acknowledgement; its *steady* rate leaves out the first micro-batch (start-up: Python
+workers, producers, schema registration; reported apart as `first_batch_s`): the
+events of micro-batches 2.. over their trigger durations. Measured side by side in one
+run:
   * lance-cdf      the lance-cdf stream into the lance-cdf-kafka sink
                    (Trigger.AvailableNow), Avro via the registry, every record acked:
                    routed into --writers tasks (publish.route, as `lance-cdf publish`),
@@ -12,7 +17,7 @@ commit inserts all rows; measured side by side in one run:
   * ceiling        a plain confluent-kafka producer loop sending the same
                    records pre-serialised (serialisation not timed);
   * spark-kafka    Spark's built-in Kafka sink with to_avro (no registry) over the
-                   same change rows, when the spark-sql-kafka / spark-avro jars
+                   same lance-cdf stream, when the spark-sql-kafka / spark-avro jars
                    resolve from Maven Central (--spark-kafka-version).
 """
 
@@ -49,7 +54,7 @@ def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, part
 
     t0 = time.perf_counter()
     changes = spark.readStream.format("lance-cdf").option("path", uri)
-    changes = changes.option("startingVersion", 1)
+    changes = changes.option("startingVersion", 1).option("maxVersionsPerTrigger", 1)
     if writers is None:
         changes = changes.load().coalesce(1)
     else:
@@ -60,10 +65,21 @@ def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, part
         .option("schema.registry.url", registry.url).option("table", uri)
         .option("checkpointLocation", ck).trigger(availableNow=True).start()
     )  # fmt: skip
+    return _finish(q, t0)
+
+
+def _finish(q, t0) -> dict:
+    """Total time, and the steady rate: micro-batches after the first (start-up)."""
     q.awaitTermination()
     if q.exception():
         raise RuntimeError(q.exception())
-    return time.perf_counter() - t0
+    total = time.perf_counter() - t0
+    batches = [(p.numInputRows, p.durationMs["triggerExecution"] / 1000) for p in q.recentProgress
+               if p.numInputRows]  # fmt: skip
+    rest = batches[1:]
+    steady = sum(n for n, _ in rest) / sum(s for _, s in rest) if rest else None
+    return {"s": total, "first_batch_s": batches[0][1] if batches else None, "steady_eps": steady,
+            "batches": len(batches)}  # fmt: skip
 
 
 def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
@@ -71,7 +87,8 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     import lance_cdf
     from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 
-    reader = lance_cdf.read_changes(uri, 1, 1, batch_size=20_000)
+    reader = lance_cdf.read_changes(uri, 1, batch_size=20_000)  # every commit
+    ops = {v: "Append" for v in range(1, lance.dataset(uri).version + 1)}
     pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
                                user_schema_of(reader.schema), uri)  # fmt: skip
     from lance_cdf.avro.schema import change_records
@@ -79,11 +96,11 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     payload = []
     for batch in reader:  # in chunks: Python rows of 768-d vectors are ~25 GB per million
         table = pa.Table.from_batches([batch])
-        encoded = pub._encode(table, {1: "Append"}, 0)  # the publisher's own encoding
+        encoded = pub._encode(table, ops, 0)  # the publisher's own encoding
         if encoded is not None:
             payload += zip(encoded.keys.to_pylist(), encoded.values.to_pylist(), strict=True)
             continue
-        records = change_records(table, pub.user_columns, {1: "Append"}, uri, None, "x", 0)
+        records = change_records(table, pub.user_columns, ops, uri, None, "x", 0)
         payload += [(pub.key_writer.encode(k), pub.value_writer.encode(v)) for k, v, _ in records]
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
                          "acks": "all", "compression.type": "lz4", "linger.ms": 20,
@@ -100,17 +117,15 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     return time.perf_counter() - t0, len(payload)
 
 
-def spark_kafka(spark, uri, kafka, topic) -> float:
+def spark_kafka(spark, uri, kafka, topic, ck) -> dict:
     from pyspark.sql import functions as F
     from pyspark.sql.avro.functions import to_avro
 
+    t0 = time.perf_counter()
     df = (
-        spark.read.format("lance-cdf")
-        .option("path", uri)
-        .option("startingVersion", 1)
-        .option("endingVersion", 1)
-        .load()
-    )
+        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("maxVersionsPerTrigger", 1).load()
+    )  # fmt: skip
     user = [c for c in df.columns if not c.startswith("_")]
     envelope = F.struct(
         F.lit(None).cast("struct<x:int>").alias("before"),
@@ -121,10 +136,10 @@ def spark_kafka(spark, uri, kafka, topic) -> float:
     out = df.select(
         to_avro(F.struct(F.col("_rowid"))).alias("key"), to_avro(envelope).alias("value")
     )
-    t0 = time.perf_counter()
-    (out.write.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-     .option("topic", topic).option("kafka.acks", "all").save())  # fmt: skip
-    return time.perf_counter() - t0
+    q = (out.writeStream.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+         .option("topic", topic).option("kafka.acks", "all").option("checkpointLocation", ck)
+         .trigger(availableNow=True).start())  # fmt: skip
+    return _finish(q, t0)
 
 
 def main() -> None:
@@ -137,6 +152,7 @@ def main() -> None:
     ap.add_argument("--only", choices=["narrow", "vector768"], default=None)
     ap.add_argument("--writers", type=int, default=2, help="routed lance-cdf writer tasks")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic")
+    ap.add_argument("--commits", type=int, default=5, help="commits the rows are inserted in")
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -165,30 +181,40 @@ def main() -> None:
             table = make(args.narrow_rows if label == "narrow" else args.vector_rows)
             uri = os.path.join(args.dir, f"kafka_{label}.lance")
             shutil.rmtree(uri, ignore_errors=True)
-            lance.write_dataset(table, uri, enable_stable_row_ids=True, max_rows_per_file=250_000)
+            step = -(-table.num_rows // args.commits)
+            for i in range(0, table.num_rows, step):
+                lance.write_dataset(
+                    table.slice(i, step),
+                    uri,
+                    enable_stable_row_ids=True,
+                    max_rows_per_file=250_000,
+                    mode="append" if i else "create",
+                )
             n = table.num_rows
             tag = uuid.uuid4().hex[:6]
             ck = os.path.join(args.dir, f"kafka-ck-{label}-{tag}")
             p = args.partitions
-            cdf_s = lance_cdf_publish(spark, uri, kafka, registry,
-                                      new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
-            routed_s = lance_cdf_publish(
+            cdf = lance_cdf_publish(spark, uri, kafka, registry,
+                                    new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
+            routed = lance_cdf_publish(
                 spark, uri, kafka, registry, new_topic(kafka, f"routed-{label}-{tag}", p),
                 ck + "-routed", writers=args.writers, partitions=p,
             )  # fmt: skip
             ceil_s, sent = ceiling(uri, kafka, registry, new_topic(kafka, f"ceil-{label}-{tag}", p))
             try:
-                sk_s = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p))
+                sk = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p),
+                                 ck + "-sk")  # fmt: skip
                 sk_err = None
             except Exception as exc:  # jars missing or incompatible with this Spark
-                sk_s, sk_err = None, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+                sk, sk_err = {}, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+            ceil_eps = sent / ceil_s
             row = dict(
-                rows=n, records=sent,
-                lance_cdf_coalesce1_s=cdf_s, lance_cdf_coalesce1_eps=n / cdf_s,
-                lance_cdf_s=routed_s, lance_cdf_eps=n / routed_s, writers=args.writers,
-                ceiling_s=ceil_s, ceiling_eps=n / ceil_s, lance_cdf_vs_ceiling=ceil_s / routed_s,
-                spark_kafka_s=sk_s, spark_kafka_eps=(n / sk_s) if sk_s else None,
-                spark_kafka_error=sk_err,
+                rows=n, records=sent, commits=args.commits, writers=args.writers,
+                lance_cdf_coalesce1=cdf, lance_cdf=routed, spark_kafka=sk,
+                spark_kafka_error=sk_err, ceiling_s=ceil_s, ceiling_eps=ceil_eps,
+                lance_cdf_steady_vs_spark=(routed["steady_eps"] / sk["steady_eps"])
+                if sk.get("steady_eps") and routed["steady_eps"] else None,
+                lance_cdf_steady_vs_ceiling=(routed["steady_eps"] or 0) / ceil_eps,
             )  # fmt: skip
             results[label] = row
             print(label, json.dumps(row), flush=True)

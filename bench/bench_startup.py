@@ -5,7 +5,10 @@
 Starts a local broker and registry, writes a 1-row table, then runs
 `lance-cdf publish --available-now` as its own process (as a user does) while a consumer
 in this process waits for the first record. Reports, per run: the first record's
-time after launch, the process's exit, and the stages `publish` prints. With `--before
+time after launch, the process's exit, and the stages `publish` prints. `floor`: the
+same for bench/startup_floor.py, a minimal Python stream through the same Spark
+machinery into Kafka with nothing of lance-cdf (what no change to lance-cdf can go
+below). With `--before
 DIR`, the same runs with the lance_cdf package of DIR (another checkout) on PYTHONPATH,
 alternating with this one (side by side, same machine state).
 """
@@ -41,6 +44,11 @@ def one_run(code_dir, kafka, registry, uri, workdir) -> dict:
            "--schema-registry", registry.url, "--checkpoint",
            os.path.join(workdir, f"ck-{topic}"), "--starting-version", "1",
            "--available-now"]  # fmt: skip
+    if code_dir == "floor":  # the same Spark machinery without lance-cdf (startup_floor.py)
+        floor = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_floor.py")
+        cmd = [sys.executable, floor, kafka.bootstrap_servers, topic,
+               os.path.join(workdir, f"ck-{topic}")]  # fmt: skip
+        code_dir = None
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     first = None
@@ -74,10 +82,10 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="bench-startup-")
     uri = os.path.join(workdir, "one.lance")
     lance.write_dataset(pa.table({"id": [1]}), uri, enable_stable_row_ids=True)
-    results: dict[str, list] = {"after": [], "before": []}
+    results: dict[str, list] = {"after": [], "before": [], "floor": []}
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         for _ in range(args.runs):
-            for label, code in (("before", args.before), ("after", None)):
+            for label, code in (("before", args.before), ("after", None), ("floor", "floor")):
                 if label == "before" and not code:
                     continue
                 r = one_run(code, kafka, registry, uri, workdir)

@@ -1,8 +1,17 @@
 """lance-cdf: a row-level change data feed for Lance tables."""
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.feed import ChangeFeed, read_changes
 
 __version__ = "0.1.0"
 
 __all__ = ["ChangeFeed", "LanceCdfError", "__version__", "read_changes"]
+
+
+def __getattr__(name: str):
+    """`ChangeFeed` and `read_changes` load the change-feed core on first use, so a process
+    that imports one part (a Spark worker of the Kafka sink) does not pay for the rest."""
+    if name in ("ChangeFeed", "read_changes"):
+        from lance_cdf import feed
+
+        return getattr(feed, name)
+    raise AttributeError(f"module 'lance_cdf' has no attribute {name!r}")

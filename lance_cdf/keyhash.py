@@ -21,6 +21,9 @@ from lance_cdf.errors import LanceCdfError
 KEY_HASH = "_key_hash"
 EVENT_ORDER = "_event_order"
 ORDER_BITS = 40
+# The Kafka partition of each event when the stream routes records itself (publish.route):
+# an int column the Kafka sink reads and leaves out of the records.
+PARTITION_COLUMN = "_kafka_partition"
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _NULL = np.uint64(0x9E3779B97F4A7C15)

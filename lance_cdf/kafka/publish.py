@@ -11,8 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
-from lance_cdf.kafka.publisher import PARTITION_COLUMN
-from lance_cdf.keyhash import KEY_HASH
+from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
 
 SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
 
@@ -129,12 +128,12 @@ def _publish(
 
     # The broker, registry and topic checks run beside the JVM's start (they are network
     # round trips, it is ~4 s of CPU); a failed check still stops publish before any query.
-    pending = ThreadPoolExecutor(1, thread_name_prefix="lance-cdf-checks").submit(checks)
+    pool = ThreadPoolExecutor(2, thread_name_prefix="lance-cdf-start")
+    pending = pool.submit(checks)
+    pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
+    pool.shutdown(wait=False)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
-
-    from lance_cdf.kafka import sink as spark_sink
-    from lance_cdf.streaming import register
 
     own_session = SparkSession.getActiveSession() is None
     builder = SparkSession.builder
@@ -157,6 +156,9 @@ def _publish(
         if own_session:
             spark.stop()
         raise
+    from lance_cdf.kafka import sink as spark_sink
+    from lance_cdf.streaming import register
+
     register(spark)
     spark_sink.register(spark)
     reader = spark.readStream.format("lance-cdf").option("path", table)
@@ -226,6 +228,18 @@ def _publish(
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
+
+
+def _warm_imports() -> None:
+    """Import what the driver needs after the session starts (the source, its SQL function
+    and the sink's classes: ~1 s of CPU), in a thread while the main thread waits for the
+    JVM. An import error here is raised again, in the main thread, where it is used."""
+    try:
+        import lance_cdf.kafka.sink  # noqa: F401
+        import lance_cdf.streaming.source  # noqa: F401
+        import lance_cdf.streaming.table_changes  # noqa: F401
+    except Exception:  # noqa: BLE001
+        pass
 
 
 def _quiet_accumulators(spark) -> None:

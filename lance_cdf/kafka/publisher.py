@@ -14,6 +14,7 @@ the driver.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterable, Iterator
 
@@ -29,7 +30,7 @@ from lance_cdf.avro.schema import TableName, change_records, envelope_schema, ke
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import PublishError
-from lance_cdf.keyhash import EVENT_ORDER
+from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
 from lance_cdf.read import META_COLUMNS
 
 DEFAULT_PRODUCER = {
@@ -39,17 +40,15 @@ DEFAULT_PRODUCER = {
     "linger.ms": 20,
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 500000,
+    # a delivery callback per failed record only: a Python call per acknowledged record
+    # costs ~1 us on the writer's one core, and only failures are acted on
+    "delivery.report.only.error": True,
 }
 # Record headers a consumer can filter on without decoding Avro: the commit version (decimal
 # ASCII) and the Debezium op ("c", "u", "d", "r"; "tombstone" on a delete's tombstone).
 VERSION_HEADER = "lance-cdf.commit-version"
 OP_HEADER = "lance-cdf.op"
 _OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
-
-
-# The Kafka partition of each event, when the stream routes records itself (publish.py):
-# an int column the sink reads and leaves out of the records.
-PARTITION_COLUMN = "_kafka_partition"
 
 
 def _record_rows(events: pa.Table) -> pa.Array:
@@ -150,9 +149,20 @@ def record_headers(events: pa.Table) -> list[list[tuple[str, bytes]]]:
     return [shared[i] for i in inverse.reshape(-1).tolist()]
 
 
-def tombstone_headers(headers: list[tuple[str, bytes]]) -> list[tuple[str, bytes]]:
-    """A record's headers -> its tombstone's (op "tombstone")."""
-    return [headers[0], (OP_HEADER, b"tombstone")]
+def tombstone_headers(headers: list[tuple[str, bytes]], position: bytes | None = None):
+    """A record's headers -> its tombstone's (op "tombstone"; `position`: its own)."""
+    out = [headers[0], (OP_HEADER, b"tombstone")]
+    if position is not None:
+        out.append((POSITION_HEADER, position))
+    return out
+
+
+def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
+    """The `POSITION_HEADER` value ("v.g.o.sub", ASCII) of each record (sub 0) or of its
+    tombstone (sub 1), built in Arrow rather than one Python string per record."""
+    digits = [pa.array(positions[:, i]).cast(pa.string()) for i in range(3)]
+    joined = pc.binary_join_element_wise(*digits, pa.scalar(str(sub)), ".")
+    return joined.cast(pa.binary()).to_pylist()
 
 
 class KafkaChangePublisher:
@@ -195,6 +205,12 @@ class KafkaChangePublisher:
             k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
         }}  # fmt: skip
         self._failures: list[str] = []  # delivery errors since the last flush
+        # exactly-once bookkeeping (routed streams): the last position sent to each partition
+        # since the last flush, and per partition ((low, high) watermarks, the position of
+        # its last record) as known after this publisher's last successful flush
+        self._sent_last: dict[int, tuple[int, int, int, int]] = {}
+        self._settled: dict[int, tuple[tuple[int, int], tuple | None]] = {}
+        self._marks_consumer = None
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
@@ -217,60 +233,76 @@ class KafkaChangePublisher:
                 failures.append(f"{err} (partition {msg.partition()})")
 
         sent = 0
+        produce, topic = self.producer.produce, self.topic
+        last: dict[int, tuple[int, int]] = {}  # partition -> (record index, 0 / 1 tombstone)
         try:
             headers = record_headers(events) if events.num_rows else []
-            partitions = record_partitions(events) or [-1] * len(headers)  # -1: any
-            positions = record_positions(events) if headers else None
-            send_record = send_tomb = [True] * len(headers)
-            tomb_headers = [tombstone_headers(h) for h in headers]  # shared lists: cheap
+            n = len(headers)
+            partitions = record_partitions(events) or [-1] * n  # -1: any
+            positions = record_positions(events) if n else None
+            send_record, send_tomb = itertools.repeat(True, n), itertools.repeat(True, n)
+            tomb_positions: list | itertools.repeat = itertools.repeat(None, n)
             if positions is not None:
-                text = [f"{v}.{g}.{o}." for v, g, o in positions.tolist()]
-                tomb_headers = [
-                    [*h, (POSITION_HEADER, (t + "1").encode())]
-                    for h, t in zip(tomb_headers, text, strict=True)
-                ]
                 headers = [
-                    [*h, (POSITION_HEADER, (t + "0").encode())]
-                    for h, t in zip(headers, text, strict=True)
+                    [*h, (POSITION_HEADER, t)]
+                    for h, t in zip(headers, position_values(positions, 0), strict=True)
                 ]
                 if marks:
-                    m = np.full((len(partitions), 4), -1, np.int64)
+                    m = np.full((n, 4), -1, np.int64)
+                    parts = np.asarray(partitions)
                     for p, mark in marks.items():
                         if mark is not None:
-                            m[np.asarray(partitions) == p] = mark
+                            m[parts == p] = mark
                     send_record = _after(positions, 0, m).tolist()
                     send_tomb = _after(positions, 1, m).tolist()
             encoded = self._encode(events, operations, now_ms)
             if encoded is not None:  # vectorised: the wire-format bytes of every record
                 keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
-                tombstones = (encoded.tombstone & self.tombstones).tolist()
-                for key_bytes, value_bytes, tombstone, head, tomb_head, part, rec, tomb in zip(
-                    keys, values, tombstones, headers, tomb_headers, partitions, send_record,
-                    send_tomb, strict=True,
+                tombstones = encoded.tombstone & self.tombstones
+                if positions is not None and tombstones.any():
+                    tomb_positions = position_values(positions, 1)
+                for i, (key_bytes, value_bytes, tombstone, head, tomb_pos, part, rec, tomb) in (
+                    enumerate(zip(keys, values, tombstones.tolist(), headers, tomb_positions,
+                                  partitions, send_record, send_tomb, strict=True))
                 ):  # fmt: skip
                     if rec:
-                        self._produce(key_bytes, value_bytes, on_delivery, head, part)
+                        try:  # the common case inline: one Python call per record
+                            produce(topic, key=key_bytes, value=value_bytes, partition=part,
+                                    on_delivery=on_delivery, headers=head)  # fmt: skip
+                        except BufferError:
+                            self._produce(key_bytes, value_bytes, on_delivery, head, part)
+                        last[part] = (i, 0)
                         sent += 1
                     if tombstone and tomb:
-                        self._produce(key_bytes, None, on_delivery, tomb_head, part)
+                        self._produce(key_bytes, None, on_delivery,
+                                      tombstone_headers(head, tomb_pos), part)  # fmt: skip
+                        last[part] = (i, 1)
                         sent += 1
             else:
                 records = change_records(
                     events, self.user_columns, operations, self.table_name,
                     self.key_columns, __version__, now_ms,
                 )  # fmt: skip
-                for (key, value, meta), head, tomb_head, part, rec, tomb in zip(
-                    records, headers, tomb_headers, partitions, send_record, send_tomb,
+                if positions is not None:
+                    tomb_positions = position_values(positions, 1)
+                for i, ((key, value, meta), head, tomb_pos, part, rec, tomb) in enumerate(zip(
+                    records, headers, tomb_positions, partitions, send_record, send_tomb,
                     strict=True,
-                ):  # fmt: skip
+                )):  # fmt: skip
                     key_bytes = self.key_writer.encode(key)
                     if rec:
                         value_bytes = self.value_writer.encode(value)
                         self._produce(key_bytes, value_bytes, on_delivery, head, part)
+                        last[part] = (i, 0)
                         sent += 1
                     if meta["tombstone"] and self.tombstones and tomb:
-                        self._produce(key_bytes, None, on_delivery, tomb_head, part)
+                        self._produce(key_bytes, None, on_delivery,
+                                      tombstone_headers(head, tomb_pos), part)  # fmt: skip
+                        last[part] = (i, 1)
                         sent += 1
+            if positions is not None:
+                for part, (i, sub) in last.items():
+                    self._sent_last[part] = (*positions[i].tolist(), sub)
         except Exception as exc:
             if isinstance(exc, LanceCdfError):
                 raise
@@ -286,22 +318,24 @@ class KafkaChangePublisher:
         """The position of the last record of each partition (None: none with a position).
         With one writer task per partition at a time, a partition holds a prefix of its
         records in order (the idempotent producer neither reorders nor leaves holes), so
-        its last record says exactly how far an earlier attempt got."""
-        from confluent_kafka import Consumer, TopicPartition
+        its last record says exactly how far an earlier attempt got.
 
-        consumer = Consumer({
-            **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-        })  # fmt: skip
+        A partition whose watermarks are what they were after this publisher's last
+        successful flush (or last look) still ends with the record it knew: nothing was
+        appended since, so its position is reused without reading the record again."""
+        from confluent_kafka import TopicPartition
+
+        consumer = self._consumer()
         marks: dict[int, tuple[int, int, int, int] | None] = {}
-        try:
-            for p in sorted(partitions):
-                low, high = consumer.get_watermark_offsets(
-                    TopicPartition(self.topic, p), timeout=self.flush_timeout, cached=False
-                )
-                marks[p] = None
-                if high <= low:
-                    continue
+        for p in sorted(partitions):
+            watermarks = self._watermarks(p)
+            known = self._settled.get(p)
+            if known is not None and known[0] == watermarks:
+                marks[p] = known[1]
+                continue
+            low, high = watermarks
+            marks[p] = None
+            if high > low:
                 consumer.assign([TopicPartition(self.topic, p, high - 1)])
                 deadline = time.monotonic() + self.flush_timeout
                 while time.monotonic() < deadline:
@@ -315,27 +349,54 @@ class KafkaChangePublisher:
                         f"could not read the last record of {self.topic!r} partition {p} "
                         f"within {self.flush_timeout:.0f}s; the micro-batch fails and is retried."
                     )
-        finally:
-            consumer.close()
+                consumer.unassign()
+            self._settled[p] = (watermarks, marks[p])
         return marks
+
+    def _consumer(self):
+        """The consumer reading partitions' last records (kept for the publisher's life)."""
+        if self._marks_consumer is None:
+            from confluent_kafka import Consumer
+
+            self._marks_consumer = Consumer({
+                **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
+                "enable.auto.commit": False, "isolation.level": "read_committed",
+            })  # fmt: skip
+        return self._marks_consumer
+
+    def _watermarks(self, partition: int) -> tuple[int, int]:
+        from confluent_kafka import TopicPartition
+
+        low, high = self._consumer().get_watermark_offsets(
+            TopicPartition(self.topic, partition), timeout=self.flush_timeout, cached=False
+        )
+        return low, high
 
     def begin(self) -> None:
         """Start a micro-batch: let records of an earlier, failed attempt drain and forget
         their errors (the whole micro-batch is sent again)."""
         self.producer.flush(self.flush_timeout)
         self._failures.clear()
+        self._sent_last.clear()
 
     def flush(self) -> None:
         """Wait until every record sent is acknowledged; any failure or a timeout raises
         (the micro-batch fails and Spark retries it)."""
         left = self.producer.flush(self.flush_timeout)
         failures, self._failures[:] = list(self._failures), []
+        sent_last, self._sent_last = self._sent_last, {}
         if left or failures:
+            self._settled.clear()  # what the partitions hold is unknown: read them again
             raise PublishError(
                 f"{left} record(s) unacknowledged after {self.flush_timeout:.0f}s and "
                 f"{len(failures)} delivery failure(s) on {self.topic!r}"
                 f"{': ' + failures[0] if failures else ''}; the micro-batch fails and is retried."
             )
+        for p, position in sent_last.items():  # every record is in: the partition ends here
+            try:
+                self._settled[p] = (self._watermarks(p), position)
+            except Exception:  # noqa: BLE001 (only an optimisation: read it next time)
+                self._settled.pop(p, None)
 
     def _encode(self, events: pa.Table, operations: dict[int, str], now_ms: int):
         """Keys and values of the batch in the wire format, vectorised; None when the

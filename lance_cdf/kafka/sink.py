@@ -39,16 +39,13 @@ from pyspark.sql.types import StructType
 
 from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.kafka.publisher import (
-    PARTITION_COLUMN,
-    KafkaChangePublisher,
-    carry_update_pairs,
-    commit_order,
-    user_schema_of,
-)
-from lance_cdf.keyhash import EVENT_ORDER
+from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
 
-_PUBLISHERS: dict[tuple, KafkaChangePublisher] = {}
+# The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
+# encoder) is imported by the writer tasks only: Spark also loads this module in the
+# data-source lookup, the writer's creation and the commit, one Python process each, on the
+# way to the first record (see BENCHMARKS.md, "Start-up").
+_PUBLISHERS: dict[tuple, object] = {}  # one KafkaChangePublisher per writer setting
 
 
 @dataclass
@@ -82,7 +79,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict):
         self.options = options
 
-    def _publisher(self, user_schema: pa.Schema) -> KafkaChangePublisher:
+    def _publisher(self, user_schema: pa.Schema):
+        from lance_cdf.kafka.publisher import KafkaChangePublisher
+
         o = {k.lower(): v for k, v in self.options.items()}
         producer = {
             k[len("kafka.") :]: v for k, v in self.options.items()
@@ -107,6 +106,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         from lance_cdf.feed import ChangeFeed
+        from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
 
         opts = {k.lower(): v for k, v in self.options.items()}
         table = opts["table"]
