@@ -75,11 +75,17 @@ class DeletionVector:
 def _decode(data: bytes, file_type: int, path: str) -> BitMap:
     if file_type == BITMAP:
         return BitMap.deserialize(data)
-    reader = pa.ipc.open_file(pa.BufferReader(data))
-    table = reader.read_all()
-    if table.num_columns != 1:
-        raise ValueError(f"expected one column, found {table.num_columns}")
-    values = table.column(0).to_numpy(zero_copy_only=False).astype(np.uint32)
+    reader = pa.ipc.open_file(data)
+    if len(reader.schema) != 1:
+        raise ValueError(f"expected one column, found {len(reader.schema)}")
+    # batch by batch: ChunkedArray.to_numpy of an IPC-read column costs ~5 ms, a
+    # batch column's ~5 us (pyarrow 26), and planning reads one file per touched fragment
+    parts = [reader.get_batch(i).column(0) for i in range(reader.num_record_batches)]
+    if any(p.null_count for p in parts):
+        raise ValueError("the deleted offsets hold nulls")
+    values = (
+        np.concatenate([p.to_numpy() for p in parts]) if parts else np.zeros(0, np.uint32)
+    ).astype(np.uint32, copy=False)
     # pyroaring builds from array.array in bulk; from numpy it iterates element by element
     return BitMap(array.array("I", values.tobytes()))
 
