@@ -199,6 +199,12 @@ class RowIdSequence:
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    @property
+    def single_range_start(self) -> int | None:
+        """The first row ID if the sequence is one range (row ID = start + offset)."""
+        r = self._range_starts
+        return int(r[0]) if r is not None and r.size == 1 else None
+
     def to_numpy(self) -> np.ndarray:
         """Row ID of every physical row (uint64, length = physical rows)."""
         if self._values is None:
@@ -253,6 +259,11 @@ class VersionSequence:
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if self._ends.size else 0
+
+    @property
+    def single_version(self) -> int | None:
+        """The version of every row if the sequence is one run."""
+        return int(self.versions[0]) if self.versions.size == 1 else None
 
     def to_numpy(self) -> np.ndarray:
         return np.repeat(self.versions, self.lengths)
