@@ -198,10 +198,14 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     cand_pre: list[RowSet] = []
     cand_post: list[RowSet] = []
 
+    changed = []  # (old entry or None, new entry) of every entry that differs
     for fid, nf in new_frags.items():
         of = old_frags.get(fid)
-        if of is not None and of.key() == nf.key():
-            continue  # identical entry: same rows, same versions, same deletions
+        if of is None or of.key() != nf.key():  # identical entries: same rows and deletions
+            changed.append((of, nf))
+    # the deletion files this commit wrote (one per fragment a scattered change touched)
+    table.prefetch_deletions([f for pair in changed for f in pair if f is not None])
+    for of, nf in changed:
         if of is not None and of.lineage_key() == nf.lineage_key():
             # Same rows and versions at the same offsets; only the deletion file
             # moved. Newly deleted offsets left, undeleted offsets came back.

@@ -100,8 +100,11 @@ class FragmentInfo:
         return self.proto.WhichOneof("last_updated_at_version_sequence") is not None
 
     @property
-    def data_files(self) -> list[str]:
-        return [f.path for f in self.proto.files]
+    def data_files(self) -> tuple[str, ...]:
+        files = self.__dict__.get("_data_files")
+        if files is None:
+            files = self.__dict__["_data_files"] = tuple(f.path for f in self.proto.files)
+        return files
 
     def lineage_key(self) -> bytes:
         """Identity of the rows and their versions, ignoring the deletion file."""

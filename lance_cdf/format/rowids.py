@@ -134,27 +134,31 @@ def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     values, width = tokens
     tags, vals = values[0::2], values[1::2]
     pair_bytes = width[0::2] + width[1::2]
-    if not np.isin(tags, (8, 10, 16)).all():
+    is10, is8, is16 = tags == 10, tags == 8, tags == 16
+    if not (is10 | is8 | is16).all():
         return None
-    i10 = np.flatnonzero(tags == 10)
+    i10 = np.flatnonzero(is10)
     if i10.size % 2 or (tags.size and (i10.size == 0 or i10[0] != 0)):
         return None
     outer, inner = i10[0::2], i10[1::2]
     if not np.array_equal(inner, outer + 1):
         return None
-    segment = np.cumsum(np.isin(np.arange(tags.size), outer)) - 1
+    marker = np.zeros(tags.size, dtype=np.int64)
+    marker[outer] = 1
+    segment = np.cumsum(marker) - 1
     n = outer.size
     starts, ends = np.zeros(n, dtype=U64), np.zeros(n, dtype=U64)
-    field_bytes = np.zeros(n, dtype=np.int64)
-    for tag, out in ((8, starts), (16, ends)):
-        at = np.flatnonzero(tags == tag)
-        if np.bincount(segment[at], minlength=n).max(initial=0) > 1:
+    field_bytes = np.zeros(n, dtype=U64)
+    for mask, out in ((is8, starts), (is16, ends)):
+        at = np.flatnonzero(mask)
+        seg = segment[at]
+        if seg.size > 1 and not (np.diff(seg) > 0).all():
             return None  # a repeated field (legal protobuf, last wins): leave it to the parser
-        out[segment[at]] = vals[at]
-        np.add.at(field_bytes, segment[at], pair_bytes[at])
+        out[seg] = vals[at]
+        field_bytes[seg] += pair_bytes[at].astype(U64)
     if not (
-        np.array_equal(vals[inner], field_bytes.astype(U64))
-        and np.array_equal(vals[outer], (pair_bytes[inner] + field_bytes).astype(U64))
+        np.array_equal(vals[inner], field_bytes)
+        and np.array_equal(vals[outer], pair_bytes[inner].astype(U64) + field_bytes)
         and (ends >= starts).all()
     ):
         return None
