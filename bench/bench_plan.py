@@ -1,6 +1,7 @@
 """Planning only: ms per version of `plan_version` (manifest diff -> row IDs and offsets).
 
-    python bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse
+    python bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse --out plan.json
+    PYTHONPATH=/other/checkout python bench/bench_plan.py --replay plan.json
 
 For each table size (bench_core's table: id, name, 128-d vector, stable row IDs,
 --fragments fragments; built unless --reuse finds it under --dir), makes one commit of
@@ -73,6 +74,21 @@ def followed(uri: str, version: int, warm: int = 6):
     return call
 
 
+def measure(uri: str, v: int, row: dict, repeat: int) -> dict:
+    row["followed"] = time_calls(followed(uri, v), repeat)
+    row["fresh"] = time_calls(lambda: plan_version(TableLog(uri), v), max(3, repeat // 4))
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def replay(args) -> list[dict]:
+    """Time the versions a previous run committed again, committing nothing: run it
+    with another lance_cdf on PYTHONPATH to compare implementations on the same commits."""
+    with open(args.replay) as fh:
+        rows = json.load(fh)["results"]
+    return [measure(r["uri"], r["version"], dict(r), args.repeat) for r in rows]
+
+
 def run_size(args, rows: int) -> list[dict]:
     uri = os.path.join(args.dir, f"core_{rows}.lance")
     if not (args.reuse and os.path.isdir(uri)):
@@ -85,14 +101,9 @@ def run_size(args, rows: int) -> list[dict]:
         v = table.version
         plan = plan_version(TableLog(uri), v)
         touched = len(set(plan.deleted.fragment_ids) | set(plan.update_pre.fragment_ids))
-        row = dict(rows=rows, change=change, layout=layout, version=v, fragments_touched=touched)
-        row["events"] = plan.num_events
-        row["followed"] = time_calls(followed(uri, v), args.repeat)
-        row["fresh"] = time_calls(
-            lambda v=v: plan_version(TableLog(uri), v), max(3, args.repeat // 4)
-        )
-        print(json.dumps(row), flush=True)
-        out.append(row)
+        row = dict(rows=rows, change=change, layout=layout, uri=uri, version=v)
+        row.update(fragments_touched=touched, events=plan.num_events)
+        out.append(measure(uri, v, row, args.repeat))
     return out
 
 
@@ -105,9 +116,13 @@ def main() -> None:
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--reuse", action="store_true", help="reuse existing base tables")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--replay", default=None, help="time the versions of this --out file again")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
-    results = [r for rows in args.rows for r in run_size(args, rows)]
+    if args.replay:
+        results = replay(args)
+    else:
+        results = [r for rows in args.rows for r in run_size(args, rows)]
     print(
         "\n| rows | change | layout | fragments touched | followed: median (best) ms "
         "| CPU median (best) | fresh TableLog: median (best) ms |"
