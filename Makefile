@@ -44,6 +44,7 @@ bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
 	$(PY) bench/bench_core.py --rows 1000000 10000000 --fragments 10 --repeat 3 --out bench/results_core.json
 	$(PY) bench/plot_core.py bench/results_core.json bench/core_extraction.png
+	$(PY) bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse --repeat 20 --out bench/results_plan.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_cdf tests bench

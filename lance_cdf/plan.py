@@ -113,23 +113,57 @@ class VersionChanges:
 
 
 def _rows(table: TableLog, frag: FragmentInfo, offsets: np.ndarray) -> RowSet:
-    offsets = np.asarray(offsets, dtype=_I64)
-    if offsets.size == 0:
+    return _locate(table, [(frag, offsets)])
+
+
+def _locate(table: TableLog, parts: list[tuple[FragmentInfo, np.ndarray]]) -> RowSet:
+    """The rows at (fragment, physical offsets) of many fragments, in that order, in one
+    pass: fragments whose row IDs are one range and whose rows share one version (every
+    fragment as written, until rows move into it) answer by arithmetic over all their
+    offsets at once; the others per fragment. A scattered change touches every fragment,
+    so the per-fragment cost is what planning it costs."""
+    parts = [(f, o) for f, o in parts if o.size]
+    if not parts:
         return RowSet.empty()
-    return RowSet(
-        table.row_ids(frag).values_at(offsets),
-        np.full(offsets.size, frag.id, dtype=_I64),
-        offsets,
-        table.last_updated_versions(frag).values_at(offsets),
-    )
+    counts = np.fromiter((o.size for _, o in parts), dtype=_I64, count=len(parts))
+    offsets = np.concatenate([o for _, o in parts]).astype(_I64, copy=False)
+    n = len(parts)
+    rowid_base, version = np.zeros(n, _U64), np.zeros(n, _U64)
+    mixed_ids, mixed_versions = [], []
+    for i, (frag, _) in enumerate(parts):
+        start = table.row_ids(frag).single_range_start
+        if start is None:
+            mixed_ids.append(i)
+        else:
+            rowid_base[i] = start
+        one = table.last_updated_versions(frag).single_version
+        if one is None:
+            mixed_versions.append(i)
+        else:
+            version[i] = one
+    limit = np.repeat(np.fromiter((f.physical_rows for f, _ in parts), _I64, n), counts)
+    if offsets.size and (offsets.min() < 0 or (offsets >= limit).any()):
+        raise IndexError("offset outside its fragment's physical rows")
+    rowids = np.repeat(rowid_base, counts) + offsets.astype(_U64)
+    versions = np.repeat(version, counts)
+    if mixed_ids or mixed_versions:
+        bounds = np.concatenate([[0], np.cumsum(counts)])
+        for i in mixed_ids:
+            at = slice(bounds[i], bounds[i + 1])
+            rowids[at] = table.row_ids(parts[i][0]).values_at(offsets[at])
+        for i in mixed_versions:
+            at = slice(bounds[i], bounds[i + 1])
+            versions[at] = table.last_updated_versions(parts[i][0]).values_at(offsets[at])
+    fragment_ids = np.repeat(np.fromiter((f.id for f, _ in parts), _I64, n), counts)
+    return RowSet(rowids, fragment_ids, offsets, versions)
 
 
-def _live_rows(table: TableLog, frag: FragmentInfo) -> RowSet:
-    return _rows(table, frag, table.deletions(frag).live_offsets(frag.physical_rows))
+def _live_offsets(table: TableLog, frag: FragmentInfo) -> np.ndarray:
+    return table.deletions(frag).live_offsets(frag.physical_rows)
 
 
 def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
-    return np.frombuffer(bitmap.to_array(), dtype=np.uint32).astype(_I64)
+    return np.frombuffer(bitmap.to_array(), dtype=np.uint32)
 
 
 # Operations that move or reshape rows without changing the values of the remaining
@@ -154,24 +188,30 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     `old=None` is the empty table before version 1: every live row is inserted.
     """
     table.require_stable_row_ids(new)
-    old_frags = {f.id: f for f in old.fragments} if old is not None else {}
-    new_frags = {f.id: f for f in new.fragments}
-    removed: list[RowSet] = []  # row entries present in `old` and not in `new`
-    added: list[RowSet] = []  # row entries present in `new` and not in `old`
+    old_frags = old.fragment_map if old is not None else {}
+    new_frags = new.fragment_map
+    # (fragment, physical offsets) of row entries present in `old` and not in `new`, and
+    # in `new` and not in `old`; located in bulk below
+    removed: list[tuple[FragmentInfo, np.ndarray]] = []
+    added: list[tuple[FragmentInfo, np.ndarray]] = []
     may_change = new.operation not in _NO_VALUE_CHANGE
     cand_pre: list[RowSet] = []
     cand_post: list[RowSet] = []
 
+    changed = []  # (old entry or None, new entry) of every entry that differs
     for fid, nf in new_frags.items():
         of = old_frags.get(fid)
-        if of is not None and of.key() == nf.key():
-            continue  # identical entry: same rows, same versions, same deletions
+        if of is None or of.key() != nf.key():  # identical entries: same rows and deletions
+            changed.append((of, nf))
+    # the deletion files this commit wrote (one per fragment a scattered change touched)
+    table.prefetch_deletions([f for pair in changed for f in pair if f is not None])
+    for of, nf in changed:
         if of is not None and of.lineage_key() == nf.lineage_key():
             # Same rows and versions at the same offsets; only the deletion file
             # moved. Newly deleted offsets left, undeleted offsets came back.
             d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
-            removed.append(_rows(table, of, _bitmap_offsets(d_new - d_old)))
-            added.append(_rows(table, nf, _bitmap_offsets(d_old - d_new)))
+            removed.append((of, _bitmap_offsets(d_new - d_old)))
+            added.append((nf, _bitmap_offsets(d_old - d_new)))
             if may_change and of.data_files != nf.data_files:
                 # new data files under the same rows and versions: add_columns by a writer
                 # that bumped no versions (0.38.x), a data replacement, an old restore
@@ -180,13 +220,13 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
                 cand_post.append(post)
             continue
         if of is not None:
-            removed.append(_live_rows(table, of))
-        added.append(_live_rows(table, nf))
+            removed.append((of, _live_offsets(table, of)))
+        added.append((nf, _live_offsets(table, nf)))
     for fid, of in old_frags.items():
         if fid not in new_frags:
-            removed.append(_live_rows(table, of))
+            removed.append((of, _live_offsets(table, of)))
 
-    gone, came = RowSet.concat(removed), RowSet.concat(added)
+    gone, came = _locate(table, removed), _locate(table, added)
     # A row ID is live at most once per version, so a row in `came` but not in
     # `gone` was not live before (insert), one in `gone` only is no longer live
     # (delete), and one in both moved; it changed if its version differs. Where a

@@ -12,6 +12,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 
 from google.protobuf.message import DecodeError
 
@@ -85,8 +86,12 @@ class FragmentInfo:
         return d.num_deleted_rows if d is not None else 0
 
     def key(self) -> bytes:
-        """Identity of the whole entry: equal keys mean identical rows, versions, deletions."""
-        return self.proto.SerializeToString(deterministic=True)
+        """Identity of the whole entry: equal keys mean identical rows, versions, deletions.
+        Kept on the entry (manifests are cached, so each entry is serialized once)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            key = self.__dict__["_key"] = self.proto.SerializeToString(deterministic=True)
+        return key
 
     @property
     def has_version_sequence(self) -> bool:
@@ -95,11 +100,20 @@ class FragmentInfo:
         return self.proto.WhichOneof("last_updated_at_version_sequence") is not None
 
     @property
-    def data_files(self) -> list[str]:
-        return [f.path for f in self.proto.files]
+    def data_files(self) -> tuple[str, ...]:
+        files = self.__dict__.get("_data_files")
+        if files is None:
+            files = self.__dict__["_data_files"] = tuple(f.path for f in self.proto.files)
+        return files
 
     def lineage_key(self) -> bytes:
         """Identity of the rows and their versions, ignoring the deletion file."""
+        key = self.__dict__.get("_lineage_key")
+        if key is None:
+            key = self.__dict__["_lineage_key"] = self._lineage_key()
+        return key
+
+    def _lineage_key(self) -> bytes:
         p = self.proto
         parts = [str(p.id).encode(), str(p.physical_rows).encode()]
         for oneof in (
@@ -165,9 +179,14 @@ class Manifest:
         """Identity of the schema: equal keys mean the same columns and types."""
         return b"".join(f.SerializeToString(deterministic=True) for f in self.proto.fields)
 
-    @property
+    @cached_property
     def fragments(self) -> list[FragmentInfo]:
         return [FragmentInfo(f) for f in self.proto.fragments]
+
+    @cached_property
+    def fragment_map(self) -> dict[int, FragmentInfo]:
+        """Fragment entries by id (built once per cached manifest)."""
+        return {f.id: f for f in self.fragments}
 
     @property
     def transaction_file(self) -> str:

@@ -100,28 +100,126 @@ def _parse(message, data: bytes, source: str):
     return message
 
 
+def _varints(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """`data` read as nothing but protobuf varints: (values, byte width of each), or None
+    if it does not split into varints (a last byte with the continuation bit, > 10 bytes)."""
+    b = np.frombuffer(data, dtype=np.uint8)
+    if b.size == 0:
+        return EMPTY_U64, np.zeros(0, dtype=np.int64)
+    if b[-1] & 0x80:
+        return None
+    last = np.flatnonzero(b < 0x80)
+    first = np.empty_like(last)
+    first[0] = 0
+    first[1:] = last[:-1] + 1
+    width = last - first + 1
+    if width.max() > 10:
+        return None
+    shift = ((np.arange(b.size) - np.repeat(first, width)) * 7).astype(U64)
+    return np.add.reduceat((b & 0x7F).astype(U64) << shift, first), width
+
+
+def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
+    """(starts, ends) of a serialized `RowIdSequence` made only of `Range` segments, read in
+    bulk; None for any other shape (the protobuf parser then reads it segment by segment).
+
+    pylance writes one single-row Range per row for the rows a scattered `merge_insert`
+    rewrote: a 1,000-row update carries 1,000 segments, which cost ~10 ms through the
+    protobuf objects and ~0.1 ms here. Every byte of such a message is a varint: pairs
+    (tag, value) = (segments, length) (range, length) then (start) and/or (end) fields.
+    The lengths are checked against the bytes, so anything else is left to the parser."""
+    tokens = _varints(data)
+    if tokens is None or tokens[0].size % 2:
+        return None
+    values, width = tokens
+    tags, vals = values[0::2], values[1::2]
+    pair_bytes = width[0::2] + width[1::2]
+    is10, is8, is16 = tags == 10, tags == 8, tags == 16
+    if not (is10 | is8 | is16).all():
+        return None
+    i10 = np.flatnonzero(is10)
+    if i10.size % 2 or (tags.size and (i10.size == 0 or i10[0] != 0)):
+        return None
+    outer, inner = i10[0::2], i10[1::2]
+    if not np.array_equal(inner, outer + 1):
+        return None
+    marker = np.zeros(tags.size, dtype=np.int64)
+    marker[outer] = 1
+    segment = np.cumsum(marker) - 1
+    n = outer.size
+    starts, ends = np.zeros(n, dtype=U64), np.zeros(n, dtype=U64)
+    field_bytes = np.zeros(n, dtype=U64)
+    for mask, out in ((is8, starts), (is16, ends)):
+        at = np.flatnonzero(mask)
+        seg = segment[at]
+        if seg.size > 1 and not (np.diff(seg) > 0).all():
+            return None  # a repeated field (legal protobuf, last wins): leave it to the parser
+        out[seg] = vals[at]
+        field_bytes[seg] += pair_bytes[at].astype(U64)
+    if not (
+        np.array_equal(vals[inner], field_bytes)
+        and np.array_equal(vals[outer], pair_bytes[inner].astype(U64) + field_bytes)
+        and (ends >= starts).all()
+    ):
+        return None
+    return starts, ends
+
+
 class RowIdSequence:
     """The stable row IDs of a fragment's physical rows, offset by offset."""
 
     def __init__(self, segments: list[rowids_pb2.U64Segment]):
         self.segments = segments
-        lengths = np.array([segment_len(s) for s in segments], dtype=np.int64)
-        self._starts = np.concatenate([[0], np.cumsum(lengths)])
         self._values: np.ndarray | None = None
-        self._range_starts: np.ndarray | bool | None = None
+        if all(s.WhichOneof("segment") == "range" for s in segments):
+            starts = np.array([s.range.start for s in segments], dtype=U64)
+            ends = np.array([s.range.end for s in segments], dtype=U64)
+            self._init_ranges(starts, ends)
+        else:
+            lengths = np.array([segment_len(s) for s in segments], dtype=np.int64)
+            self._starts = np.concatenate([[0], np.cumsum(lengths)])
+            self._range_starts: np.ndarray | None = None
+
+    def _init_ranges(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        # a sequence of ranges answers by arithmetic: no array of every row ID
+        self._range_starts = starts
+        self._starts = np.concatenate([[0], np.cumsum((ends - starts).astype(np.int64))])
+
+    @classmethod
+    def from_ranges(cls, starts: np.ndarray, ends: np.ndarray) -> RowIdSequence:
+        seq = cls.__new__(cls)
+        seq.segments = None  # built from bytes without protobuf objects
+        seq._values = None
+        seq._init_ranges(starts, ends)
+        return seq
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
+        ranges = _range_segments(data)
+        if ranges is not None:
+            return cls.from_ranges(*ranges)
         return cls(list(_parse(rowids_pb2.RowIdSequence(), data, source).segments))
 
     def __len__(self) -> int:
         return int(self._starts[-1])
 
+    @property
+    def single_range_start(self) -> int | None:
+        """The first row ID if the sequence is one range (row ID = start + offset)."""
+        r = self._range_starts
+        return int(r[0]) if r is not None and r.size == 1 else None
+
     def to_numpy(self) -> np.ndarray:
         """Row ID of every physical row (uint64, length = physical rows)."""
         if self._values is None:
-            parts = [segment_values(s) for s in self.segments]
-            self._values = np.concatenate(parts) if parts else EMPTY_U64
+            if self._range_starts is not None:
+                lengths = np.diff(self._starts)
+                # each row: its segment's first row ID + its offset from the segment's start
+                base = self._range_starts - self._starts[:-1].astype(U64)  # wraps, then back
+                self._values = np.repeat(base, lengths) + np.arange(len(self), dtype=U64)
+            else:
+                parts = [segment_values(s) for s in self.segments]
+                self._values = np.concatenate(parts) if parts else EMPTY_U64
         return self._values
 
     def values_at(self, offsets: np.ndarray) -> np.ndarray:
@@ -133,13 +231,11 @@ class RowIdSequence:
         offsets = np.asarray(offsets, dtype=np.int64)
         if offsets.size and (offsets.min() < 0 or offsets.max() >= len(self)):
             raise IndexError("offset outside the fragment's row-ID sequence")
-        if self._range_starts is None:
-            # decided once per sequence: the sequence is cached across the steps of a range
-            ranges = all(s.WhichOneof("segment") == "range" for s in self.segments)
-            self._range_starts = (
-                np.array([s.range.start for s in self.segments], dtype=U64) if ranges else False
-            )
-        if self._range_starts is not False:
+        if self._values is not None:
+            return self._values[offsets]
+        if self._range_starts is not None:
+            if self._range_starts.size == 1:
+                return self._range_starts[0] + offsets.astype(U64)
             seg = np.searchsorted(self._starts, offsets, side="right") - 1
             return self._range_starts[seg] + (offsets - self._starts[seg]).astype(U64)
         return self.to_numpy()[offsets]
@@ -167,6 +263,11 @@ class VersionSequence:
 
     def __len__(self) -> int:
         return int(self._ends[-1]) if self._ends.size else 0
+
+    @property
+    def single_version(self) -> int | None:
+        """The version of every row if the sequence is one run."""
+        return int(self.versions[0]) if self.versions.size == 1 else None
 
     def to_numpy(self) -> np.ndarray:
         return np.repeat(self.versions, self.lengths)

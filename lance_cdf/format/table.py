@@ -5,6 +5,7 @@ they point to, read once and cached."""
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import (
@@ -14,7 +15,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.format._proto import table_pb2, transaction_pb2
 from lance_cdf.format.deletions import DeletionVector, deletion_file_path, read_deletion_vector
-from lance_cdf.format.io import FileSystem, open_filesystem
+from lance_cdf.format.io import FileSystem, LocalFileSystem, open_filesystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest, parse_manifest, parse_transaction
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
@@ -26,6 +27,11 @@ log = logging.getLogger(__name__)
 # it: the version is not known, and a moved row may or may not have changed. Version 0
 # never exists, so it marks "not recorded" (plan.diff_manifests then compares values).
 UNKNOWN_VERSION = 0
+
+# On object storage the deletion files a commit wrote are fetched concurrently: a
+# scattered change writes one per fragment it touches, each a round trip. (On local disk
+# threads did not pay: 5.0 vs 4.7 ms, best of 30, for 11 files on a loaded 2-core machine.)
+_PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-deletions")
 
 
 class TableLog:
@@ -257,6 +263,20 @@ class TableLog:
             )
         return seq
 
+    def prefetch_deletions(self, frags: list[FragmentInfo]) -> None:
+        """Read the deletion vectors of `frags` not cached yet, several at a time."""
+        todo = {}
+        for frag in frags:
+            if frag.deletion is not None:
+                key = deletion_file_path(frag.id, frag.deletion)
+                if key not in self._deletions:
+                    todo[key] = frag
+        if len(todo) > 1 and not isinstance(self.fs, LocalFileSystem):
+            for key, vector in zip(
+                todo, _PREFETCH.map(self._read_deletions, todo.values()), strict=True
+            ):
+                self._deletions.put(key, vector)
+
     def deletions(self, frag: FragmentInfo) -> DeletionVector:
         deletion = frag.deletion
         if deletion is None:
@@ -264,22 +284,26 @@ class TableLog:
         key = deletion_file_path(frag.id, deletion)
         cached = self._deletions.get(key)
         if cached is None:
-            vector = read_deletion_vector(self.fs, frag.id, deletion)
-            beyond = vector.beyond(frag.physical_rows)
-            if beyond:
-                # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
-                # ignores them, and so does everything that applies this vector
-                log.debug(
-                    "%s: ignoring %d deletion offset(s) >= %d physical rows of fragment %d in %s",
-                    self.uri,
-                    beyond,
-                    frag.physical_rows,
-                    frag.id,
-                    key,
-                )
-                vector = vector.clipped(frag.physical_rows)
-            cached = self._deletions.put(key, vector)
+            cached = self._deletions.put(key, self._read_deletions(frag))
         return cached
+
+    def _read_deletions(self, frag: FragmentInfo) -> DeletionVector:
+        deletion = frag.deletion
+        vector = read_deletion_vector(self.fs, frag.id, deletion)
+        beyond = vector.beyond(frag.physical_rows)
+        if beyond:
+            # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
+            # ignores them, and so does everything that applies this vector
+            log.debug(
+                "%s: ignoring %d deletion offset(s) >= %d physical rows of fragment %d in %s",
+                self.uri,
+                beyond,
+                frag.physical_rows,
+                frag.id,
+                deletion_file_path(frag.id, deletion),
+            )
+            vector = vector.clipped(frag.physical_rows)
+        return vector
 
 
 def _spans(versions: list[int]) -> str:
