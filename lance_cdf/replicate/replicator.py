@@ -11,6 +11,16 @@ partition assignment the consumer is positioned from the replica itself, and
 records below the replica's position are skipped. A crash anywhere therefore
 replays at most the one batch that was not committed to Lance, and replaying
 it is idempotent.
+
+Inserts need no lookup. Keyed by `_source_rowid` (the default), a source `insert`
+(op "c") carries a row ID the source table did not hold at the version before; Lance
+never reuses a row ID, and a row that comes back (a `restore`) was deleted first, by
+a delete event earlier in the same partition. So a key whose first record in a batch
+is an insert, at a source version above the one the replica recorded before the
+batch, cannot be in the replica: it is written without a key-index probe. Records
+at or below that version (a re-published range, a replay) are looked up as before;
+so is everything with a user key (a user key can come back with a new row ID) and
+everything when the replica holds rows but recorded no source version.
 """
 
 from __future__ import annotations
@@ -75,6 +85,15 @@ class Counters:
     delivery_failures: int = 0  # offset commits and dead-letter writes that failed
     last_error: float = 0.0  # unix time of the last of those (0: none)
     started: float = field(default_factory=time.time)
+    # where the time went (seconds since start): waiting for / fetching records,
+    # decoding them to final row states, the Lance apply (lookup, write, commit),
+    # the Kafka offset commit, replica upkeep (index delta, compaction)
+    poll_s: float = 0.0
+    decode_s: float = 0.0
+    apply_s: float = 0.0
+    offset_commit_s: float = 0.0
+    upkeep_s: float = 0.0
+    fresh_upserts: int = 0  # upserts written without a key lookup (new source rows)
 
     def failed(self) -> None:
         self.delivery_failures += 1
@@ -217,12 +236,16 @@ class Replicator:
         self._assigned: float | None = None
         self._waiting_for_topic = False
         self._since_compaction = 0
+        # source version above which an insert cannot be in the replica (None: unknown,
+        # look every upsert up); set from the replica on assignment, advanced per batch
+        self._fresh_floor: int | None = None
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
         self._assigned = time.monotonic()
         position = self.replica.position()
         self._applied = offsets_of(position, self.topic)
+        self._fresh_floor = self.replica.fresh_floor(position)
         self.counters.source_version = max(
             self.counters.source_version, int(position.get(SOURCE_VERSION_PROPERTY, 0))
         )
@@ -248,7 +271,9 @@ class Replicator:
         last_data = 0.0
         try:
             while not self._stop.is_set():
+                t0 = time.perf_counter()
                 msgs = self._poll_batch()
+                self.counters.poll_s += time.perf_counter() - t0
                 if msgs:
                     last_data = time.monotonic()
                     self._apply(msgs)
@@ -286,9 +311,11 @@ class Replicator:
 
     # -- one batch ------------------------------------------------------------------
     def _apply(self, msgs: list) -> None:
-        fresh = [m for m in msgs if m.offset() >= self._applied.get(m.partition(), 0)]
-        skipped = len(msgs) - len(fresh)
-        upserts, deletes, tombstones, version = self._final_states(fresh)
+        t0 = time.perf_counter()
+        unapplied = [m for m in msgs if m.offset() >= self._applied.get(m.partition(), 0)]
+        skipped = len(msgs) - len(unapplied)
+        upserts, deletes, tombstones, version, new_rows = self._final_states(unapplied)
+        t1 = time.perf_counter()
         next_offsets = dict(self._applied)
         for m in msgs:
             next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
@@ -296,9 +323,12 @@ class Replicator:
             OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
             SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
         }
-        self.replica.apply(upserts, deletes, props)
+        self.replica.apply(upserts, deletes, props, fresh=new_rows)
         self._applied = next_offsets
+        if self._fresh_floor is not None:
+            self._fresh_floor = max(self._fresh_floor, version)
         crash_point("after-lance-commit")
+        t2 = time.perf_counter()
         try:
             self.consumer.commit(
                 offsets=[TopicPartition(self.topic, p, o) for p, o in next_offsets.items()],
@@ -308,6 +338,10 @@ class Replicator:
             self.counters.failed()
             log.warning("offset commit failed (the replica's position is kept): %s", exc)
         c = self.counters
+        c.decode_s += t1 - t0
+        c.apply_s += t2 - t1
+        c.offset_commit_s += time.perf_counter() - t2
+        c.fresh_upserts += 0 if new_rows is None else int(new_rows.sum())
         c.batches += 1
         c.records += len(msgs)
         c.skipped += skipped
@@ -322,7 +356,9 @@ class Replicator:
             0 if upserts is None else upserts.num_rows,
             0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
         )  # fmt: skip
+        t3 = time.perf_counter()
         self._maintain()
+        c.upkeep_s += time.perf_counter() - t3
 
     def _maintain(self) -> None:
         """Replica upkeep after a batch (its Lance and offset commits are done, so a
@@ -338,11 +374,12 @@ class Replicator:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
 
-    def _final_states(self, msgs: list) -> tuple[pa.Table | None, pa.Table | None, int, int]:
-        """(upsert rows, deleted keys, tombstones, highest source version) of a batch:
-        the last state of each key in source commit order. Decoded vectorized (all
-        records of a schema at once) when every schema of the batch allows it, else
-        record by record with fastavro."""
+    def _final_states(self, msgs: list):
+        """(upsert rows, deleted keys, tombstones, highest source version, new-row flags)
+        of a batch: the last state of each key in source commit order; the flags (one
+        per upsert row, or None) mark keys that need no lookup (see the module doc).
+        Decoded vectorized (all records of a schema at once) when every schema of the
+        batch allows it, else record by record with fastavro."""
         fast = self._final_states_vectorized(msgs)
         return fast if fast is not None else self._final_states_fastavro(msgs)
 
@@ -353,7 +390,7 @@ class Replicator:
         live = [i for i, v in enumerate(values) if v is not None]
         tombstones = len(msgs) - len(live)
         if not live:
-            return None, None, tombstones, 0
+            return None, None, tombstones, 0, None
         msgs = [msgs[i] for i in live]
         frames = Frames.of([values[i] for i in live])
         schema_ids, wire = frames.confluent()
@@ -391,20 +428,23 @@ class Replicator:
             source = env.field("source")
             kept = rows_idx[good]
             tables.append(table)
+            op = env.field("op").to_numpy(zero_copy_only=False)[good]
             meta.append((
                 source.field("commit_version").to_numpy()[good], is_delete, parts[kept],
-                offsets[kept], source.field("rowid").to_numpy()[good],
+                offsets[kept], source.field("rowid").to_numpy()[good], op == "c",
             ))  # fmt: skip
         for i in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
             self._dead_letter(msgs[i], errors[i])
         rows = [t for t in tables if t.num_rows]
         if not rows:
-            return None, None, tombstones, 0
+            return None, None, tombstones, 0, None
         rows = pa.concat_tables(rows) if len(rows) > 1 else rows[0]
-        versions, is_delete, parts, offsets, rowids = (
+        versions, is_delete, parts, offsets, rowids, is_insert = (
             np.concatenate(x) for x in zip(*meta, strict=True)
         )
-        return self._last_states(rows, versions, is_delete, parts, offsets, rowids, tombstones)
+        return self._last_states(
+            rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
+        )
 
     def _checked(self, env: pa.StructArray, err: np.ndarray, rows_idx, errors: dict):
         """(good mask, row image, is-delete) of decoded envelopes; the errors of the
@@ -464,7 +504,7 @@ class Replicator:
                     raise ValueError(f"key column(s) {nulls} missing or null")
                 source = rec["source"]
                 meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
-                             source["rowid"]))  # fmt: skip
+                             source["rowid"], op == "c"))  # fmt: skip
             except Exception as exc:
                 self._dead_letter(m, exc)
                 continue
@@ -472,20 +512,24 @@ class Replicator:
             kept.append(m)
             schema_id = sid if schema_id is None else max(schema_id, sid)
         if not images:
-            return None, None, tombstones, 0
+            return None, None, tombstones, 0, None
         rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)
         if bad:
             meta = [x for i, x in enumerate(meta) if i not in bad]
             if not meta:
-                return None, None, tombstones, 0
-        versions, is_delete, parts, offsets, rowids = np.array(meta, dtype=np.int64).T
+                return None, None, tombstones, 0, None
+        versions, is_delete, parts, offsets, rowids, is_insert = np.array(meta, np.int64).T
         return self._last_states(
-            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones
-        )
+            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones,
+            is_insert.astype(bool),
+        )  # fmt: skip
 
-    def _last_states(self, rows, versions, is_delete, parts, offsets, rowids, tombstones):
+    def _last_states(
+        self, rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
+    ):
         """The last state of each key of `rows` (one row per record, with its source
-        commit version, delete flag, Kafka partition and offset, source row ID)."""
+        commit version, delete flag, Kafka partition and offset, source row ID, insert
+        flag), and which of the upserted keys need no lookup."""
         if self.key == [SOURCE_ROWID]:
             rows = rows.append_column(pa.field(SOURCE_ROWID, pa.int64(), False), pa.array(rowids))
         missing = [c for c in self.key if c not in rows.column_names]
@@ -499,20 +543,26 @@ class Replicator:
         order = np.lexsort((offsets, parts, ~is_delete, versions))
         if (order != np.arange(order.size)).any():
             rows = rows.take(pa.array(order))
-            is_delete = is_delete[order]
-        last = (
+            is_delete, is_insert, versions = is_delete[order], is_insert[order], versions[order]
+        groups = (
             rows.select(self.key)
             .append_column("_i", pa.array(np.arange(rows.num_rows)))
             .group_by(self.key, use_threads=False)
-            .aggregate([("_i", "max")])["_i_max"]
-            .to_numpy()
+            .aggregate([("_i", "max"), ("_i", "min")])
         )
-        last = np.sort(last)
+        last, first = groups["_i_max"].to_numpy(), groups["_i_min"].to_numpy()
+        by_last = np.argsort(last)
+        last, first = last[by_last], first[by_last]
         final = rows if last.size == rows.num_rows else rows.take(pa.array(last))
         final_delete = is_delete[last]
         upserts = final.filter(pa.array(~final_delete))
         deletes = final.filter(pa.array(final_delete)).select(self.key)
-        return upserts, deletes, tombstones, int(versions.max())
+        new_rows = None
+        if self.key == [SOURCE_ROWID] and self._fresh_floor is not None:
+            # the key's first record here inserts it, above the version the replica held
+            new = is_insert[first] & (versions[first] > self._fresh_floor)
+            new_rows = new[~final_delete]
+        return upserts, deletes, tombstones, int(versions.max()), new_rows
 
     def _to_arrow(
         self, images: list[dict], schema: pa.Schema, msgs: list
