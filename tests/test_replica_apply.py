@@ -137,10 +137,11 @@ def test_only_a_replica_the_replicator_created_allows_fresh_inserts(tmp_path):
     made, seeded = str(tmp_path / "made.lance"), str(tmp_path / "seeded.lance")
     rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([0, 0], pa.int64())})
     rep = ReplicaTable(made, ["k"])
-    assert rep.fresh_floor() == 0  # not created yet: nothing to match
-    rep.apply(rows, None, {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4"})
-    assert rep.fresh_floor() == 4
+    assert rep.fresh_bounds() == (0, -1)  # not created yet: nothing to match
+    rep.apply(rows, None, {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4",
+                           "lance-cdf.max-source-rowid": "2"})  # fmt: skip
+    assert rep.fresh_bounds() == (4, 2)
     lance.write_dataset(rows, seeded, enable_stable_row_ids=True,
                         transaction_properties={OFFSETS_PROPERTY: "{}",
                                                 "lance-cdf.source-version": "4"})  # fmt: skip
-    assert ReplicaTable(seeded, ["k"]).fresh_floor() is None  # rows of unknown origin
+    assert ReplicaTable(seeded, ["k"]).fresh_bounds() is None  # rows of unknown origin

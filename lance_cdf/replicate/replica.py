@@ -48,6 +48,9 @@ log = logging.getLogger("lance_cdf.replicate")
 
 OFFSETS_PROPERTY = "lance-cdf.offsets"
 SOURCE_VERSION_PROPERTY = "lance-cdf.source-version"
+# The highest `_source_rowid` ever upserted into the replica (replicas keyed by it):
+# a key above it cannot be in the replica.
+MAX_ROWID_PROPERTY = "lance-cdf.max-source-rowid"
 SOURCE_ROWID = "_source_rowid"
 # Table config key the replicator sets on a replica it created itself: then every row
 # came from a record, and a source insert above the recorded source version cannot be
@@ -139,19 +142,24 @@ class ReplicaTable:
         """Highest source commit version whose changes the replica holds."""
         return source_version_of(self.position())
 
-    def fresh_floor(self, position: dict[str, str] | None = None) -> int | None:
-        """The source version above which a source insert cannot be in the replica:
-        the recorded source version (0 for a replica not created yet). None when the
-        replica was not created by the replicator (seeded by other means, or by an
-        older lance-cdf: its rows need not have come from records) or recorded no
-        source version: then every upsert is looked up."""
+    def fresh_bounds(self, position: dict[str, str] | None = None) -> tuple[int, int] | None:
+        """(source version, highest `_source_rowid`) the replica recorded: a source
+        insert above that version, or any key above that row ID, cannot be in the
+        replica ((0, -1) for a replica not created yet). None when the replica was not
+        created by the replicator (seeded by other means, or by an older lance-cdf: its
+        rows need not have come from records) or recorded no source version: then
+        every upsert is looked up."""
         ds = self.open()
         if ds is None:
-            return 0
+            return 0, -1
         if ds.config().get(ORIGIN_CONFIG) != "records":
             return None
         position = self.position() if position is None else position
-        return source_version_of(position)
+        version = source_version_of(position)
+        if version is None:
+            return None
+        max_rowid = position.get(MAX_ROWID_PROPERTY)
+        return version, int(max_rowid) if max_rowid is not None else np.iinfo(np.int64).max
 
     def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict,
               fresh: np.ndarray | None = None) -> bool:  # fmt: skip

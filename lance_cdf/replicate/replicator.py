@@ -12,15 +12,20 @@ records below the replica's position are skipped. A crash anywhere therefore
 replays at most the one batch that was not committed to Lance, and replaying
 it is idempotent.
 
-Inserts need no lookup. Keyed by `_source_rowid` (the default), a source `insert`
-(op "c") carries a row ID the source table did not hold at the version before; Lance
-never reuses a row ID, and a row that comes back (a `restore`) was deleted first, by
-a delete event earlier in the same partition. So a key whose first record in a batch
-is an insert, at a source version above the one the replica recorded before the
-batch, cannot be in the replica: it is written without a key-index probe. Records
-at or below that version (a re-published range, a replay) are looked up as before;
-so is everything with a user key (a user key can come back with a new row ID) and
-everything when the replica holds rows but recorded no source version.
+New rows need no lookup. Keyed by `_source_rowid` (the default), in a replica the
+replicator created (every row came from a record), an upserted key cannot be in the
+replica when
+  * it is above the highest `_source_rowid` ever upserted (recorded in every commit
+    as `lance-cdf.max-source-rowid`): Lance hands out row IDs in increasing order
+    and never reuses one, so a source insert's row ID usually is; or
+  * its first record in the batch is an insert (op "c") at a source version above
+    the one the replica recorded before the batch: an insert carries a row ID the
+    source did not hold at the version before, and a row that comes back (a
+    `restore`) was deleted first, by a delete record earlier in the same partition.
+Such keys are written without a key-index probe. A re-published range or a replay
+has keys and versions at or below the recorded ones and is looked up as before; so
+is everything with a user key (a user key can come back with a new row ID) and
+everything in a replica the replicator did not create.
 """
 
 from __future__ import annotations
@@ -53,6 +58,7 @@ from lance_cdf.avro.wire import split
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.replicate.replica import (
+    MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
@@ -184,7 +190,8 @@ class Replicator:
     ID, stored as an ordinary column). `compact_every`: compact the replica's small
     fragments every that many batches (0: never); `index_rows_max`: add new fragments to
     the key index once they hold more rows than this; `keep_row_ids`: an updated row
-    keeps its replica row ID (the commit then costs O(replica); see replica.py). Run
+    keeps its replica row ID (the commit then costs O(replica); see replica.py);
+    `preload_index`: load the key index into memory when it is first met (default). Run
     with `run()`; `stop()` (or SIGTERM / Ctrl-C when run in the main thread) ends it
     after the current batch.
     """
@@ -206,6 +213,7 @@ class Replicator:
         compact_every: int = 100,
         index_rows_max: int | None = None,
         keep_row_ids: bool = False,
+        preload_index: bool = True,
     ):
         self.topic = topic
         self.compact_every = compact_every
@@ -217,6 +225,7 @@ class Replicator:
         check_registry(schema_registry, registry_config)
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,
+            prewarm=preload_index,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
         self.decoder = _Decoder(
@@ -236,16 +245,17 @@ class Replicator:
         self._assigned: float | None = None
         self._waiting_for_topic = False
         self._since_compaction = 0
-        # source version above which an insert cannot be in the replica (None: unknown,
-        # look every upsert up); set from the replica on assignment, advanced per batch
-        self._fresh_floor: int | None = None
+        # (source version, highest _source_rowid) the replica holds: above them a key
+        # cannot be there (None: unknown, look every upsert up); read from the replica
+        # on assignment, advanced per batch
+        self._fresh: tuple[int, int] | None = None
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
         self._assigned = time.monotonic()
         position = self.replica.position()
         self._applied = offsets_of(position, self.topic)
-        self._fresh_floor = self.replica.fresh_floor(position)
+        self._fresh = self.replica.fresh_bounds(position) if self.key == [SOURCE_ROWID] else None
         self.counters.source_version = max(
             self.counters.source_version, int(position.get(SOURCE_VERSION_PROPERTY, 0))
         )
@@ -312,21 +322,37 @@ class Replicator:
     # -- one batch ------------------------------------------------------------------
     def _apply(self, msgs: list) -> None:
         t0 = time.perf_counter()
-        unapplied = [m for m in msgs if m.offset() >= self._applied.get(m.partition(), 0)]
-        skipped = len(msgs) - len(unapplied)
-        upserts, deletes, tombstones, version, new_rows = self._final_states(unapplied)
-        t1 = time.perf_counter()
+        # one pass over the messages for their positions; the rest is numpy per partition
+        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         next_offsets = dict(self._applied)
-        for m in msgs:
-            next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
+        keep = np.ones(len(msgs), bool)
+        for p in np.unique(parts).tolist():
+            in_p = parts == p
+            keep[in_p] = offsets[in_p] >= self._applied.get(p, 0)
+            next_offsets[p] = max(next_offsets.get(p, 0), int(offsets[in_p].max()) + 1)
+        if keep.all():
+            unapplied = msgs
+        else:
+            unapplied = [msgs[i] for i in np.flatnonzero(keep).tolist()]
+            parts, offsets = parts[keep], offsets[keep]
+        skipped = len(msgs) - len(unapplied)
+        upserts, deletes, tombstones, version, new_rows = self._final_states(
+            unapplied, parts, offsets
+        )
+        t1 = time.perf_counter()
         props = {
             OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
             SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
         }
+        fresh = self._fresh
+        if fresh is not None:
+            top = pc.max(upserts[SOURCE_ROWID]).as_py() if upserts is not None else None
+            fresh = (max(fresh[0], version), max(fresh[1], -1 if top is None else top))
+            props[MAX_ROWID_PROPERTY] = str(fresh[1])
         self.replica.apply(upserts, deletes, props, fresh=new_rows)
         self._applied = next_offsets
-        if self._fresh_floor is not None:
-            self._fresh_floor = max(self._fresh_floor, version)
+        self._fresh = fresh
         crash_point("after-lance-commit")
         t2 = time.perf_counter()
         try:
@@ -374,25 +400,32 @@ class Replicator:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
 
-    def _final_states(self, msgs: list):
+    def _final_states(self, msgs: list, parts=None, offsets=None):
         """(upsert rows, deleted keys, tombstones, highest source version, new-row flags)
         of a batch: the last state of each key in source commit order; the flags (one
         per upsert row, or None) mark keys that need no lookup (see the module doc).
         Decoded vectorized (all records of a schema at once) when every schema of the
         batch allows it, else record by record with fastavro."""
-        fast = self._final_states_vectorized(msgs)
+        fast = self._final_states_vectorized(msgs, parts, offsets)
         return fast if fast is not None else self._final_states_fastavro(msgs)
 
-    def _final_states_vectorized(self, msgs: list):
+    def _final_states_vectorized(self, msgs: list, parts=None, offsets=None):
         """`_final_states` with avro_decode; None (nothing done, nothing sent to the
-        dead-letter topic) when some schema of the batch needs the fastavro path."""
+        dead-letter topic) when some schema of the batch needs the fastavro path.
+        `parts`, `offsets`: each message's partition and offset, when known."""
+        if parts is None:
+            parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+            offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         values = [m.value() for m in msgs]
         live = [i for i, v in enumerate(values) if v is not None]
         tombstones = len(msgs) - len(live)
         if not live:
             return None, None, tombstones, 0, None
-        msgs = [msgs[i] for i in live]
-        frames = Frames.of([values[i] for i in live])
+        if tombstones:
+            msgs = [msgs[i] for i in live]
+            values = [values[i] for i in live]
+            parts, offsets = parts[live], offsets[live]
+        frames = Frames.of(values)
         schema_ids, wire = frames.confluent()
         errors: dict[int, Exception] = {}  # record index -> why it is set aside
         for i in np.flatnonzero(wire != OK):
@@ -409,8 +442,6 @@ class Replicator:
                 return None
             decoders[sid] = decoder
         newest = self.decoder.rows[max(decoders)] if decoders else None
-        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
-        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         tables, meta = [], []
         for sid, decoder in decoders.items():
             rows_idx = np.flatnonzero((wire == OK) & (schema_ids == sid))
@@ -558,9 +589,12 @@ class Replicator:
         upserts = final.filter(pa.array(~final_delete))
         deletes = final.filter(pa.array(final_delete)).select(self.key)
         new_rows = None
-        if self.key == [SOURCE_ROWID] and self._fresh_floor is not None:
-            # the key's first record here inserts it, above the version the replica held
-            new = is_insert[first] & (versions[first] > self._fresh_floor)
+        if self.key == [SOURCE_ROWID] and self._fresh is not None:
+            held_version, held_rowid = self._fresh
+            # above every row ID the replica ever held, or first inserted here above the
+            # source version the replica held (see the module doc)
+            key = rows[SOURCE_ROWID].to_numpy()
+            new = (key[last] > held_rowid) | (is_insert[first] & (versions[first] > held_version))
             new_rows = new[~final_delete]
         return upserts, deletes, tombstones, int(versions.max()), new_rows
 
