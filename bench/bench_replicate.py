@@ -45,7 +45,7 @@ from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of  # no
 from lance_cdf.replicate.replica import (  # noqa: E402
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
-    ORIGIN_CONFIG,
+    ORIGIN_PROPERTY,
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
     key_index_config,
@@ -132,12 +132,12 @@ def seeded_replica(root: str, dst: str, rows: int) -> None:
         # version 0, its highest key), its key index, marked as holding only rows that came
         # from records (its keys lie far above the source's row IDs)
         props = {OFFSETS_PROPERTY: "{}", SOURCE_VERSION_PROPERTY: "0",
-                 MAX_ROWID_PROPERTY: str((1 << 40) + rows - 1)}  # fmt: skip
+                 MAX_ROWID_PROPERTY: str((1 << 40) + rows - 1),
+                 ORIGIN_PROPERTY: "records"}  # fmt: skip
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), seed,
                             mode="overwrite", enable_stable_row_ids=True,
                             transaction_properties=props)  # fmt: skip
         lance.dataset(seed).create_scalar_index(SOURCE_ROWID, key_index_config())
-        lance.dataset(seed).update_config({ORIGIN_CONFIG: "records"})
     shutil.copytree(seed, dst)
 
 

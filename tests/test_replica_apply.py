@@ -14,7 +14,7 @@ import pytest
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.replicate import replica as replica_mod
-from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ReplicaTable
+from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, ReplicaTable
 
 
 def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
@@ -138,10 +138,13 @@ def test_only_a_replica_the_replicator_created_allows_fresh_inserts(tmp_path):
     rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([0, 0], pa.int64())})
     rep = ReplicaTable(made, ["k"])
     assert rep.fresh_bounds() == (0, -1)  # not created yet: nothing to match
-    rep.apply(rows, None, {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4",
-                           "lance-cdf.max-source-rowid": "2"})  # fmt: skip
+    position = {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4",
+                "lance-cdf.max-source-rowid": "2", ORIGIN_PROPERTY: "records"}  # fmt: skip
+    rep.apply(rows, None, position)  # as the replicator creates it: marked in the commit
     assert rep.fresh_bounds() == (4, 2)
+    rep.maintain(compact=True)  # upkeep commits carry no position: stepped over
+    assert rep.fresh_bounds() == (4, 2)
+    unmarked = {k: v for k, v in position.items() if k != ORIGIN_PROPERTY}
     lance.write_dataset(rows, seeded, enable_stable_row_ids=True,
-                        transaction_properties={OFFSETS_PROPERTY: "{}",
-                                                "lance-cdf.source-version": "4"})  # fmt: skip
+                        transaction_properties=unmarked)  # fmt: skip
     assert ReplicaTable(seeded, ["k"]).fresh_bounds() is None  # rows of unknown origin

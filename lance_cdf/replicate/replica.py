@@ -52,10 +52,11 @@ SOURCE_VERSION_PROPERTY = "lance-cdf.source-version"
 # a key above it cannot be in the replica.
 MAX_ROWID_PROPERTY = "lance-cdf.max-source-rowid"
 SOURCE_ROWID = "_source_rowid"
-# Table config key the replicator sets on a replica it created itself: then every row
-# came from a record, and a source insert above the recorded source version cannot be
-# there yet (see replicator.py). A replica created any other way is always looked up.
-ORIGIN_CONFIG = "lance-cdf.replica-origin"
+# Set to "records" in the commits of a replica the replicator created itself (from its
+# first commit on, carried forward like the offsets): then every row came from a
+# record, and a key above the recorded row ID / version cannot be there yet (see
+# replicator.py). A replica created any other way is always looked up.
+ORIGIN_PROPERTY = "lance-cdf.replica-origin"
 # Fault injection for the crash tests: the process exits hard at the named point.
 CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
 # A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
@@ -149,12 +150,11 @@ class ReplicaTable:
         created by the replicator (seeded by other means, or by an older lance-cdf: its
         rows need not have come from records) or recorded no source version: then
         every upsert is looked up."""
-        ds = self.open()
-        if ds is None:
+        if self.open() is None:
             return 0, -1
-        if ds.config().get(ORIGIN_CONFIG) != "records":
-            return None
         position = self.position() if position is None else position
+        if position.get(ORIGIN_PROPERTY) != "records":
+            return None
         version = source_version_of(position)
         if version is None:
             return None
@@ -178,12 +178,10 @@ class ReplicaTable:
             if not has_upserts:
                 return False  # only deletes of rows the replica never had
             crash_point("before-lance-commit")
-            created = lance.write_dataset(
+            lance.write_dataset(
                 upserts, self.uri, enable_stable_row_ids=True, transaction_properties=props,
                 storage_options=self.storage_options,
             )  # fmt: skip
-            # a crash before this only costs lookups: an unmarked replica is always probed
-            created.update_config({ORIGIN_CONFIG: "records"})
             return True
         if has_upserts:
             ds = self._add_new_columns(ds, upserts.schema)
