@@ -1,7 +1,8 @@
 """Per-batch apply time into replicas of growing size: is the cost the batch's or the table's?
 
     python bench/bench_replica_apply.py --sizes 100000 1000000 10000000 \
-        --batches 1000 100000 --repeat 3 --out bench/results_replica_apply.json
+        --batches 1000 100000 --repeat 5 --methods merge_insert replica_prev replica \
+        --out bench/results_replica_apply.json
 
 No Kafka, no Avro: one batch of final row states (80% updates of existing keys, 10% new
 keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
@@ -9,15 +10,23 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
                    commits, no index on the key (`use_index(False)`: a full join);
   * merge_index    the same two merge_inserts with a BTREE index on the key and
                    `use_index(True)` (pylance's index-backed merge_insert);
-  * replica        `ReplicaTable.apply` (lance_cdf/replicate/replica.py): key lookup
-                   through the BTREE index (or one key-column scan for a batch too large
-                   to probe), deletion vectors on the touched fragments, new fragments,
-                   one `LanceOperation.Update` commit;
-  * replica_keep   the same with `keep_row_ids=True` (updated rows keep their replica
+  * replica        `ReplicaTable.apply` (lance_cdf/replicate/replica.py) as the
+                   replicator runs it: key lookup through the BTREE index the replicator
+                   builds (KEY_INDEX_ZONE_ROWS-row pages, preloaded into the index cache
+                   when the ReplicaTable first meets it, before the clock starts), or one
+                   key-column scan for a batch too large to probe; the new keys flagged
+                   fresh (as the replicator flags source inserts) and not looked up;
+                   deletion vectors on the touched fragments, new fragments, one
+                   `LanceOperation.Update` commit;
+  * replica_prev   the same path as the previous build ran it: Lance's default 4096-row
+                   index pages, no preloading (pages read from storage as probes touch
+                   them, then cached), every key looked up;
+  * replica_keep   `replica` with `keep_row_ids=True` (updated rows keep their replica
                    row IDs; Lance then resolves them against the whole table at commit).
-The methods run interleaved on the same replica; after every apply the replica is
-restored to its base version, so each apply sees the same table. Each time is the
-median of --repeat applies. Replicas are built once under --dir and reused.
+Each method runs on its own copy of the base replica (the index differs), interleaved;
+after every apply the replica is restored to its base version, so each apply sees the
+same table. Each time is the median of --repeat applies. Replicas are built once under
+--dir and reused.
 """
 
 from __future__ import annotations
@@ -25,6 +34,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -34,13 +44,14 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.replicate.replica import ReplicaTable
+from lance_cdf.replicate.replica import KEY_INDEX_ZONE_ROWS, ReplicaTable, key_index_config
 
 KEY = "id"
 
 
-def build(path: str, n: int) -> float:
-    """The base replica of n rows with a BTREE index on the key (built once)."""
+def build(path: str, n: int, zone: int = KEY_INDEX_ZONE_ROWS) -> float:
+    """The base replica of n rows with a BTREE index on the key, `zone` rows per index
+    page (built once; a base with the other page size is copied and re-indexed)."""
     try:
         ds = lance.dataset(path)
         if ds.count_rows() == n and ds.list_indices():
@@ -48,6 +59,17 @@ def build(path: str, n: int) -> float:
     except (ValueError, FileNotFoundError, OSError):
         pass
     t0 = time.perf_counter()
+    config = key_index_config() if zone == KEY_INDEX_ZONE_ROWS else "BTREE"
+    other = base_path(os.path.dirname(path), n, 4096 if zone == KEY_INDEX_ZONE_ROWS else
+                      KEY_INDEX_ZONE_ROWS)  # fmt: skip
+    if os.path.exists(other):
+        shutil.rmtree(path, ignore_errors=True)
+        shutil.copytree(other, path)
+        ds = lance.dataset(path)
+        if ds.count_rows() == n:  # the same rows (every bench apply is restored away)
+            ds.create_scalar_index(KEY, config, replace=True)
+            return time.perf_counter() - t0
+        shutil.rmtree(path)
     chunk = 1_000_000
 
     def batches():
@@ -57,12 +79,21 @@ def build(path: str, n: int) -> float:
     schema = narrow(1).schema
     lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), path,
                         mode="overwrite", enable_stable_row_ids=True)  # fmt: skip
-    lance.dataset(path).create_scalar_index(KEY, "BTREE")
+    lance.dataset(path).create_scalar_index(KEY, config)
     return time.perf_counter() - t0
 
 
-def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table]:
-    """(upserts, deleted keys): 80% updates, 10% new keys, 10% deletes."""
+def base_path(root: str, n: int, zone: int) -> str:
+    return os.path.join(root, f"apply_base_{n}_z{zone}.lance")
+
+
+def zone_of(method: str) -> int:
+    return 4096 if method == "replica_prev" else KEY_INDEX_ZONE_ROWS
+
+
+def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table, np.ndarray]:
+    """(upserts, deleted keys, new-key flags of the upserts): 80% updates, 10% new keys,
+    10% deletes."""
     rng = np.random.default_rng(seed)
     existing = rng.choice(n, size=int(b * 0.9), replace=False)
     upd, dele = existing[: int(b * 0.8)], existing[int(b * 0.8) :]
@@ -70,7 +101,8 @@ def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table]:
     ids = np.concatenate([upd, new]).astype(np.int64)
     rows = narrow(len(ids)).set_column(0, KEY, pa.array(ids))
     rows = rows.set_column(2, "score", pa.array(np.full(len(ids), -1.0)))
-    return rows, pa.table({KEY: pa.array(dele.astype(np.int64))})
+    fresh = np.arange(len(ids)) >= upd.size
+    return rows, pa.table({KEY: pa.array(dele.astype(np.int64))}), fresh
 
 
 def merge_insert(path: str, rows: pa.Table, deletes: pa.Table, use_index: bool) -> None:
@@ -98,35 +130,41 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--methods", nargs="+", default=["merge_insert", "merge_index", "replica"])
+    ap.add_argument("--methods", nargs="+", default=["merge_insert", "replica_prev", "replica"])
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     results: dict = {"runs": []}
     for n in args.sizes:
-        path = os.path.join(args.dir, f"apply_base_{n}.lance")
-        built = build(path, n)
-        base = lance.dataset(path).version
-        print(f"replica {n} rows ready ({built:.1f}s to build)", flush=True)
+        paths = {m: base_path(args.dir, n, zone_of(m)) for m in args.methods}
+        zones = {p: zone_of(m) for m, p in paths.items()}  # one base per index page size
+        built = {p: build(p, n, z) for p, z in zones.items()}
+        bases = {p: lance.dataset(p).version for p in built}
+        print(f"replica {n} rows ready ({sum(built.values()):.1f}s to build)", flush=True)
         for b in args.batches:
             times: dict[str, list[float]] = {m: [] for m in args.methods}
             # one per method, kept across applies: the key index stays in its cache
-            replicas = {m: ReplicaTable(path, [KEY], keep_row_ids=m == "replica_keep")
+            replicas = {m: ReplicaTable(paths[m], [KEY], keep_row_ids=m == "replica_keep",
+                                        prewarm=m != "replica_prev")
                         for m in args.methods}  # fmt: skip
+            for m, replica in replicas.items():  # the replicator preloads once, at start
+                if m != "replica_prev":
+                    replica._with_key_index(replica.open())
             for r in range(args.repeat):
-                rows, deletes = batch(n, b, seed=r + 1)
+                rows, deletes, fresh = batch(n, b, seed=r + 1)
                 for m in args.methods:
-                    replica = replicas[m]
+                    replica, path = replicas[m], paths[m]
                     t0 = time.perf_counter()
                     if m.startswith("replica"):
-                        replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"})
+                        new = fresh if m in ("replica", "replica_keep") else None
+                        replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"}, fresh=new)
                     else:
                         merge_insert(path, rows, deletes, use_index=m == "merge_index")
                     times[m].append(time.perf_counter() - t0)
-                    check(path, base, n, rows, deletes)
-                    lance.dataset(path, version=base).restore()
-            row = {"replica_rows": n, "batch_rows": b, "build_s": built}
+                    check(path, bases[path], n, rows, deletes)
+                    lance.dataset(path, version=bases[path]).restore()
+            row = {"replica_rows": n, "batch_rows": b, "build_s": sum(built.values())}
             row.update({f"{m}_s": statistics.median(t) for m, t in times.items()})
             results["runs"].append(row)
             print(json.dumps(row), flush=True)

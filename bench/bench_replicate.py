@@ -14,6 +14,9 @@ Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in
                timed from the source commit returning to its row being visible in the
                replica (polled every 10 ms); with --latency-replica-rows the replica
                already holds that many rows (built once under --dir, then copied).
+               Each latency is split at the Kafka record's timestamp (CreateTime, set
+               when the publisher produced it): commit -> Kafka (Spark trigger, change
+               extraction, produce) and Kafka -> replica (consume, apply, visible).
 Replicator times include decoding (Avro -> Arrow) and the Lance commits; records are
 published before the clock starts (publishing is bench_kafka.py's subject).
 """
@@ -39,7 +42,14 @@ from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 import lance_cdf  # noqa: E402
 from lance_cdf.feed import ChangeFeed  # noqa: E402
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of  # noqa: E402
-from lance_cdf.replicate.replica import SOURCE_ROWID  # noqa: E402
+from lance_cdf.replicate.replica import (  # noqa: E402
+    MAX_ROWID_PROPERTY,
+    OFFSETS_PROPERTY,
+    ORIGIN_PROPERTY,
+    SOURCE_ROWID,
+    SOURCE_VERSION_PROPERTY,
+    key_index_config,
+)
 from lance_cdf.replicate.replicator import Replicator  # noqa: E402
 
 
@@ -59,6 +69,14 @@ def replicate(kafka, registry, topic, target, batch_rows) -> tuple[float, object
     counters = rep.run(idle_timeout=3)
     # the idle wait after the last batch is not replication work
     return time.perf_counter() - t0 - 3, counters
+
+
+def times_of(c) -> dict:
+    """Where the replicator's time went (its counters), and how many upserts skipped the
+    key lookup."""
+    keys = ("poll_s", "decode_s", "apply_s", "offset_commit_s", "upkeep_s", "fresh_upserts",
+            "batches")  # fmt: skip
+    return {k: getattr(c, k) for k in keys}
 
 
 def events_as_rows(uri, version) -> tuple[pa.Table, pa.Table]:
@@ -110,9 +128,16 @@ def seeded_replica(root: str, dst: str, rows: int) -> None:
                     schema.field(SOURCE_ROWID), pa.array(t["id"].to_numpy() + (1 << 40))
                 ).to_batches()
 
+        # as the replicator would have left it: a position (no offsets of this topic, source
+        # version 0, its highest key), its key index, marked as holding only rows that came
+        # from records (its keys lie far above the source's row IDs)
+        props = {OFFSETS_PROPERTY: "{}", SOURCE_VERSION_PROPERTY: "0",
+                 MAX_ROWID_PROPERTY: str((1 << 40) + rows - 1),
+                 ORIGIN_PROPERTY: "records"}  # fmt: skip
         lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), seed,
-                            mode="overwrite", enable_stable_row_ids=True)  # fmt: skip
-        lance.dataset(seed).create_scalar_index(SOURCE_ROWID, "BTREE")
+                            mode="overwrite", enable_stable_row_ids=True,
+                            transaction_properties=props)  # fmt: skip
+        lance.dataset(seed).create_scalar_index(SOURCE_ROWID, key_index_config())
     shutil.copytree(seed, dst)
 
 
@@ -140,6 +165,15 @@ def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -
     rep = Replicator(kafka.bootstrap_servers, topic, registry.url, dst, group_id=f"g-{topic}",
                      max_batch_interval=0.05)  # fmt: skip
     errors: list[BaseException] = []
+    applied: list[tuple[float, float, int]] = []  # (start, end, newest record timestamp ms)
+    apply = rep._apply
+
+    def timed_apply(msgs):
+        start = time.time()
+        apply(msgs)
+        applied.append((start, time.time(), max(m.timestamp()[1] for m in msgs)))
+
+    rep._apply = timed_apply
 
     def run():
         try:
@@ -168,9 +202,10 @@ def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -
             time.sleep(poll)
 
     wait(999 * 1000, 999, 0.05)  # the initial rows (and, on a seeded replica, its index)
-    out = []
+    out, split = [], []
     for i in range(commits):
         marker = -(i + 1)
+        wall0 = time.time()
         t0 = time.perf_counter()
         if i % 2:
             lance.dataset(src).update({"ts": str(marker)}, where=f"id = {i}")
@@ -182,10 +217,15 @@ def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -
                                             with_row_id=True)["_rowid"][0].as_py()  # fmt: skip
         wait(marker, rowid, 0.01)
         out.append(time.perf_counter() - t0)
+        wall1 = time.time()
+        # the first batch after the commit that carried a record produced after it
+        batch = next((b for b in applied if b[2] >= wall0 * 1000 and b[1] <= wall1), None)
+        if batch is not None:
+            split.append((batch[2] / 1000 - wall0, wall1 - batch[2] / 1000, batch[1] - batch[0]))
     rep.stop()
     worker.join(30)
     q.stop()
-    return out
+    return out, split, rep.counters
 
 
 def main() -> None:
@@ -236,6 +276,7 @@ def main() -> None:
         results["upserts"] = dict(
             records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
             ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
+            **times_of(c),
         )  # fmt: skip
         print("upserts", json.dumps(results["upserts"]), flush=True)
 
@@ -249,7 +290,7 @@ def main() -> None:
         results["mix_90_10"] = dict(
             upserts=c2.upserts, deletes=c2.deletes, replicator_s=s2,
             replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
-            ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix,
+            ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix, **times_of(c2),
         )  # fmt: skip
         print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
         src_rows = lance.dataset(src).count_rows()
@@ -261,8 +302,9 @@ def main() -> None:
         )  # fmt: skip
         spark.sparkContext.setLogLevel("ERROR")
         t0 = time.perf_counter()
-        lat = latency(spark, kafka, registry, args.dir, args.latency_commits,
-                      args.latency_replica_rows)  # fmt: skip
+        lat, split, lat_counters = latency(
+            spark, kafka, registry, args.dir, args.latency_commits, args.latency_replica_rows
+        )
         results["latency_run_s"] = time.perf_counter() - t0
         spark.stop()
         ms = np.array(lat) * 1000
@@ -271,6 +313,15 @@ def main() -> None:
             p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
             max=float(ms.max()),
         )  # fmt: skip
+        if split:
+            parts = np.array(split) * 1000
+            for i, name in enumerate(("commit_to_kafka", "kafka_to_replica", "apply")):
+                results["latency_ms"][name] = dict(
+                    p50=float(np.percentile(parts[:, i], 50)),
+                    p99=float(np.percentile(parts[:, i], 99)), max=float(parts[:, i].max()),
+                )  # fmt: skip
+        results["latency_ms"]["timed_commits"] = len(split)
+        results["latency_replicator"] = times_of(lat_counters)
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

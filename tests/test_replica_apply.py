@@ -8,11 +8,13 @@ row, and with `keep_row_ids` the replica's `_rowid` of a key must never change.
 import random
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pytest
 
+from lance_cdf.errors import LanceCdfError
 from lance_cdf.replicate import replica as replica_mod
-from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ReplicaTable
+from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, ReplicaTable
 
 
 def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
@@ -76,3 +78,73 @@ def lance_exists(uri: str) -> bool:
         return True
     except (ValueError, FileNotFoundError, OSError):
         return False
+
+
+@pytest.mark.parametrize("keep_row_ids", [False, True])
+def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids):
+    """Upserts flagged fresh (keys the replica does not hold) skip the key lookup; the
+    others are still found and replaced, against a dict model over random batches."""
+    monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0)  # always probe
+    probed: list = []
+    find = ReplicaTable._find
+
+    def spy(self, ds, keys, with_keys):
+        probed.append(set(keys.to_pylist()))
+        return find(self, ds, keys, with_keys)
+
+    monkeypatch.setattr(ReplicaTable, "_find", spy)
+    uri = str(tmp_path / "replica.lance")
+    rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids)
+    rng = random.Random(7 + keep_row_ids)
+    model: dict = {}
+    next_key = 0
+    for step in range(20):
+        live = list(model)
+        deleted = rng.sample(live, min(len(live), rng.randint(0, 10)))
+        for k in deleted:
+            del model[k]
+        updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, 20)))
+                   if k not in deleted]  # fmt: skip
+        new = list(range(next_key, next_key + rng.randint(1, 30)))
+        next_key += len(new)
+        keys = updated + new
+        rng.shuffle(keys)
+        for k in keys:
+            model[k] = step
+        probed.clear()
+        fresh = np.array([k >= next_key - len(new) for k in keys])
+        dl = pa.table({"k": pa.array(deleted, pa.int64())}) if deleted else None
+        rep.apply(rows_of(model, keys, pa.int64()), dl, {OFFSETS_PROPERTY: str(step)}, fresh=fresh)
+        rep.maintain(compact=step % 7 == 6)
+        looked_up = set().union(*probed)
+        assert not looked_up & set(new), step  # fresh keys never probed ...
+        if step:  # ... the others always (the first batch creates the table)
+            assert looked_up == set(updated) | set(deleted), step
+        got = lance.dataset(uri).to_table().to_pylist()
+        assert len(got) == len(model) and {r["k"]: r["v"] for r in got} == model, step
+
+
+def test_fresh_flags_must_match_the_rows(tmp_path):
+    uri = str(tmp_path / "replica.lance")
+    rep = ReplicaTable(uri, ["k"])
+    rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([0, 0], pa.int64())})
+    rep.apply(rows, None, {OFFSETS_PROPERTY: "0"})
+    with pytest.raises(LanceCdfError, match="one per row"):
+        rep.apply(rows, None, {OFFSETS_PROPERTY: "1"}, fresh=np.array([True]))
+
+
+def test_only_a_replica_the_replicator_created_allows_fresh_inserts(tmp_path):
+    made, seeded = str(tmp_path / "made.lance"), str(tmp_path / "seeded.lance")
+    rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([0, 0], pa.int64())})
+    rep = ReplicaTable(made, ["k"])
+    assert rep.fresh_bounds() == (0, -1)  # not created yet: nothing to match
+    position = {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4",
+                "lance-cdf.max-source-rowid": "2", ORIGIN_PROPERTY: "records"}  # fmt: skip
+    rep.apply(rows, None, position)  # as the replicator creates it: marked in the commit
+    assert rep.fresh_bounds() == (4, 2)
+    rep.maintain(compact=True)  # upkeep commits carry no position: stepped over
+    assert rep.fresh_bounds() == (4, 2)
+    unmarked = {k: v for k, v in position.items() if k != ORIGIN_PROPERTY}
+    lance.write_dataset(rows, seeded, enable_stable_row_ids=True,
+                        transaction_properties=unmarked)  # fmt: skip
+    assert ReplicaTable(seeded, ["k"]).fresh_bounds() is None  # rows of unknown origin

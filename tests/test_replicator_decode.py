@@ -62,6 +62,7 @@ class DeadLetters:
 def replicator(schemas, key=None, dlq=True):
     rep = Replicator.__new__(Replicator)
     rep.topic, rep.key = "t", list(key) if key else [SOURCE_ROWID]
+    rep._fresh = None  # every upsert looked up (the replica is not consulted here)
     rep.decoder = _Decoder(Registry(schemas))
     rep.dead_letter_topic = "t.dlq" if dlq else None
     rep.dlq = DeadLetters() if dlq else None
@@ -155,7 +156,7 @@ def test_unsupported_schema_takes_the_fastavro_path():
     rep = replicator({1: schema})
     msgs = [Msg(wire(1, schema, value), 0, 0)]
     assert rep._final_states_vectorized(msgs) is None
-    upserts, deletes, _, version = rep._final_states(msgs)
+    upserts, deletes, _, version, _ = rep._final_states(msgs)
     assert upserts.to_pylist() == [{"id": 1, "m": [("a", 1)], SOURCE_ROWID: 3}]
     assert version == 1 and not rep.dlq.got
 

@@ -11,6 +11,21 @@ partition assignment the consumer is positioned from the replica itself, and
 records below the replica's position are skipped. A crash anywhere therefore
 replays at most the one batch that was not committed to Lance, and replaying
 it is idempotent.
+
+New rows need no lookup. Keyed by `_source_rowid` (the default), in a replica the
+replicator created (every row came from a record), an upserted key cannot be in the
+replica when
+  * it is above the highest `_source_rowid` ever upserted (recorded in every commit
+    as `lance-cdf.max-source-rowid`): Lance hands out row IDs in increasing order
+    and never reuses one, so a source insert's row ID usually is; or
+  * its first record in the batch is an insert (op "c") at a source version above
+    the one the replica recorded before the batch: an insert carries a row ID the
+    source did not hold at the version before, and a row that comes back (a
+    `restore`) was deleted first, by a delete record earlier in the same partition.
+Such keys are written without a key-index probe. A re-published range or a replay
+has keys and versions at or below the recorded ones and is looked up as before; so
+is everything with a user key (a user key can come back with a new row ID) and
+everything in a replica the replicator did not create.
 """
 
 from __future__ import annotations
@@ -43,7 +58,9 @@ from lance_cdf.avro.wire import split
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.replicate.replica import (
+    MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
+    ORIGIN_PROPERTY,
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
     ReplicaTable,
@@ -75,6 +92,15 @@ class Counters:
     delivery_failures: int = 0  # offset commits and dead-letter writes that failed
     last_error: float = 0.0  # unix time of the last of those (0: none)
     started: float = field(default_factory=time.time)
+    # where the time went (seconds since start): waiting for / fetching records,
+    # decoding them to final row states, the Lance apply (lookup, write, commit),
+    # the Kafka offset commit, replica upkeep (index delta, compaction)
+    poll_s: float = 0.0
+    decode_s: float = 0.0
+    apply_s: float = 0.0
+    offset_commit_s: float = 0.0
+    upkeep_s: float = 0.0
+    fresh_upserts: int = 0  # upserts written without a key lookup (new source rows)
 
     def failed(self) -> None:
         self.delivery_failures += 1
@@ -165,7 +191,8 @@ class Replicator:
     ID, stored as an ordinary column). `compact_every`: compact the replica's small
     fragments every that many batches (0: never); `index_rows_max`: add new fragments to
     the key index once they hold more rows than this; `keep_row_ids`: an updated row
-    keeps its replica row ID (the commit then costs O(replica); see replica.py). Run
+    keeps its replica row ID (the commit then costs O(replica); see replica.py);
+    `preload_index`: load the key index into memory when it is first met (default). Run
     with `run()`; `stop()` (or SIGTERM / Ctrl-C when run in the main thread) ends it
     after the current batch.
     """
@@ -187,6 +214,7 @@ class Replicator:
         compact_every: int = 100,
         index_rows_max: int | None = None,
         keep_row_ids: bool = False,
+        preload_index: bool = True,
     ):
         self.topic = topic
         self.compact_every = compact_every
@@ -198,6 +226,7 @@ class Replicator:
         check_registry(schema_registry, registry_config)
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,
+            prewarm=preload_index,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
         self.decoder = _Decoder(
@@ -208,6 +237,10 @@ class Replicator:
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
+            # fetches of up to 16 MB per partition: with librdkafka's 1 MB a 100,000-record
+            # batch took ~9 us per record to consume, ~5.6 us with these (measured apart)
+            "max.partition.fetch.bytes": 16 << 20,
+            "fetch.max.bytes": 64 << 20,
             **config,
         })  # fmt: skip
         self.dlq = Producer({**config, "acks": "all"}) if dead_letter_topic else None
@@ -217,12 +250,17 @@ class Replicator:
         self._assigned: float | None = None
         self._waiting_for_topic = False
         self._since_compaction = 0
+        # (source version, highest _source_rowid) the replica holds: above them a key
+        # cannot be there (None: unknown, look every upsert up); read from the replica
+        # on assignment, advanced per batch
+        self._fresh: tuple[int, int] | None = None
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer, partitions):
         self._assigned = time.monotonic()
         position = self.replica.position()
         self._applied = offsets_of(position, self.topic)
+        self._fresh = self.replica.fresh_bounds(position) if self.key == [SOURCE_ROWID] else None
         self.counters.source_version = max(
             self.counters.source_version, int(position.get(SOURCE_VERSION_PROPERTY, 0))
         )
@@ -248,7 +286,9 @@ class Replicator:
         last_data = 0.0
         try:
             while not self._stop.is_set():
+                t0 = time.perf_counter()
                 msgs = self._poll_batch()
+                self.counters.poll_s += time.perf_counter() - t0
                 if msgs:
                     last_data = time.monotonic()
                     self._apply(msgs)
@@ -272,7 +312,7 @@ class Replicator:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            for m in self.consumer.consume(min(10_000, self.max_batch_rows - len(batch)), left):
+            for m in self.consumer.consume(min(100_000, self.max_batch_rows - len(batch)), left):
                 err = m.error()
                 if err is None:
                     batch.append(m)
@@ -286,19 +326,41 @@ class Replicator:
 
     # -- one batch ------------------------------------------------------------------
     def _apply(self, msgs: list) -> None:
-        fresh = [m for m in msgs if m.offset() >= self._applied.get(m.partition(), 0)]
-        skipped = len(msgs) - len(fresh)
-        upserts, deletes, tombstones, version = self._final_states(fresh)
+        t0 = time.perf_counter()
+        # one pass over the messages for their positions; the rest is numpy per partition
+        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         next_offsets = dict(self._applied)
-        for m in msgs:
-            next_offsets[m.partition()] = max(next_offsets.get(m.partition(), 0), m.offset() + 1)
+        keep = np.ones(len(msgs), bool)
+        for p in np.unique(parts).tolist():
+            in_p = parts == p
+            keep[in_p] = offsets[in_p] >= self._applied.get(p, 0)
+            next_offsets[p] = max(next_offsets.get(p, 0), int(offsets[in_p].max()) + 1)
+        if keep.all():
+            unapplied = msgs
+        else:
+            unapplied = [msgs[i] for i in np.flatnonzero(keep).tolist()]
+            parts, offsets = parts[keep], offsets[keep]
+        skipped = len(msgs) - len(unapplied)
+        upserts, deletes, tombstones, version, new_rows = self._final_states(
+            unapplied, parts, offsets
+        )
+        t1 = time.perf_counter()
         props = {
             OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
             SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
         }
-        self.replica.apply(upserts, deletes, props)
+        fresh = self._fresh
+        if fresh is not None:
+            top = pc.max(upserts[SOURCE_ROWID]).as_py() if upserts is not None else None
+            fresh = (max(fresh[0], version), max(fresh[1], -1 if top is None else top))
+            props[MAX_ROWID_PROPERTY] = str(fresh[1])
+            props[ORIGIN_PROPERTY] = "records"  # created here, or carried forward
+        self.replica.apply(upserts, deletes, props, fresh=new_rows)
         self._applied = next_offsets
+        self._fresh = fresh
         crash_point("after-lance-commit")
+        t2 = time.perf_counter()
         try:
             self.consumer.commit(
                 offsets=[TopicPartition(self.topic, p, o) for p, o in next_offsets.items()],
@@ -308,6 +370,10 @@ class Replicator:
             self.counters.failed()
             log.warning("offset commit failed (the replica's position is kept): %s", exc)
         c = self.counters
+        c.decode_s += t1 - t0
+        c.apply_s += t2 - t1
+        c.offset_commit_s += time.perf_counter() - t2
+        c.fresh_upserts += 0 if new_rows is None else int(new_rows.sum())
         c.batches += 1
         c.records += len(msgs)
         c.skipped += skipped
@@ -322,7 +388,9 @@ class Replicator:
             0 if upserts is None else upserts.num_rows,
             0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
         )  # fmt: skip
+        t3 = time.perf_counter()
         self._maintain()
+        c.upkeep_s += time.perf_counter() - t3
 
     def _maintain(self) -> None:
         """Replica upkeep after a batch (its Lance and offset commits are done, so a
@@ -338,24 +406,32 @@ class Replicator:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
 
-    def _final_states(self, msgs: list) -> tuple[pa.Table | None, pa.Table | None, int, int]:
-        """(upsert rows, deleted keys, tombstones, highest source version) of a batch:
-        the last state of each key in source commit order. Decoded vectorized (all
-        records of a schema at once) when every schema of the batch allows it, else
-        record by record with fastavro."""
-        fast = self._final_states_vectorized(msgs)
+    def _final_states(self, msgs: list, parts=None, offsets=None):
+        """(upsert rows, deleted keys, tombstones, highest source version, new-row flags)
+        of a batch: the last state of each key in source commit order; the flags (one
+        per upsert row, or None) mark keys that need no lookup (see the module doc).
+        Decoded vectorized (all records of a schema at once) when every schema of the
+        batch allows it, else record by record with fastavro."""
+        fast = self._final_states_vectorized(msgs, parts, offsets)
         return fast if fast is not None else self._final_states_fastavro(msgs)
 
-    def _final_states_vectorized(self, msgs: list):
+    def _final_states_vectorized(self, msgs: list, parts=None, offsets=None):
         """`_final_states` with avro_decode; None (nothing done, nothing sent to the
-        dead-letter topic) when some schema of the batch needs the fastavro path."""
+        dead-letter topic) when some schema of the batch needs the fastavro path.
+        `parts`, `offsets`: each message's partition and offset, when known."""
+        if parts is None:
+            parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+            offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         values = [m.value() for m in msgs]
         live = [i for i, v in enumerate(values) if v is not None]
         tombstones = len(msgs) - len(live)
         if not live:
-            return None, None, tombstones, 0
-        msgs = [msgs[i] for i in live]
-        frames = Frames.of([values[i] for i in live])
+            return None, None, tombstones, 0, None
+        if tombstones:
+            msgs = [msgs[i] for i in live]
+            values = [values[i] for i in live]
+            parts, offsets = parts[live], offsets[live]
+        frames = Frames.of(values)
         schema_ids, wire = frames.confluent()
         errors: dict[int, Exception] = {}  # record index -> why it is set aside
         for i in np.flatnonzero(wire != OK):
@@ -372,8 +448,6 @@ class Replicator:
                 return None
             decoders[sid] = decoder
         newest = self.decoder.rows[max(decoders)] if decoders else None
-        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
-        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         tables, meta = [], []
         for sid, decoder in decoders.items():
             rows_idx = np.flatnonzero((wire == OK) & (schema_ids == sid))
@@ -391,20 +465,23 @@ class Replicator:
             source = env.field("source")
             kept = rows_idx[good]
             tables.append(table)
+            op = env.field("op").to_numpy(zero_copy_only=False)[good]
             meta.append((
                 source.field("commit_version").to_numpy()[good], is_delete, parts[kept],
-                offsets[kept], source.field("rowid").to_numpy()[good],
+                offsets[kept], source.field("rowid").to_numpy()[good], op == "c",
             ))  # fmt: skip
         for i in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
             self._dead_letter(msgs[i], errors[i])
         rows = [t for t in tables if t.num_rows]
         if not rows:
-            return None, None, tombstones, 0
+            return None, None, tombstones, 0, None
         rows = pa.concat_tables(rows) if len(rows) > 1 else rows[0]
-        versions, is_delete, parts, offsets, rowids = (
+        versions, is_delete, parts, offsets, rowids, is_insert = (
             np.concatenate(x) for x in zip(*meta, strict=True)
         )
-        return self._last_states(rows, versions, is_delete, parts, offsets, rowids, tombstones)
+        return self._last_states(
+            rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
+        )
 
     def _checked(self, env: pa.StructArray, err: np.ndarray, rows_idx, errors: dict):
         """(good mask, row image, is-delete) of decoded envelopes; the errors of the
@@ -464,7 +541,7 @@ class Replicator:
                     raise ValueError(f"key column(s) {nulls} missing or null")
                 source = rec["source"]
                 meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
-                             source["rowid"]))  # fmt: skip
+                             source["rowid"], op == "c"))  # fmt: skip
             except Exception as exc:
                 self._dead_letter(m, exc)
                 continue
@@ -472,20 +549,24 @@ class Replicator:
             kept.append(m)
             schema_id = sid if schema_id is None else max(schema_id, sid)
         if not images:
-            return None, None, tombstones, 0
+            return None, None, tombstones, 0, None
         rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)
         if bad:
             meta = [x for i, x in enumerate(meta) if i not in bad]
             if not meta:
-                return None, None, tombstones, 0
-        versions, is_delete, parts, offsets, rowids = np.array(meta, dtype=np.int64).T
+                return None, None, tombstones, 0, None
+        versions, is_delete, parts, offsets, rowids, is_insert = np.array(meta, np.int64).T
         return self._last_states(
-            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones
-        )
+            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones,
+            is_insert.astype(bool),
+        )  # fmt: skip
 
-    def _last_states(self, rows, versions, is_delete, parts, offsets, rowids, tombstones):
+    def _last_states(
+        self, rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
+    ):
         """The last state of each key of `rows` (one row per record, with its source
-        commit version, delete flag, Kafka partition and offset, source row ID)."""
+        commit version, delete flag, Kafka partition and offset, source row ID, insert
+        flag), and which of the upserted keys need no lookup."""
         if self.key == [SOURCE_ROWID]:
             rows = rows.append_column(pa.field(SOURCE_ROWID, pa.int64(), False), pa.array(rowids))
         missing = [c for c in self.key if c not in rows.column_names]
@@ -499,20 +580,29 @@ class Replicator:
         order = np.lexsort((offsets, parts, ~is_delete, versions))
         if (order != np.arange(order.size)).any():
             rows = rows.take(pa.array(order))
-            is_delete = is_delete[order]
-        last = (
+            is_delete, is_insert, versions = is_delete[order], is_insert[order], versions[order]
+        groups = (
             rows.select(self.key)
             .append_column("_i", pa.array(np.arange(rows.num_rows)))
             .group_by(self.key, use_threads=False)
-            .aggregate([("_i", "max")])["_i_max"]
-            .to_numpy()
+            .aggregate([("_i", "max"), ("_i", "min")])
         )
-        last = np.sort(last)
+        last, first = groups["_i_max"].to_numpy(), groups["_i_min"].to_numpy()
+        by_last = np.argsort(last)
+        last, first = last[by_last], first[by_last]
         final = rows if last.size == rows.num_rows else rows.take(pa.array(last))
         final_delete = is_delete[last]
         upserts = final.filter(pa.array(~final_delete))
         deletes = final.filter(pa.array(final_delete)).select(self.key)
-        return upserts, deletes, tombstones, int(versions.max())
+        new_rows = None
+        if self.key == [SOURCE_ROWID] and self._fresh is not None:
+            held_version, held_rowid = self._fresh
+            # above every row ID the replica ever held, or first inserted here above the
+            # source version the replica held (see the module doc)
+            key = rows[SOURCE_ROWID].to_numpy()
+            new = (key[last] > held_rowid) | (is_insert[first] & (versions[first] > held_version))
+            new_rows = new[~final_delete]
+        return upserts, deletes, tombstones, int(versions.max()), new_rows
 
     def _to_arrow(
         self, images: list[dict], schema: pa.Schema, msgs: list
