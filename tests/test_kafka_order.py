@@ -97,6 +97,26 @@ def new_topic(bootstrap):
     return topic
 
 
+def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry, **source):
+    """The table's changes from version 1, keyed and routed by `id` into `tasks` writer
+    tasks over a new PARTITIONS-partition topic (until caught up); returns the topic."""
+    topic = new_topic(kafka_broker.bootstrap_servers)
+    spark_sink.register(spark)
+    reader = spark.readStream.format("lance-cdf").option("path", uri)
+    for k, v in {"startingVersion": 1, "keyHash": "id", **source}.items():
+        reader = reader.option(k, v)
+    q = (
+        route(reader.load(), PARTITIONS, tasks).writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
+        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("key", "id").option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination(300)
+    assert q.exception() is None
+    return topic
+
+
 def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_path):
     uri = make_table(str(tmp_path / "t.lance"), 1)
     changes = (
@@ -127,21 +147,8 @@ def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_pa
 
 def test_parallel_writers_keep_per_key_order(spark, tmp_path, kafka_broker, schema_registry):
     uri = make_table(str(tmp_path / "t.lance"), 2)
-    topic = new_topic(kafka_broker.bootstrap_servers)
-    spark_sink.register(spark)
-    changes = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("rowsPerPartition", 7).option("keyHash", "id").load()
-    )  # fmt: skip
-    q = (
-        route(changes, PARTITIONS, 2).writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry.url).option("table", uri)
-        .option("key", "id").option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
-    q.awaitTermination(300)
-    assert q.exception() is None
+    topic = publish_routed(spark, uri, 2, tmp_path / "ck", kafka_broker, schema_registry,
+                           rowsPerPartition=7)  # fmt: skip
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
     got, partition_of = consume_by_key(
@@ -157,20 +164,6 @@ def test_a_writer_task_with_an_empty_share(spark, tmp_path, kafka_broker, schema
     uri = str(tmp_path / "one.lance")
     lance.write_dataset(pa.table({"id": [7], "s": ["x"]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).update({"s": "'y'"}, where="id = 7")
-    topic = new_topic(kafka_broker.bootstrap_servers)
-    spark_sink.register(spark)
-    changes = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("keyHash", "id").load()
-    )  # fmt: skip
-    q = (
-        route(changes, PARTITIONS, 3).writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry.url).option("table", uri)
-        .option("key", "id").option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
-    q.awaitTermination(300)
-    assert q.exception() is None
+    topic = publish_routed(spark, uri, 3, tmp_path / "ck", kafka_broker, schema_registry)
     got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, 2)
     assert got == expected_by_key(uri)  # one key, one partition: two tasks had nothing
