@@ -186,13 +186,19 @@ def _end_offsets(kafka, topic) -> dict[int, int]:
         c.close()
 
 
+def churned_source(src, seed, rng_seed, steps):
+    """A 300-row source with `steps` random commits; the workload and its generator (to
+    go on with the same history)."""
+    w, rng = Workload(src, seed=seed, rows=300), random.Random(rng_seed)
+    for _ in range(steps):
+        w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
+    return w, rng
+
+
 def test_compaction_and_reindex_mid_stream_then_restart(tmp_path, kafka_broker, schema_registry):
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     topic = f"rep-compact-{uuid.uuid4().hex[:8]}"
-    w = Workload(src, seed=23, rows=300)
-    rng = random.Random(9)
-    for _ in range(6):
-        w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
+    w, rng = churned_source(src, seed=23, rng_seed=9, steps=6)
     published = publish(kafka_broker, schema_registry, src, topic, 1)
     # small batches, compaction every 3rd batch, every new fragment indexed at once
     rep = make_replicator(kafka_broker, schema_registry, topic, dst, max_batch_rows=60,
@@ -311,10 +317,7 @@ def test_crash_points_converge(tmp_path, kafka_broker, schema_registry, point):
 def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_registry):
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     topic = f"rep-kill-{uuid.uuid4().hex[:8]}"
-    w = Workload(src, seed=8, rows=300)
-    rng = random.Random(8)
-    for _ in range(12):
-        w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
+    _, rng = churned_source(src, seed=8, rng_seed=8, steps=12)
     publish(kafka_broker, schema_registry, src, topic, 1)
     cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3")
     kills = 0
