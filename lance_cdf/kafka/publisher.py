@@ -224,7 +224,7 @@ class KafkaChangePublisher:
 
         `marks` (routed streams): partition -> the position of its last record
         (`high_water_marks`); records at or below their partition's mark are not sent
-        again."""
+        again, and `flush()` remembers where each partition ends. None: at least once."""
         now_ms = int(time.time() * 1000)
         failures = self._failures
 
@@ -300,7 +300,7 @@ class KafkaChangePublisher:
                                       tombstone_headers(head, tomb_pos), part)  # fmt: skip
                         last[part] = (i, 1)
                         sent += 1
-            if positions is not None:
+            if positions is not None and marks is not None:  # exactly once: see flush()
                 for part, (i, sub) in last.items():
                     self._sent_last[part] = (*positions[i].tolist(), sub)
         except Exception as exc:
