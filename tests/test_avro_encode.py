@@ -312,7 +312,7 @@ class _FakeProducer:
     def __init__(self):
         self.sent = []
 
-    def produce(self, topic, key, value, on_delivery, partition=-1, headers=None):
+    def produce(self, topic, key=None, value=None, partition=-1, headers=None):
         self.sent.append((key, value, partition, headers))
 
     def flush(self, timeout):

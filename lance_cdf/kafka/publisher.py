@@ -14,7 +14,6 @@ the driver.
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections.abc import Iterable, Iterator
 
@@ -127,9 +126,10 @@ def record_partitions(events: pa.Table) -> list[int] | None:
     return pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
 
 
-def record_headers(events: pa.Table) -> list[list[tuple[str, bytes]]]:
+def record_headers(events: pa.Table) -> list[dict[str, bytes]]:
     """The headers of each record of `events`, in record order (one record per event,
-    an update's preimage and postimage together): one shared list per (version, op)."""
+    an update's preimage and postimage together): one shared dict per (version, op) (the
+    producer takes a dict ~10% faster than a list of pairs)."""
     kinds = events["_change_type"]
     if pa.types.is_dictionary(kinds.type):
         kinds = kinds.cast(pa.string())
@@ -143,17 +143,17 @@ def record_headers(events: pa.Table) -> list[list[tuple[str, bytes]]]:
     # one 1-d key per (version, op): np.unique over rows (axis=0) is ~30x slower
     pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
     shared = [
-        [(VERSION_HEADER, str(p >> 3).encode()), (OP_HEADER, _OPS[names[p & 7]].encode())]
+        {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: _OPS[names[p & 7]].encode()}
         for p in pairs.tolist()
     ]
     return [shared[i] for i in inverse.reshape(-1).tolist()]
 
 
-def tombstone_headers(headers: list[tuple[str, bytes]], position: bytes | None = None):
+def tombstone_headers(headers: dict[str, bytes], position: bytes | None = None):
     """A record's headers -> its tombstone's (op "tombstone"; `position`: its own)."""
-    out = [headers[0], (OP_HEADER, b"tombstone")]
+    out = {VERSION_HEADER: headers[VERSION_HEADER], OP_HEADER: b"tombstone"}
     if position is not None:
-        out.append((POSITION_HEADER, position))
+        out[POSITION_HEADER] = position
     return out
 
 
@@ -196,15 +196,22 @@ class KafkaChangePublisher:
         self.key_writer = WireWriter(
             self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
         )
-        self.producer = Producer(
-            {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
-        )
+        self._failures: list[str] = []  # delivery errors since the last flush
+        failures = self._failures
+
+        def on_delivery(err, msg):  # producer-wide: no callback object per record
+            if err is not None:
+                failures.append(f"{err} (partition {msg.partition()})")
+
+        self.producer = Producer({
+            "bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER,
+            **(producer_config or {}), "on_delivery": on_delivery,
+        })  # fmt: skip
         # the high-water-mark reader connects as the producer does (SASL/SSL settings)
         shared = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
         self._consumer_config = {"bootstrap.servers": bootstrap_servers, **{
             k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
         }}  # fmt: skip
-        self._failures: list[str] = []  # delivery errors since the last flush
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
         # since the last flush, and per partition ((low, high) watermarks, the position of
         # its last record) as known after this publisher's last successful flush
@@ -226,25 +233,17 @@ class KafkaChangePublisher:
         (`high_water_marks`); records at or below their partition's mark are not sent
         again, and `flush()` remembers where each partition ends. None: at least once."""
         now_ms = int(time.time() * 1000)
-        failures = self._failures
-
-        def on_delivery(err, msg):
-            if err is not None:
-                failures.append(f"{err} (partition {msg.partition()})")
-
-        sent = 0
-        produce, topic = self.producer.produce, self.topic
-        last: dict[int, tuple[int, int]] = {}  # partition -> (record index, 0 / 1 tombstone)
         try:
-            headers = record_headers(events) if events.num_rows else []
-            n = len(headers)
+            n = int(pc.sum(_record_rows(events)).as_py() or 0) if events.num_rows else 0
+            if not n:
+                return 0
+            headers = record_headers(events)
             partitions = record_partitions(events) or [-1] * n  # -1: any
-            positions = record_positions(events) if n else None
-            send_record, send_tomb = itertools.repeat(True, n), itertools.repeat(True, n)
-            tomb_positions: list | itertools.repeat = itertools.repeat(None, n)
+            positions = record_positions(events)
+            send_record = send_tomb = np.ones(n, bool)
             if positions is not None:
                 headers = [
-                    [*h, (POSITION_HEADER, t)]
+                    {**h, POSITION_HEADER: t}
                     for h, t in zip(headers, position_values(positions, 0), strict=True)
                 ]
                 if marks:
@@ -253,56 +252,28 @@ class KafkaChangePublisher:
                     for p, mark in marks.items():
                         if mark is not None:
                             m[parts == p] = mark
-                    send_record = _after(positions, 0, m).tolist()
-                    send_tomb = _after(positions, 1, m).tolist()
+                    send_record, send_tomb = _after(positions, 0, m), _after(positions, 1, m)
             encoded = self._encode(events, operations, now_ms)
             if encoded is not None:  # vectorised: the wire-format bytes of every record
                 keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
                 tombstones = encoded.tombstone & self.tombstones
-                if positions is not None and tombstones.any():
-                    tomb_positions = position_values(positions, 1)
-                for i, (key_bytes, value_bytes, tombstone, head, tomb_pos, part, rec, tomb) in (
-                    enumerate(zip(keys, values, tombstones.tolist(), headers, tomb_positions,
-                                  partitions, send_record, send_tomb, strict=True))
-                ):  # fmt: skip
-                    if rec:
-                        try:  # the common case inline: one Python call per record
-                            produce(topic, key=key_bytes, value=value_bytes, partition=part,
-                                    on_delivery=on_delivery, headers=head)  # fmt: skip
-                        except BufferError:
-                            self._produce(key_bytes, value_bytes, on_delivery, head, part)
-                        last[part] = (i, 0)
-                        sent += 1
-                    if tombstone and tomb:
-                        self._produce(key_bytes, None, on_delivery,
-                                      tombstone_headers(head, tomb_pos), part)  # fmt: skip
-                        last[part] = (i, 1)
-                        sent += 1
             else:
-                records = change_records(
+                records = list(change_records(
                     events, self.user_columns, operations, self.table_name,
                     self.key_columns, __version__, now_ms,
-                )  # fmt: skip
-                if positions is not None:
-                    tomb_positions = position_values(positions, 1)
-                for i, ((key, value, meta), head, tomb_pos, part, rec, tomb) in enumerate(zip(
-                    records, headers, tomb_positions, partitions, send_record, send_tomb,
-                    strict=True,
-                )):  # fmt: skip
-                    key_bytes = self.key_writer.encode(key)
-                    if rec:
-                        value_bytes = self.value_writer.encode(value)
-                        self._produce(key_bytes, value_bytes, on_delivery, head, part)
-                        last[part] = (i, 0)
-                        sent += 1
-                    if meta["tombstone"] and self.tombstones and tomb:
-                        self._produce(key_bytes, None, on_delivery,
-                                      tombstone_headers(head, tomb_pos), part)  # fmt: skip
-                        last[part] = (i, 1)
-                        sent += 1
+                ))  # fmt: skip
+                keys = [self.key_writer.encode(key) for key, _, _ in records]
+                values = [
+                    self.value_writer.encode(value) if rec else None
+                    for (_, value, _), rec in zip(records, send_record.tolist(), strict=True)
+                ]
+                tombstones = np.array([meta["tombstone"] for _, _, meta in records], bool)
+                tombstones &= self.tombstones
+            tombs = tombstones & send_tomb
+            self._send(keys, values, headers, partitions, send_record, tombs, positions)
             if positions is not None and marks is not None:  # exactly once: see flush()
-                for part, (i, sub) in last.items():
-                    self._sent_last[part] = (*positions[i].tolist(), sub)
+                self._remember_last(partitions, send_record, tombs, positions)
+            return int(send_record.sum() + tombs.sum())
         except Exception as exc:
             if isinstance(exc, LanceCdfError):
                 raise
@@ -312,7 +283,46 @@ class KafkaChangePublisher:
                 "compatibility rules forbid; publish to a new topic or relax the subject's "
                 "compatibility."
             ) from exc
-        return sent
+
+    def _send(self, keys, values, headers, partitions, send_record, tombs, positions) -> None:
+        """Produce each record (where `send_record`) and its tombstone (where `tombs`), in
+        order. The loop is the publisher's per-record cost (~4 us, most of it the headers),
+        so it does nothing else: delivery errors come to the producer-wide callback, and
+        counts and last positions are taken from the arrays."""
+        produce, topic, retry = self.producer.produce, self.topic, self._produce
+        if send_record.all() and not tombs.any():  # the common case: every record, no tombstone
+            for key, value, head, part in zip(keys, values, headers, partitions, strict=True):
+                try:
+                    produce(topic, key=key, value=value, partition=part, headers=head)
+                except BufferError:
+                    retry(key, value, head, part)
+            return
+        tomb_positions = (
+            position_values(positions, 1) if positions is not None else [None] * len(keys)
+        )
+        for key, value, head, part, rec, tomb, tomb_pos in zip(
+            keys, values, headers, partitions, send_record.tolist(), tombs.tolist(),
+            tomb_positions, strict=True,
+        ):  # fmt: skip
+            if rec:
+                try:
+                    produce(topic, key=key, value=value, partition=part, headers=head)
+                except BufferError:
+                    retry(key, value, head, part)
+            if tomb:
+                retry(key, None, tombstone_headers(head, tomb_pos), part)
+
+    def _remember_last(self, partitions, send_record, tombs, positions) -> None:
+        """The position of the last record sent to each partition (its tombstone's when it
+        has one), for `flush()`."""
+        sent = np.flatnonzero(send_record | tombs)
+        if not len(sent):
+            return
+        parts = np.asarray(partitions)[sent]
+        # the last index per partition: unique over the reversed order
+        uniq, first = np.unique(parts[::-1], return_index=True)
+        for part, i in zip(uniq.tolist(), sent[::-1][first].tolist(), strict=True):
+            self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
 
     def high_water_marks(self, partitions) -> dict[int, tuple[int, int, int, int] | None]:
         """The position of the last record of each partition (None: none with a position).
@@ -412,15 +422,12 @@ class KafkaChangePublisher:
         except Unsupported:
             return None
 
-    def _produce(
-        self, key: bytes, value: bytes | None, on_delivery, headers=None, partition: int = -1
-    ) -> None:
+    def _produce(self, key: bytes, value: bytes | None, headers=None, partition: int = -1) -> None:
         while True:
             try:
                 self.producer.produce(
-                    self.topic, key=key, value=value, partition=partition,
-                    on_delivery=on_delivery, headers=headers,
-                )  # fmt: skip
+                    self.topic, key=key, value=value, partition=partition, headers=headers
+                )
                 return
             except BufferError:  # local queue full: let deliveries drain, then retry
                 self.producer.poll(0.5)
