@@ -47,9 +47,14 @@ def new_topic(kafka, topic, partitions) -> str:
     return topic
 
 
-def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, partitions=1):
+def lance_cdf_publish(
+    spark, uri, kafka, registry, topic, ck, writers=None, partitions=1, handoff=False, per_batch=0
+):
     """writers=None: the stream coalesced to one task (the earlier `lance-cdf publish`);
-    else `publish.route` into that many writer tasks (what `lance-cdf publish` does now)."""
+    else `publish.route` into that many writer tasks (the second round's `lance-cdf
+    publish`), or with `handoff` that many writer slots reading their own share (option
+    writerSlots, what `lance-cdf publish` does now; `per_batch`: the events of each
+    micro-batch, as its rows are work items)."""
     from lance_cdf.kafka.publish import route
 
     t0 = time.perf_counter()
@@ -57,6 +62,11 @@ def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, part
     changes = changes.option("startingVersion", 1).option("maxVersionsPerTrigger", 1)
     if writers is None:
         changes = changes.load().coalesce(1)
+    elif handoff:
+        changes = (
+            changes.option("keyHash", "_rowid").option("writerSlots", writers)
+            .option("kafkaPartitions", partitions).load()
+        )  # fmt: skip
     else:
         changes = route(changes.option("keyHash", "_rowid").load(), partitions, writers)
     q = (
@@ -65,17 +75,21 @@ def lance_cdf_publish(spark, uri, kafka, registry, topic, ck, writers=None, part
         .option("schema.registry.url", registry.url).option("table", uri)
         .option("checkpointLocation", ck).trigger(availableNow=True).start()
     )  # fmt: skip
-    return _finish(q, t0)
+    return _finish(q, t0, per_batch if handoff else 0)
 
 
-def _finish(q, t0) -> dict:
-    """Total time, and the steady rate: micro-batches after the first (start-up)."""
+def _finish(q, t0, per_batch=0) -> dict:
+    """Total time, and the steady rate: micro-batches after the first (start-up).
+    `per_batch`: the events of each micro-batch when its rows are not events."""
     q.awaitTermination()
     if q.exception():
         raise RuntimeError(q.exception())
     total = time.perf_counter() - t0
-    batches = [(p.numInputRows, p.durationMs["triggerExecution"] / 1000) for p in q.recentProgress
-               if p.numInputRows]  # fmt: skip
+    batches = [(per_batch or p.numInputRows, p.durationMs["triggerExecution"] / 1000)
+               for p in q.recentProgress if p.numInputRows]  # fmt: skip
+    if os.environ.get("BENCH_DURATIONS"):  # where each micro-batch's time went (Spark's split)
+        for p in q.recentProgress:
+            print("durations", p.batchId, p.numInputRows, dict(p.durationMs), flush=True)
     rest = batches[1:]
     steady = sum(n for n, _ in rest) / sum(s for _, s in rest) if rest else None
     return {"s": total, "first_batch_s": batches[0][1] if batches else None, "steady_eps": steady,
@@ -153,6 +167,8 @@ def main() -> None:
     ap.add_argument("--writers", type=int, default=2, help="routed lance-cdf writer tasks")
     ap.add_argument("--partitions", type=int, default=4, help="partitions of every topic")
     ap.add_argument("--commits", type=int, default=5, help="commits the rows are inserted in")
+    paths = ("coalesce1", "routed", "handoff", "ceiling", "spark")
+    ap.add_argument("--paths", nargs="+", choices=paths, default=list(paths))
     args = ap.parse_args()
 
     from pyspark.sql import SparkSession
@@ -194,27 +210,47 @@ def main() -> None:
             tag = uuid.uuid4().hex[:6]
             ck = os.path.join(args.dir, f"kafka-ck-{label}-{tag}")
             p = args.partitions
-            cdf = lance_cdf_publish(spark, uri, kafka, registry,
-                                    new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
-            routed = lance_cdf_publish(
-                spark, uri, kafka, registry, new_topic(kafka, f"routed-{label}-{tag}", p),
-                ck + "-routed", writers=args.writers, partitions=p,
-            )  # fmt: skip
-            ceil_s, sent = ceiling(uri, kafka, registry, new_topic(kafka, f"ceil-{label}-{tag}", p))
-            try:
-                sk = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p),
-                                 ck + "-sk")  # fmt: skip
-                sk_err = None
-            except Exception as exc:  # jars missing or incompatible with this Spark
-                sk, sk_err = {}, f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
-            ceil_eps = sent / ceil_s
+            step_events = step  # every micro-batch is one commit of `step` inserts
+            none: dict = {}
+            cdf = routed = handoff = sk = none
+            sk_err = ceil_s = ceil_eps = sent = None
+            if "coalesce1" in args.paths:
+                cdf = lance_cdf_publish(spark, uri, kafka, registry,
+                                        new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
+            if "routed" in args.paths:
+                routed = lance_cdf_publish(
+                    spark, uri, kafka, registry, new_topic(kafka, f"routed-{label}-{tag}", p),
+                    ck + "-routed", writers=args.writers, partitions=p,
+                )  # fmt: skip
+            if "handoff" in args.paths:
+                handoff = lance_cdf_publish(
+                    spark, uri, kafka, registry, new_topic(kafka, f"handoff-{label}-{tag}", p),
+                    ck + "-handoff", writers=args.writers, partitions=p, handoff=True,
+                    per_batch=step_events,
+                )  # fmt: skip
+            if "ceiling" in args.paths:
+                ceil_s, sent = ceiling(
+                    uri, kafka, registry, new_topic(kafka, f"ceil-{label}-{tag}", p)
+                )
+                ceil_eps = sent / ceil_s
+            if "spark" in args.paths:
+                try:
+                    sk = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p),
+                                     ck + "-sk")  # fmt: skip
+                except Exception as exc:  # jars missing or incompatible with this Spark
+                    sk_err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
+
+            def ratio(a, b):
+                return a / b if a and b else None
+
+            best = handoff if handoff else routed
             row = dict(
                 rows=n, records=sent, commits=args.commits, writers=args.writers,
-                lance_cdf_coalesce1=cdf, lance_cdf=routed, spark_kafka=sk,
-                spark_kafka_error=sk_err, ceiling_s=ceil_s, ceiling_eps=ceil_eps,
-                lance_cdf_steady_vs_spark=(routed["steady_eps"] / sk["steady_eps"])
-                if sk.get("steady_eps") and routed["steady_eps"] else None,
-                lance_cdf_steady_vs_ceiling=(routed["steady_eps"] or 0) / ceil_eps,
+                lance_cdf_coalesce1=cdf, lance_cdf_routed=routed, lance_cdf=handoff,
+                spark_kafka=sk, spark_kafka_error=sk_err, ceiling_s=ceil_s, ceiling_eps=ceil_eps,
+                lance_cdf_steady_vs_spark=ratio(best.get("steady_eps"), sk.get("steady_eps")),
+                lance_cdf_steady_vs_ceiling=ratio(best.get("steady_eps"), ceil_eps),
+                routed_steady_vs_spark=ratio(routed.get("steady_eps"), sk.get("steady_eps")),
             )  # fmt: skip
             results[label] = row
             print(label, json.dumps(row), flush=True)

@@ -8,6 +8,7 @@ from collections import defaultdict
 import lance
 import numpy as np
 import pyarrow as pa
+import pytest
 from confluent_kafka import Consumer
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -18,6 +19,7 @@ import lance_cdf
 from lance_cdf.kafka import sink as spark_sink
 from lance_cdf.kafka.publish import route
 from lance_cdf.kafka.publisher import commit_order
+from lance_cdf.streaming.source import SlotWork
 
 PARTITIONS = 4
 
@@ -97,16 +99,26 @@ def new_topic(bootstrap):
     return topic
 
 
-def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry, **source):
-    """The table's changes from version 1, keyed and routed by `id` into `tasks` writer
-    tasks over a new PARTITIONS-partition topic (until caught up); returns the topic."""
+MECHANISMS = ["handoff", "route"]
+
+
+def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry, mechanism,
+                   **source):  # fmt: skip
+    """The table's changes from version 1, keyed by `id`, to a new PARTITIONS-partition topic
+    by `tasks` writer tasks (until caught up); returns the topic. `mechanism`: "handoff"
+    (option writerSlots: each task reads its own share, as `lance-cdf publish` does) or
+    "route" (publish.route: a repartition of the events by partition)."""
     topic = new_topic(kafka_broker.bootstrap_servers)
     spark_sink.register(spark)
     reader = spark.readStream.format("lance-cdf").option("path", uri)
     for k, v in {"startingVersion": 1, "keyHash": "id", **source}.items():
         reader = reader.option(k, v)
+    if mechanism == "handoff":
+        changes = reader.option("writerSlots", tasks).option("kafkaPartitions", PARTITIONS).load()
+    else:
+        changes = route(reader.load(), PARTITIONS, tasks)
     q = (
-        route(reader.load(), PARTITIONS, tasks).writeStream.format("lance-cdf-kafka")
+        changes.writeStream.format("lance-cdf-kafka")
         .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
         .option("schema.registry.url", schema_registry.url).option("table", uri)
         .option("key", "id").option("checkpointLocation", str(checkpoint))
@@ -117,17 +129,10 @@ def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry,
     return topic
 
 
-def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_path):
-    uri = make_table(str(tmp_path / "t.lance"), 1)
-    changes = (
-        spark.read.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("rowsPerPartition", 7).option("keyHash", "id").load()
-    )  # fmt: skip
-    assert changes.rdd.getNumPartitions() > 4  # big versions are cut into slices
-    routed = route(changes, PARTITIONS, 2)
-    shares = routed.rdd.glom().map(lambda rows: [r.asDict() for r in rows]).collect()
-    assert len(shares) == 2
-    # what each writer task does with its share before producing
+def check_shares(uri, shares):
+    """Each writer task's share (its rows as the sink gets them): put in commit order by the
+    task, the shares own disjoint Kafka partitions, cover them all and every event once, in
+    commit order with each preimage before its postimage."""
     tasks = [commit_order(pa.Table.from_pylist(rows)).to_pylist() for rows in shares]
     owned = [{r["_kafka_partition"] for r in rows} for rows in tasks]
     assert not owned[0] & owned[1] and owned[0] | owned[1] == set(range(PARTITIONS))
@@ -143,12 +148,51 @@ def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_pa
                 assert rows[i + 1]["_change_type"] == "update_postimage"
                 assert rows[i + 1]["_rowid"] == r["_rowid"]
     assert sum(len(rows) for rows in tasks) == len(events)
+    cols = ("_rowid", "_change_type", "_commit_version", "id", "s")
+    got = sorted(tuple(r[c] for c in cols) for rows in tasks for r in rows)
+    assert got == sorted(tuple(e[c] for c in cols) for e in events)  # the same events
 
 
-def test_parallel_writers_keep_per_key_order(spark, tmp_path, kafka_broker, schema_registry):
+def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_path):
+    uri = make_table(str(tmp_path / "t.lance"), 1)
+    changes = (
+        spark.read.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("rowsPerPartition", 7).option("keyHash", "id").load()
+    )  # fmt: skip
+    assert changes.rdd.getNumPartitions() > 4  # big versions are cut into slices
+    routed = route(changes, PARTITIONS, 2)
+    shares = routed.rdd.glom().map(lambda rows: [r.asDict() for r in rows]).collect()
+    assert len(shares) == 2
+    check_shares(uri, shares)
+
+
+def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_path):
+    """Option writerSlots: a micro-batch is one work item per slot; what each item reads is
+    what a routed writer task gets, whatever the slices the versions are cut in."""
+    uri = make_table(str(tmp_path / "t.lance"), 3)
+    q = (
+        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
+        .option("rowsPerPartition", 7).option("keyHash", "id").option("writerSlots", 2)
+        .option("kafkaPartitions", PARTITIONS).load()
+        .writeStream.format("memory").queryName("work_items").trigger(availableNow=True).start()
+    )  # fmt: skip
+    q.awaitTermination(300)
+    assert q.exception() is None
+    items = spark.sql("SELECT * FROM work_items").collect()
+    assert sorted(r["_writer_slot"] for r in items) == [0, 1]  # one micro-batch, two slots
+    works = [SlotWork.of(bytes(r["_work"])) for r in items]
+    assert len(works[0].parts) > 4  # the versions' slices
+    shares = [pa.Table.from_batches(list(w.events())).to_pylist() for w in works]
+    check_shares(uri, shares)
+
+
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_parallel_writers_keep_per_key_order(
+    spark, tmp_path, kafka_broker, schema_registry, mechanism
+):
     uri = make_table(str(tmp_path / "t.lance"), 2)
     topic = publish_routed(spark, uri, 2, tmp_path / "ck", kafka_broker, schema_registry,
-                           rowsPerPartition=7)  # fmt: skip
+                           mechanism, rowsPerPartition=7)  # fmt: skip
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
     got, partition_of = consume_by_key(
@@ -158,12 +202,16 @@ def test_parallel_writers_keep_per_key_order(spark, tmp_path, kafka_broker, sche
     assert set(partition_of.values()) == set(range(PARTITIONS))  # all partitions used
 
 
-def test_a_writer_task_with_an_empty_share(spark, tmp_path, kafka_broker, schema_registry):
+@pytest.mark.parametrize("mechanism", MECHANISMS)
+def test_a_writer_task_with_an_empty_share(
+    spark, tmp_path, kafka_broker, schema_registry, mechanism
+):
     """Small commits leave some writer tasks nothing to write: the micro-batch still
     succeeds (an empty share once failed the task, so the query retried it for ever)."""
     uri = str(tmp_path / "one.lance")
     lance.write_dataset(pa.table({"id": [7], "s": ["x"]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).update({"s": "'y'"}, where="id = 7")
-    topic = publish_routed(spark, uri, 3, tmp_path / "ck", kafka_broker, schema_registry)
+    topic = publish_routed(spark, uri, 3, tmp_path / "ck", kafka_broker, schema_registry,
+                           mechanism)  # fmt: skip
     got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, 2)
     assert got == expected_by_key(uri)  # one key, one partition: two tasks had nothing

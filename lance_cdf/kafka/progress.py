@@ -12,6 +12,18 @@ from lance_cdf.streaming.progress import source_versions
 
 log = logging.getLogger("lance_cdf.kafka")
 
+# The observation `publish.hand_off` names: the events each micro-batch planned, as its
+# input rows are work items (one per writer slot).
+OBSERVED = "lance_cdf"
+
+
+def planned_events(report) -> int | None:
+    """The events a hand-off micro-batch planned (None: not a hand-off stream)."""
+    observed = (report.get("observedMetrics") or {}).get(OBSERVED)
+    if observed is None:
+        return None
+    return int(observed["events"] or 0)
+
 
 class QueryFollower:
     """Accumulates the progress reports of a running StreamingQuery into `Progress`."""
@@ -60,7 +72,9 @@ class QueryFollower:
                 versions = source_versions(p)
                 if versions is None:
                     continue
-                rows = int(p.get("numInputRows") or 0)
+                rows = planned_events(p)
+                if rows is None:
+                    rows = int(p.get("numInputRows") or 0)
                 self.state.batches += 1
                 self.state.events += rows
                 self.state.version = versions.delivered

@@ -61,7 +61,8 @@ def publish(
     port; see lance_cdf.metrics).
     `writers`: parallel writer tasks per micro-batch (default: Spark's default
     parallelism), at most one per partition of the topic; each owns a disjoint set of
-    partitions, so per-key order holds whatever their number.
+    partitions (`partition % writers`) and reads that share of the micro-batch's events
+    itself, so per-key order holds whatever their number.
     `exactly_once`: a replayed micro-batch skips the records each partition already holds
     (per-partition high-water marks); False: plain at-least-once."""
     producer_config = dict(producer_config or {})
@@ -93,7 +94,9 @@ def route(changes, partitions: int, tasks: int):
     inserts; `_event_order`).
 
     Why a shuffle rather than `coalesce(1)` (one task per micro-batch, the earlier way):
-    see BENCHMARKS.md, "Parallel writers"."""
+    see BENCHMARKS.md, "Parallel writers". `lance-cdf publish` itself hands each writer
+    task its share to read instead (`hand_off`), which is faster; `route` is for a job
+    that transforms the events in Spark before writing them."""
     from pyspark.sql import functions as F
 
     return (
@@ -101,6 +104,23 @@ def route(changes, partitions: int, tasks: int):
         .drop(KEY_HASH)
         .repartition(tasks, PARTITION_COLUMN)
     )  # fmt: skip
+
+
+def hand_off(work):
+    """The work-item stream (source option writerSlots) with the events each micro-batch
+    planned observed, for the progress reports (`progress.planned_events`): Spark counts
+    the work items as its input rows.
+
+    Why work items rather than `route` (a repartition of the events): a Python source's
+    events reach a Python writer through Spark's JVM (Arrow -> rows -> shuffle -> Arrow,
+    ~10 us per event, three quarters of the publishing time); a writer task that reads
+    its own slot's share skips all of it. See BENCHMARKS.md, "Hand-off"."""
+    from pyspark.sql import functions as F
+
+    from lance_cdf.kafka.progress import OBSERVED
+    from lance_cdf.keyhash import WORK_EVENTS
+
+    return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 
 
 def _on_signals(handler) -> dict:
@@ -169,10 +189,10 @@ def _publish(
         reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
     for k, v in (storage_options or {}).items():
         reader = reader.option(f"storage.{k}", v)
-    reader = reader.option("keyHash", key or "_rowid")
     tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
+    reader = reader.option("keyHash", key or "_rowid").option("writerSlots", tasks)
     t = time.monotonic()
-    changes = route(reader.load(), partitions, tasks)  # load(): the schema, in a Python worker
+    changes = hand_off(reader.option("kafkaPartitions", partitions).load())  # load(): the schema
     stages["source schema"] = time.monotonic() - t
     writer = (
         changes.writeStream.format("lance-cdf-kafka")

@@ -39,7 +39,7 @@ from pyspark.sql.types import StructType
 
 from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
+from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
 # encoder) is imported by the writer tasks only: Spark also loads this module in the
@@ -69,12 +69,24 @@ class LanceCdfKafkaSink(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
         writer = KafkaStreamWriter(_options(dict(self.options)))
-        writer.routed = EVENT_ORDER in schema.fieldNames()
+        writer.handoff = WORK_COLUMN in schema.fieldNames()
+        writer.routed = writer.handoff or EVENT_ORDER in schema.fieldNames()
         return writer
+
+
+def _handed_off(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """The events of the work items a hand-off stream gives this task (option writerSlots:
+    the task reads its slot's share itself)."""
+    from lance_cdf.streaming.source import SlotWork
+
+    for batch in rows:
+        for value in batch.column(WORK_COLUMN).to_pylist():
+            yield from SlotWork.of(value).events()
 
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     routed = False
+    handoff = False
 
     def __init__(self, options: dict):
         self.options = options
@@ -118,6 +130,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         exact = None
         owned: list[int] = []
+        if self.handoff:
+            iterator = _handed_off(iterator)
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size

@@ -11,7 +11,7 @@ STORAGE_PREFIX = "storage."
 KNOWN = {
     "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
     "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
-    "netchanges", "dropunchangedupdates", "keyhash",
+    "netchanges", "dropunchangedupdates", "keyhash", "writerslots", "kafkapartitions",
 }  # fmt: skip
 
 
@@ -78,6 +78,10 @@ class SourceOptions:
     drop_unchanged_updates: bool = False
     # keyHash: key columns whose hash each event carries in `_key_hash` (keyhash.py)
     key_hash: tuple[str, ...] | None = None
+    # writerSlots / kafkaPartitions: the stream carries, per micro-batch, one work item per
+    # writer slot instead of the events (source.WriterSlot: the Kafka sink reads them)
+    writer_slots: int | None = None
+    kafka_partitions: int | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -111,6 +115,16 @@ class SourceOptions:
                 f"unknown option(s) {unknown} for lance-cdf; known: {sorted(KNOWN)} and "
                 f"{STORAGE_PREFIX}<key> for storage options"
             )
+        slots = _int(options, "writerSlots", 1)
+        if slots is not None and not (
+            streaming and options.get("keyhash") and options.get("kafkapartitions")
+            and not _bool(options, "netChanges", False)
+        ):  # fmt: skip
+            raise LanceCdfError(
+                "option writerSlots hands each micro-batch to the lance-cdf-kafka sink's "
+                "writers: it is for streams (readStream) with keyHash and kafkaPartitions "
+                "set, without netChanges"
+            )
         return cls(
             path=str(path),
             starting=starting,
@@ -125,6 +139,8 @@ class SourceOptions:
             net_changes=_bool(options, "netChanges", False),
             drop_unchanged_updates=_bool(options, "dropUnchangedUpdates", False),
             key_hash=_columns(options.get("keyhash")),
+            writer_slots=_int(options, "writerSlots", 1),
+            kafka_partitions=_int(options, "kafkaPartitions", 1),
             storage_options={
                 k[len(STORAGE_PREFIX) :]: str(v)
                 for k, v in raw.items()

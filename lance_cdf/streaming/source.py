@@ -34,6 +34,7 @@ from __future__ import annotations
 import bisect
 import logging
 import math
+import pickle
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -52,11 +53,20 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import LongType, StructType
+from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.feed import ChangeFeed
-from lance_cdf.keyhash import EVENT_ORDER, KEY_HASH, ORDER_BITS, key_hash
+from lance_cdf.keyhash import (
+    EVENT_ORDER,
+    KEY_HASH,
+    ORDER_BITS,
+    PARTITION_COLUMN,
+    WORK_COLUMN,
+    WORK_EVENTS,
+    WORK_SLOT,
+    key_hash,
+)
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.read import column_sources, event_schema
@@ -470,6 +480,73 @@ class _Reading:
             raise VersionNotFoundError(snapshot_lost(self.opts.path, part.version, exc)) from None
 
 
+@dataclass(frozen=True)
+class WriterSlot(InputPartition):
+    """Option writerSlots: writer slot `slot` of `slots` of a micro-batch made of `parts`
+    (the partitions the stream would otherwise read)."""
+
+    parts: tuple[InputPartition, ...]
+    slot: int
+    slots: int
+    events: int  # the micro-batch's events as planned (slot 0; 0 in the others)
+
+
+@dataclass(frozen=True)
+class SlotWork:
+    """One writer slot's share of a micro-batch, handed to the Kafka sink's writer task
+    (option writerSlots; sink.py reads it): the events of `parts` whose Kafka partition,
+    `_key_hash % partitions`, belongs to the slot (`partition % slots == slot`), each with
+    its `_kafka_partition`. The writer task reads them itself, in the source's exact
+    types and order (`_Reading.read`), so no event crosses Spark's JVM: a Python source's
+    rows otherwise go Arrow -> JVM rows -> (a shuffle) -> Arrow to reach a Python writer,
+    ~10 us per event, three quarters of the publishing time (BENCHMARKS.md, "Hand-off")."""
+
+    reading: _Reading
+    parts: tuple[InputPartition, ...]
+    slot: int
+    slots: int
+    partitions: int
+    planned: int = 0  # see WriterSlot.events
+
+    def events(self) -> Iterator[pa.RecordBatch]:
+        for part in self.parts:
+            for batch in self.reading.read(part):
+                partition = batch.column(KEY_HASH).to_numpy() % self.partitions
+                mine = partition % self.slots == self.slot
+                if not mine.any():
+                    continue
+                batch = batch.filter(pa.array(mine)).drop_columns([KEY_HASH])
+                owned = pa.array(partition[mine].astype(np.int32))
+                yield batch.append_column(PARTITION_COLUMN, owned)
+
+    def to_batch(self) -> pa.RecordBatch:
+        return pa.RecordBatch.from_arrays(
+            [
+                pa.array([self.slot], pa.int32()),
+                pa.array([self.planned], pa.int64()),
+                pa.array([pickle.dumps(self)], pa.binary()),
+            ],
+            names=[WORK_SLOT, WORK_EVENTS, WORK_COLUMN],
+        )
+
+    @staticmethod
+    def of(value: bytes) -> SlotWork:
+        work = pickle.loads(value)
+        if not isinstance(work, SlotWork):
+            raise LanceCdfError(
+                f"column {WORK_COLUMN} holds no lance-cdf work item: write only the stream of "
+                'readStream.format("lance-cdf") with option writerSlots to this sink'
+            )
+        return work
+
+
+def work_struct() -> StructType:
+    return (
+        StructType().add(WORK_SLOT, IntegerType()).add(WORK_EVENTS, LongType())
+        .add(WORK_COLUMN, BinaryType())
+    )  # fmt: skip
+
+
 def snapshot_lost(path: str, version: int, why: Exception) -> str:
     return (
         f"the snapshot of {path} at version {version} cannot be completed: the version was "
@@ -498,20 +575,8 @@ class LanceCdfDataSource(DataSource):
         resolved = resolve(self.options, streaming=not batch)
         # pickled with this instance: what "latest" means for the reader created next
         self._as_of = resolved.end
-        declared = spark_schema(resolved.user_schema)
-        if resolved.opts.key_hash:
-            missing = [
-                c for c in resolved.opts.key_hash
-                if c != "_rowid" and c not in resolved.user_schema.names
-            ]  # fmt: skip
-            if missing:
-                raise LanceCdfError(
-                    f"keyHash names {missing}, not columns of {resolved.opts.path} "
-                    f"(available: {resolved.user_schema.names} and _rowid)"
-                )
-            declared = declared.add(KEY_HASH, LongType(), nullable=False)
-            declared = declared.add(EVENT_ORDER, LongType(), nullable=False)
-        return declared
+        declared = event_struct(resolved)
+        return work_struct() if resolved.opts.writer_slots else declared
 
     def reader(self, schema: StructType) -> DataSourceReader:
         as_of = getattr(self, "_as_of", None)
@@ -519,7 +584,27 @@ class LanceCdfDataSource(DataSource):
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         as_of = getattr(self, "_as_of", None)
-        return LanceCdfStreamReader(resolve(self.options, True, as_of), schema)
+        resolved = resolve(self.options, True, as_of)
+        if resolved.opts.writer_slots:
+            return HandOffReader(resolved, event_struct(resolved))
+        return LanceCdfStreamReader(resolved, schema)
+
+
+def event_struct(resolved: Resolved) -> StructType:
+    """The events' Spark schema: the user columns, the metadata, and with keyHash the
+    routing columns."""
+    declared = spark_schema(resolved.user_schema)
+    if resolved.opts.key_hash:
+        names = resolved.user_schema.names
+        missing = [c for c in resolved.opts.key_hash if c != "_rowid" and c not in names]
+        if missing:
+            raise LanceCdfError(
+                f"keyHash names {missing}, not columns of {resolved.opts.path} "
+                f"(available: {resolved.user_schema.names} and _rowid)"
+            )
+        declared = declared.add(KEY_HASH, LongType(), nullable=False)
+        declared = declared.add(EVENT_ORDER, LongType(), nullable=False)
+    return declared
 
 
 class LanceCdfBatchReader(DataSourceReader):
@@ -778,3 +863,30 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         done = int(end["version"])
         for version in [v for v in self.sizes if v <= done]:
             del self.sizes[version]
+
+
+class HandOffReader(LanceCdfStreamReader):
+    """Option writerSlots: each micro-batch is `writerSlots` rows, one `SlotWork` per writer
+    slot, not its events (offsets, limits and snapshots as without it). As Spark then
+    counts work items as the batch's input rows, the first slot's row carries the number
+    of events planned (`_events`: snapshot rows, and each version's events before
+    dropUnchangedUpdates or an old writer's undecided rows drop any)."""
+
+    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
+        parts = tuple(super().partitions(start, end))
+        if not parts:
+            return []
+        versions = {v for p in parts if isinstance(p, ChangeSlices) for v, _, _ in p.segments}
+        events = sum(self._size(v)[0] for v in versions) + sum(
+            p.limit for p in parts if isinstance(p, SnapshotSlice)
+        )
+        slots = self.opts.writer_slots
+        return [WriterSlot(parts, s, slots, 0 if s else events) for s in range(slots)]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, WriterSlot)
+        work = SlotWork(
+            self.reading, partition.parts, partition.slot, partition.slots,
+            self.opts.kafka_partitions, partition.events,
+        )  # fmt: skip
+        yield work.to_batch()
