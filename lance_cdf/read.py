@@ -382,18 +382,19 @@ def _take_physical(
     return pa.Table.from_arrays([got_columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-# At most about this many bytes of values per read call. pylance decodes a call's rows
-# into buffers sized for all of them; past glibc's largest mmap threshold (32 MiB) every
-# such buffer is fresh memory from the kernel, and its page faults cost more than the
-# decode: 100,000 rows of a 128-d float32 vector column read as one range cost 51-57 ms
-# CPU (12,500 page faults), as four ranges 26-33 ms (none).
-_MAX_READ_BYTES = 16 << 20
+# At most about this many bytes of one column per read call. pylance decodes a call's
+# rows into one buffer per column sized for all of them; past glibc's largest mmap
+# threshold (32 MiB) such a buffer is fresh memory from the kernel every time, and its
+# page faults cost more than the decode: 100,000 rows of a 128-d float32 vector column
+# read as one range cost 51-57 ms CPU (12,500 page faults), in ranges of up to 56,000
+# rows 26-40 ms (none); 65,536 rows (32 MiB of vectors) fault again.
+_MAX_READ_BYTES = 24 << 20
 
 
 def _max_rows(fields: list[pa.Field]) -> int:
     """Rows per read call for columns `fields` (see _MAX_READ_BYTES)."""
-    row_bytes = sum(_value_bytes(f.type) for f in fields)
-    return max(_TAKE_BATCH, _MAX_READ_BYTES // max(row_bytes, 1))
+    widest = max((_value_bytes(f.type) for f in fields), default=1)
+    return max(_TAKE_BATCH, _MAX_READ_BYTES // max(widest, 1))
 
 
 def _file_take(reader, inner, offsets: np.ndarray, max_rows: int) -> pa.Table:
