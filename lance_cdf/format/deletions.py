@@ -1,7 +1,9 @@
 """Deletion files: which physical offsets of a fragment are deleted.
 
 `_deletions/{fragment_id}-{read_version}-{id}.arrow` holds an Arrow IPC file
-with one Int32 column; `.bin` holds a portable 32-bit roaring bitmap.
+with one 32-bit integer column (pylance 14: a non-null UInt32 `row_id`, one
+record batch, zstd-compressed buffers or stored ones where zstd does not pay);
+`.bin` holds a portable 32-bit roaring bitmap.
 """
 
 from __future__ import annotations
