@@ -180,7 +180,7 @@ def run_size(args, rows: int) -> dict:
     results = []
     tag = 0
     for changes in args.changes:
-        for change in CHANGES:
+        for change in args.only or CHANGES:
             for layout in ("clustered",) if change == "insert" else ("clustered", "scattered"):
                 tag += 10
                 first = table.version + 1
@@ -218,6 +218,9 @@ def main() -> None:
     ap.add_argument("--fragments", type=int, default=10)
     ap.add_argument("--changes", type=int, nargs="+", default=[1, 1000, 100_000])
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument(
+        "--only", nargs="+", choices=CHANGES, default=None, help="time only these changes"
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None, help="write JSON results here")
     ap.add_argument("--reuse", action="store_true", help="reuse existing base tables")

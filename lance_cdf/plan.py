@@ -63,6 +63,8 @@ class RowSet:
         )
 
     def sorted_by_rowid(self) -> RowSet:
+        if self.rowids.size < 2 or bool((self.rowids[1:] > self.rowids[:-1]).all()):
+            return self  # already ordered (the rows of a new fragment): no copy
         return self.take(np.argsort(self.rowids, kind="stable"))
 
 
@@ -233,9 +235,12 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     # version is not recorded (UNKNOWN_VERSION) on either side, a row this commit
     # stamped with its own version changed; any other is a candidate (values decide),
     # except after a compaction. So is a moved row when the commit changed the columns.
-    _, in_came, in_gone = np.intersect1d(
-        came.rowids, gone.rowids, assume_unique=True, return_indices=True
-    )
+    if len(came) and len(gone):
+        _, in_came, in_gone = np.intersect1d(
+            came.rowids, gone.rowids, assume_unique=True, return_indices=True
+        )
+    else:  # only inserts or only deletes: nothing moved
+        in_came = in_gone = np.zeros(0, dtype=np.intp)
     only_came = np.ones(len(came), dtype=bool)
     only_came[in_came] = False
     only_gone = np.ones(len(gone), dtype=bool)
@@ -256,8 +261,8 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         read_version=old.version if old is not None else 0,
         timestamp_us=new.timestamp_us,
         operation=new.operation,
-        inserted=came.take(only_came).sorted_by_rowid(),
-        deleted=gone.take(only_gone).sorted_by_rowid(),
+        inserted=(came if in_came.size == 0 else came.take(only_came)).sorted_by_rowid(),
+        deleted=(gone if in_gone.size == 0 else gone.take(only_gone)).sorted_by_rowid(),
         update_pre=gone.take(in_gone[changed]),
         update_post=came.take(in_came[changed]),
         candidate_pre=candidate_pre.take(by_rowid),

@@ -357,22 +357,24 @@ def _take_physical(
         scattered = np.flatnonzero(~in_run)
         order = np.concatenate([np.arange(s, e) for s, e in runs] + [scattered])
     got_columns = {}
+    by_name = {f.name: f for f in fields}
     for reader, lock, stored, wanted in layout:
         as_read = dict(zip(stored, wanted, strict=True))
         inner = getattr(reader, "_reader", None)
+        max_rows = _max_rows([by_name[w] for w in wanted])
         with lock:  # a reader serves one call at a time (pylance: "Already borrowed")
             if not runs:
-                got = _file_take(reader, inner, offsets)
+                got = _file_take(reader, inner, offsets, max_rows)
             else:
                 parts = []
                 for s, e in runs:
                     lo, hi = int(offsets[s]), int(offsets[e - 1])
-                    rng = _file_range(reader, inner, lo, hi - lo + 1)
+                    rng = _file_range(reader, inner, lo, hi - lo + 1, max_rows)
                     if hi - lo + 1 != e - s:  # a contiguous run is the range itself
                         rng = rng.take(pa.array(offsets[s:e] - np.uint64(lo)))
                     parts.append(rng)
                 if scattered.size:
-                    parts.append(_file_take(reader, inner, offsets[scattered]))
+                    parts.append(_file_take(reader, inner, offsets[scattered], max_rows))
                 got = _take(pa.concat_tables(parts), np.argsort(order, kind="stable"))
         got_columns.update(
             (as_read[name], col) for name, col in zip(got.column_names, got.columns, strict=True)
@@ -380,13 +382,42 @@ def _take_physical(
     return pa.Table.from_arrays([got_columns[f.name] for f in fields], schema=pa.schema(fields))
 
 
-def _file_take(reader, inner, offsets: np.ndarray) -> pa.Table:
+# At most about this many bytes of one column per read call. pylance decodes a call's
+# rows into one buffer per column sized for all of them; past glibc's largest mmap
+# threshold (32 MiB) such a buffer is fresh memory from the kernel every time, and its
+# page faults cost more than the decode: 100,000 rows of a 128-d float32 vector column
+# read as one range cost 51-57 ms CPU (12,500 page faults), in ranges of up to 56,000
+# rows 26-40 ms (none); 65,536 rows (32 MiB of vectors) fault again.
+_MAX_READ_BYTES = 24 << 20
+
+
+def _max_rows(fields: list[pa.Field]) -> int:
+    """Rows per read call for columns `fields` (see _MAX_READ_BYTES)."""
+    widest = max((_value_bytes(f.type) for f in fields), default=1)
+    return max(_TAKE_BATCH, _MAX_READ_BYTES // max(widest, 1))
+
+
+def _file_take(reader, inner, offsets: np.ndarray, max_rows: int) -> pa.Table:
+    if offsets.size > max_rows:
+        return pa.concat_tables(
+            [
+                _file_take(reader, inner, offsets[at : at + max_rows], max_rows)
+                for at in range(0, offsets.size, max_rows)
+            ]
+        )
     if inner is not None:  # the public take_rows checks the order row by row in Python
         return inner.take_rows(offsets, _TAKE_BATCH, 16).read_all()
     return reader.take_rows(offsets.tolist()).to_table()
 
 
-def _file_range(reader, inner, start: int, count: int) -> pa.Table:
+def _file_range(reader, inner, start: int, count: int, max_rows: int) -> pa.Table:
+    if count > max_rows:
+        return pa.concat_tables(
+            [
+                _file_range(reader, inner, at, min(max_rows, start + count - at), max_rows)
+                for at in range(start, start + count, max_rows)
+            ]
+        )
     if inner is not None:
         return inner.read_range(start, count, _RANGE_BATCH, 16).read_all()
     return reader.read_range(start, count).to_table()
@@ -709,7 +740,7 @@ def with_meta(
         pa.array(rowids, pa.uint64()),
         change_types,
         pa.array(np.full(n, version, dtype=np.int64)),
-        pa.array(np.full(n, timestamp_us, dtype=np.int64)).cast(pa.timestamp("us", tz="UTC")),
+        _fixed(pa.timestamp("us", tz="UTC"), np.full(n, timestamp_us, dtype=np.int64)),
     ]
     return pa.Table.from_arrays(list(table.columns) + meta, schema=event_schema(table.schema))
 
@@ -720,8 +751,23 @@ def _with_meta(
     return with_meta(table, rowids, change_types, vc.version, vc.timestamp_us)
 
 
+def _fixed(type_: pa.DataType, values: np.ndarray) -> pa.Array:
+    """An Arrow array of `type_` over the int64 `values` as they are (no cast kernel)."""
+    return pa.Array.from_buffers(type_, values.size, [None, pa.py_buffer(values)])
+
+
 def constant(value: str, n: int) -> pa.Array:
-    return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
+    """`value` n times as a string array, built from its buffers (a dictionary cast
+    cost ~2 ms per 100,000 rows)."""
+    data = value.encode()
+    if n * len(data) >= 2**31:
+        return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
+    offsets = np.arange(0, (n + 1) * len(data), len(data) or 1, dtype=np.int32)[: n + 1]
+    if not data:
+        offsets = np.zeros(n + 1, dtype=np.int32)
+    return pa.Array.from_buffers(
+        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)]
+    )
 
 
 def _pair_kinds(n: int) -> pa.Array:

@@ -12,6 +12,7 @@ from pyroaring import BitMap
 from lance_cdf.errors import CorruptFileError, TableNotFoundError
 from lance_cdf.format import LocalFileSystem, TableLog, list_versions, parse_manifest
 from lance_cdf.format._proto import rowids_pb2, table_pb2
+from lance_cdf.format import deletions
 from lance_cdf.format.deletions import read_deletion_vector
 from lance_cdf.format.manifest import FragmentInfo
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence, segment_values
@@ -187,6 +188,142 @@ def test_deletion_files_both_flavours(tmp_path):
     (tmp_path / "_deletions/4-3-78.bin").write_bytes(b"\x01\x02garbage")
     with pytest.raises(CorruptFileError, match="4-3-78.bin"):
         read_deletion_vector(fs, 4, bitmap)
+
+
+def _pyarrow_offsets(data: bytes) -> list[int]:
+    """The oracle for `.arrow` deletion files: pyarrow's own IPC file reader."""
+    return pa.ipc.open_file(data).read_all().column(0).to_pylist()
+
+
+@pytest.fixture(scope="module")
+def deletion_files(tmp_path_factory):
+    """A real pylance table after deletes of random sizes from 1 to 100,000 rows per
+    fragment: (uri, every (version, fragment entry) with a deletion file)."""
+    uri = str(tmp_path_factory.mktemp("dels") / "t.lance")
+    per_frag = 120_000
+    n = 3 * per_frag
+    lance.write_dataset(
+        pa.table({"id": np.arange(n)}), uri, enable_stable_row_ids=True, max_rows_per_file=per_frag
+    )
+    rng = np.random.default_rng(18)
+    live = np.ones(n, dtype=bool)
+    for size in [1, 2, 7, 40, 300, 1500, 4000, 9000, 30000, 100000]:
+        ds = lance.dataset(uri)
+        if size <= 1500:
+            ids = rng.choice(np.flatnonzero(live), size, replace=False)
+            ds.delete(f"id IN ({','.join(map(str, ids))})")
+            live[ids] = False
+        else:  # scattered over every fragment without a long IN list
+            m = n // size
+            r = int(rng.integers(m))
+            ds.delete(f"id % {m} = {r}")
+            live[np.arange(r, n, m)] = False
+    log = TableLog(uri)
+    entries = [
+        (v, f) for v in log.versions for f in log.manifest(v).fragments if f.deletion is not None
+    ]
+    return uri, entries
+
+
+def test_hand_decoded_deletion_files_match_pyarrow_and_lance(deletion_files):
+    """Every deletion file pylance wrote (.arrow and .bin, 1 to 100,000 rows) decodes to
+    what pyarrow's reader (for .arrow) and Lance's own scan (the rows it no longer returns)
+    say; the `.arrow` ones take the hand decoder, not the pyarrow fallback."""
+    uri, entries = deletion_files
+    log = TableLog(uri)
+    kinds, sizes = set(), []
+    for version, frag in entries:
+        path = deletions.deletion_file_path(frag.id, frag.deletion)
+        data = log.fs.read(path)
+        got = read_deletion_vector(log.fs, frag.id, frag.deletion).to_numpy()
+        if path.endswith(".arrow"):
+            hand = deletions._offsets_by_hand(data)
+            assert hand is not None, f"{path}: pylance's layout fell back to pyarrow"
+            assert hand.tolist() == _pyarrow_offsets(data)
+        kinds.add(path.rsplit(".", 1)[1])
+        sizes.append(got.size)
+        frag_ds = lance.dataset(uri, version=version).get_fragment(frag.id)
+        addrs = frag_ds.to_table(columns=[], with_row_address=True)["_rowaddr"].to_numpy()
+        live = (addrs & 0xFFFFFFFF).astype(np.int64)
+        expected = np.setdiff1d(np.arange(frag.physical_rows), live)
+        assert np.array_equal(got, expected), path
+    assert kinds == {"arrow", "bin"}
+    assert min(sizes) == 1 and max(sizes) >= 30_000
+
+
+def _ipc_file(values: pa.Array, compression=None, batches: int = 1) -> bytes:
+    sink = pa.BufferOutputStream()
+    table = pa.table({"row_id": values})
+    options = pa.ipc.IpcWriteOptions(compression=compression)
+    with pa.ipc.new_file(sink, table.schema, options=options) as writer:
+        for chunk in np.array_split(np.arange(len(table)), batches):
+            writer.write_table(table.take(chunk))
+    return sink.getvalue().to_pybytes()
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_hand_decoder_agrees_with_pyarrow_or_steps_aside(seed):
+    """Arrow IPC files of other shapes (several batches, other codecs or types, nulls):
+    the hand decoder reads them as pyarrow does or declines (None), never otherwise."""
+    rng = np.random.default_rng(seed)
+    for _ in range(30):
+        n = int(rng.integers(0, 5000))
+        values = rng.choice(1 << 20, n, replace=False)
+        kind = rng.integers(6)
+        if kind == 0:
+            arr = pa.array(values, pa.int32())  # signed: declined
+        elif kind == 1:
+            arr = pa.array(values, pa.uint64())  # 64-bit: declined
+        elif kind == 2 and n:
+            mask = rng.random(n) < 0.1
+            arr = pa.array(values, pa.uint32(), mask=mask)  # nulls: declined if any
+        else:
+            arr = pa.array(values, pa.uint32())
+        codec = [None, "zstd", "lz4"][int(rng.integers(3))]
+        data = _ipc_file(arr, codec, batches=int(rng.integers(1, 4)))
+        hand = deletions._offsets_by_hand(data)
+        expected = _pyarrow_offsets(data)
+        recognised = (
+            arr.type == pa.uint32() and arr.null_count == 0 and codec != "lz4"
+        )
+        if recognised:
+            assert hand is not None and hand.tolist() == expected
+        else:
+            assert hand is None
+
+
+def test_damaged_deletion_files_never_decode_differently(deletion_files):
+    """Random byte changes and truncations of real `.arrow` deletion files: whenever the
+    hand decoder accepts the bytes, it reads what pyarrow reads from them, or (where
+    pyarrow refuses them) what the undamaged file holds."""
+    uri, entries = deletion_files
+    log = TableLog(uri)
+    rng = np.random.default_rng(7)
+    arrow_files = {
+        p: log.fs.read(p)
+        for p in (deletions.deletion_file_path(f.id, f.deletion) for _, f in entries)
+        if p.endswith(".arrow")
+    }
+    accepted = 0
+    for path, data in arrow_files.items():
+        for _ in range(300):
+            bad = bytearray(data)
+            if rng.random() < 0.1:
+                bad = bad[: int(rng.integers(len(bad)))]
+            else:  # one byte: bytes the hand decoder skips cannot hide another change
+                bad[int(rng.integers(len(bad)))] = int(rng.integers(256))
+            hand = deletions._offsets_by_hand(bytes(bad))
+            if hand is None:
+                continue
+            accepted += 1
+            try:
+                expected = _pyarrow_offsets(bytes(bad))
+            except Exception:
+                # pyarrow refuses (a damaged validity buffer, names, padding): the hand
+                # decoder did not read the damaged bytes, so its answer is the file's own
+                expected = _pyarrow_offsets(data)
+            assert hand.tolist() == expected, path
+    assert accepted
 
 
 def test_real_table_roaring_deletions_and_segments(tmp_path):

@@ -42,6 +42,11 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
     monkeypatch.setattr(read, "_MIN_RUN", 1)
     monkeypatch.setattr(read, "_DENSE_GAP", 1 << 40)  # every fragment's rows: one range
     assert _events(uri).equals(default)
+    monkeypatch.setattr(read, "_max_rows", lambda fields: 7)  # ranges split into calls
+    assert _events(uri).equals(default)
+    monkeypatch.setattr(read, "_MIN_RUN", 1 << 40)  # every fragment's rows: takes of 7
+    assert _events(uri).equals(default)
+    monkeypatch.undo()
     monkeypatch.setattr(read, "_MIN_RUN", 1 << 40)  # every fragment's rows: one take
     assert _events(uri).equals(default)
     monkeypatch.setattr(read, "_file_columns", lambda *a: None)  # pylance's fragment API

@@ -18,6 +18,7 @@ from google.protobuf.message import DecodeError
 
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import file_pb2, table_pb2, transaction_pb2
+from lance_cdf.format.deletions import deletion_file_path
 
 MAGIC = b"LANC"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
@@ -78,7 +79,21 @@ class FragmentInfo:
 
     @property
     def deletion(self) -> table_pb2.DeletionFile | None:
-        return self.proto.deletion_file if self.proto.HasField("deletion_file") else None
+        memo = self.__dict__
+        if "_deletion" not in memo:
+            has = self.proto.HasField("deletion_file")
+            memo["_deletion"] = self.proto.deletion_file if has else None
+        return memo["_deletion"]
+
+    @property
+    def deletion_path(self) -> str | None:
+        """`_deletions/...` path of the entry's deletion file (None: no deletion file); kept
+        on the entry: planning asks for it several times per changed fragment."""
+        memo = self.__dict__
+        if "_deletion_path" not in memo:
+            d = self.deletion
+            memo["_deletion_path"] = None if d is None else deletion_file_path(self.id, d)
+        return memo["_deletion_path"]
 
     @property
     def num_deleted(self) -> int:

@@ -217,7 +217,10 @@ class TableLog:
         cache = self.__dict__.get("_sequences")
         if cache is None:
             cache = self._sequences = LruCache(1024)
-        key = self._sequence_key(frag, oneof)
+        keys = frag.__dict__.setdefault("_sequence_keys", {})  # the entry is cached too
+        key = keys.get(oneof, keys)
+        if key is keys:
+            key = keys[oneof] = self._sequence_key(frag, oneof)
         seq = cache.get(key) if key is not None else None
         if seq is None:
             seq = decode()
@@ -265,23 +268,23 @@ class TableLog:
 
     def prefetch_deletions(self, frags: list[FragmentInfo]) -> None:
         """Read the deletion vectors of `frags` not cached yet, several at a time."""
+        if isinstance(self.fs, LocalFileSystem):
+            return
         todo = {}
         for frag in frags:
-            if frag.deletion is not None:
-                key = deletion_file_path(frag.id, frag.deletion)
-                if key not in self._deletions:
-                    todo[key] = frag
-        if len(todo) > 1 and not isinstance(self.fs, LocalFileSystem):
+            key = frag.deletion_path
+            if key is not None and key not in self._deletions:
+                todo[key] = frag
+        if len(todo) > 1:
             for key, vector in zip(
                 todo, _PREFETCH.map(self._read_deletions, todo.values()), strict=True
             ):
                 self._deletions.put(key, vector)
 
     def deletions(self, frag: FragmentInfo) -> DeletionVector:
-        deletion = frag.deletion
-        if deletion is None:
+        key = frag.deletion_path
+        if key is None:
             return DeletionVector.empty()
-        key = deletion_file_path(frag.id, deletion)
         cached = self._deletions.get(key)
         if cached is None:
             cached = self._deletions.put(key, self._read_deletions(frag))
