@@ -4,8 +4,8 @@
 
 A master and N workers (1 core, 1 GB each) on 127.0.0.1 (lance_cdf.devtools.SparkCluster),
 a real broker and registry; `spark-submit` runs cluster_publish_job.py, which streams the
-table's commits (one per micro-batch) through `publish.route` into the lance-cdf-kafka sink
-with one writer task per worker. Reported per cluster size: the steady rate (micro-batches
+table's commits (one per micro-batch) into the lance-cdf-kafka sink as `lance-cdf publish`
+does, one writer task per worker. Reported per cluster size: the steady rate (micro-batches
 after the first, which pays for Python workers and producers) and the first micro-batch.
 On one machine the workers share its cores with the driver, the broker and the registry.
 """

@@ -1,6 +1,7 @@
 """Driver script bench_cluster.py submits to a standalone cluster: stream a table's commits
-(one per micro-batch) through `publish.route` into the lance-cdf-kafka sink with one writer
-task per executor core, and write the query's progress to a JSON file.
+(one per micro-batch) into the lance-cdf-kafka sink as `lance-cdf publish` does (one writer
+slot per executor core, each task reading its own share: `publish.hand_off`), and write the
+query's progress to a JSON file.
 
     spark-submit --master spark://... cluster_publish_job.py '<json arguments>'
 """
@@ -20,16 +21,18 @@ def main(args: dict) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("executors did not register within 120 s")
         time.sleep(0.5)
-    from lance_cdf.kafka.publish import route
+    from lance_cdf.kafka.progress import planned_events
+    from lance_cdf.kafka.publish import hand_off
 
-    changes = (
+    work = (
         spark.readStream.format("lance-cdf").option("path", args["table"])
         .option("startingVersion", 1).option("maxVersionsPerTrigger", 1)
-        .option("keyHash", "_rowid").load()
+        .option("keyHash", "_rowid").option("writerSlots", args["executors"])
+        .option("kafkaPartitions", args["partitions"]).load()
     )  # fmt: skip
     t0 = time.perf_counter()
     q = (
-        route(changes, args["partitions"], args["executors"]).writeStream
+        hand_off(work).writeStream
         .format("lance-cdf-kafka").option("kafka.bootstrap.servers", args["bootstrap_servers"])
         .option("topic", args["topic"]).option("schema.registry.url", args["schema_registry"])
         .option("table", args["table"]).option("checkpointLocation", args["checkpoint"])
@@ -38,8 +41,8 @@ def main(args: dict) -> None:
     q.awaitTermination()
     if q.exception():
         raise SystemExit(str(q.exception()))
-    batches = [(p.numInputRows, p.durationMs["triggerExecution"] / 1000) for p in q.recentProgress
-               if p.numInputRows]  # fmt: skip
+    batches = [(planned_events(p), p.durationMs["triggerExecution"] / 1000)
+               for p in q.recentProgress if p.numInputRows]  # fmt: skip
     with open(args["out"], "w") as f:
         json.dump({"s": time.perf_counter() - t0, "batches": batches}, f)
     spark.stop()
