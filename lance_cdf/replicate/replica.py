@@ -43,6 +43,7 @@ from lance.dataset import LanceOperation, Transaction
 from lance.fragment import RowIdSequence, write_fragments
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.replicate.keymap import GONE, DuplicateKeys, KeyMap
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -94,13 +95,18 @@ class ReplicaTable:
 
     def __init__(self, uri: str, key: list[str], storage_options: dict | None = None,
                  index_rows_max: int = UNINDEXED_ROWS_MAX, keep_row_ids: bool = False,
-                 prewarm: bool = True):  # fmt: skip
+                 prewarm: bool = True, key_map: bool = True):  # fmt: skip
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
         self.prewarm = prewarm
         self._session = None  # one index / metadata cache across batches
         self._indexable = len(self.key) == 1
         self._warm: set[str] = set()  # key-index segments loaded into the index cache
+        # key -> row address in memory (keymap.py), for one integer key; None: not
+        # built yet, or dropped because the replica moved without it
+        self.key_map_enabled = key_map and self._indexable and not keep_row_ids
+        self._map: KeyMap | None = None
+        self.map_builds = 0  # how often the map was (re)built from a scan
 
     def open(self) -> lance.LanceDataset | None:
         try:
@@ -208,7 +214,13 @@ class ReplicaTable:
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
         keys = [t[key].cast(key_type) for t in (probed, deletes) if t is not None and t.num_rows]
         keys = pa.chunked_array(keys, key_type).combine_chunks() if keys else None
-        found = self._find(ds, keys, with_keys=self.keep_row_ids) if keys is not None else None
+        key_map = self._current_map(ds, key_type, data, deletes)
+        found = None
+        if key_map is not None:  # O(batch log replica), in memory
+            addr = key_map.lookup(keys.to_numpy()) if keys is not None else np.empty(0, np.uint64)
+            found = pa.table({"_rowaddr": addr[addr != GONE]})
+        elif keys is not None:
+            found = self._find(ds, keys, with_keys=self.keep_row_ids)
         crash_point("before-lance-commit")
         removed, updated = [], []
         if found is not None and found.num_rows:
@@ -230,10 +242,73 @@ class ReplicaTable:
         op = LanceOperation.Update(
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
         )
-        lance.LanceDataset.commit(
+        committed = lance.LanceDataset.commit(
             self.uri, Transaction(ds.version, op, transaction_properties=props),
             storage_options=self.storage_options,
         )  # fmt: skip
+        if key_map is not None:
+            self._advance_map(ds, committed, new, deletes, data)
+
+    # -- the in-memory key map (keymap.py) --------------------------------------------
+    def _current_map(self, ds, key_type, data, deletes) -> KeyMap | None:
+        """The key map of `ds`'s version, built from one scan of the key column when
+        there is none (first batch, or the replica moved without the map: compaction,
+        another writer); None when the map cannot serve (not enabled, a key type other
+        than integers, null keys, a key held twice): then the key index serves."""
+        if not self.key_map_enabled:
+            return None
+        if not (pa.types.is_integer(key_type) and key_type != pa.uint64()):
+            self.key_map_enabled = False
+            return None
+        if any(t is not None and t[self.key[0]].null_count for t in (data, deletes)):
+            self._map = None  # a null key: let the index path decide what it means
+            return None
+        if self._map is not None and self._map.version == ds.version:
+            return self._map
+        self._map = None
+        table = ds.to_table(columns=[self.key[0]], with_row_address=True)
+        keys = table[self.key[0]]
+        if keys.null_count:
+            log.warning("the replica holds null keys: looking keys up through the index")
+            self.key_map_enabled = False
+            return None
+        try:
+            self._map = KeyMap(keys.to_numpy(), table["_rowaddr"].to_numpy(), ds.version)
+        except DuplicateKeys as exc:
+            log.warning("%s: looking keys up through the index", exc)
+            self.key_map_enabled = False
+            return None
+        self.map_builds += 1
+        log.info("key map of %d rows built (%d MB)", table.num_rows, self._map.nbytes >> 20)
+        return self._map
+
+    def _advance_map(self, ds, committed, new: list, deletes, data) -> None:
+        """Tell the map what the commit just made did: the deleted keys are gone, the
+        written rows live in the new fragments, row i of `data` at offset i. Dropped
+        (rebuilt by the next batch) when the commit is not exactly ours on top of
+        `ds` or its new fragments are not the ones written."""
+        self._map, key_map = None, self._map
+        if key_map is None or committed.version != ds.version + 1:
+            return
+        before = {f.fragment_id for f in ds.get_fragments()}
+        added = sorted(
+            (f.metadata for f in committed.get_fragments() if f.fragment_id not in before),
+            key=lambda m: m.id,
+        )
+        if [m.physical_rows for m in added] != [f.physical_rows for f in new]:
+            return
+        addrs = [(np.uint64(m.id) << np.uint64(32)) + np.arange(m.physical_rows, dtype=np.uint64)
+                 for m in added]  # fmt: skip
+        key = self.key[0]
+        gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
+        written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
+        if written.size > 1 and np.unique(written).size != written.size:
+            return  # a key written twice: the rebuild finds it and gives up the map
+        key_map.update(
+            gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
+            committed.version,
+        )  # fmt: skip
+        self._map = key_map
 
     def _write(self, ds, rows: pa.Table, row_ids: np.ndarray | None) -> list:
         """`rows` as new (uncommitted) fragments; with `row_ids`, the rows keep those
@@ -292,7 +367,7 @@ class ReplicaTable:
         (~17 bytes a row; 0.5-4 s per 10M rows, once per segment): a probe of a cold
         page costs a storage read (~60 us each, one per key of a large replica)."""
         cold = [s["uuid"] for s in segments if s["uuid"] not in self._warm]
-        if not self.prewarm or not cold:
+        if not self.prewarm or not cold or self.key_map_enabled:  # the map serves
             return
         try:
             ds.prewarm_index(segments[0]["name"], index_segments=cold)
@@ -342,8 +417,17 @@ class ReplicaTable:
                 done["indexed_rows"] = unindexed
             elif unindexed > self.index_rows_max:
                 # a delta segment over the new fragments only: O(new rows)
+                before = ds.version  # (optimize_indices moves `ds` to its commit)
                 ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
                 done["indexed_rows"] = unindexed
+                after = self.open().version
+                if self._map is not None and self._map.version == before == after - 1:
+                    self._map.version = after  # an index commit moves no row
+        if compact and self._map is not None:
+            self._map = None  # rows moved: rebuilt now, not by the next batch
+            ds = self.open()
+            self._current_map(ds, ds.schema.field(self.key[0]).type, None, None)
+            done["key_map_rows"] = len(self._map) if self._map is not None else 0
         return done
 
     # -- composite keys: merge_insert ------------------------------------------------

@@ -1,0 +1,116 @@
+"""An in-memory map from an integer key to the replica row holding it.
+
+The replica's key lookup, for single integer keys: sorted int64 keys beside the uint64
+row addresses (`fragment_id << 32 | offset`) of the rows holding them, ~16 bytes per
+replica row. Built once per process from one scan of the key column with `_rowaddr`;
+looked up with `np.searchsorted`, O(batch · log replica); kept current by the apply
+that changes the replica (the addresses it deleted, the new fragment's keys and
+addresses), so no batch reads the key column or the key index again.
+
+Two sorted levels keep an update O(batch + delta) instead of O(replica): `main` and
+a small `delta` of keys added since the last merge. A deleted key keeps its slot with
+the address `GONE` (a key that comes back reuses it); a merge folds the delta into
+main and drops the gone slots once the delta outgrows `max(MERGE_MIN, len(main) /
+MERGE_FRACTION)`.
+
+The map describes exactly one replica version (`version`). Whoever owns it must drop
+it (`ReplicaTable` does) when the replica moves past that version in a way the map was
+not told about: another writer's commit, compaction (rows move), a schema change.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+GONE = np.uint64(np.iinfo(np.uint64).max)  # the address of a deleted key
+MERGE_MIN = 1 << 16
+MERGE_FRACTION = 64
+
+
+class DuplicateKeys(ValueError):
+    """The replica holds a key more than once: a map cannot describe it."""
+
+
+class KeyMap:
+    def __init__(self, keys: np.ndarray, addrs: np.ndarray, version: int):
+        """From the key column and `_rowaddr` of one replica version (any order)."""
+        keys = np.asarray(keys, np.int64)
+        order = np.argsort(keys, kind="stable")  # timsort: fast on the mostly sorted
+        self.keys, self.addrs = keys[order], np.asarray(addrs, np.uint64)[order]
+        if self.keys.size > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
+            raise DuplicateKeys("the replica holds some key more than once")
+        self.dkeys = np.empty(0, np.int64)
+        self.daddrs = np.empty(0, np.uint64)
+        self.version = version
+
+    def __len__(self) -> int:
+        """Live keys."""
+        return int((self.addrs != GONE).sum() + (self.daddrs != GONE).sum())
+
+    @property
+    def nbytes(self) -> int:
+        return self.keys.nbytes + self.addrs.nbytes + self.dkeys.nbytes + self.daddrs.nbytes
+
+    @staticmethod
+    def _slots(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(index, present) of `keys` in `sorted_keys`."""
+        idx = np.searchsorted(sorted_keys, keys)
+        present = idx < sorted_keys.size
+        present[present] = sorted_keys[idx[present]] == keys[present]
+        return idx, present
+
+    def lookup(self, keys: np.ndarray) -> np.ndarray:
+        """The row address of each key (`GONE`: not in the replica)."""
+        keys = np.asarray(keys, np.int64)
+        out = np.full(keys.size, GONE, np.uint64)
+        idx, hit = self._slots(self.keys, keys)
+        out[hit] = self.addrs[idx[hit]]
+        if self.dkeys.size:
+            idx, dhit = self._slots(self.dkeys, keys)
+            out[dhit] = self.daddrs[idx[dhit]]
+        return out
+
+    def _set(self, keys: np.ndarray, addrs: np.ndarray) -> np.ndarray:
+        """Set the address of the keys already holding a slot; the others' mask."""
+        idx, hit = self._slots(self.keys, keys)
+        self.addrs[idx[hit]] = addrs[hit]
+        missing = ~hit
+        if self.dkeys.size and missing.any():
+            idx, dhit = self._slots(self.dkeys, keys)
+            dhit &= missing
+            self.daddrs[idx[dhit]] = addrs[dhit]
+            missing &= ~dhit
+        return missing
+
+    def update(self, deleted: np.ndarray, keys: np.ndarray, addrs: np.ndarray,
+               version: int) -> None:  # fmt: skip
+        """What one apply did: the keys in `deleted` are gone, then `keys` live at
+        `addrs` (unique keys); the map now describes `version`."""
+        deleted = np.asarray(deleted, np.int64)
+        if deleted.size:
+            self._set(deleted, np.full(deleted.size, GONE, np.uint64))
+        keys, addrs = np.asarray(keys, np.int64), np.asarray(addrs, np.uint64)
+        if keys.size:
+            missing = self._set(keys, addrs)
+            if missing.any():
+                order = np.argsort(keys[missing], kind="stable")
+                self.dkeys, self.daddrs = _merged(
+                    self.dkeys, self.daddrs, keys[missing][order], addrs[missing][order]
+                )
+        if self.dkeys.size > max(MERGE_MIN, self.keys.size // MERGE_FRACTION):
+            live = self.addrs != GONE
+            self.keys, self.addrs = _merged(
+                self.keys[live], self.addrs[live], self.dkeys, self.daddrs
+            )
+            self.dkeys, self.daddrs = self.dkeys[:0], self.daddrs[:0]
+        self.version = version
+
+
+def _merged(k1, a1, k2, a2) -> tuple[np.ndarray, np.ndarray]:
+    """Two sorted key arrays (disjoint) and their addresses as one sorted pair."""
+    if not k2.size:
+        return k1, a1
+    if not k1.size or k1[-1] < k2[0]:  # new keys above all others: the common case
+        return np.concatenate([k1, k2]), np.concatenate([a1, a2])
+    at = np.searchsorted(k1, k2)
+    return np.insert(k1, at, k2), np.insert(a1, at, a2)
