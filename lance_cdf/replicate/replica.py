@@ -212,7 +212,10 @@ class ReplicaTable:
         key = self.key[0]
         key_type = ds.schema.field(key).type
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
-        keys = [t[key].cast(key_type) for t in (probed, deletes) if t is not None and t.num_rows]
+        # (chunks, not ChunkedArrays: pa.chunked_array converts a ChunkedArray element
+        # value by value, ~1.4 ms per 1,000 keys)
+        keys = [c for t in (probed, deletes) if t is not None and t.num_rows
+                for c in t[key].cast(key_type).chunks]  # fmt: skip
         keys = pa.chunked_array(keys, key_type).combine_chunks() if keys else None
         key_map = self._current_map(ds, key_type, data, deletes)
         found = None
@@ -302,7 +305,7 @@ class ReplicaTable:
         key = self.key[0]
         gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
         written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
-        if written.size > 1 and np.unique(written).size != written.size:
+        if written.size > 1 and (np.diff(np.sort(written)) == 0).any():
             return  # a key written twice: the rebuild finds it and gives up the map
         key_map.update(
             gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
