@@ -195,6 +195,8 @@ def test_key_map_against_dict(monkeypatch):
         assert map_contents(km) == model and len(km) == len(model) and km.version == step + 2
     with pytest.raises(keymap.DuplicateKeys):
         KeyMap(np.array([3, 1, 3]), np.arange(3, dtype=np.uint64), version=1)
+    with pytest.raises(keymap.DuplicateKeys):  # a key written twice by one apply
+        km.update(np.empty(0), np.array([7, 2000, 7]), np.arange(3, dtype=np.uint64), 999)
 
 
 def test_key_map_follows_the_replica(tmp_path, monkeypatch):

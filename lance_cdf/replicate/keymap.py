@@ -99,11 +99,14 @@ class KeyMap:
             self._set(deleted, np.full(deleted.size, GONE, np.uint64))
         keys, addrs = np.asarray(keys, np.int64), np.asarray(addrs, np.uint64)
         if keys.size:
+            order = np.argsort(keys)  # one sort serves the check, the search, the insert
+            keys, addrs = keys[order], addrs[order]
+            if keys.size > 1 and bool((keys[1:] == keys[:-1]).any()):
+                raise DuplicateKeys("a key written twice in one batch")
             missing = self._set(keys, addrs)
             if missing.any():
-                order = np.argsort(keys[missing], kind="stable")
                 self.dkeys, self.daddrs = _merged(
-                    self.dkeys, self.daddrs, keys[missing][order], addrs[missing][order]
+                    self.dkeys, self.daddrs, keys[missing], addrs[missing]
                 )
         if self.dkeys.size > max(MERGE_MIN, self.keys.size // MERGE_FRACTION):
             live = self.addrs != GONE

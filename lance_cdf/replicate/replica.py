@@ -230,7 +230,7 @@ class ReplicaTable:
             addr = found["_rowaddr"].to_numpy()
             fragment, offset = addr >> 32, addr & 0xFFFFFFFF
             for fid in np.unique(fragment).tolist():
-                meta = ds.get_fragment(fid).delete_rows(offset[fragment == fid].tolist())
+                meta = _delete_rows(ds.get_fragment(fid), offset[fragment == fid].tolist())
                 (removed.append(fid) if meta is None else updated.append(meta))
         new = []
         if data is not None and self.keep_row_ids and found is not None and found.num_rows:
@@ -305,12 +305,13 @@ class ReplicaTable:
         key = self.key[0]
         gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
         written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
-        if written.size > 1 and (np.diff(np.sort(written)) == 0).any():
-            return  # a key written twice: the rebuild finds it and gives up the map
-        key_map.update(
-            gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
-            committed.version,
-        )  # fmt: skip
+        try:
+            key_map.update(
+                gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
+                committed.version,
+            )  # fmt: skip
+        except DuplicateKeys:
+            return  # the rebuild finds the key twice and gives the map up
         self._map = key_map
 
     def _write(self, ds, rows: pa.Table, row_ids: np.ndarray | None) -> list:
@@ -492,6 +493,17 @@ def key_index_config():
     from lance.indices.builder import IndexConfig
 
     return IndexConfig(index_type="btree", parameters={"zone_size": KEY_INDEX_ZONE_ROWS})
+
+
+def _delete_rows(fragment, offsets: list[int]):
+    """`LanceFragment.delete_rows(offsets)` without its per-offset `int()` pass (~0.2 us
+    per offset: 18 ms of a 100,000-row batch); the public method when the inner one
+    is not there."""
+    inner = getattr(getattr(fragment, "_fragment", None), "delete_rows", None)
+    if inner is None:
+        return fragment.delete_rows(offsets)
+    raw = inner(offsets)
+    return None if raw is None else raw.metadata()
 
 
 def _quoted(name: str) -> str:

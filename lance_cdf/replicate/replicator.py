@@ -192,7 +192,10 @@ class Replicator:
     fragments every that many batches (0: never); `index_rows_max`: add new fragments to
     the key index once they hold more rows than this; `keep_row_ids`: an updated row
     keeps its replica row ID (the commit then costs O(replica); see replica.py);
-    `preload_index`: load the key index into memory when it is first met (default). Run
+    `preload_index`: load the key index into memory when it is first met (default; only
+    when the key map does not serve); `key_map`: look integer keys up in an in-memory
+    map of key -> row address (~16 bytes per replica row, built from one scan of the
+    key column at the first batch and after each compaction; default). Run
     with `run()`; `stop()` (or SIGTERM / Ctrl-C when run in the main thread) ends it
     after the current batch.
     """
@@ -215,6 +218,7 @@ class Replicator:
         index_rows_max: int | None = None,
         keep_row_ids: bool = False,
         preload_index: bool = True,
+        key_map: bool = True,
     ):
         self.topic = topic
         self.compact_every = compact_every
@@ -226,7 +230,7 @@ class Replicator:
         check_registry(schema_registry, registry_config)
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,
-            prewarm=preload_index,
+            prewarm=preload_index, key_map=key_map,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
         self.decoder = _Decoder(
