@@ -166,7 +166,7 @@ def map_contents(km: KeyMap) -> dict:
     out = {}
     for keys, addrs in ((km.keys, km.addrs), (km.dkeys, km.daddrs)):
         live = addrs != GONE
-        out.update(zip(keys[live].tolist(), addrs[live].tolist()))
+        out.update(zip(keys[live].tolist(), addrs[live].tolist(), strict=True))
     return out
 
 
@@ -178,7 +178,7 @@ def test_key_map_against_dict(monkeypatch):
     monkeypatch.setattr(keymap, "MERGE_MIN", 40)
     rng = np.random.default_rng(5)
     keys = rng.choice(1000, 300, replace=False)
-    model = dict(zip(keys.tolist(), range(300)))
+    model = dict(zip(keys.tolist(), range(300), strict=True))
     km = KeyMap(keys, np.arange(300, dtype=np.uint64), version=1)
     for step in range(300):
         live = np.array(sorted(model), np.int64)
@@ -187,7 +187,7 @@ def test_key_map_against_dict(monkeypatch):
             del model[k]
         written = np.unique(rng.integers(-50, 1500, rng.integers(0, 30)))  # old, gone, new
         addrs = rng.integers(0, 2**40, written.size).astype(np.uint64)
-        model.update(zip(written.tolist(), addrs.tolist()))
+        model.update(zip(written.tolist(), addrs.tolist(), strict=True))
         km.update(gone, written, addrs, version=step + 2)
         probe = rng.integers(-100, 1600, 200)
         expect = [model.get(k, int(GONE)) for k in probe.tolist()]
@@ -256,9 +256,9 @@ def test_key_map_follows_the_replica(tmp_path, monkeypatch):
             continue
         ds = lance.dataset(uri)
         got = ds.to_table(columns=["k", "v"], with_row_address=True)
-        pairs = dict(zip(got["k"].to_pylist(), got["_rowaddr"].to_pylist()))
+        pairs = dict(zip(got["k"].to_pylist(), got["_rowaddr"].to_pylist(), strict=True))
         assert len(pairs) == got.num_rows, f"duplicate keys after step {step}"
-        assert dict(zip(got["k"].to_pylist(), got["v"].to_pylist())) == model, step
+        assert dict(zip(got["k"].to_pylist(), got["v"].to_pylist(), strict=True)) == model, step
         km = rep._map
         if km is not None and km.version == ds.version:  # the map claims this version
             assert map_contents(km) == pairs, step
