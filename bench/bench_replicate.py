@@ -143,6 +143,8 @@ def seeded_replica(root: str, dst: str, rows: int) -> None:
 
 # the replicator's per-batch phases (seconds), from its counters
 PHASES = ("decode_s", "apply_s", "offset_commit_s", "upkeep_s")
+# and the apply's own phases (ReplicaTable.timings)
+APPLY_PHASES = ("open", "lookup", "delete", "write", "commit", "map")
 
 
 def latency(
@@ -177,12 +179,13 @@ def latency(
     phases: list[dict] = []  # per batch: where its time went (deltas of the counters)
 
     def timed_apply(msgs):
-        c = rep.counters
-        before = {k: getattr(c, k) for k in PHASES}
+        c, t = rep.counters, rep.replica.timings
+        before = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         start = time.time()
         apply(msgs)
         applied.append((start, time.time(), max(m.timestamp()[1] for m in msgs)))
-        phases.append({k: getattr(c, k) - before[k] for k in PHASES} | {"records": len(msgs)})
+        after = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
+        phases.append({k: after[k] - before[k] for k in after} | {"records": len(msgs)})
 
     rep._apply = timed_apply
 
@@ -308,7 +311,7 @@ def main() -> None:
         results["latency_replicator"] = times_of(lat_counters)
         small = lat_counters.batch_phases
         if small:  # per small batch, milliseconds: p50 / p99 of each phase
-            ms = {k: np.array([b[k] for b in small]) * 1000 for k in PHASES}
+            ms = {k: np.array([b[k] for b in small]) * 1000 for k in PHASES + APPLY_PHASES}
             results["latency_batch_phases_ms"] = {
                 k: dict(p50=float(np.percentile(v, 50)), p99=float(np.percentile(v, 99)))
                 for k, v in ms.items()

@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import lance
 import numpy as np
@@ -107,6 +108,17 @@ class ReplicaTable:
         self.key_map_enabled = key_map and self._indexable and not keep_row_ids
         self._map: KeyMap | None = None
         self.map_builds = 0  # how often the map was (re)built from a scan
+        # seconds spent per phase of `apply` since start (open: opening the table and
+        # conforming the batch; lookup; delete: deletion vectors; write: new fragments;
+        # commit; map: bringing the key map up to date)
+        self.timings: dict[str, float] = {}
+        self._t = 0.0
+
+    def _clock(self, phase: str | None = None) -> None:
+        now = time.perf_counter()
+        if phase is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self._t
+        self._t = now
 
     def open(self) -> lance.LanceDataset | None:
         try:
@@ -179,6 +191,7 @@ class ReplicaTable:
         committed offsets, which can only replay no-ops."""
         has_upserts = upserts is not None and upserts.num_rows > 0
         has_deletes = deletes is not None and deletes.num_rows > 0
+        self._clock()
         ds = self.open()
         if ds is None:
             if not has_upserts:
@@ -201,6 +214,7 @@ class ReplicaTable:
                     "upsert rows: pass one per row (or None to look every key up)"
                 )
             fresh = fresh if has_upserts and fresh is not None and fresh.any() else None
+            self._clock("open")
             self._apply_by_address(ds, data, deletes if has_deletes else None, props, fresh)
         else:
             self._apply_merge_insert(ds, data, deletes if has_deletes else None, props)
@@ -224,6 +238,7 @@ class ReplicaTable:
             found = pa.table({"_rowaddr": addr[addr != GONE]})
         elif keys is not None:
             found = self._find(ds, keys, with_keys=self.keep_row_ids)
+        self._clock("lookup")
         crash_point("before-lance-commit")
         removed, updated = [], []
         if found is not None and found.num_rows:
@@ -232,6 +247,7 @@ class ReplicaTable:
             for fid in np.unique(fragment).tolist():
                 meta = _delete_rows(ds.get_fragment(fid), offset[fragment == fid].tolist())
                 (removed.append(fid) if meta is None else updated.append(meta))
+        self._clock("delete")
         new = []
         if data is not None and self.keep_row_ids and found is not None and found.num_rows:
             pos = pc.index_in(data[key], value_set=found[key].combine_chunks())
@@ -241,6 +257,7 @@ class ReplicaTable:
             data = data.filter(pc.invert(matched))
         if data is not None:
             new += self._write(ds, data, None)
+        self._clock("write")
         crash_point("between-commits")  # files written, nothing committed yet
         op = LanceOperation.Update(
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
@@ -249,8 +266,10 @@ class ReplicaTable:
             self.uri, Transaction(ds.version, op, transaction_properties=props),
             storage_options=self.storage_options,
         )  # fmt: skip
+        self._clock("commit")
         if key_map is not None:
             self._advance_map(ds, committed, new, deletes, data)
+            self._clock("map")
 
     # -- the in-memory key map (keymap.py) --------------------------------------------
     def _current_map(self, ds, key_type, data, deletes) -> KeyMap | None:
