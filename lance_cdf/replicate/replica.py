@@ -2,7 +2,10 @@
 
 A batch is one Lance commit whose cost follows the batch, not the replica:
 
-  1. the replica rows holding the batch's keys are found through a BTREE index on
+  1. the replica rows holding the batch's keys are found in the in-memory key map
+     (keymap.py; integer keys: sorted keys beside row addresses, a binary search per
+     key, kept current by each apply, rebuilt from one scan of the key column after a
+     compaction or a commit of another writer), else through a BTREE index on
      the key (`key IN (...)`; kept current by `maintain`, small pages of
      KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a
      probe reads no page from storage), or, for a batch so large that probing the
