@@ -91,7 +91,7 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
     others are still found and replaced, against a dict model over random batches."""
     monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0)  # always probe
     probed: list = []
-    find, lookup = ReplicaTable._find, KeyMap.lookup
+    find, map_find = ReplicaTable._find, KeyMap.find
 
     def spy(self, ds, keys, with_keys):
         probed.append(set(keys.to_pylist()))
@@ -99,10 +99,10 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
 
     def map_spy(self, keys):
         probed.append(set(np.asarray(keys).tolist()))
-        return lookup(self, keys)
+        return map_find(self, keys)
 
     monkeypatch.setattr(ReplicaTable, "_find", spy)
-    monkeypatch.setattr(KeyMap, "lookup", map_spy)
+    monkeypatch.setattr(KeyMap, "find", map_spy)
     uri = str(tmp_path / "replica.lance")
     rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids,
                        key_map=key_map)  # fmt: skip
@@ -188,7 +188,12 @@ def test_key_map_against_dict(monkeypatch):
         written = np.unique(rng.integers(-50, 1500, rng.integers(0, 30)))  # old, gone, new
         addrs = rng.integers(0, 2**40, written.size).astype(np.uint64)
         model.update(zip(written.tolist(), addrs.tolist(), strict=True))
-        km.update(gone, written, addrs, version=step + 2)
+        if step % 2:  # as an apply does: the slots its lookup found, some keys not looked up
+            gone_slots, slots = km.find(gone)[1], km.find(written)[1]
+            slots[rng.random(slots.size) < 0.3] = -1
+            km.update(gone, written, addrs, step + 2, deleted_slots=gone_slots, slots=slots)
+        else:
+            km.update(gone, written, addrs, version=step + 2)
         probe = rng.integers(-100, 1600, 200)
         expect = [model.get(k, int(GONE)) for k in probe.tolist()]
         assert km.lookup(probe).tolist() == expect, step

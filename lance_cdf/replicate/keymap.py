@@ -69,14 +69,27 @@ class KeyMap:
 
     def lookup(self, keys: np.ndarray) -> np.ndarray:
         """The row address of each key (`GONE`: not in the replica)."""
+        return self.find(keys)[0]
+
+    def find(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(row address of each key, `GONE`: not in the replica; its slot: i >= 0 in
+        main, -2 - j in the delta, -1 none). Slots stay valid until the next `update`,
+        which takes them back so that it need not search the same keys again."""
         keys = np.asarray(keys, np.int64)
         out = np.full(keys.size, GONE, np.uint64)
+        slot = np.full(keys.size, -1, np.int64)
         idx, hit = self._slots(self.keys, keys)
-        out[hit] = self.addrs[idx[hit]]
+        out[hit], slot[hit] = self.addrs[idx[hit]], idx[hit]
         if self.dkeys.size:
             idx, dhit = self._slots(self.dkeys, keys)
-            out[dhit] = self.daddrs[idx[dhit]]
-        return out
+            dhit &= ~hit
+            out[dhit], slot[dhit] = self.daddrs[idx[dhit]], -2 - idx[dhit]
+        return out, slot
+
+    def _put(self, slots: np.ndarray, addrs: np.ndarray) -> None:
+        main, delta = slots >= 0, slots <= -2
+        self.addrs[slots[main]] = addrs[main]
+        self.daddrs[-2 - slots[delta]] = addrs[delta]
 
     def _set(self, keys: np.ndarray, addrs: np.ndarray) -> np.ndarray:
         """Set the address of the keys already holding a slot; the others' mask."""
@@ -91,18 +104,30 @@ class KeyMap:
         return missing
 
     def update(self, deleted: np.ndarray, keys: np.ndarray, addrs: np.ndarray,
-               version: int) -> None:  # fmt: skip
+               version: int, deleted_slots: np.ndarray | None = None,
+               slots: np.ndarray | None = None) -> None:  # fmt: skip
         """What one apply did: the keys in `deleted` are gone, then `keys` live at
-        `addrs` (unique keys); the map now describes `version`."""
+        `addrs` (unique keys); the map now describes `version`. `deleted_slots` /
+        `slots`: the keys' slots from `find` since the last update (-1: not found,
+        or not looked up), so that found keys are not searched again; keys without
+        a slot are searched, then added."""
         deleted = np.asarray(deleted, np.int64)
+        if deleted_slots is not None:
+            found = deleted_slots != -1
+            self._put(deleted_slots[found], np.full(int(found.sum()), GONE, np.uint64))
+            deleted = deleted[~found]
         if deleted.size:
             self._set(deleted, np.full(deleted.size, GONE, np.uint64))
         keys, addrs = np.asarray(keys, np.int64), np.asarray(addrs, np.uint64)
+        if keys.size > 1 and bool((np.diff(np.sort(keys)) == 0).any()):
+            raise DuplicateKeys("a key written twice in one batch")
+        if slots is not None:
+            found = slots != -1
+            self._put(slots[found], addrs[found])
+            keys, addrs = keys[~found], addrs[~found]
         if keys.size:
-            order = np.argsort(keys)  # one sort serves the check, the search, the insert
+            order = np.argsort(keys)  # one sort serves the search and the insert
             keys, addrs = keys[order], addrs[order]
-            if keys.size > 1 and bool((keys[1:] == keys[:-1]).any()):
-                raise DuplicateKeys("a key written twice in one batch")
             missing = self._set(keys, addrs)
             if missing.any():
                 self.dkeys, self.daddrs = _merged(

@@ -235,9 +235,10 @@ class ReplicaTable:
                 for c in t[key].cast(key_type).chunks]  # fmt: skip
         keys = pa.chunked_array(keys, key_type).combine_chunks() if keys else None
         key_map = self._current_map(ds, key_type, data, deletes)
-        found = None
+        found, slots = None, None
         if key_map is not None:  # O(batch log replica), in memory
-            addr = key_map.lookup(keys.to_numpy()) if keys is not None else np.empty(0, np.uint64)
+            addr, slots = (key_map.find(keys.to_numpy()) if keys is not None else
+                           (np.empty(0, np.uint64), np.empty(0, np.int64)))  # fmt: skip
             found = pa.table({"_rowaddr": addr[addr != GONE]})
         elif keys is not None:
             found = self._find(ds, keys, with_keys=self.keep_row_ids)
@@ -271,7 +272,7 @@ class ReplicaTable:
         )  # fmt: skip
         self._clock("commit")
         if key_map is not None:
-            self._advance_map(ds, committed, new, deletes, data)
+            self._advance_map(ds, committed, new, deletes, data, slots, fresh)
             self._clock("map")
 
     # -- the in-memory key map (keymap.py) --------------------------------------------
@@ -307,11 +308,12 @@ class ReplicaTable:
         log.info("key map of %d rows built (%d MB)", table.num_rows, self._map.nbytes >> 20)
         return self._map
 
-    def _advance_map(self, ds, committed, new: list, deletes, data) -> None:
+    def _advance_map(self, ds, committed, new: list, deletes, data, slots, fresh) -> None:
         """Tell the map what the commit just made did: the deleted keys are gone, the
         written rows live in the new fragments, row i of `data` at offset i. Dropped
         (rebuilt by the next batch) when the commit is not exactly ours on top of
-        `ds` or its new fragments are not the ones written."""
+        `ds` or its new fragments are not the ones written. `slots`: where `find`
+        met the looked-up keys (the non-fresh upserts, then the deletes)."""
         self._map, key_map = None, self._map
         if key_map is None or committed.version != ds.version + 1:
             return
@@ -327,10 +329,16 @@ class ReplicaTable:
         key = self.key[0]
         gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
         written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
+        probed = written.size if fresh is None else int((~fresh).sum())
+        written_slots = np.full(written.size, -1, np.int64)  # fresh: searched as new
+        if fresh is None:
+            written_slots[:] = slots[:probed]
+        else:
+            written_slots[~fresh] = slots[:probed]
         try:
             key_map.update(
                 gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
-                committed.version,
+                committed.version, deleted_slots=slots[probed:], slots=written_slots,
             )  # fmt: skip
         except DuplicateKeys:
             return  # the rebuild finds the key twice and gives the map up
