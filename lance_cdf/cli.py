@@ -206,7 +206,7 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--no-key-map", action="store_true",
                      help="do not keep the in-memory key -> row address map of an integer "
                      "key (~16 bytes per replica row, built by one scan of the key column "
-                     "at start and after each compaction: ~1 s per 10M rows); lookups "
+                     "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
                      "then go through the key index (a 100,000-row batch into 10M rows "
                      "then costs O(replica))")  # fmt: skip
     rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
