@@ -1,7 +1,7 @@
 """Per-batch apply time into replicas of growing size: is the cost the batch's or the table's?
 
     python bench/bench_replica_apply.py --sizes 100000 1000000 10000000 \
-        --batches 1000 100000 --repeat 5 --methods merge_insert replica_prev replica \
+        --batches 1000 100000 --repeat 5 --methods merge_insert replica_index replica \
         --out bench/results_replica_apply.json
 
 No Kafka, no Avro: one batch of final row states (80% updates of existing keys, 10% new
@@ -11,7 +11,14 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
   * merge_index    the same two merge_inserts with a BTREE index on the key and
                    `use_index(True)` (pylance's index-backed merge_insert);
   * replica        `ReplicaTable.apply` (lance_cdf/replicate/replica.py) as the
-                   replicator runs it: key lookup through the BTREE index the replicator
+                   replicator runs it now: key lookup in the in-memory key map
+                   (keymap.py: sorted keys + row addresses, `np.searchsorted`), built
+                   once from one scan of the key column before the clock starts (its
+                   build time and size are reported); the new keys flagged fresh;
+                   deletion vectors on the touched fragments, new fragments, one
+                   `LanceOperation.Update` commit;
+  * replica_index  the previous build's path (branch r21b), `key_map=False`: key lookup
+                   through the BTREE index the replicator
                    builds (KEY_INDEX_ZONE_ROWS-row pages, preloaded into the index cache
                    when the ReplicaTable first meets it, before the clock starts), or one
                    key-column scan for a batch too large to probe; the new keys flagged
@@ -25,13 +32,16 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
                    row IDs; Lance then resolves them against the whole table at commit).
 Each method runs on its own copy of the base replica (the index differs), interleaved;
 after every apply the replica is restored to its base version, so each apply sees the
-same table. Each time is the median of --repeat applies. Replicas are built once under
+same table (the key map of `replica` is reset to the one built at the base version: a
+restore is a commit the map was not told about, which the replicator would rebuild it
+after). Each time is the median of --repeat applies. Replicas are built once under
 --dir and reused.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import shutil
@@ -83,6 +93,11 @@ def build(path: str, n: int, zone: int = KEY_INDEX_ZONE_ROWS) -> float:
     return time.perf_counter() - t0
 
 
+def rss_mb() -> float:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+
+
 def base_path(root: str, n: int, zone: int) -> str:
     return os.path.join(root, f"apply_base_{n}_z{zone}.lance")
 
@@ -130,7 +145,7 @@ def main() -> None:
     ap.add_argument("--sizes", type=int, nargs="+", default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--batches", type=int, nargs="+", default=[1_000, 100_000])
     ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--methods", nargs="+", default=["merge_insert", "replica_prev", "replica"])
+    ap.add_argument("--methods", nargs="+", default=["merge_insert", "replica_index", "replica"])
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -146,25 +161,39 @@ def main() -> None:
             times: dict[str, list[float]] = {m: [] for m in args.methods}
             # one per method, kept across applies: the key index stays in its cache
             replicas = {m: ReplicaTable(paths[m], [KEY], keep_row_ids=m == "replica_keep",
-                                        prewarm=m != "replica_prev")
+                                        prewarm=m != "replica_prev", key_map=m == "replica")
                         for m in args.methods}  # fmt: skip
+            base_maps = {}
+            row = {"replica_rows": n, "batch_rows": b, "build_s": sum(built.values())}
             for m, replica in replicas.items():  # the replicator preloads once, at start
                 if m != "replica_prev":
-                    replica._with_key_index(replica.open())
+                    ds = replica._with_key_index(replica.open())
+                if m == "replica":  # the key map: built once per process
+                    rss0 = rss_mb()
+                    t0 = time.perf_counter()
+                    km = replica._current_map(ds, ds.schema.field(KEY).type, None, None)
+                    row["map_build_s"] = time.perf_counter() - t0
+                    row["map_mb"] = km.nbytes / 2**20
+                    row["map_rss_mb"] = rss_mb() - rss0
+                    base_maps[m] = copy.deepcopy(km)
             for r in range(args.repeat):
                 rows, deletes, fresh = batch(n, b, seed=r + 1)
                 for m in args.methods:
                     replica, path = replicas[m], paths[m]
+                    if m in base_maps:  # the table holds the base rows (restored)
+                        replica._map = copy.deepcopy(base_maps[m])
+                        replica._map.version = lance.dataset(path).version
                     t0 = time.perf_counter()
                     if m.startswith("replica"):
-                        new = fresh if m in ("replica", "replica_keep") else None
+                        new = fresh if m in ("replica", "replica_index", "replica_keep") else None
                         replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"}, fresh=new)
                     else:
                         merge_insert(path, rows, deletes, use_index=m == "merge_index")
                     times[m].append(time.perf_counter() - t0)
+                    if m in base_maps:
+                        assert replica.map_builds == 1, "the key map was rebuilt in a timed apply"
                     check(path, bases[path], n, rows, deletes)
                     lance.dataset(path, version=bases[path]).restore()
-            row = {"replica_rows": n, "batch_rows": b, "build_s": sum(built.values())}
             row.update({f"{m}_s": statistics.median(t) for m, t in times.items()})
             results["runs"].append(row)
             print(json.dumps(row), flush=True)

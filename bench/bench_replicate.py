@@ -141,7 +141,15 @@ def seeded_replica(root: str, dst: str, rows: int) -> None:
     shutil.copytree(seed, dst)
 
 
-def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -> list[float]:
+# the replicator's per-batch phases (seconds), from its counters
+PHASES = ("decode_s", "apply_s", "offset_commit_s", "upkeep_s")
+# and the apply's own phases (ReplicaTable.timings)
+APPLY_PHASES = ("open", "lookup", "delete", "write", "commit", "map")
+
+
+def latency(
+    spark, kafka, registry, root, commits: int, replica_rows: int = 0, key_map: bool = True
+) -> list[float]:
     from lance_cdf.kafka.sink import register as register_sink
     from lance_cdf.streaming import register
 
@@ -163,15 +171,21 @@ def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -
         .trigger(processingTime="200 milliseconds").start()
     )  # fmt: skip
     rep = Replicator(kafka.bootstrap_servers, topic, registry.url, dst, group_id=f"g-{topic}",
-                     max_batch_interval=0.05)  # fmt: skip
+                     max_batch_interval=0.05, key_map=key_map)  # fmt: skip
     errors: list[BaseException] = []
     applied: list[tuple[float, float, int]] = []  # (start, end, newest record timestamp ms)
     apply = rep._apply
 
+    phases: list[dict] = []  # per batch: where its time went (deltas of the counters)
+
     def timed_apply(msgs):
+        c, t = rep.counters, rep.replica.timings
+        before = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         start = time.time()
         apply(msgs)
         applied.append((start, time.time(), max(m.timestamp()[1] for m in msgs)))
+        after = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
+        phases.append({k: after[k] - before[k] for k in after} | {"records": len(msgs)})
 
     rep._apply = timed_apply
 
@@ -225,6 +239,7 @@ def latency(spark, kafka, registry, root, commits: int, replica_rows: int = 0) -
     rep.stop()
     worker.join(30)
     q.stop()
+    rep.counters.batch_phases = phases[1:]  # the first batch: the 1,000 initial rows
     return out, split, rep.counters
 
 
@@ -239,6 +254,16 @@ def main() -> None:
         default=0,
         help="rows the replica holds before the latency run (built once)",
     )
+    ap.add_argument(
+        "--skip-throughput",
+        action="store_true",
+        help="only the latency run (no 1M-row throughput workloads)",
+    )
+    ap.add_argument(
+        "--no-key-map",
+        action="store_true",
+        help="the latency run's replicator without the in-memory key map",
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -249,52 +274,8 @@ def main() -> None:
     os.makedirs(args.dir, exist_ok=True)
     results: dict = {"rows": args.rows, "batch_rows": args.batch_rows}
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
-        src = os.path.join(args.dir, "rep_src.lance")
-        dst = os.path.join(args.dir, "rep_replica.lance")
-        for p in (src, dst):
-            shutil.rmtree(p, ignore_errors=True)
-        lance.write_dataset(narrow(args.rows), src, enable_stable_row_ids=True,
-                            max_rows_per_file=250_000)  # fmt: skip
-        # version 2: one merge_insert updating 90% of the rows and deleting the other 10%
-        upd = narrow(args.rows)
-        upd = upd.filter(pa.array(upd["id"].to_numpy() % 10 != 0))
-        upd = upd.set_column(2, "score", pa.array(upd["score"].to_numpy() + 1))
-        lance.dataset(src).merge_insert(
-            "id"
-        ).when_matched_update_all().when_not_matched_by_source_delete().execute(upd)
-        tag = uuid.uuid4().hex[:6]
-        topics = {v: f"rep-v{v}-{tag}" for v in (1, 2)}
-        for v, topic in topics.items():
-            t0 = time.perf_counter()
-            n = publish(kafka, registry, src, topic, v)
-            print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s",
-                  flush=True)  # fmt: skip
-
-        rep_s, c = replicate(kafka, registry, topics[1], dst, args.batch_rows)
-        up1, _ = events_as_rows(src, 1)
-        ceil_s = ceiling(up1, None, None, os.path.join(args.dir, "rep_ceiling1.lance"))
-        results["upserts"] = dict(
-            records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
-            ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
-            **times_of(c),
-        )  # fmt: skip
-        print("upserts", json.dumps(results["upserts"]), flush=True)
-
-        base = os.path.join(args.dir, "rep_base.lance")
-        shutil.rmtree(base, ignore_errors=True)
-        shutil.copytree(dst, base)
-        s2, c2 = replicate(kafka, registry, topics[2], dst, args.batch_rows)
-        up2, dl2 = events_as_rows(src, 2)
-        ceil_mix = ceiling(up2, dl2, base, os.path.join(args.dir, "rep_ceiling2.lance"))
-        rows = c2.upserts + c2.deletes
-        results["mix_90_10"] = dict(
-            upserts=c2.upserts, deletes=c2.deletes, replicator_s=s2,
-            replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
-            ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix, **times_of(c2),
-        )  # fmt: skip
-        print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
-        src_rows = lance.dataset(src).count_rows()
-        assert lance.dataset(dst).count_rows() == src_rows, "replica differs from the source"
+        if not args.skip_throughput:
+            run_throughput(kafka, registry, args, results)
 
         spark = (
             SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
@@ -303,7 +284,13 @@ def main() -> None:
         spark.sparkContext.setLogLevel("ERROR")
         t0 = time.perf_counter()
         lat, split, lat_counters = latency(
-            spark, kafka, registry, args.dir, args.latency_commits, args.latency_replica_rows
+            spark,
+            kafka,
+            registry,
+            args.dir,
+            args.latency_commits,
+            args.latency_replica_rows,
+            key_map=not args.no_key_map,
         )
         results["latency_run_s"] = time.perf_counter() - t0
         spark.stop()
@@ -322,10 +309,70 @@ def main() -> None:
                 )  # fmt: skip
         results["latency_ms"]["timed_commits"] = len(split)
         results["latency_replicator"] = times_of(lat_counters)
+        small = lat_counters.batch_phases
+        if small:  # per small batch, milliseconds: p50 / p99 of each phase
+            ms = {k: np.array([b[k] for b in small]) * 1000 for k in PHASES + APPLY_PHASES}
+            results["latency_batch_phases_ms"] = {
+                k: dict(p50=float(np.percentile(v, 50)), p99=float(np.percentile(v, 99)))
+                for k, v in ms.items()
+            }
+            results["latency_batch_phases_ms"]["batches"] = len(small)
+            print("latency_batch_phases_ms", json.dumps(results["latency_batch_phases_ms"]),
+                  flush=True)  # fmt: skip
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=2)
+
+
+def run_throughput(kafka, registry, args, results) -> None:
+    """The two throughput workloads (records already on the topics), beside their ceilings."""
+    src = os.path.join(args.dir, "rep_src.lance")
+    dst = os.path.join(args.dir, "rep_replica.lance")
+    for p in (src, dst):
+        shutil.rmtree(p, ignore_errors=True)
+    lance.write_dataset(narrow(args.rows), src, enable_stable_row_ids=True,
+                        max_rows_per_file=250_000)  # fmt: skip
+    # version 2: one merge_insert updating 90% of the rows and deleting the other 10%
+    upd = narrow(args.rows)
+    upd = upd.filter(pa.array(upd["id"].to_numpy() % 10 != 0))
+    upd = upd.set_column(2, "score", pa.array(upd["score"].to_numpy() + 1))
+    lance.dataset(src).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_by_source_delete().execute(upd)
+    tag = uuid.uuid4().hex[:6]
+    topics = {v: f"rep-v{v}-{tag}" for v in (1, 2)}
+    for v, topic in topics.items():
+        t0 = time.perf_counter()
+        n = publish(kafka, registry, src, topic, v)
+        print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s",
+              flush=True)  # fmt: skip
+
+    rep_s, c = replicate(kafka, registry, topics[1], dst, args.batch_rows)
+    up1, _ = events_as_rows(src, 1)
+    ceil_s = ceiling(up1, None, None, os.path.join(args.dir, "rep_ceiling1.lance"))
+    results["upserts"] = dict(
+        records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
+        ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
+        **times_of(c),
+    )  # fmt: skip
+    print("upserts", json.dumps(results["upserts"]), flush=True)
+
+    base = os.path.join(args.dir, "rep_base.lance")
+    shutil.rmtree(base, ignore_errors=True)
+    shutil.copytree(dst, base)
+    s2, c2 = replicate(kafka, registry, topics[2], dst, args.batch_rows)
+    up2, dl2 = events_as_rows(src, 2)
+    ceil_mix = ceiling(up2, dl2, base, os.path.join(args.dir, "rep_ceiling2.lance"))
+    rows = c2.upserts + c2.deletes
+    results["mix_90_10"] = dict(
+        upserts=c2.upserts, deletes=c2.deletes, replicator_s=s2,
+        replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
+        ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix, **times_of(c2),
+    )  # fmt: skip
+    print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
+    src_rows = lance.dataset(src).count_rows()
+    assert lance.dataset(dst).count_rows() == src_rows, "replica differs from the source"
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import pytest
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.replicate import replica as replica_mod
+from lance_cdf.replicate.keymap import GONE, KeyMap
 from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, ReplicaTable
 
 
@@ -23,15 +24,18 @@ def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
     })  # fmt: skip
 
 
-@pytest.mark.parametrize("lookup", ["probe", "scan"])
+@pytest.mark.parametrize("lookup", ["probe", "scan", "map"])
 @pytest.mark.parametrize("key_type", [pa.int64(), pa.string()])
 @pytest.mark.parametrize("keep_row_ids", [False, True])
 def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, keep_row_ids):
-    # probe: every batch through the index; scan: every batch through the key column
+    # probe: every batch through the index; scan: every batch through the key column;
+    # map: the in-memory key map (integer keys without keep_row_ids; else the index)
     monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0 if lookup == "probe" else 10**9)
     monkeypatch.setattr(replica_mod, "PROBE_CHUNK", 7)  # several IN lists per batch
     uri = str(tmp_path / "replica.lance")
-    rep = ReplicaTable(uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids)
+    rep = ReplicaTable(uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids,
+                       key_map=lookup == "map")  # fmt: skip
+    assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids)
     rng = random.Random(hash((lookup, str(key_type), keep_row_ids)) & 0xFFFF)
 
     def key(i):
@@ -70,6 +74,7 @@ def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, kee
             for k in deleted:
                 rowids.pop(k, None)
     assert rep._indexable and rep.unindexed_rows() <= 50
+    assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids and key_type == pa.int64())
 
 
 def lance_exists(uri: str) -> bool:
@@ -80,21 +85,27 @@ def lance_exists(uri: str) -> bool:
         return False
 
 
-@pytest.mark.parametrize("keep_row_ids", [False, True])
-def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids):
+@pytest.mark.parametrize("keep_row_ids,key_map", [(False, False), (True, False), (False, True)])
+def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_map):
     """Upserts flagged fresh (keys the replica does not hold) skip the key lookup; the
     others are still found and replaced, against a dict model over random batches."""
     monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0)  # always probe
     probed: list = []
-    find = ReplicaTable._find
+    find, map_find = ReplicaTable._find, KeyMap.find
 
     def spy(self, ds, keys, with_keys):
         probed.append(set(keys.to_pylist()))
         return find(self, ds, keys, with_keys)
 
+    def map_spy(self, keys):
+        probed.append(set(np.asarray(keys).tolist()))
+        return map_find(self, keys)
+
     monkeypatch.setattr(ReplicaTable, "_find", spy)
+    monkeypatch.setattr(KeyMap, "find", map_spy)
     uri = str(tmp_path / "replica.lance")
-    rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids)
+    rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids,
+                       key_map=key_map)  # fmt: skip
     rng = random.Random(7 + keep_row_ids)
     model: dict = {}
     next_key = 0
@@ -122,6 +133,7 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids):
             assert looked_up == set(updated) | set(deleted), step
         got = lance.dataset(uri).to_table().to_pylist()
         assert len(got) == len(model) and {r["k"]: r["v"] for r in got} == model, step
+    assert (rep._map is not None) == key_map
 
 
 def test_fresh_flags_must_match_the_rows(tmp_path):
@@ -148,3 +160,112 @@ def test_only_a_replica_the_replicator_created_allows_fresh_inserts(tmp_path):
     lance.write_dataset(rows, seeded, enable_stable_row_ids=True,
                         transaction_properties=unmarked)  # fmt: skip
     assert ReplicaTable(seeded, ["k"]).fresh_bounds() is None  # rows of unknown origin
+
+
+def map_contents(km: KeyMap) -> dict:
+    out = {}
+    for keys, addrs in ((km.keys, km.addrs), (km.dkeys, km.daddrs)):
+        live = addrs != GONE
+        out.update(zip(keys[live].tolist(), addrs[live].tolist(), strict=True))
+    return out
+
+
+def test_key_map_against_dict(monkeypatch):
+    """KeyMap.update / lookup against a plain dict over random operations, merges of
+    the delta included (a small MERGE_MIN)."""
+    from lance_cdf.replicate import keymap
+
+    monkeypatch.setattr(keymap, "MERGE_MIN", 40)
+    rng = np.random.default_rng(5)
+    keys = rng.choice(1000, 300, replace=False)
+    model = dict(zip(keys.tolist(), range(300), strict=True))
+    km = KeyMap(keys, np.arange(300, dtype=np.uint64), version=1)
+    for step in range(300):
+        live = np.array(sorted(model), np.int64)
+        gone = rng.choice(live, min(live.size, rng.integers(0, 8)), replace=False)
+        for k in gone.tolist():
+            del model[k]
+        written = np.unique(rng.integers(-50, 1500, rng.integers(0, 30)))  # old, gone, new
+        addrs = rng.integers(0, 2**40, written.size).astype(np.uint64)
+        model.update(zip(written.tolist(), addrs.tolist(), strict=True))
+        if step % 2:  # as an apply does: the slots its lookup found, some keys not looked up
+            gone_slots, slots = km.find(gone)[1], km.find(written)[1]
+            slots[rng.random(slots.size) < 0.3] = -1
+            km.update(gone, written, addrs, step + 2, deleted_slots=gone_slots, slots=slots)
+        else:
+            km.update(gone, written, addrs, version=step + 2)
+        probe = rng.integers(-100, 1600, 200)
+        expect = [model.get(k, int(GONE)) for k in probe.tolist()]
+        assert km.lookup(probe).tolist() == expect, step
+        assert map_contents(km) == model and len(km) == len(model) and km.version == step + 2
+    with pytest.raises(keymap.DuplicateKeys):
+        KeyMap(np.array([3, 1, 3]), np.arange(3, dtype=np.uint64), version=1)
+    with pytest.raises(keymap.DuplicateKeys):  # a key written twice by one apply
+        km.update(np.empty(0), np.array([7, 2000, 7]), np.arange(3, dtype=np.uint64), 999)
+
+
+def test_key_map_follows_the_replica(tmp_path, monkeypatch):
+    """The replica's key map against a fresh scan of the replica (key -> _rowaddr) and
+    the replica against a dict model, over random batches with fresh inserts, keys that
+    come back after a delete, compaction, index upkeep, commits of another writer (a
+    delete, an update that moves rows) and restarts (a new ReplicaTable)."""
+    from lance_cdf.replicate import keymap
+
+    monkeypatch.setattr(keymap, "MERGE_MIN", 25)
+    uri = str(tmp_path / "replica.lance")
+
+    def new_replica():
+        return ReplicaTable(uri, ["k"], index_rows_max=40)
+
+    rep = new_replica()
+    builds, checked = 0, 0
+    rng = random.Random(11)
+    model: dict = {}
+    next_key = 0
+    for step in range(40):
+        live = list(model)
+        deleted = rng.sample(live, min(len(live), rng.randint(0, 12)))
+        for k in deleted:
+            del model[k]
+        updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, 25)))
+                   if k not in deleted]  # fmt: skip
+        back = rng.sample(deleted, min(len(deleted), rng.randint(0, 2)))  # delete + upsert
+        new = list(range(next_key, next_key + rng.randint(0, 30)))
+        next_key += len(new)
+        keys = updated + back + new
+        rng.shuffle(keys)
+        for k in keys:
+            model[k] = step
+        fresh = np.array([k in new for k in keys], bool)
+        up = rows_of(model, keys, pa.int64()) if keys else None
+        dl = pa.table({"k": pa.array(deleted, pa.int64())}) if deleted else None
+        rep.apply(up, dl, {OFFSETS_PROPERTY: str(step)}, fresh=fresh if keys else None)
+        event = rng.random()
+        if step and event < 0.15:
+            rep.maintain(compact=True)
+        elif event < 0.25 and model:  # another writer: a delete and an update
+            ds = lance.dataset(uri)
+            victim = rng.choice(list(model))
+            ds.delete(f"k = {victim}")
+            del model[victim]
+            moved = rng.choice(list(model)) if model else None
+            if moved is not None:
+                lance.dataset(uri).update({"v": "-1"}, where=f"k = {moved}")
+                model[moved] = -1
+        elif event < 0.35:
+            builds += rep.map_builds
+            rep = new_replica()  # a restart: the map is built again
+        else:
+            rep.maintain()
+        if not lance_exists(uri):
+            continue
+        ds = lance.dataset(uri)
+        got = ds.to_table(columns=["k", "v"], with_row_address=True)
+        pairs = dict(zip(got["k"].to_pylist(), got["_rowaddr"].to_pylist(), strict=True))
+        assert len(pairs) == got.num_rows, f"duplicate keys after step {step}"
+        assert dict(zip(got["k"].to_pylist(), got["v"].to_pylist(), strict=True)) == model, step
+        km = rep._map
+        if km is not None and km.version == ds.version:  # the map claims this version
+            assert map_contents(km) == pairs, step
+            checked += 1
+    assert rep.key_map_enabled and builds + rep.map_builds >= 5 and checked >= 30

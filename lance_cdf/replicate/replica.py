@@ -2,7 +2,10 @@
 
 A batch is one Lance commit whose cost follows the batch, not the replica:
 
-  1. the replica rows holding the batch's keys are found through a BTREE index on
+  1. the replica rows holding the batch's keys are found in the in-memory key map
+     (keymap.py; integer keys: sorted keys beside row addresses, a binary search per
+     key, kept current by each apply, rebuilt from one scan of the key column after a
+     compaction or a commit of another writer), else through a BTREE index on
      the key (`key IN (...)`; kept current by `maintain`, small pages of
      KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a
      probe reads no page from storage), or, for a batch so large that probing the
@@ -34,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import lance
 import numpy as np
@@ -43,6 +47,7 @@ from lance.dataset import LanceOperation, Transaction
 from lance.fragment import RowIdSequence, write_fragments
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.replicate.keymap import GONE, DuplicateKeys, KeyMap
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -94,13 +99,29 @@ class ReplicaTable:
 
     def __init__(self, uri: str, key: list[str], storage_options: dict | None = None,
                  index_rows_max: int = UNINDEXED_ROWS_MAX, keep_row_ids: bool = False,
-                 prewarm: bool = True):  # fmt: skip
+                 prewarm: bool = True, key_map: bool = True):  # fmt: skip
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
         self.prewarm = prewarm
         self._session = None  # one index / metadata cache across batches
         self._indexable = len(self.key) == 1
         self._warm: set[str] = set()  # key-index segments loaded into the index cache
+        # key -> row address in memory (keymap.py), for one integer key; None: not
+        # built yet, or dropped because the replica moved without it
+        self.key_map_enabled = key_map and self._indexable and not keep_row_ids
+        self._map: KeyMap | None = None
+        self.map_builds = 0  # how often the map was (re)built from a scan
+        # seconds spent per phase of `apply` since start (open: opening the table and
+        # conforming the batch; lookup; delete: deletion vectors; write: new fragments;
+        # commit; map: bringing the key map up to date)
+        self.timings: dict[str, float] = {}
+        self._t = 0.0
+
+    def _clock(self, phase: str | None = None) -> None:
+        now = time.perf_counter()
+        if phase is not None:
+            self.timings[phase] = self.timings.get(phase, 0.0) + now - self._t
+        self._t = now
 
     def open(self) -> lance.LanceDataset | None:
         try:
@@ -173,6 +194,7 @@ class ReplicaTable:
         committed offsets, which can only replay no-ops."""
         has_upserts = upserts is not None and upserts.num_rows > 0
         has_deletes = deletes is not None and deletes.num_rows > 0
+        self._clock()
         ds = self.open()
         if ds is None:
             if not has_upserts:
@@ -195,6 +217,7 @@ class ReplicaTable:
                     "upsert rows: pass one per row (or None to look every key up)"
                 )
             fresh = fresh if has_upserts and fresh is not None and fresh.any() else None
+            self._clock("open")
             self._apply_by_address(ds, data, deletes if has_deletes else None, props, fresh)
         else:
             self._apply_merge_insert(ds, data, deletes if has_deletes else None, props)
@@ -206,17 +229,29 @@ class ReplicaTable:
         key = self.key[0]
         key_type = ds.schema.field(key).type
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
-        keys = [t[key].cast(key_type) for t in (probed, deletes) if t is not None and t.num_rows]
+        # (chunks, not ChunkedArrays: pa.chunked_array converts a ChunkedArray element
+        # value by value, ~1.4 ms per 1,000 keys)
+        keys = [c for t in (probed, deletes) if t is not None and t.num_rows
+                for c in t[key].cast(key_type).chunks]  # fmt: skip
         keys = pa.chunked_array(keys, key_type).combine_chunks() if keys else None
-        found = self._find(ds, keys, with_keys=self.keep_row_ids) if keys is not None else None
+        key_map = self._current_map(ds, key_type, data, deletes)
+        found, slots = None, None
+        if key_map is not None:  # O(batch log replica), in memory
+            addr, slots = (key_map.find(keys.to_numpy()) if keys is not None else
+                           (np.empty(0, np.uint64), np.empty(0, np.int64)))  # fmt: skip
+            found = pa.table({"_rowaddr": addr[addr != GONE]})
+        elif keys is not None:
+            found = self._find(ds, keys, with_keys=self.keep_row_ids)
+        self._clock("lookup")
         crash_point("before-lance-commit")
         removed, updated = [], []
         if found is not None and found.num_rows:
             addr = found["_rowaddr"].to_numpy()
             fragment, offset = addr >> 32, addr & 0xFFFFFFFF
             for fid in np.unique(fragment).tolist():
-                meta = ds.get_fragment(fid).delete_rows(offset[fragment == fid].tolist())
+                meta = _delete_rows(ds.get_fragment(fid), offset[fragment == fid].tolist())
                 (removed.append(fid) if meta is None else updated.append(meta))
+        self._clock("delete")
         new = []
         if data is not None and self.keep_row_ids and found is not None and found.num_rows:
             pos = pc.index_in(data[key], value_set=found[key].combine_chunks())
@@ -226,14 +261,88 @@ class ReplicaTable:
             data = data.filter(pc.invert(matched))
         if data is not None:
             new += self._write(ds, data, None)
+        self._clock("write")
         crash_point("between-commits")  # files written, nothing committed yet
         op = LanceOperation.Update(
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
         )
-        lance.LanceDataset.commit(
+        committed = lance.LanceDataset.commit(
             self.uri, Transaction(ds.version, op, transaction_properties=props),
             storage_options=self.storage_options,
         )  # fmt: skip
+        self._clock("commit")
+        if key_map is not None:
+            self._advance_map(ds, committed, new, deletes, data, slots, fresh)
+            self._clock("map")
+
+    # -- the in-memory key map (keymap.py) --------------------------------------------
+    def _current_map(self, ds, key_type, data, deletes) -> KeyMap | None:
+        """The key map of `ds`'s version, built from one scan of the key column when
+        there is none (first batch, or the replica moved without the map: compaction,
+        another writer); None when the map cannot serve (not enabled, a key type other
+        than integers, null keys, a key held twice): then the key index serves."""
+        if not self.key_map_enabled:
+            return None
+        if not (pa.types.is_integer(key_type) and key_type != pa.uint64()):
+            self.key_map_enabled = False
+            return None
+        if any(t is not None and t[self.key[0]].null_count for t in (data, deletes)):
+            self._map = None  # a null key: let the index path decide what it means
+            return None
+        if self._map is not None and self._map.version == ds.version:
+            return self._map
+        self._map = None
+        table = ds.to_table(columns=[self.key[0]], with_row_address=True)
+        keys = table[self.key[0]]
+        if keys.null_count:
+            log.warning("the replica holds null keys: looking keys up through the index")
+            self.key_map_enabled = False
+            return None
+        try:
+            self._map = KeyMap(keys.to_numpy(), table["_rowaddr"].to_numpy(), ds.version)
+        except DuplicateKeys as exc:
+            log.warning("%s: looking keys up through the index", exc)
+            self.key_map_enabled = False
+            return None
+        self.map_builds += 1
+        log.info("key map of %d rows built (%d MB)", table.num_rows, self._map.nbytes >> 20)
+        return self._map
+
+    def _advance_map(self, ds, committed, new: list, deletes, data, slots, fresh) -> None:
+        """Tell the map what the commit just made did: the deleted keys are gone, the
+        written rows live in the new fragments, row i of `data` at offset i. Dropped
+        (rebuilt by the next batch) when the commit is not exactly ours on top of
+        `ds` or its new fragments are not the ones written. `slots`: where `find`
+        met the looked-up keys (the non-fresh upserts, then the deletes)."""
+        self._map, key_map = None, self._map
+        if key_map is None or committed.version != ds.version + 1:
+            return
+        before = {f.fragment_id for f in ds.get_fragments()}
+        added = sorted(
+            (f.metadata for f in committed.get_fragments() if f.fragment_id not in before),
+            key=lambda m: m.id,
+        )
+        if [m.physical_rows for m in added] != [f.physical_rows for f in new]:
+            return
+        addrs = [(np.uint64(m.id) << np.uint64(32)) + np.arange(m.physical_rows, dtype=np.uint64)
+                 for m in added]  # fmt: skip
+        key = self.key[0]
+        gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
+        written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
+        probed = written.size if fresh is None else int((~fresh).sum())
+        written_slots = np.full(written.size, -1, np.int64)  # fresh: searched as new
+        if fresh is None:
+            written_slots[:] = slots[:probed]
+        else:
+            written_slots[~fresh] = slots[:probed]
+        try:
+            key_map.update(
+                gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
+                committed.version, deleted_slots=slots[probed:], slots=written_slots,
+            )  # fmt: skip
+        except DuplicateKeys:
+            return  # the rebuild finds the key twice and gives the map up
+        self._map = key_map
 
     def _write(self, ds, rows: pa.Table, row_ids: np.ndarray | None) -> list:
         """`rows` as new (uncommitted) fragments; with `row_ids`, the rows keep those
@@ -292,7 +401,7 @@ class ReplicaTable:
         (~17 bytes a row; 0.5-4 s per 10M rows, once per segment): a probe of a cold
         page costs a storage read (~60 us each, one per key of a large replica)."""
         cold = [s["uuid"] for s in segments if s["uuid"] not in self._warm]
-        if not self.prewarm or not cold:
+        if not self.prewarm or not cold or self.key_map_enabled:  # the map serves
             return
         try:
             ds.prewarm_index(segments[0]["name"], index_segments=cold)
@@ -342,8 +451,17 @@ class ReplicaTable:
                 done["indexed_rows"] = unindexed
             elif unindexed > self.index_rows_max:
                 # a delta segment over the new fragments only: O(new rows)
+                before = ds.version  # (optimize_indices moves `ds` to its commit)
                 ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
                 done["indexed_rows"] = unindexed
+                after = self.open().version
+                if self._map is not None and self._map.version == before == after - 1:
+                    self._map.version = after  # an index commit moves no row
+        if compact and self._map is not None:
+            self._map = None  # rows moved: rebuilt now, not by the next batch
+            ds = self.open()
+            self._current_map(ds, ds.schema.field(self.key[0]).type, None, None)
+            done["key_map_rows"] = len(self._map) if self._map is not None else 0
         return done
 
     # -- composite keys: merge_insert ------------------------------------------------
@@ -405,6 +523,17 @@ def key_index_config():
     from lance.indices.builder import IndexConfig
 
     return IndexConfig(index_type="btree", parameters={"zone_size": KEY_INDEX_ZONE_ROWS})
+
+
+def _delete_rows(fragment, offsets: list[int]):
+    """`LanceFragment.delete_rows(offsets)` without its per-offset `int()` pass (~0.2 us
+    per offset: 18 ms of a 100,000-row batch); the public method when the inner one
+    is not there."""
+    inner = getattr(getattr(fragment, "_fragment", None), "delete_rows", None)
+    if inner is None:
+        return fragment.delete_rows(offsets)
+    raw = inner(offsets)
+    return None if raw is None else raw.metadata()
 
 
 def _quoted(name: str) -> str:
