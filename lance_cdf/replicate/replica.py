@@ -454,9 +454,11 @@ class ReplicaTable:
                 before = ds.version  # (optimize_indices moves `ds` to its commit)
                 ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
                 done["indexed_rows"] = unindexed
-                after = self.open().version
+                # the index commit's own version (not the latest, which another writer
+                # may have moved past it): right after the map's, it moved no row
+                after = ds.version
                 if self._map is not None and self._map.version == before == after - 1:
-                    self._map.version = after  # an index commit moves no row
+                    self._map.version = after
         if compact and self._map is not None:
             self._map = None  # rows moved: rebuilt now, not by the next batch
             ds = self.open()
