@@ -10,9 +10,8 @@ import pytest
 from pyroaring import BitMap
 
 from lance_cdf.errors import CorruptFileError, TableNotFoundError
-from lance_cdf.format import LocalFileSystem, TableLog, list_versions, parse_manifest
+from lance_cdf.format import LocalFileSystem, TableLog, deletions, list_versions, parse_manifest
 from lance_cdf.format._proto import rowids_pb2, table_pb2
-from lance_cdf.format import deletions
 from lance_cdf.format.deletions import read_deletion_vector
 from lance_cdf.format.manifest import FragmentInfo
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence, segment_values
@@ -283,9 +282,7 @@ def test_hand_decoder_agrees_with_pyarrow_or_steps_aside(seed):
         data = _ipc_file(arr, codec, batches=int(rng.integers(1, 4)))
         hand = deletions._offsets_by_hand(data)
         expected = _pyarrow_offsets(data)
-        recognised = (
-            arr.type == pa.uint32() and arr.null_count == 0 and codec != "lz4"
-        )
+        recognised = arr.type == pa.uint32() and arr.null_count == 0 and codec != "lz4"
         if recognised:
             assert hand is not None and hand.tolist() == expected
         else:

@@ -190,7 +190,8 @@ def _buffer(data: bytes, start: int, end: int, compressed: bool) -> bytes | memo
 def _offsets_by_hand(data: bytes) -> array.array | None:
     try:
         return _read_ipc_file(data)
-    except (_Unknown, struct.error, IndexError, ValueError, OSError, MemoryError, pa.ArrowException):
+    except (_Unknown, struct.error, IndexError, ValueError, OSError, MemoryError,
+            pa.ArrowException):  # fmt: skip
         return None
 
 

@@ -28,7 +28,9 @@ partitioner picks partitions.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -84,6 +86,25 @@ def _handed_off(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
             yield from SlotWork.of(value).events()
 
 
+@contextmanager
+def _archives_last():
+    """Imports with the archives (zips, jars) at the end of `sys.path`. Spark puts them first
+    on a Python worker's path: the jars of `spark.jars.packages`, pyspark.zip, py4j's zip,
+    spark-core's jar. Importing the registry client looks a package's version up through
+    importlib.metadata, which lists every archive ahead of site-packages: 0.17 s per new
+    worker process, 1.05 s with the Kafka/Avro packages jars (measured in a worker, against
+    0.005 s with the archives last). Modules already imported are not affected."""
+    saved = list(sys.path)
+    archive = (".zip", ".jar")
+    sys.path[:] = [p for p in saved if not p.endswith(archive)] + [
+        p for p in saved if p.endswith(archive)
+    ]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     routed = False
     handoff = False
@@ -118,7 +139,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         from lance_cdf.feed import ChangeFeed
-        from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
+
+        with _archives_last():
+            from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
 
         opts = {k.lower(): v for k, v in self.options.items()}
         table = opts["table"]
