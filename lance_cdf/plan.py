@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import numpy as np
+from pyroaring import BitMap
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.format.manifest import FragmentInfo, Manifest
@@ -163,24 +164,8 @@ def _live_offsets(table: TableLog, frag: FragmentInfo) -> np.ndarray:
     return table.deletions(frag).live_offsets(frag.physical_rows)
 
 
-_NO_OFFSETS = np.zeros(0, dtype=np.uint32)
-
-
-def _flipped(old: np.ndarray, new: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets deleted in `new` only, offsets deleted in `old` only) of two sorted, unique
-    deleted-offset arrays of one fragment. Deletions usually only grow (`old` within `new`):
-    one search answers that; anything else (a restore brought rows back) by set difference."""
-    if not old.size:
-        return new, _NO_OFFSETS
-    at = np.searchsorted(new, old)
-    if at[-1] < new.size and np.array_equal(new[at], old):  # every old offset still deleted
-        keep = np.ones(new.size, dtype=bool)
-        keep[at] = False
-        return new[keep], _NO_OFFSETS
-    return (
-        np.setdiff1d(new, old, assume_unique=True),
-        np.setdiff1d(old, new, assume_unique=True),
-    )
+def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
+    return np.frombuffer(bitmap.to_array(), dtype=np.uint32)
 
 
 # Operations that move or reshape rows without changing the values of the remaining
@@ -226,11 +211,9 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         if of is not None and of.lineage_key() == nf.lineage_key():
             # Same rows and versions at the same offsets; only the deletion file
             # moved. Newly deleted offsets left, undeleted offsets came back.
-            newly, undeleted = _flipped(
-                table.deletions(of).to_numpy(), table.deletions(nf).to_numpy()
-            )
-            removed.append((of, newly))
-            added.append((nf, undeleted))
+            d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
+            removed.append((of, _bitmap_offsets(d_new - d_old)))
+            added.append((nf, _bitmap_offsets(d_old - d_new)))
             if may_change and of.data_files != nf.data_files:
                 # new data files under the same rows and versions: add_columns by a writer
                 # that bumped no versions (0.38.x), a data replacement, an old restore
