@@ -30,6 +30,8 @@ everything in a replica the replicator did not create.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import io
 import json
 import logging
@@ -137,6 +139,18 @@ class _Decoder:
         """The vectorized decoder of a schema id; None when only fastavro reads it."""
         self._load(schema_id)
         return self.batch[schema_id]
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off for the block (as it was after)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 def _batch_decoder(envelope: dict) -> BatchDecoder | None:
@@ -291,14 +305,22 @@ class Replicator:
         last_data = 0.0
         try:
             while not self._stop.is_set():
-                t0 = time.perf_counter()
-                msgs = self._poll_batch()
-                self.counters.poll_s += time.perf_counter() - t0
-                if msgs:
-                    last_data = time.monotonic()
-                    self._apply(msgs)
-                elif (
-                    idle_timeout is not None
+                # the collector paused while a batch is consumed, decoded and applied:
+                # its 100,000 live Message objects made every gen-2 collection walk them
+                # (1M records: poll 4.8 -> 3.1 s, decode 2.9 -> 2.4 s; measured apart);
+                # the batch holds no reference cycles, reference counts free it
+                with _gc_paused():
+                    t0 = time.perf_counter()
+                    msgs = self._poll_batch()
+                    self.counters.poll_s += time.perf_counter() - t0
+                    if msgs:
+                        last_data = time.monotonic()
+                        self._apply(msgs)
+                    got = bool(msgs)
+                    del msgs
+                if (
+                    not got
+                    and idle_timeout is not None
                     and self._assigned is not None  # a restart may wait for a rebalance
                     and time.monotonic() - max(last_data, self._assigned) > idle_timeout
                 ):
@@ -448,11 +470,11 @@ class Replicator:
             parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
             offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         values = [m.value() for m in msgs]
-        live = [i for i, v in enumerate(values) if v is not None]
-        tombstones = len(msgs) - len(live)
-        if not live:
+        tombstones = values.count(None)
+        if tombstones == len(values):
             return None, None, tombstones, 0, None
         if tombstones:
+            live = [i for i, v in enumerate(values) if v is not None]
             msgs = [msgs[i] for i in live]
             values = [values[i] for i in live]
             parts, offsets = parts[live], offsets[live]
