@@ -17,6 +17,9 @@ Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in
                Each latency is split at the Kafka record's timestamp (CreateTime, set
                when the publisher produced it): commit -> Kafka (Spark trigger, change
                extraction, produce) and Kafka -> replica (consume, apply, visible).
+Each throughput workload also has its consume floor: a bare confluent-kafka consumer
+with the replicator's fetch settings consuming the same records (no decode), and the
+same collecting the values into Arrow binary arrays.
 Replicator times include decoding (Avro -> Arrow) and the Lance commits; records are
 published before the clock starts (publishing is bench_kafka.py's subject).
 """
@@ -24,6 +27,7 @@ published before the clock starts (publishing is bench_kafka.py's subject).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import shutil
@@ -37,6 +41,7 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
+from confluent_kafka import Consumer  # noqa: E402
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf  # noqa: E402
@@ -61,22 +66,80 @@ def publish(kafka, registry, uri, topic, version) -> int:
     return pub.publish(events, {version: feed.table.manifest(version).operation})
 
 
-def replicate(kafka, registry, topic, target, batch_rows) -> tuple[float, object]:
+def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple[float, object]:
     rep = Replicator(kafka.bootstrap_servers, topic, registry.url, target,
                      group_id=f"bench-{topic}", max_batch_rows=batch_rows,
                      max_batch_interval=2.0)  # fmt: skip
+    prof = None
+    if profile:
+        import cProfile
+
+        prof = cProfile.Profile()
+        prof.enable()
+    # the clock stops when the last batch is applied: run() then still polls until it has
+    # been idle for 3 s (and a poll waits up to max_batch_interval), which is not
+    # replication work (r21c and before subtracted a flat 3 s, counting up to ~1-2 s of
+    # that wait)
+    apply, done = rep._apply, [0.0]
+
+    def timed_apply(msgs):
+        apply(msgs)
+        done[0] = time.perf_counter()
+
+    rep._apply = timed_apply
     t0 = time.perf_counter()
     counters = rep.run(idle_timeout=3)
-    # the idle wait after the last batch is not replication work
-    return time.perf_counter() - t0 - 3, counters
+    if prof is not None:
+        prof.disable()
+        prof.dump_stats(f"{profile}.{topic}.prof")
+    busy = done[0] - t0
+    # poll time up to the last batch (the idle polls after it left out)
+    counters.poll_busy_s = busy - sum(getattr(counters, k) for k in PHASES)
+    return busy, counters
+
+
+def consume_floor(kafka, topic, records: int, collect: bool) -> float:
+    """Seconds for a bare confluent-kafka consumer, configured as the Replicator's, to
+    consume `records` records of `topic` (no decode, no apply; stops at the last one, so
+    no idle wait; the garbage collector paused, as the replicator pauses it); with
+    `collect`, each consume call's values also go into one Arrow
+    binary array (what a bulk decoder would start from)."""
+    consumer = Consumer({
+        "bootstrap.servers": kafka.bootstrap_servers, "group.id": f"floor-{uuid.uuid4().hex}",
+        "enable.auto.commit": False, "auto.offset.reset": "earliest",
+        "isolation.level": "read_committed", "max.partition.fetch.bytes": 16 << 20,
+        "fetch.max.bytes": 64 << 20,
+    })  # fmt: skip
+    consumer.subscribe([topic])
+    seen, arrays = 0, []
+    gc.disable()  # as the replicator does while it consumes a batch
+    t0 = time.perf_counter()
+    while seen < records:
+        msgs = consumer.consume(100_000, 1.0)
+        if collect and msgs:
+            arrays.append(pa.array([m.value() for m in msgs], pa.binary()))
+        seen += sum(1 for m in msgs if m.error() is None)
+        if not msgs and time.perf_counter() - t0 > 120:
+            raise RuntimeError(f"floor consumer stalled at {seen} of {records} records")
+    elapsed = time.perf_counter() - t0
+    gc.enable()
+    consumer.close()
+    return elapsed
+
+
+def floors(kafka, topic, records: int) -> dict:
+    """The consume floor of a topic: bare consume, and consume + values into Arrow."""
+    out = {"consume_s": consume_floor(kafka, topic, records, collect=False)}
+    out["consume_values_s"] = consume_floor(kafka, topic, records, collect=True)
+    return out
 
 
 def times_of(c) -> dict:
     """Where the replicator's time went (its counters), and how many upserts skipped the
     key lookup."""
-    keys = ("poll_s", "decode_s", "apply_s", "offset_commit_s", "upkeep_s", "fresh_upserts",
-            "batches")  # fmt: skip
-    return {k: getattr(c, k) for k in keys}
+    keys = ("poll_busy_s", "poll_s", "decode_s", "apply_s", "offset_commit_s", "upkeep_s",
+            "fresh_upserts", "batches")  # fmt: skip
+    return {k: getattr(c, k, None) for k in keys}
 
 
 def events_as_rows(uri, version) -> tuple[pa.Table, pa.Table]:
@@ -264,6 +327,10 @@ def main() -> None:
         action="store_true",
         help="the latency run's replicator without the in-memory key map",
     )
+    ap.add_argument("--skip-latency", action="store_true", help="only the throughput workloads")
+    ap.add_argument(
+        "--profile", default=None, help="cProfile the replicator runs into PREFIX.<topic>.prof"
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -276,6 +343,11 @@ def main() -> None:
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         if not args.skip_throughput:
             run_throughput(kafka, registry, args, results)
+        if args.skip_latency:
+            if args.out:
+                with open(args.out, "w") as f:
+                    json.dump(results, f, indent=2)
+            return
 
         spark = (
             SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
@@ -348,27 +420,35 @@ def run_throughput(kafka, registry, args, results) -> None:
         print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s",
               flush=True)  # fmt: skip
 
-    rep_s, c = replicate(kafka, registry, topics[1], dst, args.batch_rows)
+    # the broker's first consumer group creates __consumer_offsets (seconds on a fresh
+    # broker): done here, outside every clock, so it lands on none of the timed runs
+    consume_floor(kafka, topics[1], 1, collect=False)
+    rep_s, c = replicate(kafka, registry, topics[1], dst, args.batch_rows, args.profile)
     up1, _ = events_as_rows(src, 1)
     ceil_s = ceiling(up1, None, None, os.path.join(args.dir, "rep_ceiling1.lance"))
+    fl = floors(kafka, topics[1], c.records)
     results["upserts"] = dict(
         records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
         ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
-        **times_of(c),
+        **fl, ratio_to_consume=rep_s / fl["consume_s"],
+        floor_ratio=fl["consume_s"] / ceil_s, **times_of(c),
     )  # fmt: skip
     print("upserts", json.dumps(results["upserts"]), flush=True)
 
     base = os.path.join(args.dir, "rep_base.lance")
     shutil.rmtree(base, ignore_errors=True)
     shutil.copytree(dst, base)
-    s2, c2 = replicate(kafka, registry, topics[2], dst, args.batch_rows)
+    s2, c2 = replicate(kafka, registry, topics[2], dst, args.batch_rows, args.profile)
     up2, dl2 = events_as_rows(src, 2)
     ceil_mix = ceiling(up2, dl2, base, os.path.join(args.dir, "rep_ceiling2.lance"))
+    fl2 = floors(kafka, topics[2], c2.records)
     rows = c2.upserts + c2.deletes
     results["mix_90_10"] = dict(
-        upserts=c2.upserts, deletes=c2.deletes, replicator_s=s2,
+        upserts=c2.upserts, deletes=c2.deletes, records=c2.records, replicator_s=s2,
         replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
-        ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix, **times_of(c2),
+        ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix,
+        **fl2, ratio_to_consume=s2 / fl2["consume_s"],
+        floor_ratio=fl2["consume_s"] / ceil_mix, **times_of(c2),
     )  # fmt: skip
     print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
     src_rows = lance.dataset(src).count_rows()

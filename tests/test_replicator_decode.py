@@ -8,6 +8,7 @@ import random
 import struct
 
 import fastavro
+import numpy as np
 import pyarrow as pa
 import pytest
 from test_avro_decode import COLUMNS, random_events
@@ -67,6 +68,7 @@ def replicator(schemas, key=None, dlq=True):
     rep.dead_letter_topic = "t.dlq" if dlq else None
     rep.dlq = DeadLetters() if dlq else None
     rep.counters = Counters()
+    rep._batch_partition = None
     return rep
 
 
@@ -252,3 +254,36 @@ def test_records_of_the_previous_naming_and_the_new_one_replicate_alike(seed):
     }
     deleted = {row[SOURCE_ROWID] for row in slow[1].to_pylist()}
     assert {r for r, v in last.items() if v["op"] == "d"} <= deleted
+
+
+@pytest.mark.parametrize("seed", [4, 5, 6])
+def test_one_partition_batch_reads_positions_at_its_ends(seed):
+    """A batch polled from one partition within one assignment: its keep mask and next
+    offsets come from the offsets at its ends (and a binary search when it starts below
+    the replica's position), its ranks order records as their offsets do; all equal to
+    reading every record's offset, and so are the final states built from them."""
+    rng = random.Random(seed)
+    schemas, msgs = batch(seed, poison=False)
+    offset, one = rng.randrange(1000), []
+    for m in msgs:  # one partition; gaps where transaction markers sit
+        one.append(Msg(m.value(), 2, offset))
+        offset += rng.choice([1, 1, 1, 2, 3])
+    first, last = one[0].offset(), one[-1].offset()
+    held_choices = [0, first, first + 1, last, last + 1, last + 5, rng.randrange(first, last)]
+    for held in held_choices:
+        fast, slow = replicator(schemas), replicator(schemas)
+        for rep in (fast, slow):
+            rep._applied = {2: held, 0: 7}
+        fast._batch_partition = 2
+        parts, ranks, keep, nxt = fast._positions(one)
+        s_parts, offsets, s_keep, s_nxt = slow._positions(one)
+        assert fast._batch_partition is None  # used once
+        assert (parts == s_parts).all() and (keep == s_keep).all() and nxt == s_nxt
+        assert (np.argsort(ranks, kind="stable") == np.argsort(offsets, kind="stable")).all()
+        assert keep.sum() == sum(m.offset() >= held for m in one)
+        if keep.any():
+            kept = [m for m, k in zip(one, keep, strict=True) if k]
+            got = fast._final_states_vectorized(kept, parts[keep], ranks[keep])
+            want = slow._final_states_vectorized(kept, s_parts[keep], offsets[keep])
+            assert got[2:4] == want[2:4]
+            assert rows_of(got[0]) == rows_of(want[0]) and rows_of(got[1]) == rows_of(want[1])
