@@ -77,6 +77,27 @@ def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, kee
     assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids and key_type == pa.int64())
 
 
+def random_round(rng, model: dict, next_key: int, step: int, max_deleted: int,
+                 max_updated: int, min_new: int, back: int = 0):  # fmt: skip
+    """One random batch against the dict model (changed in place, values = `step`): up to
+    `max_deleted` live keys deleted, up to `max_updated` others updated, up to `back` of the
+    deleted upserted again (a delete then an upsert), `min_new`..30 new keys from `next_key`.
+    Returns (deleted, updated, back, new, the upserted keys in random order)."""
+    live = list(model)
+    deleted = rng.sample(live, min(len(live), rng.randint(0, max_deleted)))
+    for k in deleted:
+        del model[k]
+    updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, max_updated)))
+               if k not in deleted]  # fmt: skip
+    again = rng.sample(deleted, min(len(deleted), rng.randint(0, back))) if back else []
+    new = list(range(next_key, next_key + rng.randint(min_new, 30)))
+    keys = updated + again + new
+    rng.shuffle(keys)
+    for k in keys:
+        model[k] = step
+    return deleted, updated, again, new, keys
+
+
 def lance_exists(uri: str) -> bool:
     try:
         lance.dataset(uri)
@@ -110,18 +131,8 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
     model: dict = {}
     next_key = 0
     for step in range(20):
-        live = list(model)
-        deleted = rng.sample(live, min(len(live), rng.randint(0, 10)))
-        for k in deleted:
-            del model[k]
-        updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, 20)))
-                   if k not in deleted]  # fmt: skip
-        new = list(range(next_key, next_key + rng.randint(1, 30)))
+        deleted, updated, _, new, keys = random_round(rng, model, next_key, step, 10, 20, 1)
         next_key += len(new)
-        keys = updated + new
-        rng.shuffle(keys)
-        for k in keys:
-            model[k] = step
         probed.clear()
         fresh = np.array([k >= next_key - len(new) for k in keys])
         dl = pa.table({"k": pa.array(deleted, pa.int64())}) if deleted else None
@@ -223,19 +234,9 @@ def test_key_map_follows_the_replica(tmp_path, monkeypatch):
     model: dict = {}
     next_key = 0
     for step in range(40):
-        live = list(model)
-        deleted = rng.sample(live, min(len(live), rng.randint(0, 12)))
-        for k in deleted:
-            del model[k]
-        updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, 25)))
-                   if k not in deleted]  # fmt: skip
-        back = rng.sample(deleted, min(len(deleted), rng.randint(0, 2)))  # delete + upsert
-        new = list(range(next_key, next_key + rng.randint(0, 30)))
+        deleted, updated, back, new, keys = random_round(rng, model, next_key, step, 12, 25, 0,
+                                                         back=2)  # fmt: skip
         next_key += len(new)
-        keys = updated + back + new
-        rng.shuffle(keys)
-        for k in keys:
-            model[k] = step
         fresh = np.array([k in new for k in keys], bool)
         up = rows_of(model, keys, pa.int64()) if keys else None
         dl = pa.table({"k": pa.array(deleted, pa.int64())}) if deleted else None
