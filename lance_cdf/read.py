@@ -762,9 +762,7 @@ def constant(value: str, n: int) -> pa.Array:
     data = value.encode()
     if n * len(data) >= 2**31:
         return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
-    offsets = np.arange(0, (n + 1) * len(data), len(data) or 1, dtype=np.int32)[: n + 1]
-    if not data:
-        offsets = np.zeros(n + 1, dtype=np.int32)
+    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(data))
     return pa.Array.from_buffers(
         pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)]
     )
