@@ -50,3 +50,38 @@ def test_publish_stops_cleanly_on_signal(sig, tmp_path, kafka_broker, schema_reg
     assert proc.returncode == 0, text[-3000:]
     assert "Traceback" not in text and "Py4J" not in text, text[-3000:]
     assert b"publishing" in out, (out, text[-3000:])
+
+
+RAISE = """
+import sys, types
+sys.modules["__main__"].__spec__ = types.SimpleNamespace(name={main!r})
+from lance_cdf.streaming.source import quiet_when_spark_hangs_up
+quiet_when_spark_hangs_up()
+try:
+    try:
+        raise EOFError
+    except EOFError:
+        raise {second}
+except BaseException:
+    raise BrokenPipeError(32, "Broken pipe")
+"""
+RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+
+
+@pytest.mark.parametrize(
+    "main, second, quiet",
+    [
+        (RUNNER, "BrokenPipeError(32, 'Broken pipe')", True),  # Spark closed the socket
+        (RUNNER, "ValueError('a reader error')", False),  # an error of ours: printed
+        ("some.other.module", "BrokenPipeError(32, 'Broken pipe')", False),  # not the runner
+    ],
+)
+def test_source_runner_exits_quietly_only_when_spark_hangs_up(main, second, quiet):
+    """A stopped query closes its source runner's socket before killing it (the thread
+    is interrupted): the runner's hang-up tracebacks are not printed; anything else is."""
+    code = RAISE.format(main=main, second=second)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 1
+    assert ("Traceback" not in done.stderr) == quiet, done.stderr
+    if not quiet and "ValueError" in second:
+        assert "a reader error" in done.stderr
