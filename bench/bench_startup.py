@@ -5,12 +5,13 @@
 Starts a local broker and registry, writes a 1-row table, then runs
 `lance-cdf publish --available-now` as its own process (as a user does) while a consumer
 in this process waits for the first record. Reports, per run: the first record's
-time after launch, the process's exit, and the stages `publish` prints. `floor`: the
-same for bench/startup_floor.py, a minimal Python stream through the same Spark
-machinery into Kafka with nothing of lance-cdf (what no change to lance-cdf can go
-below). With `--before
-DIR`, the same runs with the lance_cdf package of DIR (another checkout) on PYTHONPATH,
-alternating with this one (side by side, same machine state).
+time after launch, the process's exit, and the stages `publish` prints. `no head start`:
+the same with `--no-head-start` (the query publishes the first commit itself). `floor`:
+the same for bench/startup_floor.py, a minimal Python stream through the same Spark
+machinery into Kafka with nothing of lance-cdf (what no change to lance-cdf's Spark code
+can go below). With `--before DIR`, the same runs with the lance_cdf package of DIR
+(another checkout) on PYTHONPATH, alternating with this one (side by side, same machine
+state).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer
 
 
-def one_run(code_dir, kafka, registry, uri, workdir) -> dict:
+def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
     topic = f"start-{uuid.uuid4().hex[:8]}"
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": topic,
                   "auto.offset.reset": "earliest",
@@ -43,7 +44,7 @@ def one_run(code_dir, kafka, registry, uri, workdir) -> dict:
            "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
            "--schema-registry", registry.url, "--checkpoint",
            os.path.join(workdir, f"ck-{topic}"), "--starting-version", "1",
-           "--available-now"]  # fmt: skip
+           "--available-now", *extra]  # fmt: skip
     if code_dir == "floor":  # the same Spark machinery without lance-cdf (startup_floor.py)
         floor = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_floor.py")
         cmd = [sys.executable, floor, kafka.bootstrap_servers, topic,
@@ -82,13 +83,17 @@ def main() -> None:
     workdir = tempfile.mkdtemp(prefix="bench-startup-")
     uri = os.path.join(workdir, "one.lance")
     lance.write_dataset(pa.table({"id": [1]}), uri, enable_stable_row_ids=True)
-    results: dict[str, list] = {"after": [], "before": [], "floor": []}
+    results: dict[str, list] = {"after": [], "no head start": [], "before": [], "floor": []}
+    paths = (
+        ("before", args.before, ()), ("after", None, ()),
+        ("no head start", None, ("--no-head-start",)), ("floor", "floor", ()),
+    )  # fmt: skip
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         for _ in range(args.runs):
-            for label, code in (("before", args.before), ("after", None), ("floor", "floor")):
+            for label, code, extra in paths:
                 if label == "before" and not code:
                     continue
-                r = one_run(code, kafka, registry, uri, workdir)
+                r = one_run(code, kafka, registry, uri, workdir, extra)
                 results[label].append(r)
                 print(label, json.dumps(r), flush=True)
     for label, runs in results.items():

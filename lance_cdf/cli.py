@@ -146,6 +146,9 @@ def build_parser() -> argparse.ArgumentParser:
                      "parallelism; at most the topic's partition count)")  # fmt: skip
     pub.add_argument("--at-least-once", action="store_true",
                      help="do not skip, on a replay, records the topic already holds")  # fmt: skip
+    pub.add_argument("--no-head-start", action="store_true",
+                     help="do not publish the commits waiting at start from this process "
+                     "while Spark starts; the query publishes everything")  # fmt: skip
     _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
@@ -325,6 +328,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         table_name=args.table_name,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         writers=args.writers, exactly_once=not args.at_least_once,
+        head_start=not args.no_head_start,
     )  # fmt: skip
 
 

@@ -46,6 +46,7 @@ def publish(
     metrics_host: str = "127.0.0.1",
     writers: int | None = None,
     exactly_once: bool = True,
+    head_start: bool = True,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -64,7 +65,10 @@ def publish(
     partitions (`partition % writers`) and reads that share of the micro-batch's events
     itself, so per-key order holds whatever their number.
     `exactly_once`: a replayed micro-batch skips the records each partition already holds
-    (per-partition high-water marks); False: plain at-least-once."""
+    (per-partition high-water marks); False: plain at-least-once.
+    `head_start`: publish the commits waiting at start from this process while Spark starts
+    (kafka/headstart.py; exactly-once only, and only where the query's start is known
+    before it starts: a checkpoint's committed offset or a numeric starting version)."""
     producer_config = dict(producer_config or {})
     # SIGTERM / SIGINT only set a flag: the main thread polls it between short
     # awaitTermination() calls and stops the query itself. A handler that called
@@ -78,7 +82,7 @@ def publish(
             starting_version, trigger_interval, available_now, key, tombstones,
             producer_config, registry_config, storage_options, max_rows_per_trigger, master,
             snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host,
+            metrics_port, metrics_host, head_start,
         )  # fmt: skip
     finally:
         for s, h in previous.items():
@@ -134,10 +138,36 @@ def _publish(
     stopping, table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version,
     trigger_interval, available_now, key, tombstones, producer_config, registry_config,
     storage_options, max_rows_per_trigger, master, snapshot, drop_unchanged_updates, writers,
-    exactly_once, table_name, metrics_port, metrics_host,
+    exactly_once, table_name, metrics_port, metrics_host, head_start,
 ) -> int:  # fmt: skip
     started = time.monotonic()
     stages: dict[str, float] = {}
+    source_options = {"path": table}
+    source_options["startingVersion"] = "snapshot" if snapshot else starting_version
+    if drop_unchanged_updates:
+        source_options["dropUnchangedUpdates"] = "true"
+    if max_rows_per_trigger:
+        source_options["maxRowsPerTrigger"] = str(max_rows_per_trigger)
+    source_options["keyHash"] = key or "_rowid"
+    sink_options = {
+        "kafka.bootstrap.servers": bootstrap_servers, "topic": topic,
+        "schema.registry.url": schema_registry, "table": table,
+        "tombstones": str(tombstones).lower(), "checkpointLocation": checkpoint,
+        "exactlyOnce": str(exactly_once).lower(),
+    }  # fmt: skip
+    if key:
+        sink_options["key"] = key
+    if table_name:
+        sink_options["table.name"] = table_name
+    sink_options.update({f"kafka.{k}": v for k, v in producer_config.items()})
+    sink_options.update({f"registry.{k}": v for k, v in (registry_config or {}).items()})
+    for k, v in (storage_options or {}).items():
+        source_options[f"storage.{k}"] = sink_options[f"storage.{k}"] = v
+    early = None
+    if exactly_once and head_start:
+        from lance_cdf.kafka.headstart import start_offset
+
+        early = start_offset(checkpoint, starting_version, snapshot)
 
     def checks() -> int:
         t = time.monotonic()
@@ -145,10 +175,13 @@ def _publish(
         check_registry(schema_registry, registry_config)
         partitions = check_topic(bootstrap_servers, topic, producer_config)
         stages["checks"] = time.monotonic() - t
+        if early is not None and not stopping.is_set():
+            _head_start(source_options, sink_options, partitions, early, stages)
         return partitions
 
     # The broker, registry and topic checks run beside the JVM's start (they are network
     # round trips, it is ~4 s of CPU); a failed check still stops publish before any query.
+    # So does the head start (kafka/headstart.py): the query starts once it has ended.
     pool = ThreadPoolExecutor(2, thread_name_prefix="lance-cdf-start")
     pending = pool.submit(checks)
     pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
@@ -182,36 +215,13 @@ def _publish(
 
     register(spark)
     spark_sink.register(spark)
-    reader = spark.readStream.format("lance-cdf").option("path", table)
-    reader = reader.option("startingVersion", "snapshot" if snapshot else starting_version)
-    if drop_unchanged_updates:
-        reader = reader.option("dropUnchangedUpdates", "true")
-    if max_rows_per_trigger:
-        reader = reader.option("maxRowsPerTrigger", max_rows_per_trigger)
-    for k, v in (storage_options or {}).items():
-        reader = reader.option(f"storage.{k}", v)
     tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
-    reader = reader.option("keyHash", key or "_rowid").option("writerSlots", tasks)
+    reader = spark.readStream.format("lance-cdf").options(**source_options)
+    reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     t = time.monotonic()
-    changes = hand_off(reader.option("kafkaPartitions", partitions).load())  # load(): the schema
+    changes = hand_off(reader.load())  # load(): the schema
     stages["source schema"] = time.monotonic() - t
-    writer = (
-        changes.writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry).option("table", table)
-        .option("tombstones", str(tombstones).lower()).option("checkpointLocation", checkpoint)
-        .option("exactlyOnce", str(exactly_once).lower())
-    )  # fmt: skip
-    if key:
-        writer = writer.option("key", key)
-    if table_name:
-        writer = writer.option("table.name", table_name)
-    for k, v in producer_config.items():
-        writer = writer.option(f"kafka.{k}", v)
-    for k, v in (registry_config or {}).items():
-        writer = writer.option(f"registry.{k}", v)
-    for k, v in (storage_options or {}).items():
-        writer = writer.option(f"storage.{k}", v)
+    writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options)
     trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
     if stopping.is_set():  # stopped during start-up: nothing was started
         if own_session:
@@ -249,6 +259,26 @@ def _publish(
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
+
+
+def _head_start(source_options, sink_options, partitions, start, stages) -> None:
+    """Publish the commits waiting at `start` from this process (kafka/headstart.py); a
+    failure is reported and left to the query, which skips whatever was acknowledged."""
+    from lance_cdf.kafka.headstart import head_start
+
+    t = time.monotonic()
+    try:
+        done = head_start(
+            {**source_options, "kafkaPartitions": str(partitions)}, sink_options, start
+        )
+    except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
+        print(f"head start skipped ({type(exc).__name__}: {exc}); the query publishes "
+              "those commits", flush=True)  # fmt: skip
+        return
+    finally:
+        stages["head start"] = time.monotonic() - t
+    if done is not None:
+        print(done, flush=True)
 
 
 def _warm_imports() -> None:

@@ -374,6 +374,12 @@ class KafkaChangePublisher:
             })  # fmt: skip
         return self._marks_consumer
 
+    def close(self) -> None:
+        """Release the marks consumer; the producer (flushed) goes with the object."""
+        if self._marks_consumer is not None:
+            self._marks_consumer.close()
+            self._marks_consumer = None
+
     def _watermarks(self, partition: int) -> tuple[int, int]:
         from confluent_kafka import TopicPartition
 

@@ -50,6 +50,12 @@ from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 _PUBLISHERS: dict[tuple, object] = {}  # one KafkaChangePublisher per writer setting
 
 
+def close_publishers() -> None:
+    """Close and forget this process's publishers (the driver's, after a head start)."""
+    while _PUBLISHERS:
+        _PUBLISHERS.popitem()[1].close()
+
+
 @dataclass
 class Published(WriterCommitMessage):
     records: int

@@ -20,8 +20,9 @@ def _batches(path: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(path) if name.isdigit())
 
 
-def checkpoint_version(checkpoint: str) -> int | None:
-    """The source version a lance-cdf query has delivered through, or None if it has not
+def committed_offset(checkpoint: str) -> dict | None:
+    """The lance-cdf source's offset in the newest committed micro-batch (`{"version": N}`,
+    with `"snapshot"` while a snapshot is being delivered), or None if the query has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         raise LanceCdfError(
@@ -39,8 +40,15 @@ def checkpoint_version(checkpoint: str) -> int | None:
         except json.JSONDecodeError:
             continue
         if isinstance(offset, dict) and "version" in offset:
-            return int(offset["version"])
+            return offset
     raise LanceCdfError(
         f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset in "
         f"offsets/{committed[-1]})"
     )
+
+
+def checkpoint_version(checkpoint: str) -> int | None:
+    """The source version a lance-cdf query has delivered through, or None if it has not
+    completed a micro-batch yet (or the directory is not a checkpoint)."""
+    offset = committed_offset(checkpoint)
+    return None if offset is None else int(offset["version"])
