@@ -55,7 +55,7 @@ def test_publish_stops_cleanly_on_signal(sig, tmp_path, kafka_broker, schema_reg
 RAISE = """
 import sys, types
 sys.modules["__main__"].__spec__ = types.SimpleNamespace(name={main!r})
-from lance_cdf.streaming.source import quiet_when_spark_hangs_up
+from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 quiet_when_spark_hangs_up()
 try:
     try:
@@ -66,19 +66,21 @@ except BaseException:
     raise BrokenPipeError(32, "Broken pipe")
 """
 RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
+SINK_RUNNER = "pyspark.sql.worker.python_streaming_sink_runner"
 
 
 @pytest.mark.parametrize(
     "main, second, quiet",
     [
         (RUNNER, "BrokenPipeError(32, 'Broken pipe')", True),  # Spark closed the socket
+        (SINK_RUNNER, "ConnectionResetError(104, 'reset')", True),
         (RUNNER, "ValueError('a reader error')", False),  # an error of ours: printed
         ("some.other.module", "BrokenPipeError(32, 'Broken pipe')", False),  # not the runner
     ],
 )
 def test_source_runner_exits_quietly_only_when_spark_hangs_up(main, second, quiet):
-    """A stopped query closes its source runner's socket before killing it (the thread
-    is interrupted): the runner's hang-up tracebacks are not printed; anything else is."""
+    """A stopped query closes its runners' sockets before killing them (the thread is
+    interrupted): their hang-up tracebacks are not printed; anything else is."""
     code = RAISE.format(main=main, second=second)
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 1

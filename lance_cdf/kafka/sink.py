@@ -42,6 +42,7 @@ from pyspark.sql.types import StructType
 from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
+from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
 # encoder) is imported by the writer tasks only: Spark also loads this module in the
@@ -76,6 +77,7 @@ class LanceCdfKafkaSink(DataSource):
         return "lance-cdf-kafka"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        quiet_when_spark_hangs_up()  # in the commit's runner process (streaming/hangup.py)
         writer = KafkaStreamWriter(_options(dict(self.options)))
         writer.handoff = WORK_COLUMN in schema.fieldNames()
         writer.routed = writer.handoff or EVENT_ORDER in schema.fieldNames()

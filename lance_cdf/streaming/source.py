@@ -35,7 +35,6 @@ import bisect
 import logging
 import math
 import pickle
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -72,6 +71,7 @@ from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.read import column_sources, event_schema
 from lance_cdf.snapshot import SnapshotFragment
+from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
@@ -592,45 +592,6 @@ class LanceCdfDataSource(DataSource):
         if resolved.opts.writer_slots:
             return HandOffReader(resolved, event_struct(resolved))
         return LanceCdfStreamReader(resolved, schema)
-
-
-_SOURCE_RUNNER = "pyspark.sql.streaming.python_streaming_source_runner"
-_HANG_UPS = (EOFError, BrokenPipeError, ConnectionResetError)
-
-
-def quiet_when_spark_hangs_up() -> None:
-    """In the process that runs a stream's latestOffset/partitions/commit (pyspark's source
-    runner; streamReader() is called there): exit without a traceback when Spark closes
-    the connection. Stopping a query interrupts its thread, and an interrupted thread's
-    socket channel is closed (Java's ClosedByInterruptException) before the runner process
-    is killed: the runner's read then sees EOFError, its error report meets a closed pipe,
-    and Python printed three chained tracebacks on the publisher's stderr on a clean
-    SIGINT/SIGTERM stop. Any other error, or a hang-up while an error of ours was being
-    reported, is printed as before."""
-    main = sys.modules.get("__main__")
-    spec = getattr(main, "__spec__", None)
-    if getattr(spec, "name", None) != _SOURCE_RUNNER or getattr(sys.excepthook, "_lance_cdf", 0):
-        return
-    sys.excepthook = _hang_up_hook(sys.excepthook)
-
-
-def _hang_up_hook(previous):
-    def hook(kind, exc, tb):
-        if not only_hang_ups(exc):
-            previous(kind, exc, tb)
-
-    hook._lance_cdf = 1
-    return hook
-
-
-def only_hang_ups(exc: BaseException | None) -> bool:
-    """Whether every exception in the chain is the peer closing the connection."""
-    seen = 0
-    while exc is not None and seen < 16:
-        if not isinstance(exc, _HANG_UPS):
-            return False
-        exc, seen = exc.__cause__ or exc.__context__, seen + 1
-    return seen > 0
 
 
 def event_struct(resolved: Resolved) -> StructType:

@@ -1,0 +1,47 @@
+"""Quiet exits of pyspark's helper processes when Spark hangs up on them.
+
+Stopping a streaming query interrupts its thread, and Java closes a socket channel that an
+interrupted thread uses (ClosedByInterruptException) before Spark kills the Python process
+at its other end. The stream's source runner (latestOffset / partitions / commit) and the
+sink's commit runner then read EOF, their error report meets a closed pipe, and Python
+printed three chained tracebacks on `lance-cdf publish`'s stderr on a clean SIGINT or
+SIGTERM stop (seen in CI). In those processes only, an exit whose exceptions are all the
+peer hanging up prints nothing; any other error, or a hang-up while one of ours was being
+reported, is printed as before.
+"""
+
+from __future__ import annotations
+
+import sys
+
+RUNNERS = frozenset({
+    "pyspark.sql.streaming.python_streaming_source_runner",
+    "pyspark.sql.worker.python_streaming_sink_runner",
+})  # fmt: skip
+_HANG_UPS = (EOFError, BrokenPipeError, ConnectionResetError)
+
+
+def quiet_when_spark_hangs_up() -> None:
+    """Install the quiet exit if this process is one of pyspark's streaming runners (the
+    data source's streamReader() / the sink's streamWriter() are called there)."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if getattr(spec, "name", None) not in RUNNERS or getattr(sys.excepthook, "_lance_cdf", 0):
+        return
+    previous = sys.excepthook
+
+    def hook(kind, exc, tb):
+        if not only_hang_ups(exc):
+            previous(kind, exc, tb)
+
+    hook._lance_cdf = 1
+    sys.excepthook = hook
+
+
+def only_hang_ups(exc: BaseException | None) -> bool:
+    """Whether every exception in the chain is the peer closing the connection."""
+    seen = 0
+    while exc is not None and seen < 16:
+        if not isinstance(exc, _HANG_UPS):
+            return False
+        exc, seen = exc.__cause__ or exc.__context__, seen + 1
+    return seen > 0
