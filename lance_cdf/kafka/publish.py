@@ -142,27 +142,11 @@ def _publish(
 ) -> int:  # fmt: skip
     started = time.monotonic()
     stages: dict[str, float] = {}
-    source_options = {"path": table}
-    source_options["startingVersion"] = "snapshot" if snapshot else starting_version
-    if drop_unchanged_updates:
-        source_options["dropUnchangedUpdates"] = "true"
-    if max_rows_per_trigger:
-        source_options["maxRowsPerTrigger"] = str(max_rows_per_trigger)
-    source_options["keyHash"] = key or "_rowid"
-    sink_options = {
-        "kafka.bootstrap.servers": bootstrap_servers, "topic": topic,
-        "schema.registry.url": schema_registry, "table": table,
-        "tombstones": str(tombstones).lower(), "checkpointLocation": checkpoint,
-        "exactlyOnce": str(exactly_once).lower(),
-    }  # fmt: skip
-    if key:
-        sink_options["key"] = key
-    if table_name:
-        sink_options["table.name"] = table_name
-    sink_options.update({f"kafka.{k}": v for k, v in producer_config.items()})
-    sink_options.update({f"registry.{k}": v for k, v in (registry_config or {}).items()})
-    for k, v in (storage_options or {}).items():
-        source_options[f"storage.{k}"] = sink_options[f"storage.{k}"] = v
+    source_options, sink_options = _stream_options(
+        table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version, key,
+        tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
+        snapshot, drop_unchanged_updates, exactly_once, table_name,
+    )  # fmt: skip
     early = None
     if exactly_once and head_start:
         from lance_cdf.kafka.headstart import start_offset
@@ -259,6 +243,37 @@ def _publish(
     if error is not None:
         raise LanceCdfError(f"the publishing query failed: {error}") from None
     return 0
+
+
+def _stream_options(
+    table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version, key,
+    tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
+    snapshot, drop_unchanged_updates, exactly_once, table_name,
+) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
+    and the head start's)."""
+    source_options = {"path": table}
+    source_options["startingVersion"] = "snapshot" if snapshot else starting_version
+    if drop_unchanged_updates:
+        source_options["dropUnchangedUpdates"] = "true"
+    if max_rows_per_trigger:
+        source_options["maxRowsPerTrigger"] = str(max_rows_per_trigger)
+    source_options["keyHash"] = key or "_rowid"
+    sink_options = {
+        "kafka.bootstrap.servers": bootstrap_servers, "topic": topic,
+        "schema.registry.url": schema_registry, "table": table,
+        "tombstones": str(tombstones).lower(), "checkpointLocation": checkpoint,
+        "exactlyOnce": str(exactly_once).lower(),
+    }  # fmt: skip
+    if key:
+        sink_options["key"] = key
+    if table_name:
+        sink_options["table.name"] = table_name
+    sink_options.update({f"kafka.{k}": v for k, v in producer_config.items()})
+    sink_options.update({f"registry.{k}": v for k, v in (registry_config or {}).items()})
+    for k, v in (storage_options or {}).items():
+        source_options[f"storage.{k}"] = sink_options[f"storage.{k}"] = v
+    return source_options, sink_options
 
 
 def _head_start(source_options, sink_options, partitions, start, stages) -> None:
