@@ -16,7 +16,9 @@ open, row-ID index built, the rows read once before), alternating between the me
 
 Prints CPU ms (medians of --repeat) per table size and the ratio of the largest size to
 the smallest for each method: whether reading scattered rows from bigger files costs more
-per row, and whether pylance's own take pays the same.
+per row, and whether pylance's own take pays the same. Beside it, the read system calls
+one call made (`syscr` of /proc/self/io, Linux): pylance reads a data file with one
+positioned read per I/O request it could not merge with a neighbour.
 """
 
 from __future__ import annotations
@@ -65,6 +67,22 @@ def cpu_ms(fn, repeat: int) -> float:
     return statistics.median(cpu) * 1e3
 
 
+def read_calls() -> int | None:
+    """Read system calls of this process so far (None where /proc/self/io is missing)."""
+    try:
+        with open("/proc/self/io") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("syscr"))
+    except (OSError, StopIteration):
+        return None
+
+
+def calls_of(fn) -> int | None:
+    before = read_calls()
+    fn()
+    after = read_calls()
+    return None if before is None or after is None else after - before - 1  # its own read
+
+
 def run_size(args, rows: int) -> dict:
     uri = os.path.join(args.dir, f"core_{rows}.lance")
     ds = lance.dataset(uri)
@@ -88,6 +106,7 @@ def run_size(args, rows: int) -> dict:
         for name, fn in calls.items():
             got[name].append(cpu_ms(fn, args.repeat))
     out["cpu_ms"] = {name: statistics.median(v) for name, v in got.items()}
+    out["read_calls"] = {name: calls_of(fn) for name, fn in calls.items()}
     return out
 
 
@@ -105,14 +124,20 @@ def main() -> None:
     names = list(sizes[0]["cpu_ms"])
     head = " | ".join(f"{s['rows']:,} rows" for s in sizes)
     print(f"\n{args.take:,} scattered rows, CPU ms (medians)\n")
-    print(f"| read | {head} | largest / smallest |")
-    print("|---|" + "---:|" * (len(sizes) + 1))
+    calls = " | ".join(f"read calls, {s['rows']:,}" for s in sizes)
+    print(f"| read | {head} | largest / smallest | {calls} |")
+    print("|---|" + "---:|" * (2 * len(sizes) + 1))
     for name in names:
         vals = [s["cpu_ms"][name] for s in sizes]
         cells = " | ".join(f"{v:.1f}" for v in vals)
-        print(f"| {name} | {cells} | {vals[-1] / vals[0]:.2f}x |")
+        n_calls = " | ".join(str(s["read_calls"][name]) for s in sizes)
+        print(f"| {name} | {cells} | {vals[-1] / vals[0]:.2f}x | {n_calls} |")
     if args.out:
-        meta = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), load=os.getloadavg())
+        meta = dict(
+            date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            load=os.getloadavg(),
+            pylance=lance.__version__,
+        )
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "sizes": sizes}, f, indent=2)
 
