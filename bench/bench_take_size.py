@@ -12,7 +12,10 @@ open, row-ID index built, the rows read once before), alternating between the me
                 read_changes does for pre-images and deleted rows (all columns), and the
                 same per column;
   * _take_rows  pylance `LanceDataset._take_rows(row_ids)` on an open dataset: the
-                hand-written peer's read (all columns, and per column).
+                hand-written peer's read (all columns, and per column);
+  * in two reads  the same rows as two `RowReader.read` calls of every other row (what a
+                range does when one version's pre-images and the next version's deleted
+                rows lie in the same data files): how much one call per data file saves.
 
 Prints CPU ms (medians of --repeat) per table size and the ratio of the largest size to
 the smallest for each method: whether reading scattered rows from bigger files costs more
@@ -99,6 +102,10 @@ def run_size(args, rows: int) -> dict:
         label = "+".join(cols) if len(cols) > 1 else cols[0]
         calls[f"lance-cdf {label}"] = lambda schema=schema: reader.read(sel, version, schema)
         calls[f"_take_rows {label}"] = lambda cols=cols: ds._take_rows(rowids, columns=cols)
+    halves = [sel.take(slice(0, None, 2)), sel.take(slice(1, None, 2))]
+    calls["lance-cdf in two reads, id+name+vec"] = lambda: [
+        reader.read(half, version, full) for half in halves
+    ]
     for fn in calls.values():  # readers open, index built, pages in the page cache
         fn()
     got = {name: [] for name in calls}
