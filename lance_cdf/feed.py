@@ -179,6 +179,14 @@ def _read_groups(plans: Iterator[VersionChanges]) -> Iterator[list[VersionChange
         yield group
 
 
+def _mergeable(group: list[VersionChanges]) -> bool:
+    """Whether reads of `group` may share data files (one version: its deleted rows and
+    its pre-images) and are small enough to hold at once."""
+    if sum(changes.num_events for changes in group) > _GROUP_IMAGES:
+        return False
+    return len(group) > 1 or bool(len(group[0].deleted) and len(group[0].update_pre))
+
+
 def _image_reads(changes: VersionChanges) -> list[tuple]:
     """The (rows, version) reads of one version's events."""
     return [
@@ -235,7 +243,7 @@ def read_changes(
         if snapshot:
             yield from feed.snapshot_events(start, user_schema, batch_size)
         for group in _read_groups(feed.plans(first_change, end)):
-            if sum(changes.num_events for changes in group) <= _GROUP_IMAGES:
+            if _mergeable(group):
                 # small consecutive versions often read rows of the same data files (the
                 # pre-images of one, the deleted rows of the next): one take per file
                 feed.reader.merge_reads(

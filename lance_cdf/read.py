@@ -226,7 +226,8 @@ class RowReader:
         jobs = [
             (key, layout, np.unique(np.concatenate(parts)), fields)
             for key, (layout, fields, parts) in groups.items()
-            if len(parts) > 1
+            # dense runs are read as ranges either way: merging them only adds a copy
+            if sum(_has_scattered(p) for p in parts) > 1
         ]
 
         def read_job(job):
@@ -323,6 +324,16 @@ class RowReader:
             reader = None
         with _FILES_LOCK:
             return _FILES.put(key, reader)
+
+
+def _has_scattered(offsets: np.ndarray) -> bool:
+    """Whether sorted `offsets` hold rows `_take_physical` takes one by one (outside
+    the dense runs it reads as ranges)."""
+    if offsets.size < _MIN_RUN:
+        return offsets.size > 0
+    breaks = np.flatnonzero(np.diff(offsets) > _DENSE_GAP) + 1
+    lengths = np.diff(np.concatenate([[0], breaks, [offsets.size]]))
+    return bool((lengths < _MIN_RUN).any())
 
 
 def _merge_key(layout: list[_FileColumns], fields: list[pa.Field]) -> tuple:
