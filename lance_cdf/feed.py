@@ -157,6 +157,46 @@ class ChangeFeed:
         )
 
 
+# Consecutive versions whose row images are read together (RowReader.merge_reads): at
+# most this many versions, and this many images in all (the merged rows are held until
+# the group's events are out).
+_GROUP_VERSIONS = 8
+_GROUP_IMAGES = 16384
+
+
+def _read_groups(plans: Iterator[VersionChanges]) -> Iterator[list[VersionChanges]]:
+    """`plans` in order, as runs of small consecutive versions (a large one alone)."""
+    group: list[VersionChanges] = []
+    images = 0
+    for plan in plans:
+        n = plan.num_events
+        if group and (images + n > _GROUP_IMAGES or len(group) >= _GROUP_VERSIONS):
+            yield group
+            group, images = [], 0
+        group.append(plan)
+        images += n
+    if group:
+        yield group
+
+
+def _mergeable(group: list[VersionChanges]) -> bool:
+    """Whether reads of `group` may share data files (one version: its deleted rows and
+    its pre-images) and are small enough to hold at once."""
+    if sum(changes.num_events for changes in group) > _GROUP_IMAGES:
+        return False
+    return len(group) > 1 or bool(len(group[0].deleted) and len(group[0].update_pre))
+
+
+def _image_reads(changes: VersionChanges) -> list[tuple]:
+    """The (rows, version) reads of one version's events."""
+    return [
+        (changes.deleted, changes.read_version),
+        (changes.update_pre, changes.read_version),
+        (changes.update_post, changes.version),
+        (changes.inserted, changes.version),
+    ]
+
+
 def read_changes(
     uri: str,
     start_version: int | None = None,
@@ -202,8 +242,18 @@ def read_changes(
     def events() -> Iterator[pa.RecordBatch]:
         if snapshot:
             yield from feed.snapshot_events(start, user_schema, batch_size)
-        for changes in feed.plans(first_change, end):
-            yield from feed.events(changes, user_schema, batch_size)
+        for group in _read_groups(feed.plans(first_change, end)):
+            if _mergeable(group):
+                # small consecutive versions often read rows of the same data files (the
+                # pre-images of one, the deleted rows of the next): one take per file
+                feed.reader.merge_reads(
+                    [r for changes in group for r in _image_reads(changes)], user_schema
+                )
+            try:
+                for changes in group:
+                    yield from feed.events(changes, user_schema, batch_size)
+            finally:
+                feed.reader.drop_merged()
 
     schema = event_schema(user_schema)
     if net:

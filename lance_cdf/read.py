@@ -73,6 +73,9 @@ class RowReader:
         self._schemas: dict[bytes, pa.Schema] = {}
         self._layouts: LruCache = LruCache(1024)
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
+        # rows of several requests read together (merge_reads): per data-file reader group
+        # and columns, (sorted physical offsets, their rows)
+        self._merged: dict = {}
 
     def dataset(self, version: int) -> lance.LanceDataset:
         # imported here: pylance takes seconds to import, and the processes that only plan
@@ -150,7 +153,7 @@ class RowReader:
                 layout = self._layout(manifest, arrow, frags[fid], columns)
                 if layout is not None:
                     fields = [arrow.field(c) for c in columns]
-                    jobs.append((frags[fid], _take_physical, layout, offsets, fields))
+                    jobs.append((frags[fid], self._take_merged, layout, offsets, fields))
                 else:
                     logical = self.table.deletions(frags[fid]).logical_offsets(offsets)
                     gap = _window_gap(arrow, columns, self.remote)
@@ -174,6 +177,74 @@ class RowReader:
             ) | rows.offsets[order].astype(np.uint64)
             got = with_blobs(got, self.dataset(version), blobs, addresses)
         return conform(got, schema, n, sources), order
+
+    def _take_merged(
+        self, layout: list[_FileColumns], offsets: np.ndarray, fields: list[pa.Field]
+    ) -> pa.Table:
+        """`_take_physical`, answered from rows `merge_reads` read if they hold `offsets`."""
+        hit = self._merged.get(_merge_key(layout, fields)) if self._merged else None
+        if hit is not None:
+            union, table, _ = hit
+            at = np.searchsorted(union, offsets)
+            if at.size and int(at.max()) < union.size and np.array_equal(union[at], offsets):
+                return _take(table, at)
+        return _take_physical(layout, offsets, fields)
+
+    def merge_reads(self, requests: list[tuple[RowSet, int]], schema: pa.Schema) -> None:
+        """Read the rows of several `read` requests (rows, version) that lie in the same
+        data files with one take per file, kept until `drop_merged`: the reads of the
+        requests are then answered from them.
+
+        pylance reads a data file with one I/O request per chunk of a column a row needs
+        unless the next chunk is adjacent; two takes of scattered rows from one large file
+        (one version's pre-images, the next version's deleted rows) cost 1.2-1.4x one
+        take of both (BENCHMARKS.md, issue 18, fifth pass). Only rows read through data
+        files (not the fragment API) are merged, and only where two requests share a file.
+        """
+        groups: dict = {}
+        for rows, version in requests:
+            if not len(rows):
+                continue
+            sources = column_sources(schema, self.annotated(version))
+            columns = [s.name for s in sources if s is not None and not is_blob(s)]
+            if not columns:
+                continue
+            manifest = self.table.manifest(version, operation=False)
+            frags = manifest.fragment_map
+            arrow = self.arrow_schema(version)
+            fields = [arrow.field(c) for c in columns]
+            order = np.lexsort((rows.offsets, rows.fragment_ids))
+            bounds = np.flatnonzero(np.diff(rows.fragment_ids[order])) + 1
+            for chunk in np.split(order, bounds):
+                frag = frags.get(int(rows.fragment_ids[chunk[0]]))
+                if frag is None:
+                    continue  # read_unordered reports it
+                layout = self._layout(manifest, arrow, frag, columns)
+                if layout is not None:
+                    key = _merge_key(layout, fields)
+                    groups.setdefault(key, (layout, fields, []))[2].append(rows.offsets[chunk])
+        jobs = [
+            (key, layout, np.unique(np.concatenate(parts)), fields)
+            for key, (layout, fields, parts) in groups.items()
+            # dense runs are read as ranges either way: merging them only adds a copy
+            if sum(_has_scattered(p) for p in parts) > 1
+        ]
+
+        def read_job(job):
+            _, layout, union, fields = job
+            try:
+                return _take_physical(layout, union, fields)
+            except (OSError, ValueError, RuntimeError, pa.ArrowException):
+                return None  # read again on its own, where the error is reported
+
+        merged = {}
+        for (key, layout, union, _), table in zip(jobs, _POOL.map(read_job, jobs), strict=True):
+            if table is not None:
+                merged[key] = (union, table, layout)  # the layout keeps its readers (the key)
+        self._merged = merged
+
+    def drop_merged(self) -> None:
+        self._merged = {}
 
     def unreadable(self, frag, version: int, exc: Exception) -> LanceCdfError:
         """A data file pylance cannot read, as an error naming it and its writer."""
@@ -253,6 +324,25 @@ class RowReader:
             reader = None
         with _FILES_LOCK:
             return _FILES.put(key, reader)
+
+
+def _has_scattered(offsets: np.ndarray) -> bool:
+    """Whether sorted `offsets` hold rows `_take_physical` takes one by one (outside
+    the dense runs it reads as ranges)."""
+    if offsets.size < _MIN_RUN:
+        return offsets.size > 0
+    breaks = np.flatnonzero(np.diff(offsets) > _DENSE_GAP) + 1
+    lengths = np.diff(np.concatenate([[0], breaks, [offsets.size]]))
+    return bool((lengths < _MIN_RUN).any())
+
+
+def _merge_key(layout: list[_FileColumns], fields: list[pa.Field]) -> tuple:
+    """The data files (their open readers, shared by every version) and columns a
+    physical read covers: reads with equal keys return rows of the same files alike."""
+    return (
+        tuple(id(reader) for reader, *_ in layout),
+        tuple((f.name, str(f.type)) for f in fields),
+    )
 
 
 def _leaves(t: pa.DataType) -> int:

@@ -14,6 +14,7 @@ from oracle import feed_events_renamed, snapshot_events
 from workload import Workload
 
 import lance_cdf
+import lance_cdf.feed as feed
 import lance_cdf.read as read
 
 
@@ -51,6 +52,36 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
     assert _events(uri).equals(default)
     monkeypatch.setattr(read, "_file_columns", lambda *a: None)  # pylance's fragment API
     assert _events(uri).equals(default)
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkeypatch, seed):
+    """read_changes reads the images of small consecutive versions that lie in the same
+    data files with one take per file (RowReader.merge_reads): the events are the same
+    with any grouping of versions, with merging off, and equal to the snapshot diff."""
+    uri = str(tmp_path / "t.lance")
+    w = Workload(uri, seed, rows=3000, rows_per_file=1000)
+    for op in ["update", "delete_sparse", "upsert", "delete_dense", "update", "delete_sparse"]:
+        w.step(op)
+    for _ in range(6):
+        w.step()
+    merged = []
+    merge_reads = read.RowReader.merge_reads
+
+    def counted(self, requests, schema):
+        merge_reads(self, requests, schema)
+        merged.append(len(self._merged))
+
+    monkeypatch.setattr(read.RowReader, "merge_reads", counted)
+    default = _events(uri)
+    assert sum(merged) > 0, "no two reads shared a data file"
+    latest = lance.dataset(uri).version
+    for version in range(1, latest + 1):
+        assert feed_events_renamed(uri, default, version, latest) == snapshot_events(uri, version)
+    for versions, images in [(2, 1 << 20), (3, 1 << 20), (8, 700), (1, 1 << 20), (8, 0)]:
+        monkeypatch.setattr(feed, "_GROUP_VERSIONS", versions)
+        monkeypatch.setattr(feed, "_GROUP_IMAGES", images)  # 0: merging off
+        assert _events(uri).equals(default), (versions, images)
 
 
 def test_several_data_files_and_renamed_columns(tmp_path):
