@@ -22,14 +22,21 @@ def _events(uri: str) -> pa.Table:
     return lance_cdf.read_changes(uri, 1).read_all()
 
 
-@pytest.mark.parametrize("seed", [3, 4, 5])
-def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
+def _history(tmp_path, seed: int, ops: list[str], random_steps: int):
+    """A 3,000-row table in 1,000-row files, then `ops` and `random_steps` random steps."""
     uri = str(tmp_path / "t.lance")
     w = Workload(uri, seed, rows=3000, rows_per_file=1000)
-    for op in ["update", "delete_dense", "upsert", "add_column", "delete_sparse", "update"]:
+    for op in ops:
         w.step(op)
-    for _ in range(8):
+    for _ in range(random_steps):
         w.step()
+    return uri, w
+
+
+@pytest.mark.parametrize("seed", [3, 4, 5])
+def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
+    uri, w = _history(tmp_path, seed, ["update", "delete_dense", "upsert", "add_column",
+                                       "delete_sparse", "update"], 8)  # fmt: skip
     physical = []
     take_physical = read._take_physical
     monkeypatch.setattr(read, "_take_physical", lambda *a: physical.append(1) or take_physical(*a))
@@ -59,12 +66,8 @@ def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkey
     """read_changes reads the images of small consecutive versions that lie in the same
     data files with one take per file (RowReader.merge_reads): the events are the same
     with any grouping of versions, with merging off, and equal to the snapshot diff."""
-    uri = str(tmp_path / "t.lance")
-    w = Workload(uri, seed, rows=3000, rows_per_file=1000)
-    for op in ["update", "delete_sparse", "upsert", "delete_dense", "update", "delete_sparse"]:
-        w.step(op)
-    for _ in range(6):
-        w.step()
+    uri, w = _history(tmp_path, seed, ["update", "delete_sparse", "upsert", "delete_dense",
+                                       "update", "delete_sparse"], 6)  # fmt: skip
     merged = []
     merge_reads = read.RowReader.merge_reads
 
