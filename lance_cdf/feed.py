@@ -6,7 +6,8 @@ source, the CLI and the Kafka publisher hold on to across many calls.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager
 
 import pyarrow as pa
 
@@ -111,6 +112,35 @@ class ChangeFeed:
     ) -> Iterator[pa.RecordBatch]:
         return read_version_events(self.reader, changes, user_schema, batch_size)
 
+    def range_events(
+        self,
+        plans: Iterable[VersionChanges],
+        user_schema: pa.Schema,
+        batch_size: int = DEFAULT_BATCH_SIZE,
+    ) -> Iterator[pa.RecordBatch]:
+        """The events of `plans` (consecutive versions, in order), as `events()` of each,
+        with the image reads of small consecutive versions merged (`reading_together`)."""
+        for group in read_groups(plans):
+            with self.reading_together(group, user_schema):
+                for changes in group:
+                    yield from self.events(changes, user_schema, batch_size)
+
+    @contextmanager
+    def reading_together(
+        self, plans: Sequence[VersionChanges], user_schema: pa.Schema
+    ) -> Iterator[None]:
+        """Inside the block, `events()` of `plans` take the rows they need from a data file
+        that two of their reads share with one take per file (`RowReader.merge_reads`):
+        small consecutive versions often read rows of the same files (the pre-images of
+        one, the deleted rows of the next). The events are the same either way. Only for
+        groups `read_groups` made: the rows read are held until the block ends."""
+        if _mergeable(plans):
+            self.reader.merge_reads([r for c in plans for r in _image_reads(c)], user_schema)
+        try:
+            yield
+        finally:
+            self.reader.drop_merged()
+
     def resolve_snapshot(
         self, version: int | None, end: int | None = None, refresh: bool = True
     ) -> tuple[int, int]:
@@ -164,8 +194,9 @@ _GROUP_VERSIONS = 8
 _GROUP_IMAGES = 16384
 
 
-def _read_groups(plans: Iterator[VersionChanges]) -> Iterator[list[VersionChanges]]:
-    """`plans` in order, as runs of small consecutive versions (a large one alone)."""
+def read_groups(plans: Iterable[VersionChanges]) -> Iterator[list[VersionChanges]]:
+    """`plans` in order, as runs of small consecutive versions whose reads may be merged
+    (`ChangeFeed.reading_together`; a large version alone)."""
     group: list[VersionChanges] = []
     images = 0
     for plan in plans:
@@ -179,7 +210,7 @@ def _read_groups(plans: Iterator[VersionChanges]) -> Iterator[list[VersionChange
         yield group
 
 
-def _mergeable(group: list[VersionChanges]) -> bool:
+def _mergeable(group: Sequence[VersionChanges]) -> bool:
     """Whether reads of `group` may share data files (one version: its deleted rows and
     its pre-images) and are small enough to hold at once."""
     if sum(changes.num_events for changes in group) > _GROUP_IMAGES:
@@ -242,18 +273,7 @@ def read_changes(
     def events() -> Iterator[pa.RecordBatch]:
         if snapshot:
             yield from feed.snapshot_events(start, user_schema, batch_size)
-        for group in _read_groups(feed.plans(first_change, end)):
-            if _mergeable(group):
-                # small consecutive versions often read rows of the same data files (the
-                # pre-images of one, the deleted rows of the next): one take per file
-                feed.reader.merge_reads(
-                    [r for changes in group for r in _image_reads(changes)], user_schema
-                )
-            try:
-                for changes in group:
-                    yield from feed.events(changes, user_schema, batch_size)
-            finally:
-                feed.reader.drop_merged()
+        yield from feed.range_events(feed.plans(first_change, end), user_schema, batch_size)
 
     schema = event_schema(user_schema)
     if net:

@@ -132,3 +132,36 @@ def test_swapped_names_read_by_physical_offset_follow_field_ids(tmp_path, monkey
     assert pre["x"].to_pylist() == (ids * -1).tolist()  # the column first called y
     assert pre["y"].to_pylist() == (ids * 10).tolist()
     assert feed_events_renamed(uri, events, latest, latest) == snapshot_events(uri, latest)
+
+
+@pytest.mark.parametrize("options", [{}, {"keyHash": "_rowid"}, {"netChanges": "true"}])
+def test_spark_source_partitions_read_merged_as_separately(tmp_path, monkeypatch, options):
+    """The Spark source's partitions pack small consecutive versions; their image reads
+    are merged per data file too (ChangeFeed.reading_together): every partition reads the
+    same events, routing columns included, as with each version read on its own."""
+    from lance_cdf.streaming.source import LanceCdfDataSource
+
+    uri, _ = _history(tmp_path, 8, ["update", "delete_sparse", "upsert", "delete_sparse",
+                                     "update", "delete_dense"], 6)  # fmt: skip
+    latest = lance.dataset(uri).version
+    source = LanceCdfDataSource(
+        {"path": uri, "startingVersion": "2", "endingVersion": str(latest), **options}
+    )
+    reader = source.reader(source.schema())
+    partitions = reader.partitions()
+
+    def read_all() -> pa.Table:
+        return pa.Table.from_batches([b for p in partitions for b in reader.read(p)])
+
+    merged = []
+    merge_reads = read.RowReader.merge_reads
+
+    def counted(self, requests, schema):
+        merge_reads(self, requests, schema)
+        merged.append(len(self._merged))
+
+    monkeypatch.setattr(read.RowReader, "merge_reads", counted)
+    together = read_all()
+    assert sum(merged) > 0, "no two reads of a partition shared a data file"
+    monkeypatch.setattr(feed, "_GROUP_IMAGES", 0)  # merging off
+    assert together.num_rows and together.equals(read_all())

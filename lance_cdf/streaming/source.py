@@ -56,7 +56,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.feed import ChangeFeed, read_groups
 from lance_cdf.keyhash import (
     EVENT_ORDER,
     KEY_HASH,
@@ -389,9 +389,8 @@ class _Reading:
         events by (delete/update/insert, `_event_order`) gives the order `read_changes`
         yields, whichever partitions (slices of the version) they were read in."""
         if isinstance(partition, ChangeSlices):
-            for segment in partition.segments:  # (version, part, parts)
-                one = ChangeSlices((segment,))
-                yield from self._with_key_hash(self._changes(one), segment[1] << ORDER_BITS)
+            for part, batches in self._segments(partition):
+                yield from self._with_key_hash(batches, part << ORDER_BITS)
         elif isinstance(partition, SnapshotSlice):
             # by the fragment's place in the manifest (the order snapshot slices are taken
             # in, across micro-batches), not its ID
@@ -439,19 +438,32 @@ class _Reading:
             return None
 
     def _changes(self, partition: ChangeSlices) -> Iterator[pa.RecordBatch]:
+        for _, batches in self._segments(partition):
+            yield from batches
+
+    def _segments(self, partition: ChangeSlices) -> Iterator[tuple[int, Iterator[pa.RecordBatch]]]:
+        """Each segment's part number and events, in order; the image reads of small
+        consecutive versions are merged per data file (`ChangeFeed.reading_together`), so
+        each segment's events are to be read before the next segment is asked for."""
         feed = _feed(self.opts)
+        cuts = []
         for version, part, parts in partition.segments:
             vc = self._plan(version)
-            if vc is None:
-                continue
-            batches = feed.events(cut(vc, part, parts), self.read_schema)
-            if self.opts.drop_unchanged_updates:
-                batches = drop_unchanged_batches(batches)
-            yield from batches
+            if vc is not None:
+                cuts.append((part, cut(vc, part, parts)))
+        done = 0
+        for group in read_groups(changes for _, changes in cuts):
+            with feed.reading_together(group, self.read_schema):
+                for changes in group:
+                    batches = feed.events(changes, self.read_schema)
+                    if self.opts.drop_unchanged_updates:
+                        batches = drop_unchanged_batches(batches)
+                    yield cuts[done][0], batches
+                    done += 1
 
     def _net(self, partition: NetSlice) -> Iterator[pa.RecordBatch]:
         feed = _feed(self.opts)
-        batches: list[pa.RecordBatch] = []
+        mines: list[VersionChanges] = []
         for version in partition.versions:
             vc = self._plan(version)
             if vc is None:
@@ -464,7 +476,8 @@ class _Reading:
                 update_pre=bucket(vc.update_pre, p, n),  # same row IDs, same order as post
                 update_post=bucket(vc.update_post, p, n),
             )
-            batches.extend(feed.events(mine, self.read_schema))
+            mines.append(mine)
+        batches = list(feed.range_events(mines, self.read_schema))
         events = net_changes(pa.Table.from_batches(batches, event_schema(self.read_schema)))
         if self.opts.drop_unchanged_updates:
             events = drop_unchanged_updates(events)
