@@ -61,14 +61,9 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
     assert _events(uri).equals(default)
 
 
-@pytest.mark.parametrize("seed", [6, 7])
-def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkeypatch, seed):
-    """read_changes reads the images of small consecutive versions that lie in the same
-    data files with one take per file (RowReader.merge_reads): the events are the same
-    with any grouping of versions, with merging off, and equal to the snapshot diff."""
-    uri, w = _history(tmp_path, seed, ["update", "delete_sparse", "upsert", "delete_dense",
-                                       "update", "delete_sparse"], 6)  # fmt: skip
-    merged = []
+def count_merges(monkeypatch) -> list[int]:
+    """The number of data files each RowReader.merge_reads call read together."""
+    merged: list[int] = []
     merge_reads = read.RowReader.merge_reads
 
     def counted(self, requests, schema):
@@ -76,6 +71,17 @@ def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkey
         merged.append(len(self._merged))
 
     monkeypatch.setattr(read.RowReader, "merge_reads", counted)
+    return merged
+
+
+@pytest.mark.parametrize("seed", [6, 7])
+def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkeypatch, seed):
+    """read_changes reads the images of small consecutive versions that lie in the same
+    data files with one take per file (RowReader.merge_reads): the events are the same
+    with any grouping of versions, with merging off, and equal to the snapshot diff."""
+    uri, w = _history(tmp_path, seed, ["update", "delete_sparse", "upsert", "delete_dense",
+                                       "update", "delete_sparse"], 6)  # fmt: skip
+    merged = count_merges(monkeypatch)
     default = _events(uri)
     assert sum(merged) > 0, "no two reads shared a data file"
     latest = lance.dataset(uri).version
@@ -153,14 +159,7 @@ def test_spark_source_partitions_read_merged_as_separately(tmp_path, monkeypatch
     def read_all() -> pa.Table:
         return pa.Table.from_batches([b for p in partitions for b in reader.read(p)])
 
-    merged = []
-    merge_reads = read.RowReader.merge_reads
-
-    def counted(self, requests, schema):
-        merge_reads(self, requests, schema)
-        merged.append(len(self._merged))
-
-    monkeypatch.setattr(read.RowReader, "merge_reads", counted)
+    merged = count_merges(monkeypatch)
     together = read_all()
     assert sum(merged) > 0, "no two reads of a partition shared a data file"
     monkeypatch.setattr(feed, "_GROUP_IMAGES", 0)  # merging off
