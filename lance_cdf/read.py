@@ -117,6 +117,12 @@ class RowReader:
             schema = self._schemas[key] = annotate(self.arrow_schema(version), manifest.fields)
         return schema
 
+    def _columns(self, schema: pa.Schema, version: int) -> tuple[list, list[str]]:
+        """Where each column of `schema` comes from at `version`, and the names of those
+        read from data files (blob columns are fetched apart)."""
+        sources = column_sources(schema, self.annotated(version))
+        return sources, [s.name for s in sources if s is not None and not is_blob(s)]
+
     def read(self, rows: RowSet, version: int, schema: pa.Schema) -> pa.Table:
         """The user columns of `rows` at `version`, in `rows` order, shaped to `schema`."""
         table, positions = self.read_unordered(rows, version, schema)
@@ -128,21 +134,19 @@ class RowReader:
         """The user columns of `rows` at `version` in the order they were read, and for
         each row read its index in `rows`: a caller that reorders anyway (update pairs
         are interleaved) folds both permutations into one take instead of copying twice."""
-        sources = column_sources(schema, self.annotated(version))
-        columns = [s.name for s in sources if s is not None and not is_blob(s)]
+        sources, columns = self._columns(schema, version)
         n = len(rows)
         if n == 0:
             return strip(schema).empty_table(), np.zeros(0, dtype=np.int64)
         frags = self.table.manifest(version, operation=False).fragment_map
-        order = np.lexsort((rows.offsets, rows.fragment_ids))
-        fids = rows.fragment_ids[order]
-        bounds = np.flatnonzero(np.diff(fids)) + 1
+        order, chunks = _by_fragment(rows)
         got = None
         if columns:
             arrow = self.arrow_schema(version)
             manifest = self.table.manifest(version, operation=False)
+            fields = [arrow.field(c) for c in columns]
             jobs = []
-            for chunk in np.split(order, bounds):
+            for chunk in chunks:
                 fid = int(rows.fragment_ids[chunk[0]])
                 if fid not in frags:
                     raise LanceCdfError(
@@ -152,7 +156,6 @@ class RowReader:
                 offsets = rows.offsets[chunk]
                 layout = self._layout(manifest, arrow, frags[fid], columns)
                 if layout is not None:
-                    fields = [arrow.field(c) for c in columns]
                     jobs.append((frags[fid], self._take_merged, layout, offsets, fields))
                 else:
                     logical = self.table.deletions(frags[fid]).logical_offsets(offsets)
@@ -204,18 +207,15 @@ class RowReader:
         groups: dict = {}
         for rows, version in requests:
             if not len(rows):
-                continue
-            sources = column_sources(schema, self.annotated(version))
-            columns = [s.name for s in sources if s is not None and not is_blob(s)]
+                continue  # (an empty read may name a version that does not exist: 0)
+            _, columns = self._columns(schema, version)
             if not columns:
                 continue
             manifest = self.table.manifest(version, operation=False)
             frags = manifest.fragment_map
             arrow = self.arrow_schema(version)
             fields = [arrow.field(c) for c in columns]
-            order = np.lexsort((rows.offsets, rows.fragment_ids))
-            bounds = np.flatnonzero(np.diff(rows.fragment_ids[order])) + 1
-            for chunk in np.split(order, bounds):
+            for chunk in _by_fragment(rows)[1]:
                 frag = frags.get(int(rows.fragment_ids[chunk[0]]))
                 if frag is None:
                     continue  # read_unordered reports it
@@ -324,6 +324,14 @@ class RowReader:
             reader = None
         with _FILES_LOCK:
             return _FILES.put(key, reader)
+
+
+def _by_fragment(rows: RowSet) -> tuple[np.ndarray, list[np.ndarray]]:
+    """The order that sorts `rows` by fragment, then physical offset, and that order cut
+    into one run of positions per fragment."""
+    order = np.lexsort((rows.offsets, rows.fragment_ids))
+    bounds = np.flatnonzero(np.diff(rows.fragment_ids[order])) + 1
+    return order, np.split(order, bounds)
 
 
 def _has_scattered(offsets: np.ndarray) -> bool:
