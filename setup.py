@@ -1,0 +1,18 @@
+"""lance-cdf's compiled parts (C extensions next to the module that uses each one).
+
+Package metadata lives in pyproject.toml; this file only lists the extensions. Each is
+optional: where no C compiler is present the install goes on and the module that uses it
+runs its pure-Python path (slower, same results).
+"""
+
+from setuptools import Extension, setup
+
+# (module, sources, extra libraries)
+NATIVE: list[tuple[str, list[str], list[str]]] = []
+
+setup(
+    ext_modules=[
+        Extension(name, sources, libraries=libs, optional=True, extra_compile_args=["-O2"])
+        for name, sources, libs in NATIVE
+    ]
+)
