@@ -1,9 +1,10 @@
 # Image for the lance-cdf services in docker-compose.yml.
 FROM python:3.11-slim
+# gcc + libc6-dev: the compiled producer loop (setup.py; optional, Python falls back)
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
-    && rm -rf /var/lib/apt/lists/*
+    gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY lance_cdf lance_cdf
 COPY schemas schemas
 RUN pip install --no-cache-dir -e .

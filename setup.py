@@ -8,7 +8,10 @@ runs its pure-Python path (slower, same results).
 from setuptools import Extension, setup
 
 # (module, sources, extra libraries)
-NATIVE: list[tuple[str, list[str], list[str]]] = []
+NATIVE: list[tuple[str, list[str], list[str]]] = [
+    # the publisher's per-record loop (librdkafka is dlopened at run time, not linked)
+    ("lance_cdf.kafka._produce", ["lance_cdf/kafka/_produce.c"], ["dl"]),
+]
 
 setup(
     ext_modules=[
