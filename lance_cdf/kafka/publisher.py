@@ -338,8 +338,9 @@ class KafkaChangePublisher:
 
         consumer = self._consumer()
         marks: dict[int, tuple[int, int, int, int] | None] = {}
+        every = self._watermarks(partitions)
         for p in sorted(partitions):
-            watermarks = self._watermarks(p)
+            watermarks = every[p]
             known = self._settled.get(p)
             if known is not None and known[0] == watermarks:
                 marks[p] = known[1]
@@ -384,13 +385,29 @@ class KafkaChangePublisher:
             self._marks_consumer.close()
             self._marks_consumer = None
 
-    def _watermarks(self, partition: int) -> tuple[int, int]:
+    def _watermarks(self, partitions) -> dict[int, tuple[int, int]]:
+        """(low, high) watermarks of each partition, in two requests for all of them
+        (ListOffsets for "earliest" (-2) and "latest" (-1), what `get_watermark_offsets`
+        asks one partition at a time)."""
         from confluent_kafka import TopicPartition
 
-        low, high = self._consumer().get_watermark_offsets(
-            TopicPartition(self.topic, partition), timeout=self.flush_timeout, cached=False
-        )
-        return low, high
+        partitions = sorted(partitions)
+        if not partitions:
+            return {}
+        out: dict[int, list[int]] = {p: [0, 0] for p in partitions}
+        for i, when in enumerate((-2, -1)):  # earliest, latest
+            answer = self._consumer().offsets_for_times(
+                [TopicPartition(self.topic, p, when) for p in partitions],
+                timeout=self.flush_timeout,
+            )
+            for tp in answer:
+                if tp.error is not None or tp.offset < 0:
+                    raise PublishError(
+                        f"could not read the offsets of {self.topic!r} partition {tp.partition}"
+                        f": {tp.error or tp.offset}; the micro-batch fails and is retried."
+                    )
+                out[tp.partition][i] = tp.offset
+        return {p: (low, high) for p, (low, high) in out.items()}
 
     def begin(self) -> None:
         """Start a micro-batch: let records of an earlier, failed attempt drain and forget
@@ -410,10 +427,14 @@ class KafkaChangePublisher:
                 f"{failures} delivery failure(s) on {self.topic!r}"
                 f"{': ' + first if failures else ''}; the micro-batch fails and is retried."
             )
-        for p, position in sent_last.items():  # every record is in: the partition ends here
-            try:
-                self._settled[p] = (self._watermarks(p), position)
-            except Exception:  # noqa: BLE001 (only an optimisation: read it next time)
+        try:  # every record is in: each partition written ends with its last position
+            every = self._watermarks(sent_last)
+        except Exception:  # noqa: BLE001 (only an optimisation: read them next time)
+            every = {}
+        for p, position in sent_last.items():
+            if p in every:
+                self._settled[p] = (every[p], position)
+            else:
                 self._settled.pop(p, None)
 
     def _drain(self) -> tuple[int, int, str]:
