@@ -33,16 +33,18 @@ def joiner(request, monkeypatch):
 def test_compiled_join_refuses_parts_that_do_not_fit_their_buffers(joiner):
     m = np.zeros((3, 4), np.uint8)
     with pytest.raises(ValueError, match="length 5 is outside 0..4"):
-        encoder._assemble.concat(3, [(0, m, 4, 4, np.array([1, 5, 0], np.int64))])
+        encoder._assemble.concat(3, [(0, m, 4, 4, np.array([1, 5, 0], np.int64))], bytearray)
     with pytest.raises(ValueError, match="do not fit"):
-        encoder._assemble.concat(4, [(0, m, 4, 4, None)])
+        encoder._assemble.concat(4, [(0, m, 4, 4, None)], bytearray)
     with pytest.raises(ValueError, match="outside its 2 data bytes"):
-        encoder._assemble.concat(1, [(1, np.array([0, 3], np.int64), b"ab", None)])
+        encoder._assemble.concat(1, [(1, np.array([0, 3], np.int64), b"ab", None)], bytearray)
     offsets, data = encoder._assemble.concat(
         2, [(0, np.array([[7, 8]], np.uint8), 2, 0, np.array([1, 2], np.int64)),
-            (1, np.array([0, 1, 3], np.int64), b"xyz", np.array([1, 0], np.uint8))]
+            (1, np.array([0, 1, 3], np.int64), b"xyz", np.array([1, 0], np.uint8))], bytearray
     )  # fmt: skip
-    assert np.frombuffer(offsets, np.int64).tolist() == [0, 2, 4] and data == b"\x07x\x07\x08"
+    assert (
+        np.frombuffer(offsets, np.int64).tolist() == [0, 2, 4] and bytes(data) == b"\x07x\x07\x08"
+    )
 
 
 def _mask(rng, n, p=0.2):

@@ -6,14 +6,16 @@
  * part 0's bytes of that record, then part 1's, ...). In numpy that step costs several
  * whole-batch copies, masks and a join; here it is two passes over the records.
  *
- * concat(n, parts) -> (offsets, data): `parts` is a sequence of
+ * concat(n, parts, allocate) -> (offsets, data): `parts` is a sequence of
  *   (0, m, width, step, lens)   fixed-width rows: record i's bytes start at m + i * step
  *                               (step 0: the same bytes for every record), its length is
  *                               lens[i] (int64, None: width);
  *   (1, offsets, data, valid)   variable-width: record i's bytes are
  *                               data[offsets[i]:offsets[i + 1]] (int64 offsets), none
  *                               where valid[i] (uint8, None: all valid) is 0.
- * It returns the int64 offsets (n + 1) and the data of the joined column as bytes objects.
+ * It returns the int64 offsets (n + 1) of the joined column as bytes, and its data in the
+ * writable buffer `allocate(size)` returns (pyarrow's allocator: its pages are reused,
+ * where a fresh bytes object of tens of MB is zeroed by the kernel page by page).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -108,10 +110,11 @@ static inline const char *part_bytes(const Part *p, Py_ssize_t i) {
 
 static PyObject *concat(PyObject *self, PyObject *args) {
     Py_ssize_t n, np_ = 0, filled = 0;
-    PyObject *seq, *parts_obj, *offsets = NULL, *data = NULL, *result = NULL;
+    PyObject *seq, *parts_obj, *allocate, *offsets = NULL, *data = NULL, *result = NULL;
+    Py_buffer out_view = {0};
     Part *parts = NULL;
     (void)self;
-    if (!PyArg_ParseTuple(args, "nO", &n, &parts_obj) || n < 0) {
+    if (!PyArg_ParseTuple(args, "nOO", &n, &parts_obj, &allocate) || n < 0) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "n must be >= 0");
         return NULL;
     }
@@ -137,9 +140,13 @@ static PyObject *concat(PyObject *self, PyObject *args) {
         for (Py_ssize_t k = 0; k < np_; k++) len += part_len(&parts[k], i);
         off[i + 1] = off[i] + len;
     }
-    data = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)off[n]);
-    if (!data) goto out;
-    char *dst = PyBytes_AS_STRING(data);
+    data = PyObject_CallFunction(allocate, "n", (Py_ssize_t)off[n]);
+    if (!data || PyObject_GetBuffer(data, &out_view, PyBUF_WRITABLE)) goto out;
+    if (out_view.len < (Py_ssize_t)off[n]) {
+        PyErr_SetString(PyExc_ValueError, "allocate(size) returned a smaller buffer");
+        goto out;
+    }
+    char *dst = out_view.buf;
     Py_BEGIN_ALLOW_THREADS
     for (Py_ssize_t i = 0; i < n; i++)
         for (Py_ssize_t k = 0; k < np_; k++) {
@@ -150,6 +157,7 @@ static PyObject *concat(PyObject *self, PyObject *args) {
     Py_END_ALLOW_THREADS
     result = PyTuple_Pack(2, offsets, data);
 out:
+    if (out_view.obj) PyBuffer_Release(&out_view);
     for (Py_ssize_t k = 0; k < filled; k++) part_release(&parts[k]);
     PyMem_Free(parts);
     Py_DECREF(seq);
@@ -159,7 +167,7 @@ out:
 }
 
 static PyMethodDef methods[] = {
-    {"concat", concat, METH_VARARGS, "concat(n, parts) -> (int64 offsets, data) as bytes"},
+    {"concat", concat, METH_VARARGS, "concat(n, parts, allocate) -> (int64 offsets as bytes, data from allocate(size))"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_assemble", NULL, -1, methods};

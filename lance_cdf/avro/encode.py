@@ -195,9 +195,9 @@ def assemble(parts: list, n: int) -> pa.LargeBinaryArray:
         else:
             valid = None if p.valid is None else np.ascontiguousarray(p.valid, np.uint8)
             spec.append((1, np.ascontiguousarray(p.offsets, np.int64), p.data, valid))
-    offsets, data = _assemble.concat(n, spec)
+    offsets, data = _assemble.concat(n, spec, pa.allocate_buffer)
     return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data)]
+        pa.large_binary(), n, [None, pa.py_buffer(offsets), data]
     )
 
 
