@@ -182,7 +182,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             if feed is None:
                 feed = ChangeFeed(table, storage)
                 exact = table_types(user_schema_of(events.schema), feed, max(versions))
-                publisher = self._publisher(exact)
+                with _archives_last():  # the registry client looks its version up
+                    publisher = self._publisher(exact)
                 publisher.begin()  # a retried task starts clean
                 if exactly_once:  # how far an earlier attempt got, per owned partition
                     marks = publisher.high_water_marks(owned)
