@@ -9,8 +9,6 @@ from setuptools import Extension, setup
 
 # (module, sources, extra libraries)
 NATIVE: list[tuple[str, list[str], list[str]]] = [
-    # the publisher's per-record loop (librdkafka is dlopened at run time, not linked)
-    ("lance_cdf.kafka._produce", ["lance_cdf/kafka/_produce.c"], ["dl"]),
     # the Avro encoder's last step: its parts joined record by record
     ("lance_cdf.avro._assemble", ["lance_cdf/avro/_assemble.c"], []),
 ]
