@@ -11,6 +11,8 @@ from setuptools import Extension, setup
 NATIVE: list[tuple[str, list[str], list[str]]] = [
     # the Avro encoder's last step: its parts joined record by record
     ("lance_cdf.avro._assemble", ["lance_cdf/avro/_assemble.c"], []),
+    # planning's byte decoders: deletion files (zstd by dlopen) and Range row-ID sequences
+    ("lance_cdf.format._decode", ["lance_cdf/format/_decode.c"], ["dl"]),
 ]
 
 setup(

@@ -14,6 +14,11 @@ from google.protobuf.message import DecodeError
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import rowids_pb2
 
+try:  # Range-only sequences read in C (setup.py; optional: `_range_segments` is the fallback)
+    from lance_cdf.format import _decode as _native
+except ImportError:  # pragma: no cover - built wherever a C compiler is present
+    _native = None
+
 U64 = np.uint64
 EMPTY_U64 = np.zeros(0, dtype=U64)
 
@@ -195,6 +200,10 @@ class RowIdSequence:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
+        if _native is not None:
+            ranges = _native.range_segments(data)
+            if ranges is not None:
+                return cls.from_ranges(*(np.frombuffer(r, dtype=U64) for r in ranges))
         ranges = _range_segments(data)
         if ranges is not None:
             return cls.from_ranges(*ranges)
