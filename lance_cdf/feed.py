@@ -27,13 +27,20 @@ DEFAULT_BATCH_SIZE = 65536
 class ChangeFeed:
     """Change events of the Lance table at `uri`, one commit at a time."""
 
-    def __init__(self, uri: str, storage_options: dict[str, str] | None = None):
+    def __init__(
+        self,
+        uri: str,
+        storage_options: dict[str, str] | None = None,
+        *,
+        check_latest: bool = True,
+    ):
         self.table = TableLog(uri, storage_options)
         self.reader = RowReader(self.table)
         # versions never change once written, so their plans can be kept
         self._plans: LruCache = LruCache(16)
-        latest = self.table.manifest(self.table.latest_version, operation=False)
-        self.table.require_stable_row_ids(latest)
+        if check_latest:  # fail at once on a table without stable row IDs
+            latest = self.table.manifest(self.table.latest_version, operation=False)
+            self.table.require_stable_row_ids(latest)
 
     @property
     def uri(self) -> str:
@@ -254,11 +261,13 @@ def read_changes(
     the range in memory). `drop_unchanged_updates=True`: leave out update pairs
     whose images are equal on every returned column.
     """
-    feed = ChangeFeed(uri, storage_options)
+    # Not the latest manifest: its size follows the table's history (a table whose commits
+    # rewrote rows scattered everywhere has manifests of megabytes), not the range asked
+    # for; the range's own manifests are checked for stable row IDs instead.
+    feed = ChangeFeed(uri, storage_options, check_latest=False)
     # the feed listed the versions a moment ago: one LIST per query
     if snapshot:
         start, end = feed.resolve_snapshot(start_version, end_version, refresh=False)
-        user_schema = feed.user_schema(start + 1, end, columns)
         first_change = start + 1
     else:
         if start_version is None:
@@ -267,8 +276,9 @@ def read_changes(
                 "unless snapshot=True, where it is the version to snapshot (default: latest)."
             )
         start, end = feed.resolve_range(start_version, end_version, refresh=False)
-        user_schema = feed.user_schema(start, end, columns)
         first_change = start
+    feed.table.require_stable_row_ids(feed.table.manifest(end, operation=False))
+    user_schema = feed.user_schema(first_change, end, columns)
 
     def events() -> Iterator[pa.RecordBatch]:
         if snapshot:

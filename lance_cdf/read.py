@@ -17,6 +17,7 @@ import threading
 from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -59,8 +60,36 @@ _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-pref
 # every call of a ChangeFeed and every read_changes call.
 _FILES: LruCache = LruCache(256)
 _FILES_LOCK = threading.Lock()
-# an open data file reader, the lock that serialises its calls, the columns read from it
-_FileColumns = tuple  # (LanceFileReader, threading.Lock, names stored in the file, names read)
+# the readers of one data file, the names it stores the columns under, the names read
+_FileColumns = tuple  # (_Readers, names stored in the file, names read)
+
+
+class _Readers:
+    """Open readers of one data file, projecting the same columns, lent one per call.
+
+    A pylance file reader serves one call at a time ("Already borrowed"); a second reader
+    of the same file lets two reads of it decode at once: the chunks of a large commit's
+    rows (a 100,000-row insert is two 65,536-event chunks of one file) read concurrently
+    instead of one after the other (34 -> ~20 ms for 100,000 rows of a 128-d vector
+    table on 2 cores). A reader is opened only when every open one is busy, so at most as
+    many as reads run at once (the read pools' threads)."""
+
+    def __init__(self, first, open_another):
+        self._free = [first]
+        self._open = open_another
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def borrow(self):
+        with self._lock:
+            reader = self._free.pop() if self._free else None
+        if reader is None:
+            reader = self._open()
+        try:
+            yield reader
+        finally:
+            with self._lock:
+                self._free.append(reader)
 
 
 class RowReader:
@@ -289,8 +318,8 @@ class RowReader:
         arrow: pa.Schema,
         manifest: Manifest,
         leaf_ids: list[int],
-    ) -> tuple[lance.file.LanceFileReader, threading.Lock, list[str]] | None:
-        """An open reader of data file `path` projecting `columns` (names at the version
+    ) -> tuple[_Readers, list[str]] | None:
+        """Open readers of data file `path` projecting `columns` (names at the version
         read), with the names the file stores them under, or None when that cannot be
         told for certain or a type differs (then the fragment API reads the fragment).
 
@@ -317,8 +346,11 @@ class RowReader:
                 stored.field(s).type == arrow.field(c).type
                 for s, c in zip(names, columns, strict=True)
             ):
-                projected = lance.file.LanceFileReader(url, storage_options=opts, columns=names)
-                reader = (projected, threading.Lock(), names)
+
+                def projected():
+                    return lance.file.LanceFileReader(url, storage_options=opts, columns=names)
+
+                reader = (_Readers(projected(), projected), names)
         except (OSError, ValueError, KeyError):
             # a file that cannot be opened at all fails in the fragment API with its error
             reader = None
@@ -348,7 +380,7 @@ def _merge_key(layout: list[_FileColumns], fields: list[pa.Field]) -> tuple:
     """The data files (their open readers, shared by every version) and columns a
     physical read covers: reads with equal keys return rows of the same files alike."""
     return (
-        tuple(id(reader) for reader, *_ in layout),
+        tuple(id(readers) for readers, *_ in layout),
         tuple((f.name, str(f.type)) for f in fields),
     )
 
@@ -456,11 +488,11 @@ def _take_physical(
         order = np.concatenate([np.arange(s, e) for s, e in runs] + [scattered])
     got_columns = {}
     by_name = {f.name: f for f in fields}
-    for reader, lock, stored, wanted in layout:
+    for readers, stored, wanted in layout:
         as_read = dict(zip(stored, wanted, strict=True))
-        inner = getattr(reader, "_reader", None)
         max_rows = _max_rows([by_name[w] for w in wanted])
-        with lock:  # a reader serves one call at a time (pylance: "Already borrowed")
+        with readers.borrow() as reader:  # one call at a time each (pylance: "Already borrowed")
+            inner = getattr(reader, "_reader", None)
             if not runs:
                 got = _file_take(reader, inner, offsets, max_rows)
             else:

@@ -194,6 +194,10 @@ def test_clear_errors(tmp_path):
     lance.write_dataset(pa.table({"id": [1]}), plain)
     with pytest.raises(StableRowIdsRequiredError, match="cannot be turned on"):
         lance_cdf.read_changes(plain, 1)
+    with pytest.raises(StableRowIdsRequiredError, match="cannot be turned on"):
+        lance_cdf.read_changes(plain, snapshot=True)
+    with pytest.raises(StableRowIdsRequiredError, match="cannot be turned on"):
+        lance_cdf.ChangeFeed(plain)
     uri = make(tmp_path, n=3)
     with pytest.raises(VersionNotFoundError, match="latest version is 1"):
         lance_cdf.read_changes(uri, 5)
@@ -219,3 +223,36 @@ def test_corrupt_deletion_file_is_named(tmp_path):
         f.truncate(10)
     with pytest.raises(CorruptFileError, match=name):
         changes(uri, 2)
+
+
+def test_a_range_reads_only_its_own_manifests(tmp_path, monkeypatch):
+    """read_changes(a, b) parses the manifests of versions a-1..b and no other (the latest
+    one's size follows the table's history, not the range), and the transaction of the
+    base version a-1 is never parsed (a large commit's is megabytes)."""
+    import lance_cdf.format.manifest as manifest
+    import lance_cdf.format.table as table
+
+    uri = make(tmp_path)
+    ds = lance.dataset(uri)
+    ds.update({"v": "v + 1"}, where="id % 3 = 0")
+    lance.dataset(uri).delete("id % 5 = 0")
+    lance.dataset(uri).insert(pa.table({"id": [1000], "v": [1.0], "s": ["x"]}))
+    assert lance.dataset(uri).version == 4
+    manifests, transactions = [], []
+    parse_manifest, parse_transaction = table.parse_manifest, manifest.parse_transaction
+
+    def spied_manifest(data, path="<manifest>"):
+        m = parse_manifest(data, path)
+        manifests.append(m.version)
+        return m
+
+    def spied_transaction(data, path):
+        transactions.append(path)
+        return parse_transaction(data, path)
+
+    monkeypatch.setattr(table, "parse_manifest", spied_manifest)
+    monkeypatch.setattr(manifest, "parse_transaction", spied_transaction)
+    got = changes(uri, 2)
+    assert sorted(manifests) == [1, 2]
+    assert len(transactions) == 1  # version 2's: its operation names the commit
+    assert feed_events(got, 2) == snapshot_events(uri, 2)

@@ -6,7 +6,11 @@ Forcing each path over the same random histories must give the same events, equa
 brute-force oracle.
 """
 
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
 import lance
+import lance.file
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -59,6 +63,52 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
     assert _events(uri).equals(default)
     monkeypatch.setattr(read, "_file_columns", lambda *a: None)  # pylance's fragment API
     assert _events(uri).equals(default)
+
+
+def test_one_data_file_read_by_several_threads_at_once(tmp_path):
+    """A data file's readers are lent one per call (pylance's reader serves one call at a
+    time): threads reading the same file at once each get their own reader, opened only
+    when every open one is busy, and read the right rows; and a commit whose images are
+    read in many concurrent chunks of one file gives the same events as one chunk."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(4000), "x": np.arange(4000) * 0.5}),
+        uri,
+        enable_stable_row_ids=True,
+    )
+    ds = lance.dataset(uri)
+    path = f"{uri}/data/{ds.get_fragments()[0].data_files()[0].path}"
+    opened = []
+
+    def open_reader():
+        opened.append(1)
+        return lance.file.LanceFileReader(path, columns=["id"])
+
+    readers = read._Readers(open_reader(), open_reader)
+    barrier = threading.Barrier(4)
+
+    def hold_and_read(k):
+        with readers.borrow() as reader:
+            barrier.wait(timeout=30)  # all four hold a reader at once
+            rows = np.arange(k, 4000, 97, dtype=np.uint64)
+            got = reader._reader.take_rows(rows, 1024, 16).read_all()["id"].to_numpy()
+            return id(reader), np.array_equal(got, rows.astype(np.int64))
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(hold_and_read, range(4)))
+    assert len({r for r, _ in results}) == 4 and all(ok for _, ok in results)
+    assert len(opened) == 4
+    with readers.borrow():
+        pass
+    assert len(opened) == 4  # a free reader is lent again, none opened
+
+    ds.update({"x": "x + 1"}, where="id % 3 = 0")
+    lance.dataset(uri).delete("id % 7 = 0")
+    whole = lance_cdf.read_changes(uri, 1).read_all()
+    assert lance_cdf.read_changes(uri, 1, batch_size=64).read_all().equals(whole)
+    latest = lance.dataset(uri).version
+    for version in range(1, latest + 1):
+        assert feed_events_renamed(uri, whole, version, latest) == snapshot_events(uri, version)
 
 
 def count_merges(monkeypatch) -> list[int]:

@@ -147,7 +147,28 @@ class Manifest:
 
     path: str
     proto: table_pb2.Manifest = field(repr=False)
-    transaction: transaction_pb2.Transaction | None = field(repr=False, default=None)
+    # the transaction from its own file under _transactions/ (TableLog fetches it)
+    external_transaction: transaction_pb2.Transaction | None = field(repr=False, default=None)
+    # the bytes of the transaction inside the manifest, parsed when first asked for: the
+    # base version of a diff never needs it, and a large commit's is megabytes
+    inline_transaction: bytes | None = field(repr=False, default=None)
+
+    @cached_property
+    def transaction(self) -> transaction_pb2.Transaction | None:
+        if self.external_transaction is not None:
+            return self.external_transaction
+        if self.inline_transaction is None:
+            return None
+        return parse_transaction(self.inline_transaction, self.path)
+
+    @property
+    def needs_transaction_file(self) -> bool:
+        """Whether the operation is only in a `_transactions/` file not fetched yet."""
+        return (
+            bool(self.proto.transaction_file)
+            and self.external_transaction is None
+            and self.inline_transaction is None
+        )
 
     @property
     def version(self) -> int:
@@ -245,11 +266,10 @@ def parse_manifest(data: bytes, path: str = "<manifest>") -> Manifest:
         proto = table_pb2.Manifest.FromString(body)
     except DecodeError as exc:
         raise _corrupt(path, f"the Manifest protobuf does not decode ({exc})") from None
-    transaction = None
+    section = None
     # pylance 14 announces the inline transaction with field 23 (its position may be 0)
     for name in ("transaction_position", "transaction_section"):
         if proto.HasField(name):
             section = _framed(data, getattr(proto, name), path, "transaction section")
-            transaction = parse_transaction(section, path)
             break
-    return Manifest(path=path, proto=proto, transaction=transaction)
+    return Manifest(path=path, proto=proto, inline_transaction=section)

@@ -128,7 +128,7 @@ class TableLog:
         cached = self._manifests.get(version)
         if cached is not None:
             self._manifests.move_to_end(version)
-            if operation and cached.transaction is None and cached.transaction_file:
+            if operation and cached.needs_transaction_file:
                 return self._manifests.put(version, self._with_transaction(cached))
             return cached
         path = manifest_path(version, self._scheme)
@@ -143,7 +143,7 @@ class TableLog:
                 f"manifest {self.fs.root}/{path} says it is version {manifest.version}, not "
                 f"{version}; the _versions/ directory is damaged. Restore it from a backup."
             )
-        if operation and manifest.transaction is None and manifest.transaction_file:
+        if operation and manifest.needs_transaction_file:
             manifest = self._with_transaction(manifest)
         return self._manifests.put(version, manifest)
 
@@ -154,7 +154,7 @@ class TableLog:
         except FileNotFoundError:
             # transaction files may be cleaned up; the operation is then "Unknown"
             tx = transaction_pb2.Transaction()
-        return Manifest(path=manifest.path, proto=manifest.proto, transaction=tx)
+        return Manifest(path=manifest.path, proto=manifest.proto, external_transaction=tx)
 
     def missing_version_error(self, version: int) -> VersionNotFoundError:
         if self._versions and version > self.latest_version:
