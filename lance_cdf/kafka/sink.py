@@ -180,7 +180,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         for events in carry_update_pairs(iterator):
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
             if feed is None:
-                feed = ChangeFeed(table, storage)
+                # the source checked the table; the latest manifest is not needed here
+                feed = ChangeFeed(table, storage, check_latest=False)
                 exact = table_types(user_schema_of(events.schema), feed, max(versions))
                 with _archives_last():  # the registry client looks its version up
                     publisher = self._publisher(exact)
