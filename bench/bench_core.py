@@ -191,6 +191,9 @@ def run_size(args, rows: int) -> dict:
                 repeat = args.repeat if changes < 100_000 else max(1, args.repeat // 2)
                 row = dict(rows=rows, changes=changes, layout=layout, change=change)
                 row.update(start=a, end=b, commit_s=commit_s)
+                # untimed: the pages of the images every method reads (the first method
+                # timed on a fresh commit otherwise pays the disk reads for all of them)
+                run_cold(base, a, b)
                 for name, fn, arg in (
                     ("warm", run_warm, feed),
                     ("cold", run_cold, base),

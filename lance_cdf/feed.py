@@ -71,6 +71,8 @@ class ChangeFeed:
     def user_schema(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """Columns of the events of versions start..end (see README: schema across a range)."""
         versions = range(max(start - 1, 1), end + 1)
+        if start > 1:  # the base of the first step: its own commit's operation is not needed
+            self.table.manifest(start - 1, operation=False, base=True)
         return self.union_of(versions, columns, f"versions {start}..{end}")
 
     def union_of(
@@ -277,7 +279,7 @@ def read_changes(
             )
         start, end = feed.resolve_range(start_version, end_version, refresh=False)
         first_change = start
-    feed.table.require_stable_row_ids(feed.table.manifest(end, operation=False))
+    feed.table.require_stable_row_ids(feed.table.manifest(end))  # planned below anyway
     user_schema = feed.user_schema(first_change, end, columns)
 
     def events() -> Iterator[pa.RecordBatch]:

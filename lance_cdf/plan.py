@@ -203,7 +203,10 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     changed = []  # (old entry or None, new entry) of every entry that differs
     for fid, nf in new_frags.items():
         of = old_frags.get(fid)
-        if of is None or of.key() != nf.key():  # identical entries: same rows and deletions
+        # identical entries: same rows and deletions. Message equality (unknown fields
+        # included) costs less than comparing serializations: 0.75 against 2.5 ms for the
+        # 66 entries of a 10 MB manifest, whose row-ID sequences are most of its bytes
+        if of is None or of.proto != nf.proto:
             changed.append((of, nf))
     # the deletion files this commit wrote (one per fragment a scattered change touched)
     table.prefetch_deletions([f for pair in changed for f in pair if f is not None])
@@ -317,7 +320,7 @@ def resolve_range(
 def plan_version(table: TableLog, version: int) -> VersionChanges:
     """The change plan of one commit (version - 1 -> version)."""
     new = table.manifest(version)
-    old = table.manifest(version - 1, operation=False) if version > 1 else None
+    old = table.manifest(version - 1, operation=False, base=True) if version > 1 else None
     if old is not None:
         table.require_stable_row_ids(old)
     return diff_manifests(table, old, new)

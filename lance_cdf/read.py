@@ -60,6 +60,9 @@ _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-pref
 # every call of a ChangeFeed and every read_changes call.
 _FILES: LruCache = LruCache(256)
 _FILES_LOCK = threading.Lock()
+# Arrow schemas by (table, fields, schema metadata): what pylance says a manifest's schema is
+_SCHEMAS: LruCache = LruCache(256)
+_SCHEMAS_LOCK = threading.Lock()
 # the readers of one data file, the names it stores the columns under, the names read
 _FileColumns = tuple  # (_Readers, names stored in the file, names read)
 
@@ -99,7 +102,7 @@ class RowReader:
         self.table = table
         self.remote = not isinstance(table.fs, LocalFileSystem)
         self._datasets: LruCache = LruCache(4)
-        self._schemas: dict[bytes, pa.Schema] = {}
+        self._schemas: dict[tuple, pa.Schema] = {}  # annotated schemas
         self._layouts: LruCache = LruCache(1024)
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
         # rows of several requests read together (merge_reads): per data-file reader group
@@ -129,11 +132,17 @@ class RowReader:
         return ds
 
     def arrow_schema(self, version: int) -> pa.Schema:
-        """The table's Arrow schema at a version (cached per distinct schema)."""
-        key = self.table.manifest(version, operation=False).schema_key()
-        schema = self._schemas.get(key)
+        """The table's Arrow schema at a version, cached per distinct schema for the
+        process: a fresh read_changes call does not open a pylance dataset for it (~2 ms)."""
+        manifest = self.table.manifest(version, operation=False)
+        meta = tuple(sorted(manifest.proto.schema_metadata.items()))
+        key = (self.table.uri, manifest.schema_key(), meta)
+        with _SCHEMAS_LOCK:
+            schema = _SCHEMAS.get(key)
         if schema is None:
-            schema = self._schemas[key] = self.dataset(version).schema
+            schema = self.dataset(version).schema
+            with _SCHEMAS_LOCK:
+                _SCHEMAS.put(key, schema)
         return schema
 
     def annotated(self, version: int) -> pa.Schema:

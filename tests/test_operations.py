@@ -241,8 +241,8 @@ def test_a_range_reads_only_its_own_manifests(tmp_path, monkeypatch):
     manifests, transactions = [], []
     parse_manifest, parse_transaction = table.parse_manifest, manifest.parse_transaction
 
-    def spied_manifest(data, path="<manifest>"):
-        m = parse_manifest(data, path)
+    def spied_manifest(data, path="<manifest>", transaction=True):
+        m = parse_manifest(data, path, transaction)
         manifests.append(m.version)
         return m
 
@@ -256,3 +256,15 @@ def test_a_range_reads_only_its_own_manifests(tmp_path, monkeypatch):
     assert sorted(manifests) == [1, 2]
     assert len(transactions) == 1  # version 2's: its operation names the commit
     assert feed_events(got, 2) == snapshot_events(uri, 2)
+    manifests.clear()
+    transactions.clear()
+    got = lance_cdf.read_changes(uri, 2, 3).read_all()
+    assert sorted(manifests) == [1, 2, 3] and len(transactions) == 2  # each read once
+    assert feed_events(got, 3) == snapshot_events(uri, 3)
+    # a base version asked for again as a commit of a range gets its operation
+    log = lance_cdf.format.TableLog(uri)
+    assert log.manifest(3, operation=False, base=True).transaction_skipped
+    assert not log.manifest(2, operation=False).transaction_skipped
+    assert log.manifest(3).operation == "Delete" and log.manifest(2).operation == "Update"
+    feed = lance_cdf.ChangeFeed(uri)
+    assert [feed.plan(v).operation for v in (4, 3, 2)] == ["Append", "Delete", "Update"]

@@ -121,23 +121,28 @@ class TableLog:
         return version in self._versions or (self.fs.exists(manifest_path(version, self._scheme)))
 
     # -- manifests --------------------------------------------------------
-    def manifest(self, version: int, operation: bool = True) -> Manifest:
+    def manifest(self, version: int, operation: bool = True, base: bool = False) -> Manifest:
         """The manifest of `version`. With `operation=False` a transaction kept in its own
         file under `_transactions/` is not fetched (one request saved where the operation
-        name is not needed, e.g. the base version of a diff)."""
+        name is not needed, e.g. the base version of a diff); with `base=True` too, one
+        inside the manifest is not parsed (a large commit's is megabytes). Asked for again
+        with its operation, such a manifest is read again."""
         cached = self._manifests.get(version)
         if cached is not None:
             self._manifests.move_to_end(version)
-            if operation and cached.needs_transaction_file:
+            if operation and cached.transaction_skipped:
+                self._manifests.pop(version)  # read again, its transaction included
+            elif operation and cached.needs_transaction_file:
                 return self._manifests.put(version, self._with_transaction(cached))
-            return cached
+            else:
+                return cached
         path = manifest_path(version, self._scheme)
         try:
             data = self.fs.read(path)
         except FileNotFoundError:
             self.refresh()
             raise self.missing_version_error(version) from None
-        manifest = parse_manifest(data, f"{self.fs.root}/{path}")
+        manifest = parse_manifest(data, f"{self.fs.root}/{path}", transaction=operation or not base)
         if manifest.version != version:
             raise CorruptFileError(
                 f"manifest {self.fs.root}/{path} says it is version {manifest.version}, not "
