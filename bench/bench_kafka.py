@@ -19,6 +19,10 @@ run:
   * spark-kafka    Spark's built-in Kafka sink with to_avro (no registry) over the
                    same lance-cdf stream, when the spark-sql-kafka / spark-avro jars
                    resolve from Maven Central (--spark-kafka-version).
+Beside each rate: the whole machine's busy CPU per event over the same window
+(`machine_cpu_us_per_event`, from /proc/stat) and how busy the cores were
+(`machine_busy`, 1.0 = every core): on a machine whose cores are all in use, the rates
+follow the CPU each path needs per event.
 """
 
 from __future__ import annotations
@@ -78,6 +82,59 @@ def lance_cdf_publish(
     return _finish(q, t0, per_batch if handoff else 0)
 
 
+class MachineCpu:
+    """Busy CPU-seconds of the whole machine (/proc/stat: every process, the broker's and
+    Spark's JVMs included), sampled every 0.1 s: a path's CPU per event over its steady
+    window says what it costs where wall time only says how the shared cores were split."""
+
+    def __init__(self):
+        import threading
+
+        self.samples: list[tuple[float, float]] = []
+        self.cores = os.cpu_count() or 1
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def _run(self):
+        hz = os.sysconf("SC_CLK_TCK")
+        while not self._stop.is_set():
+            with open("/proc/stat") as f:
+                fields = [int(x) for x in f.readline().split()[1:]]
+            # user nice system idle iowait irq softirq steal
+            busy = sum(fields[:3]) + sum(fields[5:8])
+            self.samples.append((time.time(), busy / hz))
+            time.sleep(0.1)
+
+    def busy(self, t: float) -> float:
+        """Busy CPU-seconds up to wall-clock time `t` (interpolated)."""
+        import bisect
+
+        times = [s[0] for s in self.samples]
+        i = bisect.bisect_left(times, t)
+        if i == 0:
+            return self.samples[0][1]
+        if i >= len(times):
+            return self.samples[-1][1]
+        (ta, ba), (tb, bb) = self.samples[i - 1], self.samples[i]
+        return ba + (bb - ba) * (t - ta) / (tb - ta)
+
+    def window(self, t0: float, t1: float, events: int) -> dict:
+        used = self.busy(t1) - self.busy(t0)
+        return {
+            "machine_cpu_us_per_event": used / events * 1e6 if events else None,
+            "machine_busy": used / ((t1 - t0) * self.cores) if t1 > t0 else None,
+        }
+
+
+MACHINE: MachineCpu | None = None
+
+
+def _epoch(stamp: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
 def _finish(q, t0, per_batch=0) -> dict:
     """Total time, and the steady rate: micro-batches after the first (start-up).
     `per_batch`: the events of each micro-batch when its rows are not events."""
@@ -92,8 +149,14 @@ def _finish(q, t0, per_batch=0) -> dict:
             print("durations", p.batchId, p.numInputRows, dict(p.durationMs), flush=True)
     rest = batches[1:]
     steady = sum(n for n, _ in rest) / sum(s for _, s in rest) if rest else None
-    return {"s": total, "first_batch_s": batches[0][1] if batches else None, "steady_eps": steady,
-            "batches": len(batches)}  # fmt: skip
+    out = {"s": total, "first_batch_s": batches[0][1] if batches else None, "steady_eps": steady,
+           "batches": len(batches)}  # fmt: skip
+    progress = [p for p in q.recentProgress if p.numInputRows]
+    if MACHINE is not None and len(progress) > 1:  # the machine's CPU over micro-batches 2..
+        last = progress[-1]
+        end = _epoch(last.timestamp) + last.durationMs["triggerExecution"] / 1000
+        out.update(MACHINE.window(_epoch(progress[1].timestamp), end, sum(n for n, _ in rest)))
+    return out
 
 
 def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
@@ -119,7 +182,7 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
     producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
                          "acks": "all", "compression.type": "lz4", "linger.ms": 20,
                          "queue.buffering.max.messages": 500000})  # fmt: skip
-    t0 = time.perf_counter()
+    t0, wall0 = time.perf_counter(), time.time()
     for key, value in payload:
         while True:
             try:
@@ -128,7 +191,12 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
             except BufferError:
                 producer.poll(0.2)
     assert producer.flush(300) == 0
+    if MACHINE is not None:
+        CEILING_CPU.update(MACHINE.window(wall0, time.time(), len(payload)))
     return time.perf_counter() - t0, len(payload)
+
+
+CEILING_CPU: dict = {}
 
 
 def spark_kafka(spark, uri, kafka, topic, ck) -> dict:
@@ -170,6 +238,8 @@ def main() -> None:
     paths = ("coalesce1", "routed", "handoff", "ceiling", "spark")
     ap.add_argument("--paths", nargs="+", choices=paths, default=list(paths))
     args = ap.parse_args()
+    global MACHINE
+    MACHINE = MachineCpu()
 
     from pyspark.sql import SparkSession
 
@@ -248,6 +318,7 @@ def main() -> None:
                 rows=n, records=sent, commits=args.commits, writers=args.writers,
                 lance_cdf_coalesce1=cdf, lance_cdf_routed=routed, lance_cdf=handoff,
                 spark_kafka=sk, spark_kafka_error=sk_err, ceiling_s=ceil_s, ceiling_eps=ceil_eps,
+                ceiling_cpu=dict(CEILING_CPU),
                 lance_cdf_steady_vs_spark=ratio(best.get("steady_eps"), sk.get("steady_eps")),
                 lance_cdf_steady_vs_ceiling=ratio(best.get("steady_eps"), ceil_eps),
                 routed_steady_vs_spark=ratio(routed.get("steady_eps"), sk.get("steady_eps")),
