@@ -171,32 +171,25 @@ static int zstd_load(void) {
     return zstd_decompress != NULL;
 }
 
+static void insertion_sort(uint32_t *v, int64_t n) {
+    for (int64_t i = 1; i < n; i++) {
+        uint32_t x = v[i];
+        int64_t j = i;
+        while (j > 0 && v[j - 1] > x) {
+            v[j] = v[j - 1];
+            j--;
+        }
+        v[j] = x;
+    }
+}
+
 static void sort_u32(uint32_t *v, int64_t n) {
-    if (n < 64) { /* insertion sort */
-        for (int64_t i = 1; i < n; i++) {
-            uint32_t x = v[i];
-            int64_t j = i;
-            while (j > 0 && v[j - 1] > x) {
-                v[j] = v[j - 1];
-                j--;
-            }
-            v[j] = x;
-        }
+    uint32_t *tmp = n < 64 ? NULL : malloc(n * sizeof(uint32_t));
+    if (!tmp) { /* few values, or out of memory: in place */
+        insertion_sort(v, n);
         return;
     }
-    uint32_t *tmp = malloc(n * sizeof(uint32_t)); /* LSD radix sort, 4 passes of 8 bits */
-    if (!tmp) { /* out of memory: a slower in-place sort */
-        for (int64_t i = 1; i < n; i++) {
-            uint32_t x = v[i];
-            int64_t j = i;
-            while (j > 0 && v[j - 1] > x) {
-                v[j] = v[j - 1];
-                j--;
-            }
-            v[j] = x;
-        }
-        return;
-    }
+    /* LSD radix sort, 4 passes of 8 bits (a pass is skipped where all share the digit) */
     uint32_t *src = v, *dst = tmp;
     for (int shift = 0; shift < 32; shift += 8) {
         int64_t counts[257] = {0};
