@@ -478,6 +478,32 @@ def test_v1_naming_scheme(tmp_path):
         list_versions(LocalFileSystem(str(tmp_path / "empty")))
 
 
+@pytest.mark.parametrize("mapped", [False, True])
+def test_manifests_read_mapped_or_not_alike(tmp_path, monkeypatch, mapped):
+    """Manifests of 1 MB or more are memory-mapped while they are parsed: forced on every
+    file (and off), every version parses to the same message and operation, and a damaged
+    one still names the file."""
+    import lance_cdf.format.io as io
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(300)}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).update({"id": "id + 1000"}, where="id % 7 = 0")
+    lance.dataset(uri).delete("id % 5 = 0")
+    expected = {v: TableLog(uri).manifest(v) for v in (1, 2, 3)}
+    monkeypatch.setattr(io, "_MAP_AT_LEAST", 0 if mapped else 1 << 40)
+    log = TableLog(uri)
+    for v, m in expected.items():
+        got = log.manifest(v)
+        assert got.proto == m.proto and got.operation == m.operation and got.version == v
+    vdir = os.path.join(uri, "_versions")
+    path = sorted(os.path.join(vdir, n) for n in os.listdir(vdir) if n.endswith(".manifest"))[0]
+    data = bytearray(open(path, "rb").read())
+    with open(path, "wb") as fh:
+        fh.write(data[:-3])
+    with pytest.raises(CorruptFileError, match=os.path.basename(path)):
+        TableLog(uri).manifest(3)
+
+
 def test_corrupt_and_truncated_manifests_name_the_file(tmp_path):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)

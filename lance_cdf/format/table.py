@@ -137,12 +137,16 @@ class TableLog:
             else:
                 return cached
         path = manifest_path(version, self._scheme)
+        transaction = operation or not base
         try:
-            data = self.fs.read(path)
+            if isinstance(self.fs, LocalFileSystem):  # mapped: manifests can be tens of MB
+                with self.fs.read_mapped(path) as data:
+                    manifest = parse_manifest(data, f"{self.fs.root}/{path}", transaction)
+            else:
+                manifest = parse_manifest(self.fs.read(path), f"{self.fs.root}/{path}", transaction)
         except FileNotFoundError:
             self.refresh()
             raise self.missing_version_error(version) from None
-        manifest = parse_manifest(data, f"{self.fs.root}/{path}", transaction=operation or not base)
         if manifest.version != version:
             raise CorruptFileError(
                 f"manifest {self.fs.root}/{path} says it is version {manifest.version}, not "
