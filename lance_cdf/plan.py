@@ -211,13 +211,13 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     # the deletion files this commit wrote (one per fragment a scattered change touched)
     table.prefetch_deletions([f for pair in changed for f in pair if f is not None])
     for of, nf in changed:
-        if of is not None and of.lineage_key() == nf.lineage_key():
+        if of is not None and of.same_lineage(nf):
             # Same rows and versions at the same offsets; only the deletion file
             # moved. Newly deleted offsets left, undeleted offsets came back.
             d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
             removed.append((of, _bitmap_offsets(d_new - d_old)))
             added.append((nf, _bitmap_offsets(d_old - d_new)))
-            if may_change and of.data_files != nf.data_files:
+            if may_change and not of.same_data_files(nf):
                 # new data files under the same rows and versions: add_columns by a writer
                 # that bumped no versions (0.38.x), a data replacement, an old restore
                 pre, post = _rewritten_in_place(table, of, nf)

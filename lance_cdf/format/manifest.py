@@ -122,24 +122,27 @@ class FragmentInfo:
             files = self.__dict__["_data_files"] = tuple(f.path for f in self.proto.files)
         return files
 
-    def lineage_key(self) -> bytes:
-        """Identity of the rows and their versions, ignoring the deletion file."""
-        key = self.__dict__.get("_lineage_key")
-        if key is None:
-            key = self.__dict__["_lineage_key"] = self._lineage_key()
-        return key
+    def same_lineage(self, other: FragmentInfo) -> bool:
+        """Whether `other` has the same id, rows, row IDs and versions (its deletion file
+        aside), compared field by field in protobuf's C code (a scattered change's
+        entries carry kilobytes of row-ID ranges). Two entries that keep a sequence in
+        different places (inline, in a file) count as different lineages."""
+        a, b = self.proto, other.proto
+        if a.id != b.id or a.physical_rows != b.physical_rows:
+            return False
+        for oneof in ("row_id_sequence", "last_updated_at_version_sequence"):
+            name = a.WhichOneof(oneof)
+            if name != b.WhichOneof(oneof):
+                return False
+            if name is not None and getattr(a, name) != getattr(b, name):
+                return False
+        return True
 
-    def _lineage_key(self) -> bytes:
-        p = self.proto
-        parts = [str(p.id).encode(), str(p.physical_rows).encode()]
-        for oneof in (
-            "row_id_sequence",
-            "last_updated_at_version_sequence",
-        ):
-            name = p.WhichOneof(oneof)
-            value = getattr(p, name) if name else b""
-            parts.append(value if isinstance(value, bytes) else value.SerializeToString())
-        return b"\0|".join(parts)
+    def same_data_files(self, other: FragmentInfo) -> bool:
+        """Whether both entries list the same data file paths, in order."""
+        if self.proto.files == other.proto.files:  # equal entries: equal paths, in C
+            return True
+        return self.data_files == other.data_files
 
 
 @dataclass(frozen=True)
