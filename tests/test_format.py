@@ -18,6 +18,9 @@ from lance_cdf.format import (
     parse_manifest,
     rowids,
 )
+from lance_cdf.format import (
+    manifest as manifest_mod,
+)
 from lance_cdf.format._proto import rowids_pb2, table_pb2
 from lance_cdf.format.deletions import read_deletion_vector
 from lance_cdf.format.manifest import FragmentInfo
@@ -478,6 +481,140 @@ def test_v1_naming_scheme(tmp_path):
         list_versions(LocalFileSystem(str(tmp_path / "empty")))
 
 
+@pytest.fixture(params=["compiled", "python"])
+def entries_reader(request, monkeypatch):
+    """A test twice: manifests' fragment records found and compared by the compiled
+    reader (it must have been built: `make venv`) and by the Python one it falls back to."""
+    if request.param == "compiled":
+        assert manifest_mod._native is not None, "lance_cdf/format/_decode.c was not built"
+    else:
+        monkeypatch.setattr(manifest_mod, "_manifest_entries", manifest_mod._py_manifest_entries)
+        monkeypatch.setattr(manifest_mod, "_same_bytes", manifest_mod._py_same_bytes)
+    return request.param
+
+
+def _manifest_files(uri: str) -> dict[int, bytes]:
+    vdir = os.path.join(uri, "_versions")
+    out = {}
+    for name in os.listdir(vdir):
+        if name.endswith(".manifest"):
+            data = open(os.path.join(vdir, name), "rb").read()
+            out[parse_manifest(data).version] = data
+    return out
+
+
+def _whole_body(data: bytes) -> table_pb2.Manifest:
+    pos = struct.unpack_from("<Q", data, len(data) - 16)[0]
+    (length,) = struct.unpack_from("<I", data, pos)
+    return table_pb2.Manifest.FromString(data[pos + 4 : pos + 4 + length])
+
+
+@pytest.fixture(scope="module")
+def churned_manifests(tmp_path_factory) -> dict[int, bytes]:
+    """The manifests of a table after appends, scattered updates and deletes, a
+    merge_insert, a new column and a compaction (ids 0 included: proto3 leaves them out)."""
+    uri = str(tmp_path_factory.mktemp("entries") / "t.lance")
+    rng = np.random.default_rng(7)
+    n = 3000
+    lance.write_dataset(
+        pa.table({"id": np.arange(n), "v": rng.random(n)}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=700,
+    )
+    ds = lance.dataset(uri)
+    ds.update({"v": "v + 1"}, where="id % 97 = 3")
+    ds = lance.dataset(uri)
+    ds.delete("id % 89 = 5")
+    ds = lance.dataset(uri)
+    ids = rng.choice(n + 200, 400, replace=False)
+    src = pa.table({"id": ids, "v": rng.random(ids.size)})
+    ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(src)
+    lance.write_dataset(pa.table({"id": np.arange(n, n + 50), "v": rng.random(50)}), uri,
+                        mode="append")  # fmt: skip
+    lance.dataset(uri).add_columns({"w": "v * 2"})
+    lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=2000)
+    lance.dataset(uri).delete("id % 7 = 0")
+    return _manifest_files(uri)
+
+
+def test_manifest_entries_parse_as_protobuf_does(churned_manifests, entries_reader):
+    """Every version's fragment entries, left as bytes and parsed one by one, are the
+    message protobuf parses from the whole manifest, with the same ids and order; two
+    versions' entries are the same entry exactly when their messages are equal."""
+    parsed = {}
+    for v, data in sorted(churned_manifests.items()):
+        m = parse_manifest(data, f"v{v}")
+        whole = _whole_body(data)
+        assert m.entries is not None and len(m.proto.fragments) == 0
+        assert [f.id for f in m.fragments] == [f.id for f in whole.fragments]
+        assert m.whole_proto() == whole
+        parsed[v] = m
+    same = differ = 0
+    for v in sorted(parsed)[1:]:
+        old, new = parse_manifest(churned_manifests[v - 1]), parse_manifest(churned_manifests[v])
+        for fid, nf in new.fragment_map.items():
+            of = old.fragment_map.get(fid)
+            if of is None:
+                continue
+            expected = (
+                _whole_body(churned_manifests[v - 1]).fragments[
+                    [f.id for f in old.fragments].index(fid)
+                ]
+                == nf.proto
+            )
+            assert of.same_entry(nf) == expected, (v, fid)
+            same += expected
+            differ += not expected
+    assert same > 5 and differ > 5
+    assert 0 in {f.id for m in parsed.values() for f in m.fragments}
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_compiled_manifest_reader_agrees_with_python_on_damaged_bytes(churned_manifests, seed):
+    """Random byte changes, insertions and truncations of manifests: the compiled and the
+    Python readers of the top level both decline (None) or find the same records, and a
+    manifest read with its entries left as bytes is what protobuf parses whole: equal
+    messages where protobuf parses it, a CorruptFileError (at once or when the damaged
+    entry is looked into) where it does not."""
+    native = manifest_mod._native
+    assert native is not None, "lance_cdf/format/_decode.c was not built"
+    rng = np.random.default_rng(seed)
+    datas = [churned_manifests[v] for v in sorted(churned_manifests)]
+    accepted = 0
+    for _ in range(300):
+        data = datas[int(rng.integers(len(datas)))]
+        pos = struct.unpack_from("<Q", data, len(data) - 16)[0]
+        (length,) = struct.unpack_from("<I", data, pos)
+        body = bytearray(data[pos + 4 : pos + 4 + length])
+        what, at = rng.integers(4), int(rng.integers(len(body)))
+        if what == 0:
+            body[at] = int(rng.integers(256))
+        elif what == 1:
+            body.insert(at, int(rng.choice([0x12, 0x08, 0x80, 0xFF, 1, 0x0B])))
+        elif what == 2:
+            body = body[:at]
+        body = bytes(body)
+        compiled = native.manifest_entries(body, 0, len(body))
+        python = manifest_mod._py_manifest_entries(body, 0, len(body))
+        assert compiled == python, body.hex()
+        accepted += compiled is not None
+        framed = struct.pack("<I", len(body)) + body
+        file = framed + struct.pack("<QHH4s", 0, 0, 3, b"LANC")
+        try:
+            whole = table_pb2.Manifest.FromString(body)
+        except Exception:
+            whole = None
+        try:
+            got = parse_manifest(file, "damaged", transaction=False).whole_proto()
+        except CorruptFileError:
+            got = None
+        assert (got is None) == (whole is None), body.hex()
+        if got is not None:
+            assert got == whole
+    assert accepted > 100
+
+
 @pytest.mark.parametrize("mapped", [False, True])
 def test_manifests_read_mapped_or_not_alike(tmp_path, monkeypatch, mapped):
     """Manifests of 1 MB or more are memory-mapped while they are parsed: forced on every
@@ -494,7 +631,8 @@ def test_manifests_read_mapped_or_not_alike(tmp_path, monkeypatch, mapped):
     log = TableLog(uri)
     for v, m in expected.items():
         got = log.manifest(v)
-        assert got.proto == m.proto and got.operation == m.operation and got.version == v
+        assert got.whole_proto() == m.whole_proto() and got.operation == m.operation
+        assert got.version == v
     vdir = os.path.join(uri, "_versions")
     path = sorted(os.path.join(vdir, n) for n in os.listdir(vdir) if n.endswith(".manifest"))[0]
     data = bytearray(open(path, "rb").read())

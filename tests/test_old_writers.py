@@ -170,7 +170,7 @@ def test_out_of_range_deletion_offsets_are_ignored(tmp_path, caplog):
     feed = ChangeFeed(uri)
     old = feed.table.manifest(1)
     proto = table_pb2.Manifest()
-    proto.CopyFrom(old.proto)
+    proto.CopyFrom(old.whole_proto())
     proto.version = 2
     proto.fragments[0].deletion_file.CopyFrom(
         table_pb2.DeletionFile(

@@ -17,6 +17,17 @@
        The same values as a roaring bitmap in the portable serialization (duplicates
        dropped), for pyroaring's BitMap.deserialize.
 
+   manifest_entries(data, start, end) -> ([(id, start, end), ...], [(start, end), ...]) | None
+       The top level of the Manifest message in data[start:end]: each `fragments` record
+       (field 2) as its DataFragment's id (field 1; 0 when absent, the last one when
+       repeated) and the span of its bytes, and the spans of every other record. None
+       where the parser could read it otherwise (a group, an unknown wire type, a field 2
+       that is not length-delimited, an id that is not a varint, a record past `end`).
+
+   same_bytes(a, b) -> bool
+       Whether two buffers hold the same bytes (memcmp: a memoryview's == compares
+       element by element, 4x slower than copying both).
+
    Every read is bounds-checked: garbage gives None, never a read outside `data`. The
    checks follow lance_cdf/format/deletions.py's `_read_ipc_file` and rowids.py's
    `_range_segments`, which tests/test_native_decode.py compares this file against. */
@@ -403,7 +414,117 @@ static PyObject *u32_ipc_bitmap(PyObject *self, PyObject *arg) {
     return ipc_values(arg, 1);
 }
 
+/* ---- manifest_entries ---- */
+
+/* Step over the value of a field of wire type `wt` at *pos; -1 if it runs past `end`
+   or the wire type is a group (3, 4) or undefined (6, 7). */
+static int skip_value(const uint8_t *p, int64_t *pos, int64_t end, int wt) {
+    uint64_t v;
+    switch (wt) {
+    case 0:
+        return varint(p, pos, end, &v);
+    case 1:
+        if (end - *pos < 8) return -1;
+        *pos += 8;
+        return 0;
+    case 5:
+        if (end - *pos < 4) return -1;
+        *pos += 4;
+        return 0;
+    case 2:
+        if (varint(p, pos, end, &v) || v > (uint64_t)(end - *pos)) return -1;
+        *pos += (int64_t)v;
+        return 0;
+    default:
+        return -1;
+    }
+}
+
+/* One tag at *pos: its field number (1 .. 2^29-1) and wire type; -1 if none. */
+static int read_tag(const uint8_t *p, int64_t *pos, int64_t end, uint64_t *field, int *wt) {
+    uint64_t tag;
+    if (varint(p, pos, end, &tag) || tag > 0xFFFFFFFFu || (tag >> 3) == 0) return -1;
+    *field = tag >> 3;
+    *wt = (int)(tag & 7);
+    return 0;
+}
+
+/* The id of the DataFragment in p[start, end); -1 if its top level does not read. */
+static int fragment_id(const uint8_t *p, int64_t pos, int64_t end, uint64_t *id) {
+    *id = 0;
+    while (pos < end) {
+        uint64_t field;
+        int wt;
+        if (read_tag(p, &pos, end, &field, &wt)) return -1;
+        if (field == 1) {
+            if (wt != 0 || varint(p, &pos, end, id)) return -1;
+        } else if (skip_value(p, &pos, end, wt)) {
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static PyObject *manifest_entries(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer view;
+    Py_ssize_t start, end;
+    if (!PyArg_ParseTuple(args, "y*nn", &view, &start, &end)) return NULL;
+    PyObject *frags = PyList_New(0), *rest = PyList_New(0), *result = NULL;
+    const uint8_t *p = view.buf;
+    int64_t pos = start;
+    if (!frags || !rest) goto done;
+    if (start < 0 || end < start || end > view.len) goto shape;
+    while (pos < end) {
+        int64_t at = pos;
+        uint64_t field, id, len;
+        int wt;
+        PyObject *item;
+        if (read_tag(p, &pos, end, &field, &wt)) goto shape;
+        if (field == 2) {
+            if (wt != 2 || varint(p, &pos, end, &len) || len > (uint64_t)(end - pos)) goto shape;
+            if (fragment_id(p, pos, pos + (int64_t)len, &id)) goto shape;
+            item = Py_BuildValue("(KLL)", (unsigned long long)id, (long long)pos,
+                                 (long long)(pos + (int64_t)len));
+            pos += (int64_t)len;
+            if (!item || PyList_Append(frags, item)) {
+                Py_XDECREF(item);
+                goto done;
+            }
+        } else {
+            if (skip_value(p, &pos, end, wt)) goto shape;
+            item = Py_BuildValue("(LL)", (long long)at, (long long)pos);
+            if (!item || PyList_Append(rest, item)) {
+                Py_XDECREF(item);
+                goto done;
+            }
+        }
+        Py_DECREF(item);
+    }
+    result = PyTuple_Pack(2, frags, rest);
+    goto done;
+shape:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(frags);
+    Py_XDECREF(rest);
+    PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *same_bytes(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer a, b;
+    if (!PyArg_ParseTuple(args, "y*y*", &a, &b)) return NULL;
+    int same = a.len == b.len && memcmp(a.buf, b.buf, (size_t)a.len) == 0;
+    PyBuffer_Release(&a);
+    PyBuffer_Release(&b);
+    return PyBool_FromLong(same);
+}
+
 static PyMethodDef methods[] = {
+    {"manifest_entries", manifest_entries, METH_VARARGS, "a Manifest's fragment records"},
+    {"same_bytes", same_bytes, METH_VARARGS, "whether two buffers hold the same bytes"},
     {"range_segments", range_segments, METH_O, "(starts, ends) of a Range-only RowIdSequence"},
     {"u32_ipc_values", u32_ipc_values, METH_O, "sorted values of a one-column uint32 IPC file"},
     {"u32_ipc_bitmap", u32_ipc_bitmap, METH_O, "the same values as a portable roaring bitmap"},

@@ -4,6 +4,7 @@ they point to, read once and cached."""
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
@@ -163,7 +164,7 @@ class TableLog:
         except FileNotFoundError:
             # transaction files may be cleaned up; the operation is then "Unknown"
             tx = transaction_pb2.Transaction()
-        return Manifest(path=manifest.path, proto=manifest.proto, external_transaction=tx)
+        return dataclasses.replace(manifest, external_transaction=tx)
 
     def missing_version_error(self, version: int) -> VersionNotFoundError:
         if self._versions and version > self.latest_version:
