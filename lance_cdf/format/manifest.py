@@ -175,6 +175,18 @@ class FragmentInfo:
             files = self.__dict__["_data_files"] = tuple(f.path for f in self.proto.files)
         return files
 
+    def sequence(self, oneof: str) -> tuple[str | None, bytes | table_pb2.ExternalFile | None]:
+        """(field name, value) of the entry's `oneof` sequence: inline bytes or an external
+        file range; (None, None) if absent. Kept on the entry: protobuf copies a bytes
+        field at every access (1.2 MB for 100,000 single-row ranges), and the copy is
+        hashed again as a cache key each time."""
+        memo = self.__dict__.setdefault("_sequences", {})
+        got = memo.get(oneof)
+        if got is None:
+            name = self.proto.WhichOneof(oneof)
+            got = memo[oneof] = (name, getattr(self.proto, name) if name else None)
+        return got
+
     def same_lineage(self, other: FragmentInfo) -> bool:
         """Whether `other` has the same id, rows, row IDs and versions (its deletion file
         aside), compared field by field in protobuf's C code (a scattered change's

@@ -197,10 +197,9 @@ class TableLog:
 
     # -- per-fragment lineage --------------------------------------------
     def _sequence_bytes(self, frag: FragmentInfo, oneof: str) -> bytes | None:
-        name = frag.proto.WhichOneof(oneof)
+        name, value = frag.sequence(oneof)
         if name is None:
             return None
-        value = getattr(frag.proto, name)
         if isinstance(value, bytes):
             return value
         ext: table_pb2.ExternalFile = value
@@ -213,10 +212,9 @@ class TableLog:
             ) from None
 
     def _sequence_key(self, frag: FragmentInfo, oneof: str):
-        name = frag.proto.WhichOneof(oneof)
+        name, value = frag.sequence(oneof)
         if name is None:
             return None
-        value = getattr(frag.proto, name)
         if isinstance(value, bytes):
             return (name, frag.physical_rows, value)
         return (name, frag.physical_rows, value.path, value.offset, value.size)
