@@ -151,6 +151,20 @@ def test_range_sequences_decode_in_bulk_as_protobuf_does(seed, range_decoder):
     assert seq.segments is not None and seq.to_numpy().tolist() == [5, 6, 7]
 
 
+def _damaged(data: bytes, rng, inserted: list[int]) -> bytes:
+    """`data` with one random change: a byte changed, one of `inserted` put in, the tail
+    cut off; or, one time in four, left whole."""
+    bad = bytearray(data)
+    what, at = rng.integers(4), int(rng.integers(len(bad)))
+    if what == 0:
+        bad[at] = int(rng.integers(256))
+    elif what == 1:
+        bad.insert(at, int(rng.choice(inserted)))
+    elif what == 2:
+        bad = bad[:at]
+    return bytes(bad)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_compiled_range_decoder_agrees_with_numpy_on_damaged_bytes(seed):
     """Random byte changes, insertions and truncations of Range-only sequences: the compiled
@@ -163,16 +177,8 @@ def test_compiled_range_decoder_agrees_with_numpy_on_damaged_bytes(seed):
         n = int(rng.integers(1, 20))
         starts = rng.choice([0, 5, 200, 2**20, 2**40], n) + rng.integers(0, 50, n)
         segs = [Seg(range=Seg.Range(start=int(a), end=int(a + rng.integers(0, 3)))) for a in starts]
-        bad = bytearray(rowids_pb2.RowIdSequence(segments=segs).SerializeToString())
-        what = rng.integers(4)  # 3: left whole, so both must accept it
-        at = int(rng.integers(len(bad)))
-        if what == 0:
-            bad[at] = int(rng.integers(256))
-        elif what == 1:
-            bad.insert(at, int(rng.choice([8, 10, 16, 24, 0x80, 1])))
-        elif what == 2:
-            bad = bad[:at]
-        bad = bytes(bad)
+        data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
+        bad = _damaged(data, rng, [8, 10, 16, 24, 0x80, 1])  # may be whole: both must accept
         compiled, numpy_ = rowids._native.range_segments(bad), rowids._range_segments(bad)
         assert (compiled is None) == (numpy_ is None), bad.hex()
         if compiled is None:
@@ -586,15 +592,7 @@ def test_compiled_manifest_reader_agrees_with_python_on_damaged_bytes(churned_ma
         data = datas[int(rng.integers(len(datas)))]
         pos = struct.unpack_from("<Q", data, len(data) - 16)[0]
         (length,) = struct.unpack_from("<I", data, pos)
-        body = bytearray(data[pos + 4 : pos + 4 + length])
-        what, at = rng.integers(4), int(rng.integers(len(body)))
-        if what == 0:
-            body[at] = int(rng.integers(256))
-        elif what == 1:
-            body.insert(at, int(rng.choice([0x12, 0x08, 0x80, 0xFF, 1, 0x0B])))
-        elif what == 2:
-            body = body[:at]
-        body = bytes(body)
+        body = _damaged(data[pos + 4 : pos + 4 + length], rng, [0x12, 0x08, 0x80, 0xFF, 1, 0x0B])
         compiled = native.manifest_entries(body, 0, len(body))
         python = manifest_mod._py_manifest_entries(body, 0, len(body))
         assert compiled == python, body.hex()
