@@ -36,11 +36,9 @@ def main() -> None:
             t0 = time.perf_counter()
             events = sum(batch.num_rows for batch in lance_cdf.read_changes(args.uri, a, b))
             times.append(time.perf_counter() - t0)
-        rows.append(
-            dict(range=spec, events=events, best_ms=min(times) * 1e3,
-                 median_ms=statistics.median(times) * 1e3)
-        )  # fmt: skip
-        print(f"{spec}: best {min(times) * 1e3:.1f} ms, median {statistics.median(times) * 1e3:.1f}")
+        best, median = min(times) * 1e3, statistics.median(times) * 1e3
+        rows.append(dict(range=spec, events=events, best_ms=best, median_ms=median))
+        print(f"{spec}: best {best:.1f} ms, median {median:.1f}")
     if args.out:
         with open(args.out, "a") as fh:
             fh.write(json.dumps(dict(lance_cdf=lance_cdf.__file__, uri=args.uri, rows=rows)) + "\n")
