@@ -255,10 +255,13 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     # a restore across add_columns drops or brings back a column without moving versions
     reshaped = old is not None and set(old.top_level_columns) != set(new.top_level_columns)
     undecided = may_change & ~changed & (~known | reshaped)
-    cand_pre.append(gone.take(in_gone[undecided]))
-    cand_post.append(came.take(in_came[undecided]))
+    if undecided.any():
+        cand_pre.append(gone.take(in_gone[undecided]))
+        cand_post.append(came.take(in_came[undecided]))
     candidate_pre, candidate_post = RowSet.concat(cand_pre), RowSet.concat(cand_post)
-    by_rowid = np.argsort(candidate_post.rowids, kind="stable")
+    if len(candidate_post) > 1:
+        by_rowid = np.argsort(candidate_post.rowids, kind="stable")
+        candidate_pre, candidate_post = candidate_pre.take(by_rowid), candidate_post.take(by_rowid)
     return VersionChanges(
         version=new.version,
         read_version=old.version if old is not None else 0,
@@ -268,8 +271,8 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         deleted=(gone if in_gone.size == 0 else gone.take(only_gone)).sorted_by_rowid(),
         update_pre=gone.take(in_gone[changed]),
         update_post=came.take(in_came[changed]),
-        candidate_pre=candidate_pre.take(by_rowid),
-        candidate_post=candidate_post.take(by_rowid),
+        candidate_pre=candidate_pre,
+        candidate_post=candidate_post,
     )
 
 

@@ -466,7 +466,7 @@ def test_manifest_facts_and_naming_schemes(tmp_path):
     log = TableLog(uri)
     m = log.manifest(2)
     assert (m.version, m.operation, m.next_row_id, m.stable_row_ids) == (2, "Delete", 2, True)
-    assert m.top_level_columns == ["id"]
+    assert m.top_level_columns == ("id",)
     assert log.manifest(1).operation in ("Overwrite", "Append")
     # a V1-named manifest beside V2 names is a mixture, which the format forbids
     src = os.path.join(uri, "_versions", sorted(os.listdir(os.path.join(uri, "_versions")))[0])

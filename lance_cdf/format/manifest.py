@@ -196,10 +196,8 @@ class FragmentInfo:
         if a.id != b.id or a.physical_rows != b.physical_rows:
             return False
         for oneof in ("row_id_sequence", "last_updated_at_version_sequence"):
-            name = a.WhichOneof(oneof)
-            if name != b.WhichOneof(oneof):
-                return False
-            if name is not None and getattr(a, name) != getattr(b, name):
+            # (name, value) kept on each entry: the plan reads the same bytes next
+            if self.sequence(oneof) != other.sequence(oneof):
                 return False
         return True
 
@@ -282,9 +280,9 @@ class Manifest:
     def fields(self) -> list[file_pb2.Field]:
         return list(self.proto.fields)
 
-    @property
-    def top_level_columns(self) -> list[str]:
-        return [f.name for f in self.proto.fields if f.parent_id == -1]
+    @cached_property
+    def top_level_columns(self) -> tuple[str, ...]:
+        return tuple(f.name for f in self.proto.fields if f.parent_id == -1)
 
     def schema_key(self) -> bytes:
         """Identity of the schema: equal keys mean the same columns and types."""

@@ -222,18 +222,23 @@ class TableLog:
     def _cached_sequence(self, frag: FragmentInfo, oneof: str, decode):
         """Decoded sequences, keyed by their bytes or external file range: a fragment
         entry a commit left alone is not decoded again at the next step of a range."""
+        # kept on the entry too (it lives as long as its cached manifest): a plan asks for
+        # an entry's sequences several times, and the next step's plan again (a new
+        # version's entries are the next one's base), each time a key tuple and a lookup
+        decoded = frag.__dict__.setdefault("_decoded", {})
+        fs, seq = decoded.get(oneof, (None, None))
+        if fs is self.fs:  # decoded from this table's files (external sequences are paths)
+            return seq
         cache = self.__dict__.get("_sequences")
         if cache is None:
             cache = self._sequences = LruCache(1024)
-        keys = frag.__dict__.setdefault("_sequence_keys", {})  # the entry is cached too
-        key = keys.get(oneof, keys)
-        if key is keys:
-            key = keys[oneof] = self._sequence_key(frag, oneof)
+        key = self._sequence_key(frag, oneof)
         seq = cache.get(key) if key is not None else None
         if seq is None:
             seq = decode()
             if key is not None:
                 cache.put(key, seq)
+        decoded[oneof] = (self.fs, seq)
         return seq
 
     def row_ids(self, frag: FragmentInfo) -> RowIdSequence:
@@ -300,7 +305,7 @@ class TableLog:
 
     def _read_deletions(self, frag: FragmentInfo) -> DeletionVector:
         deletion = frag.deletion
-        vector = read_deletion_vector(self.fs, frag.id, deletion)
+        vector = read_deletion_vector(self.fs, frag.id, deletion, frag.deletion_path)
         beyond = vector.beyond(frag.physical_rows)
         if beyond:
             # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
