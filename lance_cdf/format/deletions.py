@@ -270,16 +270,12 @@ def _read_ipc_file(data: bytes) -> array.array:
 
 
 def read_deletion_vector(
-    fs: FileSystem,
-    fragment_id: int,
-    deletion: table_pb2.DeletionFile | None,
-    path: str | None = None,
+    fs: FileSystem, fragment_id: int, deletion: table_pb2.DeletionFile | None
 ) -> DeletionVector:
-    """The deletion vector a fragment's manifest entry points to (empty if none); `path`:
-    its `deletion_file_path`, where the caller has it."""
+    """The deletion vector a fragment's manifest entry points to (empty if none)."""
     if deletion is None or deletion.num_deleted_rows == 0 and deletion.id == 0:
         return DeletionVector.empty()
-    path = path or deletion_file_path(fragment_id, deletion)
+    path = deletion_file_path(fragment_id, deletion)
     try:
         data = fs.read(path)
     except FileNotFoundError:

@@ -305,7 +305,7 @@ class TableLog:
 
     def _read_deletions(self, frag: FragmentInfo) -> DeletionVector:
         deletion = frag.deletion
-        vector = read_deletion_vector(self.fs, frag.id, deletion, frag.deletion_path)
+        vector = read_deletion_vector(self.fs, frag.id, deletion)
         beyond = vector.beyond(frag.physical_rows)
         if beyond:
             # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
