@@ -214,3 +214,42 @@ def test_spark_source_partitions_read_merged_as_separately(tmp_path, monkeypatch
     assert sum(merged) > 0, "no two reads of a partition shared a data file"
     monkeypatch.setattr(feed, "_GROUP_IMAGES", 0)  # merging off
     assert together.num_rows and together.equals(read_all())
+
+
+_MMAPPED_AFTER_READ = """
+import ctypes, platform, sys
+if platform.libc_ver()[0] != "glibc":
+    print("not-glibc")
+    sys.exit(0)
+import lance_cdf
+lance_cdf.read_changes(sys.argv[1], 1).read_all()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.malloc.argtypes = [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+block = libc.malloc(16 << 20)
+# glibc marks a block it mapped apart (and unmaps on free) with bit 2 of its size word
+print(bool(ctypes.c_size_t.from_address(block - 8).value & 2))
+libc.free(block)
+"""
+
+
+def test_reading_rows_keeps_freed_decode_buffers_in_the_heap(tmp_path):
+    """In a fresh process glibc maps every block of 128 KiB or more apart and hands it
+    back on free, so each 8 MiB read call would page-fault its buffers in again; once
+    rows are read, a 16 MiB block comes from the heap (as after any large freed block).
+    One probe only, in a fresh process: freeing a mapped block raises the threshold."""
+    import subprocess
+    import sys
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _MMAPPED_AFTER_READ, uri],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    if out == "not-glibc":
+        pytest.skip("glibc's malloc only")
+    assert out == "False"
