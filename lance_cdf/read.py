@@ -544,7 +544,7 @@ def _keep_freed_memory() -> None:
     free their buffers (a few MiB each) at the top of their heaps: glibc hands the
     memory back (madvise) and the next read page-faults it in again. A 100,000-row
     insert of a 128-d vector table read in 8 MiB calls paid ~12,000 page faults per
-    call that way (25-28 ms against 13 ms with the thresholds raised; BENCHMARKS.md,
+    call that way (24-28 ms against 12-14 ms with the thresholds raised; BENCHMARKS.md,
     issue 18, eighth pass). This frees one such block once per process: glibc raises the
     thresholds exactly as after any large read (the 24 MiB calls used before did the same
     implicitly). Thresholds set by the user (mallopt, MALLOC_*_ environment variables)
