@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
+from lance_cdf.malloc import keep_freed_memory
 from lance_cdf.plan import RowSet, VersionChanges
 
 ROWID = "_rowid"
@@ -101,7 +102,7 @@ class RowReader:
     def __init__(self, table: TableLog):
         self.table = table
         self.remote = not isinstance(table.fs, LocalFileSystem)
-        _keep_freed_memory()
+        keep_freed_memory()
         self._datasets: LruCache = LruCache(4)
         self._schemas: dict[tuple, pa.Schema] = {}  # annotated schemas
         self._layouts: LruCache = LruCache(1024)
@@ -528,47 +529,8 @@ def _take_physical(
 # page faults cost more than the decode: 100,000 rows of a 128-d float32 vector column
 # read as one range cost 51-57 ms CPU (12,500 page faults), in ranges of up to 56,000
 # rows 26-40 ms (none); 65,536 rows (32 MiB of vectors) fault again. Smaller calls
-# (8 MiB) decode faster still, once glibc keeps their buffers (`_keep_freed_memory`).
+# (8 MiB) decode faster still, once glibc keeps their buffers (`malloc.keep_freed_memory`).
 _MAX_READ_BYTES = 8 << 20
-# What glibc's dynamic thresholds rise to at most (DEFAULT_MMAP_THRESHOLD_MAX on 64-bit).
-_GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
-_KEPT = False
-
-
-def _keep_freed_memory() -> None:
-    """Bring glibc's malloc to the state it reaches by itself once a buffer just under
-    32 MiB has been freed: blocks below that size are served from the heap, and freed
-    memory up to twice that is kept rather than handed back to the kernel.
-
-    In a fresh process the thresholds are low (128 KiB), and pylance's decode threads
-    free their buffers (a few MiB each) at the top of their heaps: glibc hands the
-    memory back (madvise) and the next read page-faults it in again. A 100,000-row
-    insert of a 128-d vector table read in 8 MiB calls paid ~12,000 page faults per
-    call that way (24-28 ms against 12-14 ms with the thresholds raised; BENCHMARKS.md,
-    issue 18, eighth pass). This frees one such block once per process: glibc raises the
-    thresholds exactly as after any large read (the 24 MiB calls used before did the same
-    implicitly). Thresholds set by the user (mallopt, MALLOC_*_ environment variables)
-    turn the dynamic rise off, and are left as they are; other C libraries are left alone.
-    """
-    global _KEPT
-    if _KEPT:
-        return
-    _KEPT = True
-    import ctypes
-    import platform
-
-    if platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        libc.malloc.restype = ctypes.c_void_p
-        libc.malloc.argtypes = [ctypes.c_size_t]
-        libc.free.argtypes = [ctypes.c_void_p]
-    except (OSError, AttributeError):
-        return
-    block = libc.malloc(_GLIBC_MMAP_THRESHOLD_MAX - (1 << 20))
-    if block:
-        libc.free(block)
 
 
 def _max_rows(fields: list[pa.Field]) -> int:
