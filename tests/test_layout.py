@@ -12,10 +12,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lance_cdf"
 ALLOWED = {
     "cache": set(),
     "errors": set(),
+    "malloc": set(),
     "keyhash": {"errors"},
     "format": {"errors", "cache"},
     "plan": {"format", "errors", "cache"},
-    "read": {"plan", "format", "errors", "cache"},
+    "read": {"plan", "format", "malloc", "errors", "cache"},
     "snapshot": {"read", "plan", "format", "errors", "cache"},
     "modes": {"read", "errors"},
     "candidates": {"modes", "read", "plan", "errors"},
