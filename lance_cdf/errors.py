@@ -32,3 +32,28 @@ class UnsupportedStorageError(LanceCdfError):
 
 class StorageAccessError(LanceCdfError):
     """An object store could not be reached or refused the request."""
+
+
+class ReplicaError(LanceCdfError):
+    """The replica table cannot take the changes as they are (its state or the records')."""
+
+
+class DuplicateKeysError(ReplicaError):
+    """A key is held, or written, more than once where it must be unique."""
+
+
+class FastPathDeclined(LanceCdfError):
+    """A vectorised encoder or decoder does not handle this input; the caller uses the
+    library's (fastavro's) path for it. Never reaches a user: every raise has a catch."""
+
+
+class AvroEncodeDeclined(FastPathDeclined):
+    """The vectorised Avro encoder declines a batch (`lance_cdf.avro.encode`)."""
+
+
+class AvroDecodeDeclined(FastPathDeclined):
+    """The vectorised Avro decoder declines a schema (`lance_cdf.avro.decode`)."""
+
+
+class WorkItemError(LanceCdfError):
+    """A Kafka sink's work item is not one lance-cdf's source wrote."""
