@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py $(wildcard lance_cdf/*.c lance_cdf/*/*.c)
 	# compat: the project root on sys.path, so PySpark's lookup of `pyspark_*` modules
 	# (pkgutil.iter_modules) finds pyspark_lance_cdf; the default (lenient) editable
 	# install hides it behind an import hook that iter_modules does not see.
-	$(PY) -m pip install -q -e '.[test,dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[all,test,dev]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -24,7 +24,7 @@ import time
 import lance
 from bench_objectstore import build, extract  # noqa: E402  (bench/ is on sys.path)
 
-import lance_cdf.read as read
+import lance_cdf.rows as rows_mod
 
 
 def main() -> None:
@@ -37,15 +37,15 @@ def main() -> None:
     build(uri, args.rows, args.rows_per_file, None)
     lance.dataset(uri).delete(f"id % {args.rows // 1000} = 11")
     v = lance.dataset(uri).version
-    file_columns = read._file_columns
+    file_columns = rows_mod._file_columns
 
     def physical() -> int:
-        read._file_columns = file_columns
-        read._FILES.clear()
+        rows_mod._file_columns = file_columns
+        rows_mod._FILES.clear()
         return extract(uri, v, None)[0]
 
     def fragment() -> int:
-        read._file_columns = lambda *a: None
+        rows_mod._file_columns = lambda *a: None
         return extract(uri, v, None)[0]
 
     assert physical() == fragment()

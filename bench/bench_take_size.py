@@ -38,7 +38,7 @@ import pyarrow as pa
 
 from lance_cdf.format.table import TableLog
 from lance_cdf.plan import RowSet
-from lance_cdf.read import RowReader
+from lance_cdf.rows import RowReader
 
 
 def pick(ds: lance.LanceDataset, fragments: int, n: int, seed: int) -> RowSet:

@@ -4,7 +4,7 @@ from lance_cdf.errors import LanceCdfError
 
 __version__ = "0.1.0"
 
-__all__ = ["ChangeFeed", "LanceCdfError", "__version__", "read_changes"]
+__all__ = ["ChangeFeed", "LanceCdfError", "__version__", "keep_freed_memory", "read_changes"]
 
 
 def __getattr__(name: str):
@@ -14,4 +14,8 @@ def __getattr__(name: str):
         from lance_cdf import feed
 
         return getattr(feed, name)
+    if name == "keep_freed_memory":
+        from lance_cdf import malloc
+
+        return malloc.keep_freed_memory
     raise AttributeError(f"module 'lance_cdf' has no attribute {name!r}")

@@ -15,17 +15,13 @@ from dataclasses import replace
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.columns import union_schema
+from lance_cdf.errors import UndecidableChangeError
 from lance_cdf.modes import values_equal
 from lance_cdf.plan import RowSet, VersionChanges
-from lance_cdf.read import RowReader, union_schema
+from lance_cdf.rows import RowReader
 
 BLOB_KEY = b"lance-encoding:blob"
-
-
-class UndecidableChangeError(LanceCdfError):
-    """Whether a row changed cannot be told: the writer recorded no versions and the
-    values cannot be compared."""
 
 
 def _undecidable(reader: RowReader, vc: VersionChanges, why: str) -> UndecidableChangeError:

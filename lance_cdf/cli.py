@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Iterable
 
-from lance_cdf import __version__
+from lance_cdf import __version__, malloc
 from lance_cdf.errors import LanceCdfError
 
 EXAMPLES = """examples:
@@ -409,6 +410,16 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# top-level modules of the optional dependencies -> the extra that installs them
+EXTRAS = {
+    "pyspark": "spark",
+    "pandas": "spark",
+    "confluent_kafka": "kafka",
+    "fastavro": "kafka",
+    "prometheus_client": "kafka",
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -417,9 +428,28 @@ def main(argv: list[str] | None = None) -> int:
     except LanceCdfError as exc:
         print(f"lance-cdf: error: {exc}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:
+        extra = EXTRAS.get((exc.name or "").split(".")[0])
+        if extra is None:
+            raise
+        print(
+            f"lance-cdf: error: this command needs {exc.name}, which the core install leaves "
+            f"out; install it with: pip install 'lance-cdf[{extra}]'",
+            file=sys.stderr,
+        )
+        return 2
     except BrokenPipeError:
         return 0
 
 
-if __name__ == "__main__":
+def entry() -> None:
+    """The `lance-cdf` command: `main` in a process of lance-cdf's own, which keeps freed
+    decode buffers for reuse (`lance_cdf.malloc`) and passes that opt-in on to the Spark
+    Python workers it starts (they inherit the environment)."""
+    os.environ.setdefault(malloc.ENV, "1")
+    malloc.keep_freed_memory_if_asked()
     sys.exit(main())
+
+
+if __name__ == "__main__":
+    entry()

@@ -34,6 +34,19 @@ class StorageAccessError(LanceCdfError):
     """An object store could not be reached or refused the request."""
 
 
+class UndecidableChangeError(LanceCdfError):
+    """Whether a row changed cannot be told: the writer recorded no versions and the
+    values cannot be compared."""
+
+
+class ReplicateError(LanceCdfError):
+    """A record could not be applied and there is no dead-letter topic to set it aside."""
+
+
+class PublishError(LanceCdfError):
+    """Kafka or the schema registry refused or lost records."""
+
+
 class ReplicaError(LanceCdfError):
     """The replica table cannot take the changes as they are (its state or the records')."""
 

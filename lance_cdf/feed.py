@@ -13,12 +13,14 @@ import pyarrow as pa
 
 from lance_cdf.cache import LruCache
 from lance_cdf.candidates import resolve_candidates
+from lance_cdf.columns import union_schema
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.events import META_COLUMNS, event_schema, read_version_events
 from lance_cdf.format.table import TableLog
 from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
 from lance_cdf.modes import drop_unchanged_updates as drop_unchanged_updates_of
 from lance_cdf.plan import VersionChanges, plan_version, resolve_range
-from lance_cdf.read import META_COLUMNS, RowReader, event_schema, read_version_events, union_schema
+from lance_cdf.rows import RowReader
 from lance_cdf.snapshot import SnapshotFragment, read_snapshot, snapshot_fragments
 
 DEFAULT_BATCH_SIZE = 65536

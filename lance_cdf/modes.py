@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.read import (
+from lance_cdf.events import (
     CHANGE_TYPE,
     COMMIT_TIMESTAMP,
     COMMIT_VERSION,

@@ -8,7 +8,7 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
-from lance_cdf.read import CHANGE_TYPE, COMMIT_VERSION, META_COLUMNS, ROWID
+from lance_cdf.events import CHANGE_TYPE, COMMIT_VERSION, META_COLUMNS, ROWID
 
 STYLES = {"insert": "green", "delete": "red", "update": "yellow", "snapshot": "cyan"}
 MAX_CELL = 40

@@ -15,17 +15,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from lance_cdf.read import (
-    ROWID,
-    SNAPSHOT,
-    RowReader,
-    column_sources,
-    conform,
-    constant,
-    is_blob,
-    with_blobs,
-    with_meta,
-)
+from lance_cdf.columns import column_sources, conform, is_blob
+from lance_cdf.events import ROWID, SNAPSHOT, constant, with_meta
+from lance_cdf.rows import RowReader, with_blobs
 
 ROWADDR = "_rowaddr"
 

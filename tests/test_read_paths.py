@@ -19,7 +19,8 @@ from workload import Workload
 
 import lance_cdf
 import lance_cdf.feed as feed
-import lance_cdf.read as read
+import lance_cdf.rows as rows_mod
+from lance_cdf import internals
 
 
 def _events(uri: str) -> pa.Table:
@@ -42,8 +43,10 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
     uri, w = _history(tmp_path, seed, ["update", "delete_dense", "upsert", "add_column",
                                        "delete_sparse", "update"], 8)  # fmt: skip
     physical = []
-    take_physical = read._take_physical
-    monkeypatch.setattr(read, "_take_physical", lambda *a: physical.append(1) or take_physical(*a))
+    take_physical = rows_mod._take_physical
+    monkeypatch.setattr(
+        rows_mod, "_take_physical", lambda *a: physical.append(1) or take_physical(*a)
+    )
     default = _events(uri)
     assert physical, "no image was read by physical offset"
     for version in range(1, w.ds.version + 1):
@@ -51,17 +54,17 @@ def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
             uri, default, version, lance.dataset(uri).version
         ) == snapshot_events(uri, version)
 
-    monkeypatch.setattr(read, "_MIN_RUN", 1)
-    monkeypatch.setattr(read, "_DENSE_GAP", 1 << 40)  # every fragment's rows: one range
+    monkeypatch.setattr(rows_mod, "_MIN_RUN", 1)
+    monkeypatch.setattr(rows_mod, "_DENSE_GAP", 1 << 40)  # every fragment's rows: one range
     assert _events(uri).equals(default)
-    monkeypatch.setattr(read, "_max_rows", lambda fields: 7)  # ranges split into calls
+    monkeypatch.setattr(rows_mod, "_max_rows", lambda fields: 7)  # ranges split into calls
     assert _events(uri).equals(default)
-    monkeypatch.setattr(read, "_MIN_RUN", 1 << 40)  # every fragment's rows: takes of 7
+    monkeypatch.setattr(rows_mod, "_MIN_RUN", 1 << 40)  # every fragment's rows: takes of 7
     assert _events(uri).equals(default)
     monkeypatch.undo()
-    monkeypatch.setattr(read, "_MIN_RUN", 1 << 40)  # every fragment's rows: one take
+    monkeypatch.setattr(rows_mod, "_MIN_RUN", 1 << 40)  # every fragment's rows: one take
     assert _events(uri).equals(default)
-    monkeypatch.setattr(read, "_file_columns", lambda *a: None)  # pylance's fragment API
+    monkeypatch.setattr(rows_mod, "_file_columns", lambda *a: None)  # pylance's fragment API
     assert _events(uri).equals(default)
 
 
@@ -84,14 +87,15 @@ def test_one_data_file_read_by_several_threads_at_once(tmp_path):
         opened.append(1)
         return lance.file.LanceFileReader(path, columns=["id"])
 
-    readers = read._Readers(open_reader(), open_reader)
+    readers = rows_mod._Readers(open_reader(), open_reader)
     barrier = threading.Barrier(4)
 
     def hold_and_read(k):
         with readers.borrow() as reader:
             barrier.wait(timeout=30)  # all four hold a reader at once
             rows = np.arange(k, 4000, 97, dtype=np.uint64)
-            got = reader._reader.take_rows(rows, 1024, 16).read_all()["id"].to_numpy()
+            raw = internals.raw_file_reader(reader)
+            got = raw.take_rows(rows, 1024, 16).read_all()["id"].to_numpy()
             return id(reader), np.array_equal(got, rows.astype(np.int64))
 
     with ThreadPoolExecutor(4) as pool:
@@ -114,13 +118,13 @@ def test_one_data_file_read_by_several_threads_at_once(tmp_path):
 def count_merges(monkeypatch) -> list[int]:
     """The number of data files each RowReader.merge_reads call read together."""
     merged: list[int] = []
-    merge_reads = read.RowReader.merge_reads
+    merge_reads = rows_mod.RowReader.merge_reads
 
     def counted(self, requests, schema):
         merge_reads(self, requests, schema)
         merged.append(len(self._merged))
 
-    monkeypatch.setattr(read.RowReader, "merge_reads", counted)
+    monkeypatch.setattr(rows_mod.RowReader, "merge_reads", counted)
     return merged
 
 
@@ -177,8 +181,10 @@ def test_swapped_names_read_by_physical_offset_follow_field_ids(tmp_path, monkey
     lance.dataset(uri).alter_columns({"path": "tmp", "name": "y"})
     lance.dataset(uri).update({"x": "x - 1"}, where="id % 9 = 0")  # x holds the old y
     physical = []
-    take_physical = read._take_physical
-    monkeypatch.setattr(read, "_take_physical", lambda *a: physical.append(1) or take_physical(*a))
+    take_physical = rows_mod._take_physical
+    monkeypatch.setattr(
+        rows_mod, "_take_physical", lambda *a: physical.append(1) or take_physical(*a)
+    )
     latest = lance.dataset(uri).version
     events = lance_cdf.read_changes(uri, latest, latest).read_all()
     assert physical, "the pre-images were not read by physical offset"
@@ -222,6 +228,7 @@ if platform.libc_ver()[0] != "glibc":
     print("not-glibc")
     sys.exit(0)
 import lance_cdf
+lance_cdf.keep_freed_memory()  # the documented opt-in
 lance_cdf.read_changes(sys.argv[1], 1).read_all()
 libc = ctypes.CDLL(None)
 libc.malloc.restype = ctypes.c_void_p
@@ -234,11 +241,29 @@ libc.free(block)
 """
 
 
-def test_reading_rows_keeps_freed_decode_buffers_in_the_heap(tmp_path):
+def test_reading_rows_leaves_malloc_alone_unless_asked(tmp_path, monkeypatch):
+    """Reading rows changes no process-wide state by itself: the threshold raise runs only
+    for a process that opted in (the call, or the variable lance-cdf's commands set)."""
+    from lance_cdf import malloc
+
+    calls = []
+    monkeypatch.setattr(malloc, "keep_freed_memory", lambda: calls.append(1))
+    monkeypatch.delenv(malloc.ENV, raising=False)
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    assert lance_cdf.read_changes(uri, 1).read_all().num_rows == 2
+    assert calls == []
+    monkeypatch.setenv(malloc.ENV, "1")
+    assert lance_cdf.read_changes(uri, 1).read_all().num_rows == 2
+    assert calls
+
+
+def test_opted_in_process_keeps_freed_decode_buffers_in_the_heap(tmp_path):
     """In a fresh process glibc maps every block of 128 KiB or more apart and hands it
-    back on free, so each 8 MiB read call would page-fault its buffers in again; once
-    rows are read, a 16 MiB block comes from the heap (as after any large freed block).
-    One probe only, in a fresh process: freeing a mapped block raises the threshold."""
+    back on free, so each 8 MiB read call would page-fault its buffers in again; once a
+    process opted in (`lance_cdf.keep_freed_memory()`) and read rows, a 16 MiB block
+    comes from the heap (as after any large freed block). One probe only, in a fresh
+    process: freeing a mapped block raises the threshold."""
     import subprocess
     import sys
 

@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import DuplicateKeysError, LanceCdfError
 from lance_cdf.replicate import replica as replica_mod
 from lance_cdf.replicate.keymap import GONE, KeyMap
 from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, ReplicaTable
@@ -209,9 +209,9 @@ def test_key_map_against_dict(monkeypatch):
         expect = [model.get(k, int(GONE)) for k in probe.tolist()]
         assert km.lookup(probe).tolist() == expect, step
         assert map_contents(km) == model and len(km) == len(model) and km.version == step + 2
-    with pytest.raises(keymap.DuplicateKeys):
+    with pytest.raises(DuplicateKeysError):
         KeyMap(np.array([3, 1, 3]), np.arange(3, dtype=np.uint64), version=1)
-    with pytest.raises(keymap.DuplicateKeys):  # a key written twice by one apply
+    with pytest.raises(DuplicateKeysError):  # a key written twice by one apply
         km.update(np.empty(0), np.array([7, 2000, 7]), np.arange(3, dtype=np.uint64), 999)
 
 

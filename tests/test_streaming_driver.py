@@ -235,7 +235,7 @@ def test_types_spark_cannot_hold_are_widened():
     assert spark["vec"].dataType == ArrayType(FloatType(), True)
     assert spark["st"].dataType.fields[0].dataType == IntegerType()
     assert spark["_rowid"].dataType == LongType() and not spark["_rowid"].nullable
-    events = pa.schema(list(schema) + list(lance_cdf.read.META_FIELDS))
+    events = pa.schema(list(schema) + list(lance_cdf.events.META_FIELDS))
     row = {
         "u8": 200,
         "u32": 2**32 - 1,

@@ -204,10 +204,12 @@ class PostgresServer(ChildService):
         ]  # fmt: skip
 
     def _ready(self) -> bool:
+        import pg8000.dbapi
+
         try:
             self.query("select 1")
             return True
-        except Exception:
+        except (OSError, pg8000.dbapi.Error):  # not accepting connections yet
             return False
 
     def query(self, sql: str, *args) -> list[tuple]:

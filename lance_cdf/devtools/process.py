@@ -11,6 +11,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -84,8 +85,8 @@ def _cleanup_all() -> None:
     for svc in services:
         try:
             svc.close()
-        except Exception:
-            pass
+        except Exception as exc:  # noqa: BLE001 - at exit: close the others all the same
+            print(f"lance-cdf devtools: could not stop {svc!r}: {exc}", file=sys.stderr)
 
 
 atexit.register(_cleanup_all)

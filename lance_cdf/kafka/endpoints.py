@@ -7,11 +7,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.errors import LanceCdfError
-
-
-class PublishError(LanceCdfError):
-    """Kafka or the schema registry refused or lost records."""
+from lance_cdf.errors import PublishError
 
 
 def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: float = 10) -> None:

@@ -28,9 +28,9 @@ from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
 from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
-from lance_cdf.read import META_COLUMNS
 
 DEFAULT_PRODUCER = {
     "enable.idempotence": True,

@@ -22,13 +22,11 @@ from __future__ import annotations
 
 import numpy as np
 
+from lance_cdf.errors import DuplicateKeysError
+
 GONE = np.uint64(np.iinfo(np.uint64).max)  # the address of a deleted key
 MERGE_MIN = 1 << 16
 MERGE_FRACTION = 64
-
-
-class DuplicateKeys(ValueError):
-    """The replica holds a key more than once: a map cannot describe it."""
 
 
 class KeyMap:
@@ -38,7 +36,7 @@ class KeyMap:
         order = np.argsort(keys, kind="stable")  # timsort: fast on the mostly sorted
         self.keys, self.addrs = keys[order], np.asarray(addrs, np.uint64)[order]
         if self.keys.size > 1 and bool((self.keys[1:] == self.keys[:-1]).any()):
-            raise DuplicateKeys("the replica holds some key more than once")
+            raise DuplicateKeysError("the replica holds some key more than once")
         self.dkeys = np.empty(0, np.int64)
         self.daddrs = np.empty(0, np.uint64)
         self.version = version
@@ -120,7 +118,7 @@ class KeyMap:
             self._set(deleted, np.full(deleted.size, GONE, np.uint64))
         keys, addrs = np.asarray(keys, np.int64), np.asarray(addrs, np.uint64)
         if keys.size > 1 and bool((np.diff(np.sort(keys)) == 0).any()):
-            raise DuplicateKeys("a key written twice in one batch")
+            raise DuplicateKeysError("a key written twice in one batch")
         if slots is not None:
             found = slots != -1
             self._put(slots[found], addrs[found])

@@ -40,6 +40,7 @@ import signal
 import threading
 import time
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 import fastavro
 import numpy as np
@@ -58,7 +59,7 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import LanceCdfError, ReplicateError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.replicate.replica import (
     MAX_ROWID_PROPERTY,
@@ -75,8 +76,14 @@ log = logging.getLogger("lance_cdf.replicate")
 OPS = ("c", "u", "d", "r")
 
 
-class ReplicateError(LanceCdfError):
-    """A record could not be applied and there is no dead-letter topic to set it aside."""
+class FinalStates(NamedTuple):
+    """What a batch of records leaves behind: the last state of each key."""
+
+    upserts: pa.Table | None  # the rows to write (one per key)
+    deletes: pa.Table | None  # the keys to delete
+    tombstones: int  # Kafka tombstones in the batch (nothing to apply)
+    version: int  # the highest source commit version among the records (0: none)
+    new_rows: np.ndarray | None  # per upsert row: a key that needs no lookup (module doc)
 
 
 @dataclass
@@ -489,7 +496,7 @@ class Replicator:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
 
-    def _final_states(self, msgs: list, parts=None, offsets=None):
+    def _final_states(self, msgs: list, parts=None, offsets=None) -> FinalStates:
         """(upsert rows, deleted keys, tombstones, highest source version, new-row flags)
         of a batch: the last state of each key in source commit order; the flags (one
         per upsert row, or None) mark keys that need no lookup (see the module doc).
@@ -498,7 +505,9 @@ class Replicator:
         fast = self._final_states_vectorized(msgs, parts, offsets)
         return fast if fast is not None else self._final_states_fastavro(msgs)
 
-    def _final_states_vectorized(self, msgs: list, parts=None, offsets=None):
+    def _final_states_vectorized(
+        self, msgs: list, parts=None, offsets=None
+    ) -> FinalStates | None:
         """`_final_states` with avro_decode; None (nothing done, nothing sent to the
         dead-letter topic) when some schema of the batch needs the fastavro path.
         `parts`, `offsets`: each message's partition and offset (or a rank ordering a
@@ -509,7 +518,7 @@ class Replicator:
         values = [m.value() for m in msgs]
         tombstones = values.count(None)
         if tombstones == len(values):
-            return None, None, tombstones, 0, None
+            return FinalStates(None, None, tombstones, 0, None)
         if tombstones:
             live = [i for i, v in enumerate(values) if v is not None]
             msgs = [msgs[i] for i in live]
@@ -558,7 +567,7 @@ class Replicator:
             self._dead_letter(msgs[i], errors[i])
         rows = [t for t in tables if t.num_rows]
         if not rows:
-            return None, None, tombstones, 0, None
+            return FinalStates(None, None, tombstones, 0, None)
         rows = pa.concat_tables(rows) if len(rows) > 1 else rows[0]
         versions, is_delete, parts, offsets, rowids, is_insert = (
             np.concatenate(x) for x in zip(*meta, strict=True)
@@ -605,7 +614,7 @@ class Replicator:
             bad |= any_null
         return ~bad, image, is_delete
 
-    def _final_states_fastavro(self, msgs: list):
+    def _final_states_fastavro(self, msgs: list) -> FinalStates:
         images, kept, meta, schema_id, tombstones = [], [], [], None, 0
         for m in msgs:
             value = m.value()
@@ -633,12 +642,12 @@ class Replicator:
             kept.append(m)
             schema_id = sid if schema_id is None else max(schema_id, sid)
         if not images:
-            return None, None, tombstones, 0, None
+            return FinalStates(None, None, tombstones, 0, None)
         rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)
         if bad:
             meta = [x for i, x in enumerate(meta) if i not in bad]
             if not meta:
-                return None, None, tombstones, 0, None
+                return FinalStates(None, None, tombstones, 0, None)
         versions, is_delete, parts, offsets, rowids, is_insert = np.array(meta, np.int64).T
         return self._last_states(
             rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones,
@@ -686,7 +695,7 @@ class Replicator:
             key = rows[SOURCE_ROWID].to_numpy()
             new = (key[last] > held_rowid) | (is_insert[first] & (versions[first] > held_version))
             new_rows = new[~final_delete]
-        return upserts, deletes, tombstones, int(versions.max()), new_rows
+        return FinalStates(upserts, deletes, tombstones, int(versions.max()), new_rows)
 
     def _to_arrow(
         self, images: list[dict], schema: pa.Schema, msgs: list

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import sys
 
-RUNNERS = frozenset({
-    "pyspark.sql.streaming.python_streaming_source_runner",
-    "pyspark.sql.worker.python_streaming_sink_runner",
-})  # fmt: skip
+from lance_cdf.internals import PYSPARK_STREAMING_RUNNERS as RUNNERS
+
 _HANG_UPS = (EOFError, BrokenPipeError, ConnectionResetError)
 
 

@@ -55,7 +55,9 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType
 
+from lance_cdf.columns import column_sources
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
+from lance_cdf.events import event_schema
 from lance_cdf.feed import ChangeFeed, read_groups
 from lance_cdf.keyhash import (
     EVENT_ORDER,
@@ -69,7 +71,6 @@ from lance_cdf.keyhash import (
 )
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
-from lance_cdf.read import column_sources, event_schema
 from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions

@@ -20,7 +20,7 @@ from pyspark.sql.pandas.types import from_arrow_schema, to_arrow_schema
 from pyspark.sql.types import StructType
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.read import META_FIELDS, ROWID
+from lance_cdf.events import META_FIELDS, ROWID
 
 META_NAMES = frozenset(f.name for f in META_FIELDS)
 

@@ -1,4 +1,4 @@
-"""Read the rows a change plan names, and only those, into Arrow change events.
+"""Rows of a table version read by physical position: only the rows a change plan names.
 
 The plan knows each image's (fragment, physical offset). Rows are read by that
 physical position straight from the fragment's data files
@@ -8,52 +8,35 @@ consulted and the cost is the rows returned. Fragments whose layout this path
 does not handle (legacy files, other bases, fields it cannot map, blob columns,
 newer manifest features) are read through pylance's `LanceFragment.take`, which
 addresses live rows; the physical offsets are mapped to that index with the
-fragment's deletion vector.
+fragment's deletion vector. Columns are found and shaped by `lance_cdf.columns`.
 """
 
 from __future__ import annotations
 
 import threading
-from collections import deque
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from google.protobuf import unknown_fields
 
+from lance_cdf import internals
 from lance_cdf.cache import LruCache
+from lance_cdf.columns import annotate, column_sources, conform, is_blob, strip
 from lance_cdf.errors import LanceCdfError
-
-if TYPE_CHECKING:
-    import lance
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
-from lance_cdf.malloc import keep_freed_memory
-from lance_cdf.plan import RowSet, VersionChanges
+from lance_cdf.malloc import keep_freed_memory_if_asked
+from lance_cdf.plan import RowSet
 
-ROWID = "_rowid"
-CHANGE_TYPE = "_change_type"
-COMMIT_VERSION = "_commit_version"
-COMMIT_TIMESTAMP = "_commit_timestamp"
-META_FIELDS = [
-    pa.field(ROWID, pa.uint64(), nullable=False),
-    pa.field(CHANGE_TYPE, pa.string(), nullable=False),
-    pa.field(COMMIT_VERSION, pa.int64(), nullable=False),
-    pa.field(COMMIT_TIMESTAMP, pa.timestamp("us", tz="UTC"), nullable=False),
-]
-META_COLUMNS = [f.name for f in META_FIELDS]
-INSERT, DELETE = "insert", "delete"
-UPDATE_PRE, UPDATE_POST = "update_preimage", "update_postimage"
-SNAPSHOT = "snapshot"  # a row of the table as it stood at the snapshot version
-CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
+if TYPE_CHECKING:
+    import lance
+
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
-# chunk-level lookahead; separate from _POOL so a chunk never waits on its own pool
-_PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
 
 # Open data file readers, shared by every RowReader of the process: a data file never
@@ -64,8 +47,6 @@ _FILES_LOCK = threading.Lock()
 # Arrow schemas by (table, fields, schema metadata): what pylance says a manifest's schema is
 _SCHEMAS: LruCache = LruCache(256)
 _SCHEMAS_LOCK = threading.Lock()
-# the readers of one data file, the names it stores the columns under, the names read
-_FileColumns = tuple  # (_Readers, names stored in the file, names read)
 
 
 class _Readers:
@@ -96,13 +77,24 @@ class _Readers:
                 self._free.append(reader)
 
 
+@dataclass(frozen=True)
+class FileColumns:
+    """Columns read from one data file: its open readers, the names the file stores the
+    columns under, and the names they have at the version read (a rename since the file
+    was written changes only the latter)."""
+
+    readers: _Readers
+    stored: list[str]
+    wanted: list[str]
+
+
 class RowReader:
     """Reads located rows of any table version through pylance."""
 
     def __init__(self, table: TableLog):
         self.table = table
         self.remote = not isinstance(table.fs, LocalFileSystem)
-        keep_freed_memory()
+        keep_freed_memory_if_asked()  # an opt-in (lance_cdf.malloc), never a default
         self._datasets: LruCache = LruCache(4)
         self._schemas: dict[tuple, pa.Schema] = {}  # annotated schemas
         self._layouts: LruCache = LruCache(1024)
@@ -166,7 +158,7 @@ class RowReader:
     def read(self, rows: RowSet, version: int, schema: pa.Schema) -> pa.Table:
         """The user columns of `rows` at `version`, in `rows` order, shaped to `schema`."""
         table, positions = self.read_unordered(rows, version, schema)
-        return _take(table, np.argsort(positions, kind="stable"))
+        return take(table, np.argsort(positions, kind="stable"))
 
     def read_unordered(
         self, rows: RowSet, version: int, schema: pa.Schema
@@ -222,7 +214,7 @@ class RowReader:
         return conform(got, schema, n, sources), order
 
     def _take_merged(
-        self, layout: list[_FileColumns], offsets: np.ndarray, fields: list[pa.Field]
+        self, layout: list[FileColumns], offsets: np.ndarray, fields: list[pa.Field]
     ) -> pa.Table:
         """`_take_physical`, answered from rows `merge_reads` read if they hold `offsets`."""
         hit = self._merged.get(_merge_key(layout, fields)) if self._merged else None
@@ -230,7 +222,7 @@ class RowReader:
             union, table, _ = hit
             at = np.searchsorted(union, offsets)
             if at.size and int(at.max()) < union.size and np.array_equal(union[at], offsets):
-                return _take(table, at)
+                return take(table, at)
         return _take_physical(layout, offsets, fields)
 
     def merge_reads(self, requests: list[tuple[RowSet, int]], schema: pa.Schema) -> None:
@@ -302,7 +294,7 @@ class RowReader:
 
     def _layout(
         self, manifest: Manifest, arrow: pa.Schema, frag: FragmentInfo, columns: list[str]
-    ) -> list[_FileColumns] | None:
+    ) -> list[FileColumns] | None:
         """Per data file of `frag`, an open reader and the `columns` it holds, or
         None when the fragment must be read through pylance's fragment API."""
         key = (frag.key(), manifest.schema_key(), tuple(columns))
@@ -314,11 +306,11 @@ class RowReader:
         if plan is not None:
             layout = []
             for path, wanted, leaf_ids in plan:
-                reader = self._file_reader(path, wanted, arrow, manifest, leaf_ids)
-                if reader is None:
+                file_columns = self._file_reader(path, wanted, arrow, manifest, leaf_ids)
+                if file_columns is None:
                     layout = None
                     break
-                layout.append((*reader, wanted))
+                layout.append(file_columns)
         with self._lock:
             return self._layouts.put(key, layout)
 
@@ -329,7 +321,7 @@ class RowReader:
         arrow: pa.Schema,
         manifest: Manifest,
         leaf_ids: list[int],
-    ) -> tuple[_Readers, list[str]] | None:
+    ) -> FileColumns | None:
         """Open readers of data file `path` projecting `columns` (names at the version
         read), with the names the file stores them under, or None when that cannot be
         told for certain or a type differs (then the fragment API reads the fragment).
@@ -361,7 +353,7 @@ class RowReader:
                 def projected():
                     return lance.file.LanceFileReader(url, storage_options=opts, columns=names)
 
-                reader = (_Readers(projected(), projected), names)
+                reader = FileColumns(_Readers(projected(), projected), names, list(columns))
         except (OSError, ValueError, KeyError):
             # a file that cannot be opened at all fails in the fragment API with its error
             reader = None
@@ -387,11 +379,11 @@ def _has_scattered(offsets: np.ndarray) -> bool:
     return bool((lengths < _MIN_RUN).any())
 
 
-def _merge_key(layout: list[_FileColumns], fields: list[pa.Field]) -> tuple:
+def _merge_key(layout: list[FileColumns], fields: list[pa.Field]) -> tuple:
     """The data files (their open readers, shared by every version) and columns a
     physical read covers: reads with equal keys return rows of the same files alike."""
     return (
-        tuple(id(readers) for readers, *_ in layout),
+        tuple(id(fc.readers) for fc in layout),
         tuple((f.name, str(f.type)) for f in fields),
     )
 
@@ -479,7 +471,7 @@ _RANGE_BATCH = 8192
 
 
 def _take_physical(
-    layout: list[_FileColumns],
+    layout: list[FileColumns],
     offsets: np.ndarray,
     fields: list[pa.Field],
 ) -> pa.Table:
@@ -499,11 +491,11 @@ def _take_physical(
         order = np.concatenate([np.arange(s, e) for s, e in runs] + [scattered])
     got_columns = {}
     by_name = {f.name: f for f in fields}
-    for readers, stored, wanted in layout:
-        as_read = dict(zip(stored, wanted, strict=True))
-        max_rows = _max_rows([by_name[w] for w in wanted])
-        with readers.borrow() as reader:  # one call at a time each (pylance: "Already borrowed")
-            inner = getattr(reader, "_reader", None)
+    for fc in layout:
+        as_read = dict(zip(fc.stored, fc.wanted, strict=True))
+        max_rows = _max_rows([by_name[w] for w in fc.wanted])
+        with fc.readers.borrow() as reader:  # one call at a time (pylance: "Already borrowed")
+            inner = internals.raw_file_reader(reader)
             if not runs:
                 got = _file_take(reader, inner, offsets, max_rows)
             else:
@@ -516,7 +508,7 @@ def _take_physical(
                     parts.append(rng)
                 if scattered.size:
                     parts.append(_file_take(reader, inner, offsets[scattered], max_rows))
-                got = _take(pa.concat_tables(parts), np.argsort(order, kind="stable"))
+                got = take(pa.concat_tables(parts), np.argsort(order, kind="stable"))
         got_columns.update(
             (as_read[name], col) for name, col in zip(got.column_names, got.columns, strict=True)
         )
@@ -529,7 +521,7 @@ def _take_physical(
 # page faults cost more than the decode: 100,000 rows of a 128-d float32 vector column
 # read as one range cost 51-57 ms CPU (12,500 page faults), in ranges of up to 56,000
 # rows 26-40 ms (none); 65,536 rows (32 MiB of vectors) fault again. Smaller calls
-# (8 MiB) decode faster still, once glibc keeps their buffers (`malloc.keep_freed_memory`).
+# (8 MiB) decode faster still, once glibc keeps their buffers (`lance_cdf.malloc`).
 _MAX_READ_BYTES = 8 << 20
 
 
@@ -613,203 +605,15 @@ def _read_fragment(fragment, logical: np.ndarray, columns: list[str], gap: int) 
         parts.append(fragment.to_table(columns=columns, offset=lo, limit=hi - lo + 1))
         picks.append(window - lo + base)
         base += hi - lo + 1
-    return _take(pa.concat_tables(parts), np.concatenate(picks))
+    return take(pa.concat_tables(parts), np.concatenate(picks))
 
 
-def _take(table: pa.Table, indices: np.ndarray) -> pa.Table:
+def take(table: pa.Table, indices: np.ndarray) -> pa.Table:
     """`table.take(indices)`, skipping the identity and contiguous chunks first
     (Arrow's take over many chunks is several times slower than over one)."""
     if indices.size == table.num_rows and np.array_equal(indices, np.arange(indices.size)):
         return table
     return table.combine_chunks().take(pa.array(indices))
-
-
-# -- columns across versions ------------------------------------------------------
-#
-# Lance gives every field (nested ones too) a stable id that survives renames. The
-# schemas lance-cdf works with carry each field's id in its metadata under FIELD_ID
-# ("7" or, for a name dropped and later re-added, "9,7": the ids holding that name,
-# newest first); events go out without these keys (`strip`).
-FIELD_ID = b"lance-cdf:field-id"
-BLOB = b"lance-cdf:blob"  # a blob column: its values are read with take_blobs
-_PRIVATE = (FIELD_ID, BLOB)
-
-
-def _ids(field: pa.Field) -> list[int]:
-    raw = (field.metadata or {}).get(FIELD_ID)
-    return [int(x) for x in raw.split(b",")] if raw else []
-
-
-def is_blob(field: pa.Field) -> bool:
-    return bool(field.metadata and field.metadata.get(BLOB))
-
-
-def _lance_blob(field: pa.Field) -> bool:
-    """A blob column as pylance describes it: storage 2.1 marks it with
-    `lance-encoding:blob` metadata, 2.2 with the `lance.blob.v2` extension type."""
-    meta = field.metadata or {}
-    if meta.get(b"lance-encoding:blob", b"").lower() in (b"true", b"1", b"yes"):
-        return True
-    return getattr(field.type, "extension_name", "").startswith("lance.blob")
-
-
-def _tag(field: pa.Field, fid: int | None, extra: dict | None = None) -> pa.Field:
-    meta = {k: v for k, v in (field.metadata or {}).items() if k not in _PRIVATE}
-    if fid is not None:
-        meta[FIELD_ID] = str(fid).encode()
-    meta.update(extra or {})
-    return field.with_metadata(meta)
-
-
-def annotate(schema: pa.Schema, lance_fields) -> pa.Schema:
-    """`schema` (pylance's) with each field's Lance id (from the manifest's fields)
-    in its metadata; blob columns become large_binary marked BLOB."""
-    children: dict[int, list] = {}
-    for lf in lance_fields:
-        children.setdefault(lf.parent_id, []).append(lf)
-
-    def walk(field: pa.Field, lf) -> pa.Field:
-        fid = lf.id if lf is not None else None
-        if lf is not None and lf.parent_id == -1 and _lance_blob(field):
-            meta = {k: v for k, v in (field.metadata or {}).items() if not k.startswith(b"lance-")}
-            blob = pa.field(field.name, pa.large_binary(), field.nullable, meta)
-            return _tag(blob, fid, {BLOB: b"1"})
-        kids = {c.name: c for c in children.get(fid, [])} if fid is not None else {}
-        t = field.type
-        if pa.types.is_struct(t):
-            t = pa.struct(
-                [walk(t.field(i), kids.get(t.field(i).name)) for i in range(t.num_fields)]
-            )
-        elif pa.types.is_list(t) or pa.types.is_large_list(t):
-            only = next(iter(kids.values()), None) if len(kids) == 1 else None
-            value = walk(t.value_field, only)
-            t = pa.list_(value) if pa.types.is_list(t) else pa.large_list(value)
-        return _tag(field.with_type(t), fid)
-
-    top = {lf.name: lf for lf in children.get(-1, [])}
-    return pa.schema([walk(f, top.get(f.name)) for f in schema], metadata=schema.metadata)
-
-
-def _strip_type(t: pa.DataType) -> pa.DataType:
-    if pa.types.is_struct(t):
-        return pa.struct([_strip_field(t.field(i)) for i in range(t.num_fields)])
-    if pa.types.is_list(t):
-        return pa.list_(_strip_field(t.value_field))
-    if pa.types.is_large_list(t):
-        return pa.large_list(_strip_field(t.value_field))
-    return t
-
-
-def _strip_field(field: pa.Field) -> pa.Field:
-    meta = {k: v for k, v in (field.metadata or {}).items() if k not in _PRIVATE}
-    return field.with_type(_strip_type(field.type)).with_metadata(meta or None)
-
-
-def strip(schema: pa.Schema) -> pa.Schema:
-    """`schema` without lance-cdf's private field metadata (ids, blob marks)."""
-    return pa.schema([_strip_field(f) for f in schema], metadata=schema.metadata)
-
-
-def column_sources(schema: pa.Schema, at: pa.Schema) -> list[pa.Field | None]:
-    """For each field of `schema` (a range's columns), the field of `at` (one
-    version's annotated columns) that holds its values there, or None: matched by
-    Lance field id, so a renamed column is found under its old name; by name for
-    schemas without ids."""
-    by_id = {i: f for f in at for i in _ids(f)[:1]}
-    out = []
-    for field in schema:
-        ids = _ids(field)
-        if ids:
-            out.append(next((by_id[i] for i in ids if i in by_id), None))
-        else:
-            out.append(at.field(field.name) if field.name in at.names else None)
-    return out
-
-
-def _shape(col, source: pa.Field, target: pa.Field):
-    """Values of `source` (one version's field) as `target`'s type: struct
-    children matched by field id (a renamed subfield keeps its values), other
-    types cast."""
-    t, st = target.type, source.type
-    if isinstance(col, pa.ChunkedArray):
-        if col.type == _strip_type(t) and not _nested_struct(t):
-            return col  # already the type wanted: chunks kept (combining copies every value)
-        col = col.combine_chunks() if col.num_chunks != 1 else col.chunk(0)
-    if pa.types.is_struct(t) and pa.types.is_struct(st):
-        by_id = {i: st.field(k) for k in range(st.num_fields) for i in _ids(st.field(k))[:1]}
-        arrays, fields = [], []
-        for k in range(t.num_fields):
-            tf = t.field(k)
-            ids = _ids(tf)
-            sf = next((by_id[i] for i in ids if i in by_id), None) if ids else None
-            if (
-                sf is None
-                and not ids
-                and tf.name in [st.field(j).name for j in range(st.num_fields)]
-            ):
-                sf = st.field(tf.name)
-            if sf is None:
-                arrays.append(pa.nulls(len(col), _strip_type(tf.type)))
-                fields.append(_strip_field(tf))
-                continue
-            child = col.field(st.get_field_index(sf.name))
-            arrays.append(_shape(child, sf, tf))
-            fields.append(_strip_field(tf))
-        mask = col.is_null() if col.null_count else None
-        return pa.StructArray.from_arrays(arrays, fields=fields, mask=mask)
-    if (
-        (pa.types.is_list(t) or pa.types.is_large_list(t))
-        and (pa.types.is_list(st) or pa.types.is_large_list(st))
-        and _nested_struct(t)
-    ):
-        values = _shape(col.values, st.value_field, t.value_field)
-        offsets = col.offsets.cast(pa.int64() if pa.types.is_large_list(t) else pa.int32())
-        cls = pa.LargeListArray if pa.types.is_large_list(t) else pa.ListArray
-        mask = col.is_null() if col.null_count else None
-        return cls.from_arrays(offsets, values, type=_strip_type(t), mask=mask)
-    want = _strip_type(t)
-    return col if col.type == want else pc.cast(col, want)
-
-
-def _nested_struct(t: pa.DataType) -> bool:
-    if pa.types.is_struct(t):
-        return True
-    if pa.types.is_list(t) or pa.types.is_large_list(t):
-        return _nested_struct(t.value_type)
-    return False
-
-
-def conform(
-    table: pa.Table | None,
-    schema: pa.Schema,
-    n: int,
-    sources: list[pa.Field | None] | None = None,
-) -> pa.Table:
-    """Shape `table` (columns named as at the version read) to `schema`: columns
-    are found through `sources` (see column_sources; default: by name), missing
-    ones become nulls, types are cast, private metadata is dropped."""
-    out = strip(schema)
-    if sources is None:
-        names = table.column_names if table is not None else []
-        sources = [f if f.name in names else None for f in schema]
-    arrays = []
-    for field, source in zip(schema, sources, strict=True):
-        if table is not None and source is not None and source.name in table.column_names:
-            col = table.column(source.name)
-            try:
-                col = _shape(col, source.with_type(col.type) if not _ids(source) else source, field)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise LanceCdfError(
-                    f"column {field.name!r} changed type to {field.type} within the "
-                    f"requested range and older values ({col.type}) cannot be cast ({exc}); "
-                    "read the range before and after the type change separately."
-                ) from None
-            arrays.append(col)
-        else:
-            arrays.append(pa.nulls(n, out.field(field.name).type))
-    if not arrays:  # no user columns (columns=[]): keep the row count
-        return pa.table({"_": pa.nulls(n)}).drop_columns(["_"])
-    return pa.Table.from_arrays(arrays, schema=out)
 
 
 def with_blobs(
@@ -826,165 +630,3 @@ def with_blobs(
         )  # one object per blob: pylance hands blobs out one file at a time
         base = base.append_column(field.name, values)
     return base
-
-
-def union_schema(schemas: list[pa.Schema]) -> pa.Schema:
-    """Columns of all `schemas` (oldest first), one per Lance field id: the newest
-    name, type and position win (a renamed column is one column under its newest
-    name), columns dropped along the way follow; a column missing anywhere is
-    nullable. A name dropped and re-added (a new id) stays one column. Schemas
-    without ids are combined by name."""
-    fields: dict[object, pa.Field] = {}
-    names: dict[str, object] = {}
-    seen: dict[object, int] = {}
-    for schema in reversed(schemas):
-        for field in schema:
-            ids = _ids(field)
-            key = ids[0] if ids else field.name
-            seen[key] = seen.get(key, 0) + 1
-            if key in fields:
-                continue
-            if field.name in names and names[field.name] not in [key]:
-                # an older column that had this name: same column for the reader
-                owner = names[field.name]
-                merged = _ids(fields[owner]) + [i for i in ids if i not in _ids(fields[owner])]
-                if merged:
-                    fields[owner] = _tag(fields[owner], None, {FIELD_ID: _id_list(merged)})
-                seen[owner] = seen[owner] + 1
-                fields[key] = None  # type: ignore[assignment]
-                continue
-            fields[key] = field
-            names[field.name] = key
-    out = []
-    for key, field in fields.items():
-        if field is None:
-            continue
-        if seen[key] < len(schemas):
-            field = field.with_nullable(True)
-        out.append(field)
-    return pa.schema(out)
-
-
-def _id_list(ids: list[int]) -> bytes:
-    return ",".join(str(i) for i in ids).encode()
-
-
-def event_schema(user_schema: pa.Schema) -> pa.Schema:
-    return pa.schema(list(strip(user_schema)) + META_FIELDS)
-
-
-def with_meta(
-    table: pa.Table, rowids, change_types: pa.Array, version: int, timestamp_us: int
-) -> pa.Table:
-    """`table`'s user columns plus the four metadata columns."""
-    n = len(change_types)  # `table` may have no columns (columns=[]): no row count then
-    meta = [
-        pa.array(rowids, pa.uint64()),
-        change_types,
-        pa.array(np.full(n, version, dtype=np.int64)),
-        _fixed(pa.timestamp("us", tz="UTC"), np.full(n, timestamp_us, dtype=np.int64)),
-    ]
-    return pa.Table.from_arrays(list(table.columns) + meta, schema=event_schema(table.schema))
-
-
-def _with_meta(
-    table: pa.Table, rowids: np.ndarray, change_types: pa.Array, vc: VersionChanges
-) -> pa.Table:
-    return with_meta(table, rowids, change_types, vc.version, vc.timestamp_us)
-
-
-def _fixed(type_: pa.DataType, values: np.ndarray) -> pa.Array:
-    """An Arrow array of `type_` over the int64 `values` as they are (no cast kernel)."""
-    return pa.Array.from_buffers(type_, values.size, [None, pa.py_buffer(values)])
-
-
-def constant(value: str, n: int) -> pa.Array:
-    """`value` n times as a string array, built from its buffers (a dictionary cast
-    cost ~2 ms per 100,000 rows)."""
-    data = value.encode()
-    if n * len(data) >= 2**31:
-        return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
-    offsets = np.arange(n + 1, dtype=np.int32) * np.int32(len(data))
-    return pa.Array.from_buffers(
-        pa.string(), n, [None, pa.py_buffer(offsets), pa.py_buffer(data * n)]
-    )
-
-
-def _pair_kinds(n: int) -> pa.Array:
-    """update_preimage, update_postimage, ... for n pairs (built in Arrow: a numpy array
-    of Python strings cost ~10 ms per 66,000 pairs to convert)."""
-    codes = np.tile(np.array([0, 1], dtype=np.int32), n)
-    return pa.DictionaryArray.from_arrays(codes, [UPDATE_PRE, UPDATE_POST]).cast(pa.string())
-
-
-def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step: int):
-    """(reads, assemble) per output chunk, in output order: `reads` are callables
-    fetching row images, `assemble` turns their results into one event table."""
-
-    def read(rows: RowSet, version: int):
-        return lambda: reader.read_unordered(rows, version, schema)
-
-    def single(rows: RowSet, kind: str):
-        def assemble(got: tuple[pa.Table, np.ndarray]) -> pa.Table:
-            table, positions = got
-            table = _take(table, np.argsort(positions, kind="stable"))
-            return _with_meta(table, rows.rowids, constant(kind, len(rows)), vc)
-
-        return assemble
-
-    def pairs(post_rows: RowSet):
-        def assemble(pre: tuple, post: tuple) -> pa.Table:
-            (pre_t, pre_at), (post_t, post_at) = pre, post
-            n = pre_t.num_rows
-            # row i of pre+post goes to 2 * (its index in the plan), + 1 for a post-image:
-            # the read order and the interleaving in one take
-            dest = np.concatenate([2 * pre_at, 2 * post_at + 1])
-            interleave = np.empty(2 * n, dtype=np.int64)
-            interleave[dest] = np.arange(2 * n)
-            # one chunk: a single pair's take is the identity and would keep pre and
-            # post in two chunks, i.e. two batches
-            both = _take(pa.concat_tables([pre_t, post_t]), interleave).combine_chunks()
-            return _with_meta(both, np.repeat(post_rows.rowids, 2), _pair_kinds(n), vc)
-
-        return assemble
-
-    for start in range(0, len(vc.deleted), step):
-        rows = vc.deleted.take(slice(start, start + step))
-        yield [read(rows, vc.read_version)], single(rows, DELETE)
-    half = max(1, step // 2)
-    for start in range(0, len(vc.update_post), half):
-        pre, post = (
-            vc.update_pre.take(slice(start, start + half)),
-            vc.update_post.take(slice(start, start + half)),
-        )
-        yield [read(pre, vc.read_version), read(post, vc.version)], pairs(post)
-    for start in range(0, len(vc.inserted), step):
-        rows = vc.inserted.take(slice(start, start + step))
-        yield [read(rows, vc.version)], single(rows, INSERT)
-
-
-# Row reads in flight at once while events are consumed: bounds memory to a few batches.
-_LOOKAHEAD = 4
-
-
-def read_version_events(
-    reader: RowReader, vc: VersionChanges, schema: pa.Schema, batch_size: int = 65536
-) -> Iterator[pa.RecordBatch]:
-    """Arrow batches of one commit's events: deletes, then update pre/post pairs
-    (adjacent, pre first), then inserts, each group ordered by row ID.
-
-    Up to `_LOOKAHEAD` row reads run ahead of the consumer, so the images of a
-    commit (deletes, pre-images, post-images, inserts) are fetched concurrently.
-    """
-    window: deque = deque()
-    in_flight = 0
-    for reads, assemble in _event_chunks(reader, vc, schema, max(1, batch_size)):
-        window.append(([_PREFETCH.submit(r) for r in reads], assemble))
-        in_flight += len(reads)
-        while in_flight >= _LOOKAHEAD:
-            futures, done = window.popleft()
-            in_flight -= len(futures)
-            yield from done(*(f.result() for f in futures)).to_batches()
-    while window:
-        futures, done = window.popleft()
-        yield from done(*(f.result() for f in futures)).to_batches()
