@@ -21,6 +21,7 @@ it starts nothing:
 """
 
 import os
+import shutil
 import stat
 import tempfile
 from pathlib import Path
@@ -84,6 +85,8 @@ def pytest_collection_finish(session):
 
 
 # -- the unit-only guard
+
+_java_home = pytest.StashKey[Path]()
 _JAVA = """#!/bin/sh
 echo "$PPID $*" >> '{log}'
 echo "lance-cdf unit run ({env}=1): a test tried to start java $*" >&2
@@ -103,7 +106,7 @@ def pytest_configure(config):
     java.chmod(java.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
     os.environ["JAVA_HOME"] = str(home)
     os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
-    config.stash[_java_log] = log
+    config.stash[_java_home] = home
 
     from lance_cdf.devtools.process import ChildService
 
@@ -115,9 +118,6 @@ def pytest_configure(config):
         )
 
     ChildService.start = refuse
-
-
-_java_log = pytest.StashKey[Path]()
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -134,10 +134,16 @@ def pytest_fixture_setup(fixturedef, request):
 
 
 def pytest_sessionfinish(session):
-    log = session.config.stash.get(_java_log, None)
-    if log is not None and log.exists():
-        calls = log.read_text().strip()
+    home = session.config.stash.get(_java_home, None)
+    if home is not None and (home / "java-calls").exists():
+        calls = (home / "java-calls").read_text().strip()
         session.config.get_terminal_writer().line(
             f"\nFAILED unit run: java was started ({UNIT_ONLY_ENV}=1):\n{calls}", red=True
         )
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+
+def pytest_unconfigure(config):
+    home = config.stash.get(_java_home, None)
+    if home is not None:
+        shutil.rmtree(home, ignore_errors=True)
