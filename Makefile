@@ -7,7 +7,7 @@ DEMO_SECONDS ?= 60
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv test demo proto provision bench lint clean
+.PHONY: venv test test-unit test-integration demo proto provision bench lint clean
 
 $(STAMP): pyproject.toml setup.py $(wildcard lance_cdf/*.c lance_cdf/*/*.c)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,15 @@ provision: $(STAMP)
 # pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: provision
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The unit tests alone (`-m unit`, see tests/conftest.py): no JVM, broker, registry,
+# Spark or S3 server, so no jars to provision; with LANCE_CDF_UNIT_ONLY=1 the service
+# fixtures, devtools' services and `java` itself fail loudly if anything tries.
+test-unit: $(STAMP)
+	LANCE_CDF_UNIT_ONLY=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+test-integration: provision
+	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 demo: provision
 	$(PY) -m lance_cdf.demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)

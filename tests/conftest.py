@@ -1,6 +1,13 @@
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(__file__))
+import pytest
 
-pytest_plugins = ["spark_session", "kafka_services", "s3_services"]
+sys.path.insert(0, os.path.dirname(__file__))
+pytest.register_assert_rewrite("classify")
+
+from classify import SERVICE_PLUGINS  # noqa: E402  (tests/ on sys.path first)
+
+# the service fixtures, and `classify`: every test marked unit or integration, and the
+# guard of unit-only runs (`make test-unit`)
+pytest_plugins = [*SERVICE_PLUGINS, "classify"]

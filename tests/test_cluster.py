@@ -15,10 +15,13 @@ from pathlib import Path
 import lance
 import numpy as np
 import pyarrow as pa
+import pytest
 from test_kafka_sink import consume_all
 
 import lance_cdf
 from lance_cdf.devtools.spark import SparkCluster, spark_home
+
+pytestmark = pytest.mark.integration  # a Spark standalone cluster and spark-submit
 
 JOB = Path(__file__).with_name("cluster_job.py")
 

@@ -1,15 +1,96 @@
-"""docker-compose.yml cannot run here (no Docker engine): check its structure
-against what the README documents."""
+"""docker-compose.yml cannot run here (no Docker engine): validate it against the
+Compose Specification's JSON schema, and check what the schema cannot know (the
+services, ports, topics and sink settings the README documents) against the docs.
 
+The schema is `compose-spec.json` as the `check-jsonschema` package on PyPI ships it
+(with its Apache-2.0 licence, `builtin_schemas/vendor/licenses/LICENSE.compose-spec`)."""
+
+import copy
+import importlib.resources
+import json
 from pathlib import Path
 
+import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def compose_file() -> dict:
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+@pytest.fixture(scope="module")
+def compose_validator():
+    vendor = importlib.resources.files("check_jsonschema.builtin_schemas.vendor")
+    schema = json.loads(vendor.joinpath("compose-spec.json").read_text())
+    assert schema["title"] == "Compose Specification"
+    cls = jsonschema.validators.validator_for(schema)
+    cls.check_schema(schema)
+    return cls(schema, format_checker=cls.FORMAT_CHECKER)
+
+
+def schema_errors(validator, document) -> list[str]:
+    return sorted(
+        f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in validator.iter_errors(document)
+    )
+
+
+def test_compose_file_follows_the_compose_specification(compose_validator):
+    assert schema_errors(compose_validator, compose_file()) == []
+
+
+def _set(path, value):
+    def mutate(doc):
+        *parents, last = path
+        for key in parents:
+            doc = doc[key]
+        doc[last] = value
+
+    return mutate
+
+
+# case: (where the error must be reported, what its message must say, the breakage)
+BROKEN = {
+    "unknown top-level key": ([], "'servics'", _set(["servics"], {})),
+    "misspelt service key": (
+        ["services", "publisher"], "'comand' was unexpected",
+        _set(["services", "publisher", "comand"], "lance-cdf"),
+    ),
+    "ports not a list": (
+        ["services", "kafka", "ports"], "is not of type 'array'",
+        _set(["services", "kafka", "ports"], 9092),
+    ),
+    "unknown depends_on condition": (
+        ["services", "connect", "depends_on"], "is not valid under any",
+        _set(["services", "connect", "depends_on"], {"kafka": {"condition": "when_ready"}}),
+    ),
+    "environment value a list": (
+        ["services", "connect", "environment"], "is not valid under any",
+        _set(["services", "connect", "environment", "GROUP_ID"], ["a", "b"]),
+    ),
+    "volume of an unknown type": (
+        ["services", "replicator", "volumes", 0], "is not valid under any",
+        _set(["services", "replicator", "volumes"], [{"type": "disk", "target": "/data"}]),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", BROKEN)
+def test_the_schema_rejects_a_broken_copy_where_it_is_broken(compose_validator, case):
+    """The validation can fail: each broken copy of the file is rejected, with an error
+    at the place that was broken."""
+    where, says, mutate = BROKEN[case]
+    broken = copy.deepcopy(compose_file())
+    mutate(broken)
+    errors = [(list(e.absolute_path), e.message) for e in compose_validator.iter_errors(broken)]
+    assert any(path == where and says in message for path, message in errors), errors
+
+
 def test_compose_names_the_documented_services_and_ports():
-    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+    compose = compose_file()
     services = compose["services"]
     assert set(services) == {
         "kafka", "schema-registry", "publisher", "replicator", "postgres", "connect",
@@ -37,9 +118,7 @@ def test_compose_names_the_documented_services_and_ports():
 def test_compose_runs_lance_to_kafka_to_postgresql_with_debeziums_jdbc_sink():
     """The Connect + Debezium JDBC + PostgreSQL services, and a sink configuration with
     the settings tests/test_debezium.py runs (key mode, converter, topic, table)."""
-    import json
-
-    services = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    services = compose_file()["services"]
     assert "5432:5432" in services["postgres"]["ports"]
     connect = services["connect"]
     assert connect["image"].startswith("quay.io/debezium/connect:")

@@ -25,7 +25,7 @@ from lance_cdf.devtools.connect import KafkaConnect, PostgresServer, wait_until
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # Connect, PostgreSQL
 ROOT = Path(__file__).resolve().parents[1]
 
 DIM = 768  # an embedding of a common text model

@@ -5,6 +5,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.integration  # the demo pipeline (broker, registry, Spark) in a subprocess
+
 
 def test_demo_pipeline_ends_with_replica_equal_to_source(tmp_path):
     root = tmp_path / "demo"

@@ -20,6 +20,8 @@ from confluent_kafka.serialization import MessageField, SerializationContext
 
 from lance_cdf.devtools import maven
 
+pytestmark = pytest.mark.integration  # `lance_cdf.devtools up` in a subprocess
+
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = """{"type": "record", "name": "Probe", "namespace": "lance_cdf.test", "fields": [
   {"name": "id", "type": "long"}, {"name": "name", "type": "string"},

@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from workload import Workload
 
 import lance_cdf
 from lance_cdf.devtools.spark import SparkCluster, spark_home
+
+pytestmark = pytest.mark.integration  # Spark in subprocesses, local and on a standalone cluster
 
 JOB = Path(__file__).with_name("discovery_job.py")
 OPS = ["append", "update", "upsert", "delete_sparse", "upsert_delete_missing", "compact"]

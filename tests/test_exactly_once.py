@@ -15,10 +15,13 @@ import uuid
 import lance
 import numpy as np
 import pyarrow as pa
+import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from test_kafka_order import consume_by_key, expected_by_key
 
 from lance_cdf.cli import main
+
+pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in subprocesses
 
 PARTITIONS = 4
 

@@ -15,6 +15,8 @@ import lance_cdf
 from lance_cdf.kafka import sink as spark_sink
 from lance_cdf.kafka.endpoints import PublishError, check_broker, check_registry
 
+pytestmark = pytest.mark.integration  # a broker of its own, `lance-cdf publish` in a subprocess
+
 DIM = 768
 
 

@@ -25,6 +25,8 @@ from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID, ReplicaTable
 from lance_cdf.replicate.replicator import ReplicateError, Replicator
 
+pytestmark = pytest.mark.integration  # `lance-cdf replicate` in subprocesses
+
 # ops the replica can follow (index/config commits change no rows, so they are in too)
 ROUND_OPS = [
     "append", "delete_sparse", "delete_dense", "update", "upsert", "upsert_delete_missing",
@@ -186,10 +188,10 @@ def _end_offsets(kafka, topic) -> dict[int, int]:
         c.close()
 
 
-def churned_source(src, seed, rng_seed, steps):
-    """A 300-row source with `steps` random commits; the workload and its generator (to
+def churned_source(src, seed, rng_seed, steps, rows=300):
+    """A `rows`-row source with `steps` random commits; the workload and its generator (to
     go on with the same history)."""
-    w, rng = Workload(src, seed=seed, rows=300), random.Random(rng_seed)
+    w, rng = Workload(src, seed=seed, rows=rows), random.Random(rng_seed)
     for _ in range(steps):
         w.step(rng.choice(["update", "upsert", "delete_sparse", "append", "upsert_delete_missing"]))
     return w, rng
@@ -315,19 +317,51 @@ def test_crash_points_converge(tmp_path, kafka_broker, schema_registry, point):
 
 
 def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_registry):
+    """Replicators SIGKILLed at random points of their work: at least one kill must land
+    mid-work (the process alive, ended by the signal, having applied some but not all of
+    the topic by the replica's own recorded position), and a last run must converge."""
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     topic = f"rep-kill-{uuid.uuid4().hex[:8]}"
-    _, rng = churned_source(src, seed=8, rng_seed=8, steps=12)
+    # ~5,000 records in batches of 20: the replica takes a few hundred commits (a few
+    # seconds), so a kill can land among them; with 300 rows it is done in 0.1 s
+    _, rng = churned_source(src, seed=8, rng_seed=8, steps=12, rows=3000)
     publish(kafka_broker, schema_registry, src, topic, 1)
-    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3")
-    kills = 0
-    for _ in range(4):
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        time.sleep(rng.uniform(2.5, 6.0))  # start-up takes ~2 s; then batches are applied
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGKILL)
-            kills += 1
-        proc.wait()
+    end = sum(_end_offsets(kafka_broker, topic).values())
+    replica = ReplicaTable(dst, [SOURCE_ROWID])
+
+    def applied() -> int:  # records the replica holds, by the position it recorded
+        return sum(replica.applied_offsets(topic).values())
+
+    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3",
+                         "--max-batch-rows", "20")  # fmt: skip
+    killed_mid_work = []
+    for run in range(4):
+        before = applied()
+        if before == end:
+            break  # nothing left to interrupt
+        # the kill point: a random number of records into the rest of the topic
+        target = before + rng.randint(1, max(1, (end - before) // 2))
+        log = tmp_path / f"replicate-{run}.log"
+        with open(log, "wb") as err:
+            proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+            try:
+                deadline = time.monotonic() + 300
+                while applied() < target and proc.poll() is None:
+                    assert time.monotonic() < deadline, f"{target} records not applied in 300 s"
+                    time.sleep(0.02)
+                alive = proc.poll() is None
+                if alive:
+                    proc.send_signal(signal.SIGKILL)
+                proc.wait(timeout=60)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+        at_kill = applied()
+        assert proc.returncode in (0, -signal.SIGKILL), log.read_text()[-2000:]
+        if alive and proc.returncode == -signal.SIGKILL and before < at_kill < end:
+            killed_mid_work.append((before, at_kill))
+    assert killed_mid_work, f"no SIGKILL landed mid-work (topic of {end} records)"
     run_to_the_end_and_compare(cmd, src, dst)
 
 

@@ -18,6 +18,8 @@ import pytest
 
 import lance_cdf
 
+pytestmark = pytest.mark.integration  # a PySpark driver in a subprocess
+
 KEY = ["_commit_version", "_change_type", "_rowid"]
 COLUMNS = ["id", "s", "x", "_rowid", "_change_type", "_commit_version", "_commit_timestamp"]
 
