@@ -73,6 +73,7 @@ from lance_cdf.read import column_sources, event_schema
 from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions
+from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
 log = logging.getLogger("lance_cdf.streaming")
@@ -223,14 +224,6 @@ def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
 # -- partitions and reading -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ChangeSlices(InputPartition):
-    """Segments `(version, part, parts)`: part `part` of `parts` of the changed
-    rows of `version`, read in this order."""
-
-    segments: tuple[tuple[int, int, int], ...]
-
-
 def pack(sizes: Iterable[tuple[int, int]], rows_per_partition: int) -> list[ChangeSlices]:
     """Partitions for `(version, changed rows)` in version order: consecutive
     small versions share a partition, a big one is split into row ranges."""
@@ -274,26 +267,6 @@ def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
         update_pre=share(vc.update_pre),
         update_post=share(vc.update_post),
     )
-
-
-@dataclass(frozen=True)
-class SnapshotSlice(InputPartition):
-    """Live rows `offset`..`offset + limit` of fragment `fragment_id` of the
-    snapshot version `version`."""
-
-    version: int
-    fragment_id: int
-    offset: int
-    limit: int
-
-
-@dataclass(frozen=True)
-class NetSlice(InputPartition):
-    """Net changes over `versions` of the row IDs with `rowid % parts == part`."""
-
-    versions: tuple[int, ...]
-    part: int
-    parts: int
 
 
 def snapshot_slices(
