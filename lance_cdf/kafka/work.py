@@ -13,7 +13,7 @@ refused (`WorkItemError`) before anything is read.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -40,7 +40,7 @@ class SlotWork:
 
     item: WorkItem
     table: str
-    storage_options: dict[str, str]
+    storage_options: dict[str, str] = field(repr=False)  # credentials: never printed
 
     @property
     def parts(self) -> tuple[SourcePartition, ...]:
