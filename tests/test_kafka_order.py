@@ -19,7 +19,8 @@ import lance_cdf
 from lance_cdf.kafka import sink as spark_sink
 from lance_cdf.kafka.publish import route
 from lance_cdf.kafka.publisher import commit_order
-from lance_cdf.streaming.source import SlotWork
+from lance_cdf.kafka.work import SlotWork
+from lance_cdf.streaming.handoff import WorkItem
 
 PARTITIONS = 4
 
@@ -180,7 +181,11 @@ def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_
     assert q.exception() is None
     items = spark.sql("SELECT * FROM work_items").collect()
     assert sorted(r["_writer_slot"] for r in items) == [0, 1]  # one micro-batch, two slots
-    works = [SlotWork.of(bytes(r["_work"])) for r in items]
+    works = [
+        SlotWork(WorkItem.of(r["_writer_slot"], r["_events"], r["_work"], bytes(r["_read_schema"])),
+                 uri, {})
+        for r in items
+    ]  # fmt: skip
     assert len(works[0].parts) > 4  # the versions' slices
     shares = [pa.Table.from_batches(list(w.events())).to_pylist() for w in works]
     check_shares(uri, shares)

@@ -75,7 +75,8 @@ def head_start(source_options: dict, sink_options: dict, start: dict) -> HeadSta
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from lance_cdf.kafka import sink
-    from lance_cdf.streaming.source import LanceCdfDataSource, work_struct
+    from lance_cdf.streaming.handoff import work_struct
+    from lance_cdf.streaming.source import LanceCdfDataSource
 
     t = time.monotonic()
     source = LanceCdfDataSource({**source_options, "writerSlots": "1"})

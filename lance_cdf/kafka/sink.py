@@ -1,7 +1,8 @@
 """Spark streaming sink `format("lance-cdf-kafka")`: the lance-cdf stream to Kafka.
 
 Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
-(the source table's URI: `source.db`, and the operation in `source.operation`),
+(the source table's URI: `source.db`, the operation in `source.operation`, and for
+work items the table their events are read from),
 `table.name` (`prefix.table`: the records' Avro names `prefix.table.Envelope`, and
 `source.name` / `source.table`; default `lancecdf.<table directory name>`), `key`
 (comma-separated key columns; default `_rowid`),
@@ -10,7 +11,7 @@ micro-batch skips what each partition already holds, see `high_water_marks`), an
 `kafka.<producer setting>` passed to the producer (SASL/SSL included),
 `registry.<setting>` to the registry client, `storage.<key>` the table's storage
 options (as for the source: the sink reads each commit's operation from the table's
-manifests).
+manifests, and the events of work items).
 
 The topic's schema carries the table's own types, not Spark's: Spark widens what it
 cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
@@ -24,6 +25,12 @@ sorts its share into commit order (Spark cannot sort a stream) and produces each
 record to its `_kafka_partition`. A stream without those columns must be written by
 one task in order (`changes.coalesce(1).writeStream...`): the producer's
 partitioner picks partitions.
+
+A stream read with option writerSlots (what `lance-cdf publish` writes) carries work
+items instead of events (streaming/handoff.py): each writer task reads its slot's share
+of the micro-batch itself from the table (kafka/work.py) with the sink's `table` and
+`storage.<key>` options; the items hold no option of the source. A `_work` column that is
+not exactly lance-cdf's is refused with `WorkItemError`.
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ from pyspark.sql.types import StructType
 from lance_cdf.avro.schema import TableName, _Namer, avro_type
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
+from lance_cdf.streaming.handoff import check_work_columns
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
@@ -80,18 +88,10 @@ class LanceCdfKafkaSink(DataSource):
         quiet_when_spark_hangs_up()  # in the commit's runner process (streaming/hangup.py)
         writer = KafkaStreamWriter(_options(dict(self.options)))
         writer.handoff = WORK_COLUMN in schema.fieldNames()
+        if writer.handoff:  # a foreign `_work` column is refused here, before any task
+            check_work_columns(schema)
         writer.routed = writer.handoff or EVENT_ORDER in schema.fieldNames()
         return writer
-
-
-def _handed_off(rows: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """The events of the work items a hand-off stream gives this task (option writerSlots:
-    the task reads its slot's share itself)."""
-    from lance_cdf.streaming.source import SlotWork
-
-    for batch in rows:
-        for value in batch.column(WORK_COLUMN).to_pylist():
-            yield from SlotWork.of(value).events()
 
 
 @contextmanager
@@ -161,8 +161,10 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         exact = None
         owned: list[int] = []
-        if self.handoff:
-            iterator = _handed_off(iterator)
+        if self.handoff:  # option writerSlots: the task reads its slot's share itself
+            from lance_cdf.kafka.work import handed_off
+
+            iterator = handed_off(iterator, table, storage)
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size

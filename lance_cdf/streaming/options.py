@@ -79,7 +79,7 @@ class SourceOptions:
     # keyHash: key columns whose hash each event carries in `_key_hash` (keyhash.py)
     key_hash: tuple[str, ...] | None = None
     # writerSlots / kafkaPartitions: the stream carries, per micro-batch, one work item per
-    # writer slot instead of the events (source.WriterSlot: the Kafka sink reads them)
+    # writer slot instead of the events (streaming/handoff.py: the Kafka sink reads them)
     writer_slots: int | None = None
     kafka_partitions: int | None = None
     storage_options: dict[str, str] = field(default_factory=dict)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-import pickle
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 
@@ -53,7 +52,7 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import BinaryType, IntegerType, LongType, StructType
+from pyspark.sql.types import LongType, StructType
 
 from lance_cdf.columns import column_sources
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
@@ -63,17 +62,15 @@ from lance_cdf.keyhash import (
     EVENT_ORDER,
     KEY_HASH,
     ORDER_BITS,
-    PARTITION_COLUMN,
-    WORK_COLUMN,
-    WORK_EVENTS,
-    WORK_SLOT,
     key_hash,
 )
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.snapshot import SnapshotFragment
+from lance_cdf.streaming.handoff import WorkItem, WriterSlot, work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions
+from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
 log = logging.getLogger("lance_cdf.streaming")
@@ -224,14 +221,6 @@ def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
 # -- partitions and reading -----------------------------------------------------
 
 
-@dataclass(frozen=True)
-class ChangeSlices(InputPartition):
-    """Segments `(version, part, parts)`: part `part` of `parts` of the changed
-    rows of `version`, read in this order."""
-
-    segments: tuple[tuple[int, int, int], ...]
-
-
 def pack(sizes: Iterable[tuple[int, int]], rows_per_partition: int) -> list[ChangeSlices]:
     """Partitions for `(version, changed rows)` in version order: consecutive
     small versions share a partition, a big one is split into row ranges."""
@@ -275,26 +264,6 @@ def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
         update_pre=share(vc.update_pre),
         update_post=share(vc.update_post),
     )
-
-
-@dataclass(frozen=True)
-class SnapshotSlice(InputPartition):
-    """Live rows `offset`..`offset + limit` of fragment `fragment_id` of the
-    snapshot version `version`."""
-
-    version: int
-    fragment_id: int
-    offset: int
-    limit: int
-
-
-@dataclass(frozen=True)
-class NetSlice(InputPartition):
-    """Net changes over `versions` of the row IDs with `rowid % parts == part`."""
-
-    versions: tuple[int, ...]
-    part: int
-    parts: int
 
 
 def snapshot_slices(
@@ -357,7 +326,7 @@ def net_slices(sizes: Sequence[tuple[int, int]], rows_per_partition: int) -> lis
 
 class _Reading:
     """What executors need (pickled with every reader): options, the columns to
-    read, and the Arrow schema Spark expects."""
+    read, and the Arrow schema Spark expects (`work_reading`: a work item's)."""
 
     def __init__(self, opts: SourceOptions, union: pa.Schema, declared: StructType):
         self.opts = opts
@@ -377,6 +346,17 @@ class _Reading:
         batches = self._routed(partition) if self.opts.key_hash else self._events(partition)
         for batch in batches:
             yield to_spark(batch, self.target)
+
+    def work(self, share: WriterSlot, kafka_partitions: int) -> WorkItem:
+        """Option writerSlots: the work item of one writer slot (what `work_reading` reads
+        back): the partitions and this reading's settings, no option of the source."""
+        return WorkItem(
+            slot=share.slot, slots=share.slots, planned=share.planned,
+            kafka_partitions=kafka_partitions, key_hash=tuple(self.opts.key_hash or ()),
+            drop_unchanged_updates=self.opts.drop_unchanged_updates,
+            fail_on_data_loss=self.opts.fail_on_data_loss, parts=share.parts,
+            read_schema=self.read_schema,
+        )  # fmt: skip
 
     def _events(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SnapshotSlice):
@@ -495,75 +475,6 @@ class _Reading:
             raise VersionNotFoundError(snapshot_lost(self.opts.path, part.version, exc)) from None
 
 
-@dataclass(frozen=True)
-class WriterSlot(InputPartition):
-    """Option writerSlots: writer slot `slot` of `slots` of a micro-batch made of `parts`
-    (the partitions the stream would otherwise read)."""
-
-    parts: tuple[InputPartition, ...]
-    slot: int
-    slots: int
-    planned: int  # the micro-batch's events as planned (slot 0; 0 in the others)
-
-
-@dataclass(frozen=True)
-class SlotWork:
-    """One writer slot's share of a micro-batch, handed to the Kafka sink's writer task
-    (option writerSlots; sink.py reads it): the events of `parts` whose Kafka partition,
-    `_key_hash % partitions`, belongs to the slot (`partition % slots == slot`), each with
-    its `_kafka_partition`. The writer task reads them itself, in the source's exact
-    types and order (`_Reading.read`), so no event crosses Spark's JVM: a Python source's
-    rows otherwise go Arrow -> JVM rows -> (a shuffle) -> Arrow to reach a Python writer
-    (1.16x narrow, 1.8x 768-d vectors: BENCHMARKS.md, "Hand-off")."""
-
-    reading: _Reading
-    share: WriterSlot
-    partitions: int
-
-    @property
-    def parts(self) -> tuple[InputPartition, ...]:
-        return self.share.parts
-
-    def events(self) -> Iterator[pa.RecordBatch]:
-        slot, slots = self.share.slot, self.share.slots
-        for part in self.share.parts:
-            for batch in self.reading.read(part):
-                partition = batch.column(KEY_HASH).to_numpy() % self.partitions
-                mine = partition % slots == slot
-                if not mine.any():
-                    continue
-                batch = batch.filter(pa.array(mine)).drop_columns([KEY_HASH])
-                owned = pa.array(partition[mine].astype(np.int32))
-                yield batch.append_column(PARTITION_COLUMN, owned)
-
-    def to_batch(self) -> pa.RecordBatch:
-        return pa.RecordBatch.from_arrays(
-            [
-                pa.array([self.share.slot], pa.int32()),
-                pa.array([self.share.planned], pa.int64()),
-                pa.array([pickle.dumps(self)], pa.binary()),
-            ],
-            names=[WORK_SLOT, WORK_EVENTS, WORK_COLUMN],
-        )
-
-    @staticmethod
-    def of(value: bytes) -> SlotWork:
-        work = pickle.loads(value)
-        if not isinstance(work, SlotWork):
-            raise LanceCdfError(
-                f"column {WORK_COLUMN} holds no lance-cdf work item: write only the stream of "
-                'readStream.format("lance-cdf") with option writerSlots to this sink'
-            )
-        return work
-
-
-def work_struct() -> StructType:
-    return (
-        StructType().add(WORK_SLOT, IntegerType()).add(WORK_EVENTS, LongType())
-        .add(WORK_COLUMN, BinaryType())
-    )  # fmt: skip
-
-
 def snapshot_lost(path: str, version: int, why: Exception) -> str:
     return (
         f"the snapshot of {path} at version {version} cannot be completed: the version was "
@@ -611,18 +522,37 @@ class LanceCdfDataSource(DataSource):
 def event_struct(resolved: Resolved) -> StructType:
     """The events' Spark schema: the user columns, the metadata, and with keyHash the
     routing columns."""
-    declared = spark_schema(resolved.user_schema)
-    if resolved.opts.key_hash:
-        names = resolved.user_schema.names
-        missing = [c for c in resolved.opts.key_hash if c != "_rowid" and c not in names]
-        if missing:
-            raise LanceCdfError(
-                f"keyHash names {missing}, not columns of {resolved.opts.path} "
-                f"(available: {resolved.user_schema.names} and _rowid)"
-            )
-        declared = declared.add(KEY_HASH, LongType(), nullable=False)
-        declared = declared.add(EVENT_ORDER, LongType(), nullable=False)
-    return declared
+    if not resolved.opts.key_hash:
+        return spark_schema(resolved.user_schema)
+    names = resolved.user_schema.names
+    missing = [c for c in resolved.opts.key_hash if c != "_rowid" and c not in names]
+    if missing:
+        raise LanceCdfError(
+            f"keyHash names {missing}, not columns of {resolved.opts.path} "
+            f"(available: {resolved.user_schema.names} and _rowid)"
+        )
+    return routed_struct(resolved.user_schema)
+
+
+def routed_struct(user_schema: pa.Schema) -> StructType:
+    """The Spark schema of the events of `user_schema`'s columns with `_key_hash` and
+    `_event_order` (option keyHash)."""
+    declared = spark_schema(user_schema)
+    declared = declared.add(KEY_HASH, LongType(), nullable=False)
+    return declared.add(EVENT_ORDER, LongType(), nullable=False)
+
+
+def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> _Reading:
+    """What reads a work item's partitions (kafka/work.py) as the stream that wrote it
+    would have: the table at `path` with `storage_options` (the Kafka sink's own options
+    `table` and `storage.<key>`: the item holds no option of the source), and the item's
+    columns (the schema fixed at `load()`), key hash and read options."""
+    opts = replace(
+        SourceOptions.parse({"path": path}, streaming=True),
+        key_hash=item.key_hash, drop_unchanged_updates=item.drop_unchanged_updates,
+        fail_on_data_loss=item.fail_on_data_loss, storage_options=dict(storage_options),
+    )  # fmt: skip
+    return _Reading(opts, item.read_schema, routed_struct(item.read_schema))
 
 
 class LanceCdfBatchReader(DataSourceReader):
@@ -884,11 +814,12 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class HandOffReader(LanceCdfStreamReader):
-    """Option writerSlots: each micro-batch is `writerSlots` rows, one `SlotWork` per writer
-    slot, not its events (offsets, limits and snapshots as without it). As Spark then
-    counts work items as the batch's input rows, the first slot's row carries the number
-    of events planned (`_events`: snapshot rows, and each version's events before
-    dropUnchangedUpdates or an old writer's undecided rows drop any)."""
+    """Option writerSlots: each micro-batch is `writerSlots` rows, one work item per writer
+    slot (streaming/handoff.py; the lance-cdf-kafka sink reads them), not its events
+    (offsets, limits and snapshots as without it). As Spark then counts work items as the
+    batch's input rows, the first slot's row carries the number of events planned
+    (`_events`: snapshot rows, and each version's events before dropUnchangedUpdates or an
+    old writer's undecided rows drop any)."""
 
     def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
         parts = tuple(super().partitions(start, end))
@@ -903,4 +834,5 @@ class HandOffReader(LanceCdfStreamReader):
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, WriterSlot)
-        yield SlotWork(self.reading, partition, self.opts.kafka_partitions).to_batch()
+        assert self.opts.kafka_partitions is not None  # SourceOptions.parse checks it
+        yield self.reading.work(partition, self.opts.kafka_partitions).to_batch()
