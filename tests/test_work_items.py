@@ -104,6 +104,21 @@ def test_a_work_item_reads_back_as_written_and_nothing_else(tmp_path):
     assert not (tmp_path / "touched").exists()
 
 
+def test_work_items_of_another_table_are_refused(tmp_path):
+    """The sink reads events from its own `table` option: work items whose stream read
+    another table are refused (a digest of the path, not the path, is in the row)."""
+    from lance_cdf.streaming.source import work_reading
+
+    uri = str(tmp_path / "t.lance")
+    churn(uri)
+    (row, *_) = work_rows(uri)
+    item = WorkItem.of(*(row.column(i)[0].as_py() for i in range(4)))
+    assert uri not in row.column("_work")[0].as_py()
+    assert work_reading(item, uri + "/", {}).read_schema == item.read_schema
+    with pytest.raises(WorkItemError, match="another table's stream"):
+        work_reading(item, str(tmp_path / "other.lance"), {})
+
+
 def test_the_sink_writer_refuses_foreign_work_values_and_runs_none(tmp_path):
     """Straight to the sink's writer (as a Spark task calls it): a text pickle in a string
     `_work` column, a binary one; neither is run (no file appears), nothing is read."""

@@ -7,9 +7,9 @@ A work item is plain data in four columns, never code:
 - `_writer_slot` (int): the slot;
 - `_events` (long): the events the micro-batch planned, on slot 0's row (0 on the others;
   Spark counts the work items as the input rows, `publish.hand_off` observes this);
-- `_work` (string): JSON, `{"format": 1, "slots": n, "kafkaPartitions": p, "keyHash":
-  [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts": [...]}` with
-  the micro-batch's source partitions as `partitions.part_json` writes them;
+- `_work` (string): JSON, `{"format": 1, "table": digest, "slots": n, "kafkaPartitions":
+  p, "keyHash": [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts":
+  [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them;
 - `_read_schema` (binary): the Arrow schema (IPC) of the columns the events carry, with
   their Lance field ids, as fixed when the query started (`load()`).
 
@@ -22,6 +22,7 @@ for anything else.
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import dataclass
 
@@ -43,8 +44,8 @@ from lance_cdf.streaming.partitions import (
 # The version of the `_work` document; a reader takes only its own.
 WORK_FORMAT = 1
 _KEYS = {
-    "format", "slots", "kafkaPartitions", "keyHash", "dropUnchangedUpdates", "failOnDataLoss",
-    "parts",
+    "format", "table", "slots", "kafkaPartitions", "keyHash", "dropUnchangedUpdates",
+    "failOnDataLoss", "parts",
 }  # fmt: skip
 _FIX = (
     'write only the stream of readStream.format("lance-cdf") with option writerSlots to this sink'
@@ -102,11 +103,13 @@ class WorkItem:
     fail_on_data_loss: bool
     parts: tuple[SourcePartition, ...]
     read_schema: pa.Schema
+    table: str  # table_digest() of the source's path: the sink checks its own against it
 
     def to_batch(self) -> pa.RecordBatch:
         """The item as one row of `work_struct()`."""
         document = {
-            "format": WORK_FORMAT, "slots": self.slots, "kafkaPartitions": self.kafka_partitions,
+            "format": WORK_FORMAT, "table": self.table, "slots": self.slots,
+            "kafkaPartitions": self.kafka_partitions,
             "keyHash": list(self.key_hash), "dropUnchangedUpdates": self.drop_unchanged_updates,
             "failOnDataLoss": self.fail_on_data_loss, "parts": [part_json(p) for p in self.parts],
         }  # fmt: skip
@@ -160,6 +163,9 @@ class WorkItem:
             read_schema = pa.ipc.read_schema(pa.py_buffer(schema))
         except (pa.ArrowException, ValueError, OSError) as exc:
             raise WorkItemError(f"{WORK_SCHEMA} is not an Arrow schema ({exc})") from None
+        table = document["table"]
+        if not isinstance(table, str) or len(table) != 16:
+            raise WorkItemError(f"table is {table!r}, not a table digest")
         unknown = [c for c in key_hash if c != "_rowid" and c not in read_schema.names]
         if unknown:
             raise WorkItemError(f"keyHash names {unknown}, not columns of {WORK_SCHEMA}")
@@ -173,7 +179,14 @@ class WorkItem:
             fail_on_data_loss=flags[1],
             parts=tuple(part_of(p, f"parts[{i}]") for i, p in enumerate(parts)),
             read_schema=read_schema,
+            table=table,
         )
+
+
+def table_digest(path: str) -> str:
+    """A short digest of a table's path (not the path: it may hold credentials), so the
+    sink can tell that its `table` option names the table the work items are of."""
+    return hashlib.sha256(path.rstrip("/").encode()).hexdigest()[:16]
 
 
 def _document(work: object) -> object:

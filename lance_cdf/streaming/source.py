@@ -55,7 +55,7 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import LongType, StructType
 
 from lance_cdf.columns import column_sources
-from lance_cdf.errors import LanceCdfError, VersionNotFoundError
+from lance_cdf.errors import LanceCdfError, VersionNotFoundError, WorkItemError
 from lance_cdf.events import event_schema
 from lance_cdf.feed import ChangeFeed, read_groups
 from lance_cdf.keyhash import (
@@ -67,7 +67,7 @@ from lance_cdf.keyhash import (
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.snapshot import SnapshotFragment
-from lance_cdf.streaming.handoff import WorkItem, WriterSlot, work_struct
+from lance_cdf.streaming.handoff import WorkItem, WriterSlot, table_digest, work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice
@@ -355,7 +355,7 @@ class _Reading:
             kafka_partitions=kafka_partitions, key_hash=tuple(self.opts.key_hash or ()),
             drop_unchanged_updates=self.opts.drop_unchanged_updates,
             fail_on_data_loss=self.opts.fail_on_data_loss, parts=share.parts,
-            read_schema=self.read_schema,
+            read_schema=self.read_schema, table=table_digest(self.opts.path),
         )  # fmt: skip
 
     def _events(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -547,6 +547,11 @@ def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> 
     would have: the table at `path` with `storage_options` (the Kafka sink's own options
     `table` and `storage.<key>`: the item holds no option of the source), and the item's
     columns (the schema fixed at `load()`), key hash and read options."""
+    if table_digest(path) != item.table:
+        raise WorkItemError(
+            f"the work items are of another table's stream than this sink's table option "
+            f"({path}): give the lance-cdf-kafka sink the source's path as its table option"
+        )
     opts = replace(
         SourceOptions.parse({"path": path}, streaming=True),
         key_hash=item.key_hash, drop_unchanged_updates=item.drop_unchanged_updates,
