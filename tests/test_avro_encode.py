@@ -18,33 +18,15 @@ OPS = {1: "Append", 2: "Update", 3: "Delete"}
 I64 = np.iinfo(np.int64)
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def joiner(request, monkeypatch):
-    """Every test twice: the parts joined by the compiled `_assemble` (it must have been
-    built) and by the numpy path it replaces where no C compiler is present."""
-    if request.param == "compiled":
-        assert encoder._assemble is not None, "lance_cdf/avro/_assemble.c was not built"
-    else:
-        monkeypatch.setattr(encoder, "_assemble", None)
-    return request.param
-
-
-@pytest.mark.parametrize("joiner", ["compiled"], indirect=True)
-def test_compiled_join_refuses_parts_that_do_not_fit_their_buffers(joiner):
-    m = np.zeros((3, 4), np.uint8)
-    with pytest.raises(ValueError, match="length 5 is outside 0..4"):
-        encoder._assemble.concat(3, [(0, m, 4, 4, np.array([1, 5, 0], np.int64))], bytearray)
-    with pytest.raises(ValueError, match="do not fit"):
-        encoder._assemble.concat(4, [(0, m, 4, 4, None)], bytearray)
-    with pytest.raises(ValueError, match="outside its 2 data bytes"):
-        encoder._assemble.concat(1, [(1, np.array([0, 3], np.int64), b"ab", None)], bytearray)
-    offsets, data = encoder._assemble.concat(
-        2, [(0, np.array([[7, 8]], np.uint8), 2, 0, np.array([1, 2], np.int64)),
-            (1, np.array([0, 1, 3], np.int64), b"xyz", np.array([1, 0], np.uint8))], bytearray
-    )  # fmt: skip
-    assert (
-        np.frombuffer(offsets, np.int64).tolist() == [0, 2, 4] and bytes(data) == b"\x07x\x07\x08"
-    )
+def test_assemble_joins_parts_record_by_record():
+    """Padded parts (a broadcast constant cut to per-record lengths) and a Var part (a
+    null record contributes nothing) concatenated record by record."""
+    const = encoder.Padded(np.broadcast_to(np.array([7, 8], np.uint8), (2, 2)), np.array([1, 2]))
+    var = encoder.Var(np.array([0, 1, 3], np.int64), pa.py_buffer(b"xyz"), np.array([1, 0], bool))
+    fixed = encoder.Padded(np.array([[1], [2]], np.uint8))
+    out = encoder.assemble([const, var, fixed, encoder.Padded(np.zeros((2, 0), np.uint8))], 2)
+    assert out.to_pylist() == [b"\x07x\x01", b"\x07\x08\x02"]
+    assert encoder.assemble([], 3).to_pylist() == [b""] * 3
 
 
 def _mask(rng, n, p=0.2):

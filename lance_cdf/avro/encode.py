@@ -29,11 +29,6 @@ import pyarrow.types as pat
 
 from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TableName
 
-try:  # the parts joined in C (setup.py: optional; numpy does it where it was not built)
-    from lance_cdf.avro import _assemble
-except ImportError:
-    _assemble = None
-
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _EMPTY = pa.scalar(b"", pa.large_binary())
 
@@ -178,30 +173,8 @@ def _compact(group: list[Padded], n: int) -> Var:
 
 
 def assemble(parts: list, n: int) -> pa.LargeBinaryArray:
-    """Concatenate the parts record by record into one binary column: in one pass of the
-    compiled `_assemble.concat` where it was built, else in numpy (`_assemble_numpy`)."""
-    if _assemble is None:
-        return _assemble_numpy(parts, n)
-    spec = []
-    for p in parts:
-        if isinstance(p, Padded):
-            if not p.width:
-                continue
-            m = p.m
-            step = 0 if n and m.strides[0] == 0 else p.width
-            m = np.ascontiguousarray(m[:1] if step == 0 else m)
-            lens = None if p.lens is None else np.ascontiguousarray(p.lens, np.int64)
-            spec.append((0, m, p.width, step, lens))
-        else:
-            valid = None if p.valid is None else np.ascontiguousarray(p.valid, np.uint8)
-            spec.append((1, np.ascontiguousarray(p.offsets, np.int64), p.data, valid))
-    offsets, data = _assemble.concat(n, spec, pa.allocate_buffer)
-    return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), n, [None, pa.py_buffer(offsets), data]
-    )
-
-
-def _assemble_numpy(parts: list, n: int) -> pa.LargeBinaryArray:
+    """Concatenate the parts record by record into one binary column: adjacent padded
+    parts compacted together, then Arrow's `binary_join_element_wise` over the pieces."""
     pieces: list[Var] = []
     group: list[Padded] = []
     for p in parts:

@@ -19,11 +19,6 @@ from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import table_pb2
 from lance_cdf.format.io import FileSystem
 
-try:  # the IPC file read in C (setup.py; optional: the hand decoder below is the fallback)
-    from lance_cdf.format import _decode as _native
-except ImportError:  # pragma: no cover - built wherever a C compiler is present
-    _native = None
-
 ARROW = table_pb2.DeletionFile.ARROW_ARRAY
 BITMAP = table_pb2.DeletionFile.BITMAP
 
@@ -88,13 +83,6 @@ _IPC_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 def _decode(data: bytes, file_type: int, path: str) -> BitMap:
     if file_type == BITMAP:
         return BitMap.deserialize(data)
-    if _native is not None:
-        # the bitmap serialized in C: ~20 against ~75 us for the hand decoder below and
-        # pyroaring's build from an array (a 1,000-row scattered change's files, best of
-        # 300). None: not that layout
-        serialized = _native.u32_ipc_bitmap(data)
-        if serialized is not None:
-            return BitMap.deserialize(serialized)
     values = _offsets_by_hand(data)
     if values is None:  # a layout the hand decoder does not know: pyarrow's reader
         values = _offsets_with_pyarrow(data)

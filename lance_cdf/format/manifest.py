@@ -20,11 +20,6 @@ from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import file_pb2, table_pb2, transaction_pb2
 from lance_cdf.format.deletions import deletion_file_path
 
-try:  # optional C extension (setup.py); without it the Python readers below do the same
-    from lance_cdf.format import _decode as _native
-except ImportError:  # pragma: no cover - a checkout built without a compiler
-    _native = None
-
 MAGIC = b"LANC"
 EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FOOTER = 16
@@ -387,7 +382,7 @@ def parse_manifest(data: bytes, path: str = "<manifest>", transaction: bool = Tr
     )
 
 
-# -- the top level of a Manifest message, by hand (lance_cdf/format/_decode.c in C) ------
+# -- the top level of a Manifest message, by hand ---------------------------------------
 
 
 def _varint(data, pos: int, end: int) -> tuple[int, int]:
@@ -422,9 +417,12 @@ def _tag(data, pos: int, end: int) -> tuple[int, int, int]:
     return tag >> 3, tag & 7, pos
 
 
-def _py_manifest_entries(data, start: int, end: int):
-    """manifest_entries of _decode.c: ([(id, start, end)] of the `fragments` records,
-    [(start, end)] of the others), or None where the parser could read it otherwise."""
+def _manifest_entries(data, start: int, end: int):
+    """The top level of the Manifest message in data[start:end]: ([(id, start, end)] of
+    the `fragments` records (field 2; id: the DataFragment's field 1, 0 when absent, the
+    last one when repeated), [(start, end)] of every other record), or None where the
+    parser could read it otherwise (a group, an unknown wire type, a field 2 that is not
+    length-delimited, an id that is not a varint, a record past `end`)."""
     frags, rest = [], []
     pos = start
     try:
@@ -456,9 +454,5 @@ def _py_manifest_entries(data, start: int, end: int):
     return frags, rest
 
 
-def _py_same_bytes(a: memoryview, b: memoryview) -> bool:
+def _same_bytes(a: memoryview, b: memoryview) -> bool:
     return len(a) == len(b) and a.tobytes() == b.tobytes()  # memoryview == is 4x slower
-
-
-_manifest_entries = _native.manifest_entries if _native is not None else _py_manifest_entries
-_same_bytes = _native.same_bytes if _native is not None else _py_same_bytes

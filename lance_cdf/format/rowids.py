@@ -14,11 +14,6 @@ from google.protobuf.message import DecodeError
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import rowids_pb2
 
-try:  # Range-only sequences read in C (setup.py; optional: `_range_segments` is the fallback)
-    from lance_cdf.format import _decode as _native
-except ImportError:  # pragma: no cover - built wherever a C compiler is present
-    _native = None
-
 U64 = np.uint64
 EMPTY_U64 = np.zeros(0, dtype=U64)
 
@@ -210,16 +205,9 @@ class RowIdSequence:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
-        if _native is not None:
-            ranges = _native.range_segments(data)
-            if ranges is not None:
-                return cls.from_ranges(*(np.frombuffer(r, dtype=U64) for r in ranges))
-            # not Range-only: the numpy reader would say so too (tests/test_format.py), after
-            # reading every varint (13 ms for the 400 KB array of a 100,000-row fragment)
-        else:
-            ranges = _range_segments(data)
-            if ranges is not None:
-                return cls.from_ranges(*ranges)
+        ranges = _range_segments(data)
+        if ranges is not None:
+            return cls.from_ranges(*ranges)
         return cls(list(_parse(rowids_pb2.RowIdSequence(), data, source).segments))
 
     def __len__(self) -> int:
