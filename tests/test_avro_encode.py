@@ -10,8 +10,9 @@ import pyarrow as pa
 import pytest
 
 from lance_cdf.avro import encode as encoder
-from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.encode import can_encode, encode_changes
 from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
+from lance_cdf.errors import AvroEncodeDeclined
 
 NOW_MS = 1_767_225_600_123
 OPS = {1: "Append", 2: "Update", 3: "Delete"}
@@ -297,7 +298,7 @@ def test_unsupported_types_use_the_fastavro_path(column):
     events = pa.table({"id": [1, 2], "x": column, "_rowid": pa.array([0, 1], pa.uint64()),
                        "_change_type": ["insert", "insert"], "_commit_version": [1, 1],
                        "_commit_timestamp": ts})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(events, schema, OPS, "t", None, "0.9", NOW_MS)
 
 
@@ -307,16 +308,16 @@ def test_values_fastavro_rejects_are_unsupported():
             "_commit_timestamp": pa.array([0], pa.timestamp("us", tz="UTC"))}  # fmt: skip
     big = pa.table({"u": pa.array([2**63], pa.uint64()),
                     "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(big, big.select(["u"]).schema, OPS, "t", None, "0.9", NOW_MS)
     schema = pa.schema([pa.field("r", pa.int64(), nullable=False)])
     nulls = pa.table({"r": pa.array([None], pa.int64()),
                       "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(nulls, schema, OPS, "t", None, "0.9", NOW_MS)
     naive = pa.table({"r": [1], "_rowid": pa.array([0], pa.uint64()), **base})
     naive = naive.set_column(4, "_commit_timestamp", pa.array([0], pa.timestamp("us")))
-    with pytest.raises(Unsupported):  # fastavro converts naive datetimes in local time
+    with pytest.raises(AvroEncodeDeclined):  # fastavro converts naive datetimes in local time
         encode_changes(naive, naive.select(["r"]).schema, OPS, "t", None, "0.9", NOW_MS)
 
 
