@@ -383,9 +383,7 @@ def record_parts(columns: list[pa.Array], fields: list[pa.Field]) -> list:
     parts: list = []
     for arr, field in zip(columns, fields, strict=True):
         if arr.type != field.type:
-            raise AvroEncodeDeclined(
-                f"column {field.name} is {arr.type}, schema says {field.type}"
-            )
+            raise AvroEncodeDeclined(f"column {field.name} is {arr.type}, schema says {field.type}")
         parts += _value_parts(arr, field.nullable)
     return parts
 
