@@ -239,18 +239,6 @@ def test_deletion_files_both_flavours(tmp_path):
         read_deletion_vector(fs, 4, bitmap)
 
 
-def _pyarrow_offsets(data: bytes) -> list[int]:
-    """The oracle for `.arrow` deletion files: pyarrow's own IPC file reader."""
-    return pa.ipc.open_file(data).read_all().column(0).to_pylist()
-
-
-def ipc_decoder(data: bytes) -> list[int] | None:
-    """The hand decoder of `.arrow` deletion files under test: bytes -> sorted offsets, or
-    None where it declines."""
-    values = deletions._offsets_by_hand(data)
-    return None if values is None else sorted(values)
-
-
 @pytest.fixture(scope="module")
 def deletion_files(tmp_path_factory):
     """A real pylance table after deletes of random sizes from 1 to 100,000 rows per
@@ -281,21 +269,15 @@ def deletion_files(tmp_path_factory):
     return uri, entries
 
 
-def test_hand_decoded_deletion_files_match_pyarrow_and_lance(deletion_files):
+def test_deletion_files_match_lance(deletion_files):
     """Every deletion file pylance wrote (.arrow and .bin, 1 to 100,000 rows) decodes to
-    what pyarrow's reader (for .arrow) and Lance's own scan (the rows it no longer returns)
-    say; the `.arrow` ones take the hand decoder, not the pyarrow fallback."""
+    what Lance's own scan says (the rows it no longer returns)."""
     uri, entries = deletion_files
     log = TableLog(uri)
     kinds, sizes = set(), []
     for version, frag in entries:
         path = deletions.deletion_file_path(frag.id, frag.deletion)
-        data = log.fs.read(path)
         got = read_deletion_vector(log.fs, frag.id, frag.deletion).to_numpy()
-        if path.endswith(".arrow"):
-            hand = ipc_decoder(data)
-            assert hand is not None, f"{path}: pylance's layout fell back to pyarrow"
-            assert hand == sorted(_pyarrow_offsets(data))
         kinds.add(path.rsplit(".", 1)[1])
         sizes.append(got.size)
         frag_ds = lance.dataset(uri, version=version).get_fragment(frag.id)
@@ -318,92 +300,66 @@ def _ipc_file(values: pa.Array, compression=None, batches: int = 1) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_hand_decoder_agrees_with_pyarrow_or_steps_aside(seed):
-    """Arrow IPC files of other shapes (several batches, other codecs or types, nulls):
-    the hand decoder reads them as pyarrow does or declines (None), never otherwise."""
+def test_arrow_deletion_files_of_any_shape_read_as_their_values(seed):
+    """Arrow IPC files of other shapes than pylance's (several batches, other codecs and
+    integer types, duplicates, dense or spread values) read as the set of their values;
+    nulls or a non-integer column are refused (ValueError)."""
     rng = np.random.default_rng(seed)
     for _ in range(30):
         n = int(rng.integers(0, 5000))
         # dense (one roaring container past 4,096 values) or spread; with duplicates or not
         values = rng.choice(1 << int(rng.choice([13, 20])), n, replace=bool(rng.integers(2)))
-        kind = rng.integers(6)
-        if kind == 0:
-            arr = pa.array(values, pa.int32())  # signed: declined
-        elif kind == 1:
-            arr = pa.array(values, pa.uint64())  # 64-bit: declined
-        elif kind == 2 and n:
-            mask = rng.random(n) < 0.1
-            arr = pa.array(values, pa.uint32(), mask=mask)  # nulls: declined if any
-        else:
-            arr = pa.array(values, pa.uint32())
+        arr = pa.array(values, [pa.uint32(), pa.int32(), pa.uint64()][int(rng.integers(3))])
         codec = [None, "zstd", "lz4"][int(rng.integers(3))]
         data = _ipc_file(arr, codec, batches=int(rng.integers(1, 4)))
-        hand = ipc_decoder(data)
-        recognised = arr.type == pa.uint32() and arr.null_count == 0 and codec != "lz4"
-        if recognised:
-            assert hand is not None and hand == sorted(_pyarrow_offsets(data))
-        else:
-            assert hand is None
+        got = deletions._decode(data, deletions.ARROW)
+        assert got.to_array().tolist() == np.unique(values).tolist()
+    with pytest.raises(ValueError, match="nulls"):
+        deletions._decode(_ipc_file(pa.array([1, None, 3], pa.uint32())), deletions.ARROW)
+    with pytest.raises(ValueError, match="integer column"):
+        deletions._decode(_ipc_file(pa.array([1.5, 2.0])), deletions.ARROW)
 
 
-def _zstd_payloads(data: bytes, monkeypatch) -> list[tuple[int, int]]:
-    """[start, end) of the zstd-compressed bytes of each buffer of an `.arrow` deletion
-    file, as the hand decoder finds them."""
-    spans, read = [], deletions._buffer
+class _Files:
+    """A FileSystem stand-in that serves the given bytes for one path."""
 
-    def spy(buf, start, end, compressed):
-        if compressed and end - start >= 8 and struct.unpack_from("<q", buf, start)[0] >= 0:
-            spans.append((start + 8, end))
-        return read(buf, start, end, compressed)
+    root = "mem://t"
 
-    with monkeypatch.context() as m:
-        m.setattr(deletions, "_buffer", spy)
-        assert deletions._offsets_by_hand(data) is not None
-    return spans
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read(self, path: str) -> bytes:
+        return self.data
 
 
-def test_damaged_deletion_files_never_decode_differently(deletion_files, monkeypatch):
-    """Random byte changes and truncations of real `.arrow` deletion files: whenever the
-    decoder accepts the bytes, it reads what pyarrow reads from them, or (where pyarrow
-    refuses them) what the undamaged file holds.
-
-    Except a byte changed inside a zstd-compressed buffer: pylance writes zstd frames
-    without a checksum, so some such changes decompress without an error, to values that
-    may differ between zstd builds. No reader can tell those values are wrong; the
-    manifest's count of deleted rows catches the changes that alter how many there are
-    (`read_deletion_vector`)."""
+def test_damaged_deletion_files_raise_corrupt_file_error(deletion_files):
+    """Random byte changes, insertions and truncations of real `.arrow` and `.bin` deletion
+    files: each read returns a vector or raises CorruptFileError naming the file, never any
+    other exception (read_deletion_vector catches only the types pyarrow and pyroaring
+    raise on garbage)."""
     uri, entries = deletion_files
     log = TableLog(uri)
     rng = np.random.default_rng(7)
-    arrow_files = {
-        p: log.fs.read(p)
-        for p in (deletions.deletion_file_path(f.id, f.deletion) for _, f in entries)
-        if p.endswith(".arrow")
-    }
-    accepted = 0
-    for path, data in arrow_files.items():
-        payloads = _zstd_payloads(data, monkeypatch)
-        for _ in range(300):
+    files = {deletions.deletion_file_path(f.id, f.deletion): f for _, f in entries}
+    refused = {"arrow": 0, "bin": 0}
+    for path, frag in files.items():
+        data = log.fs.read(path)
+        for _ in range(150):
             bad = bytearray(data)
-            if rng.random() < 0.1:
-                bad = bad[: int(rng.integers(len(bad)))]
-            else:  # one byte: bytes the decoder skips cannot hide another change
-                at = int(rng.integers(len(bad)))
-                if any(start <= at < end for start, end in payloads):
-                    continue
-                bad[at] = int(rng.integers(256))
-            hand = ipc_decoder(bytes(bad))
-            if hand is None:
-                continue
-            accepted += 1
+            what, at = int(rng.integers(4)), int(rng.integers(len(bad)))
+            if what == 0:
+                bad = bad[:at]
+            elif what == 1:
+                bad.insert(at, int(rng.integers(256)))
+            else:
+                for _ in range(what):  # one or two bytes changed
+                    bad[int(rng.integers(len(bad)))] = int(rng.integers(256))
             try:
-                expected = _pyarrow_offsets(bytes(bad))
-            except Exception:
-                # pyarrow refuses (a damaged validity buffer, names, padding): the decoder
-                # did not read the damaged bytes, so its answer is the file's own
-                expected = _pyarrow_offsets(data)
-            assert hand == sorted(expected), path
-    assert accepted
+                read_deletion_vector(_Files(bytes(bad)), frag.id, frag.deletion)
+            except CorruptFileError as exc:
+                assert path in str(exc)
+                refused[path.rsplit(".", 1)[1]] += 1
+    assert refused["arrow"] > 100 and refused["bin"] > 100
 
 
 def test_real_table_roaring_deletions_and_segments(tmp_path):
