@@ -7,6 +7,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from lance_cdf.errors import CorruptFileError, TableNotFoundError
@@ -149,6 +152,82 @@ def _damaged(data: bytes, rng, inserted: list[int]) -> bytes:
     elif what == 2:
         bad = bad[:at]
     return bytes(bad)
+
+
+def _ranges_of(data: bytes) -> list[tuple[int, int]] | None:
+    """The oracle: protobuf's parse as (start, end) pairs; None if not all Range segments
+    or not a RowIdSequence at all."""
+    try:
+        segments = rowids_pb2.RowIdSequence.FromString(data).segments
+    except DecodeError:
+        return None
+    if not all(s.WhichOneof("segment") == "range" for s in segments):
+        return None
+    return [(s.range.start, s.range.end) for s in segments]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=40))
+def test_range_decoder_reads_any_ranges_as_protobuf_does(pairs):
+    """Any Range-only sequence protobuf writes (starts and ends anywhere in uint64, empty
+    ranges, zeros proto3 leaves out) is read, to protobuf's ranges."""
+    segs = [Seg(range=Seg.Range(start=min(a, b), end=max(a, b))) for a, b in pairs]
+    data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
+    got = rowids._range_segments(data)
+    assert got is not None
+    assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == _ranges_of(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 3)), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.integers(0, 200), st.sampled_from([0, 1, 2]), st.integers(0, 255)), max_size=3
+    ),  # fmt: skip
+)
+def test_range_decoder_reads_edited_bytes_as_protobuf_or_declines(pairs, edits):
+    """A Range-only sequence with bytes changed, inserted or cut off at random: the hand
+    decoder declines (None), or reads exactly what protobuf parses from the same bytes,
+    all Range segments."""
+    segs = [Seg(range=Seg.Range(start=a, end=a + w)) for a, w in pairs]
+    data = bytearray(rowids_pb2.RowIdSequence(segments=segs).SerializeToString())
+    for at, how, byte in edits:
+        at %= len(data) + 1
+        if how == 0 and at < len(data):
+            data[at] = byte
+        elif how == 1:
+            data.insert(at, byte)
+        elif how == 2:
+            del data[at:]
+    got = rowids._range_segments(bytes(data))
+    if got is not None:
+        expected = _ranges_of(bytes(data))
+        assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == expected
+
+
+def test_range_decoder_declines_layouts_it_does_not_know():
+    """None (protobuf reads it) for everything but Range segments holding start and end
+    once each: the other segment kinds, first or later; an unknown field; a repeated
+    start (legal protobuf: the last one wins); end < start; truncated bytes."""
+    ranged = Seg(range=Seg.Range(start=5, end=8))
+    for other, _ in SEGMENTS[1:]:
+        for segs in ([other], [ranged, other], [other, ranged]):
+            data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
+            assert rowids._range_segments(data) is None, segs
+            assert np.array_equal(RowIdSequence.from_bytes(data).to_numpy(),
+                                  _protobuf_decoded(data))  # fmt: skip
+    # segment (0a len) > range (0a len) > start=5 (08 05), end=8 (10 08), then more
+    unknown = bytes.fromhex("0a080a06080510081801")
+    repeated = bytes.fromhex("0a080a06080510080807")
+    backwards = bytes.fromhex("0a060a0408091008")
+    whole = rowids_pb2.RowIdSequence(segments=[ranged, ranged]).SerializeToString()
+    assert _ranges_of(unknown) == [(5, 8)] and _ranges_of(repeated) == [(7, 8)]
+    for data in (unknown, repeated, backwards, whole[:-1], whole[:3], whole + b"\x0a"):
+        assert rowids._range_segments(data) is None, data.hex()
+    assert RowIdSequence.from_bytes(repeated).to_numpy().tolist() == [7]
+    assert rowids._range_segments(whole) is not None
+    empty = rowids._range_segments(b"")
+    assert empty is not None and empty[0].size == 0 and len(RowIdSequence.from_bytes(b"")) == 0
 
 
 @pytest.mark.parametrize("seed", range(3))

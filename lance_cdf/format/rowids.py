@@ -131,11 +131,17 @@ def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """(starts, ends) of a serialized `RowIdSequence` made only of `Range` segments, read in
     bulk; None for any other shape (the protobuf parser then reads it segment by segment).
 
-    pylance writes one single-row Range per row for the rows a scattered `merge_insert`
-    rewrote: a 1,000-row update carries 1,000 segments, which cost ~10 ms through the
-    protobuf objects and ~0.1 ms here. Every byte of such a message is a varint: pairs
-    (tag, value) = (segments, length) (range, length) then (start) and/or (end) fields.
-    The lengths are checked against the bytes, so anything else is left to the parser."""
+    The format's one hand path (issue 30 kept it on measurement): pylance writes one
+    single-row Range per row for the rows a `merge_insert` rewrote, so a fragment a
+    100,000-row update wrote carries 100,000 segments, each a protobuf object to step
+    through in Python. Once a table holds such fragments, reading them this way saves up
+    to ~70% of a fresh `read_changes` of one version or of a followed micro-batch (a
+    1-row scattered update of the aged 1M-row bench table: 109 -> 31 ms, medians;
+    bench/bench_decoders.py, bench/results_decoders_1m.json). Every byte of such a
+    message is a varint: pairs (tag, value) = (segments, length) (range, length) then
+    (start) and/or (end) fields.
+    The lengths are checked against the bytes, so anything else is left to the parser
+    (tests/test_format.py compares the two on random and damaged sequences)."""
     if data[:1] not in (b"", b"\x0a") or _second_tag(data) not in (None, 0x0A):
         return None  # another segment kind first (an array of 100,000 row IDs): not read
     tokens = _varints(data)
