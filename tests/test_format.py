@@ -105,15 +105,19 @@ def _protobuf_decoded(data: bytes) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
+@pytest.mark.parametrize("bulk_from", [0, None])
 @pytest.mark.parametrize("seed", range(6))
-def test_range_sequences_decode_in_bulk_as_protobuf_does(seed):
+def test_range_sequences_decode_in_bulk_as_protobuf_does(seed, bulk_from, monkeypatch):
     """Sequences of Range segments (what pylance writes for a scattered merge_insert: one
     single-row range per row) are read from the bytes in bulk; random ones, starts of 0
     (a field proto3 leaves out), empty and huge ranges, must read as the parser reads them,
     and anything else (other segments, extra fields) must still decode right."""
+    if bulk_from is not None:  # every size in bulk (by default, only from ~1 KB)
+        monkeypatch.setattr(rowids, "_BULK_FROM", bulk_from)
     rng = np.random.default_rng(seed)
+    bulk = 0
     for _ in range(40):
-        n = int(rng.integers(0, 60))
+        n = int(rng.choice([rng.integers(0, 60), rng.integers(60, 250)]))
         starts = rng.choice([0, 1, 127, 128, 2**14, 2**35, 2**63], n) + rng.integers(0, 300, n)
         lengths = rng.choice([0, 1, 1, 1, 2, 200, 5000], n)
         segs = [
@@ -125,12 +129,15 @@ def test_range_sequences_decode_in_bulk_as_protobuf_does(seed):
         data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
         expected = _protobuf_decoded(data)
         seq = RowIdSequence.from_bytes(data)
-        assert (seq.segments is None) == (not seed % 2 or n == 0)
+        in_bulk = len(data) >= rowids._BULK_FROM and (not seed % 2 or n == 0)
+        assert (seq.segments is None) == in_bulk
+        bulk += in_bulk
         assert len(seq) == sum(segment_values(s).size for s in segs)
         assert np.array_equal(seq.to_numpy(), expected)
         if len(expected):
             idx = rng.integers(0, len(expected), 50)
             assert np.array_equal(RowIdSequence.from_bytes(data).values_at(idx), expected[idx])
+    assert bulk or seed % 2
     # an unknown field inside a range (a newer writer) is left to the parser
     odd = rowids_pb2.RowIdSequence(
         segments=[Seg(range=Seg.Range(start=5, end=8))]

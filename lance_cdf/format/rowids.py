@@ -127,6 +127,12 @@ def _second_tag(data: bytes) -> int | None:
     return None
 
 
+# Below ~1 KB (a hundred Range segments or fewer) protobuf's parse costs less than the
+# numpy calls of `_range_segments` (1 segment: 6 against 37 us; 50: 40 against 53; 100:
+# 69 against 58; 1,000: 615 against 158; best of 5, alternated)
+_BULK_FROM = 1024
+
+
 def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """(starts, ends) of a serialized `RowIdSequence` made only of `Range` segments, read in
     bulk; None for any other shape (the protobuf parser then reads it segment by segment).
@@ -211,9 +217,10 @@ class RowIdSequence:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
-        ranges = _range_segments(data)
-        if ranges is not None:
-            return cls.from_ranges(*ranges)
+        if len(data) >= _BULK_FROM:
+            ranges = _range_segments(data)
+            if ranges is not None:
+                return cls.from_ranges(*ranges)
         return cls(list(_parse(rowids_pb2.RowIdSequence(), data, source).segments))
 
     def __len__(self) -> int:
