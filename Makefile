@@ -9,7 +9,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .PHONY: venv test test-unit test-integration demo proto provision bench lint clean
 
-$(STAMP): pyproject.toml setup.py $(wildcard lance_cdf/*.c lance_cdf/*/*.c)
+$(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# compat: the project root on sys.path, so PySpark's lookup of `pyspark_*` modules

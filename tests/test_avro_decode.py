@@ -24,6 +24,7 @@ from lance_cdf.avro.decode import (
     decode_bodies,
 )
 from lance_cdf.avro.schema import change_records, envelope_schema
+from lance_cdf.errors import AvroDecodeDeclined, FastPathDeclined
 
 UTC = dt.UTC
 COLUMNS = pa.schema(
@@ -427,6 +428,16 @@ def test_confluent_frames():
 def test_can_decode_is_false_for_unsupported_types(avro):
     schema = {"type": "record", "name": "T", "fields": [{"name": "f", "type": avro}]}
     assert not can_decode(schema)
+
+
+def test_an_unsupported_type_is_declined_as_a_fast_path_decline():
+    """The decoder declines with lance_cdf.errors.AvroDecodeDeclined (a FastPathDeclined,
+    which callers catch to use fastavro), naming the type."""
+    schema = {"type": "record", "name": "T", "fields": [{"name": "f", "type": "float"},
+              {"name": "m", "type": {"type": "map", "values": "long"}}]}  # fmt: skip
+    with pytest.raises(AvroDecodeDeclined, match="map") as caught:
+        BatchDecoder(schema)
+    assert isinstance(caught.value, FastPathDeclined)
 
 
 def test_can_decode_supported_envelopes():

@@ -10,41 +10,24 @@ import pyarrow as pa
 import pytest
 
 from lance_cdf.avro import encode as encoder
-from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.encode import can_encode, encode_changes
 from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
+from lance_cdf.errors import AvroEncodeDeclined
 
 NOW_MS = 1_767_225_600_123
 OPS = {1: "Append", 2: "Update", 3: "Delete"}
 I64 = np.iinfo(np.int64)
 
 
-@pytest.fixture(autouse=True, params=["compiled", "numpy"])
-def joiner(request, monkeypatch):
-    """Every test twice: the parts joined by the compiled `_assemble` (it must have been
-    built) and by the numpy path it replaces where no C compiler is present."""
-    if request.param == "compiled":
-        assert encoder._assemble is not None, "lance_cdf/avro/_assemble.c was not built"
-    else:
-        monkeypatch.setattr(encoder, "_assemble", None)
-    return request.param
-
-
-@pytest.mark.parametrize("joiner", ["compiled"], indirect=True)
-def test_compiled_join_refuses_parts_that_do_not_fit_their_buffers(joiner):
-    m = np.zeros((3, 4), np.uint8)
-    with pytest.raises(ValueError, match="length 5 is outside 0..4"):
-        encoder._assemble.concat(3, [(0, m, 4, 4, np.array([1, 5, 0], np.int64))], bytearray)
-    with pytest.raises(ValueError, match="do not fit"):
-        encoder._assemble.concat(4, [(0, m, 4, 4, None)], bytearray)
-    with pytest.raises(ValueError, match="outside its 2 data bytes"):
-        encoder._assemble.concat(1, [(1, np.array([0, 3], np.int64), b"ab", None)], bytearray)
-    offsets, data = encoder._assemble.concat(
-        2, [(0, np.array([[7, 8]], np.uint8), 2, 0, np.array([1, 2], np.int64)),
-            (1, np.array([0, 1, 3], np.int64), b"xyz", np.array([1, 0], np.uint8))], bytearray
-    )  # fmt: skip
-    assert (
-        np.frombuffer(offsets, np.int64).tolist() == [0, 2, 4] and bytes(data) == b"\x07x\x07\x08"
-    )
+def test_assemble_joins_parts_record_by_record():
+    """Padded parts (a broadcast constant cut to per-record lengths) and a Var part (a
+    null record contributes nothing) concatenated record by record."""
+    const = encoder.Padded(np.broadcast_to(np.array([7, 8], np.uint8), (2, 2)), np.array([1, 2]))
+    var = encoder.Var(np.array([0, 1, 3], np.int64), pa.py_buffer(b"xyz"), np.array([1, 0], bool))
+    fixed = encoder.Padded(np.array([[1], [2]], np.uint8))
+    out = encoder.assemble([const, var, fixed, encoder.Padded(np.zeros((2, 0), np.uint8))], 2)
+    assert out.to_pylist() == [b"\x07x\x01", b"\x07\x08\x02"]
+    assert encoder.assemble([], 3).to_pylist() == [b""] * 3
 
 
 def _mask(rng, n, p=0.2):
@@ -315,7 +298,7 @@ def test_unsupported_types_use_the_fastavro_path(column):
     events = pa.table({"id": [1, 2], "x": column, "_rowid": pa.array([0, 1], pa.uint64()),
                        "_change_type": ["insert", "insert"], "_commit_version": [1, 1],
                        "_commit_timestamp": ts})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(events, schema, OPS, "t", None, "0.9", NOW_MS)
 
 
@@ -325,16 +308,16 @@ def test_values_fastavro_rejects_are_unsupported():
             "_commit_timestamp": pa.array([0], pa.timestamp("us", tz="UTC"))}  # fmt: skip
     big = pa.table({"u": pa.array([2**63], pa.uint64()),
                     "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(big, big.select(["u"]).schema, OPS, "t", None, "0.9", NOW_MS)
     schema = pa.schema([pa.field("r", pa.int64(), nullable=False)])
     nulls = pa.table({"r": pa.array([None], pa.int64()),
                       "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
-    with pytest.raises(Unsupported):
+    with pytest.raises(AvroEncodeDeclined):
         encode_changes(nulls, schema, OPS, "t", None, "0.9", NOW_MS)
     naive = pa.table({"r": [1], "_rowid": pa.array([0], pa.uint64()), **base})
     naive = naive.set_column(4, "_commit_timestamp", pa.array([0], pa.timestamp("us")))
-    with pytest.raises(Unsupported):  # fastavro converts naive datetimes in local time
+    with pytest.raises(AvroEncodeDeclined):  # fastavro converts naive datetimes in local time
         encode_changes(naive, naive.select(["r"]).schema, OPS, "t", None, "0.9", NOW_MS)
 
 

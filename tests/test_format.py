@@ -7,6 +7,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from google.protobuf.message import DecodeError
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from pyroaring import BitMap
 
 from lance_cdf.errors import CorruptFileError, TableNotFoundError
@@ -17,9 +20,6 @@ from lance_cdf.format import (
     list_versions,
     parse_manifest,
     rowids,
-)
-from lance_cdf.format import (
-    manifest as manifest_mod,
 )
 from lance_cdf.format._proto import rowids_pb2, table_pb2
 from lance_cdf.format.deletions import read_deletion_vector
@@ -105,26 +105,19 @@ def _protobuf_decoded(data: bytes) -> np.ndarray:
     return np.concatenate(parts) if parts else np.zeros(0, np.uint64)
 
 
-@pytest.fixture(params=["compiled", "numpy"])
-def range_decoder(request, monkeypatch):
-    """A test twice: Range-only row-ID sequences read by the compiled decoder (it must have
-    been built: `make venv`) and by the numpy one it falls back to."""
-    if request.param == "compiled":
-        assert rowids._native is not None, "lance_cdf/format/_decode.c was not built"
-    else:
-        monkeypatch.setattr(rowids, "_native", None)
-    return request.param
-
-
+@pytest.mark.parametrize("bulk_from", [0, None])
 @pytest.mark.parametrize("seed", range(6))
-def test_range_sequences_decode_in_bulk_as_protobuf_does(seed, range_decoder):
+def test_range_sequences_decode_in_bulk_as_protobuf_does(seed, bulk_from, monkeypatch):
     """Sequences of Range segments (what pylance writes for a scattered merge_insert: one
     single-row range per row) are read from the bytes in bulk; random ones, starts of 0
     (a field proto3 leaves out), empty and huge ranges, must read as the parser reads them,
     and anything else (other segments, extra fields) must still decode right."""
+    if bulk_from is not None:  # every size in bulk (by default, only from ~1 KB)
+        monkeypatch.setattr(rowids, "_BULK_FROM", bulk_from)
     rng = np.random.default_rng(seed)
+    bulk = 0
     for _ in range(40):
-        n = int(rng.integers(0, 60))
+        n = int(rng.choice([rng.integers(0, 60), rng.integers(60, 250)]))
         starts = rng.choice([0, 1, 127, 128, 2**14, 2**35, 2**63], n) + rng.integers(0, 300, n)
         lengths = rng.choice([0, 1, 1, 1, 2, 200, 5000], n)
         segs = [
@@ -136,12 +129,15 @@ def test_range_sequences_decode_in_bulk_as_protobuf_does(seed, range_decoder):
         data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
         expected = _protobuf_decoded(data)
         seq = RowIdSequence.from_bytes(data)
-        assert (seq.segments is None) == (not seed % 2 or n == 0)
+        in_bulk = len(data) >= rowids._BULK_FROM and (not seed % 2 or n == 0)
+        assert (seq.segments is None) == in_bulk
+        bulk += in_bulk
         assert len(seq) == sum(segment_values(s).size for s in segs)
         assert np.array_equal(seq.to_numpy(), expected)
         if len(expected):
             idx = rng.integers(0, len(expected), 50)
             assert np.array_equal(RowIdSequence.from_bytes(data).values_at(idx), expected[idx])
+    assert bulk or seed % 2
     # an unknown field inside a range (a newer writer) is left to the parser
     odd = rowids_pb2.RowIdSequence(
         segments=[Seg(range=Seg.Range(start=5, end=8))]
@@ -165,12 +161,87 @@ def _damaged(data: bytes, rng, inserted: list[int]) -> bytes:
     return bytes(bad)
 
 
+def _ranges_of(data: bytes) -> list[tuple[int, int]] | None:
+    """The oracle: protobuf's parse as (start, end) pairs; None if not all Range segments
+    or not a RowIdSequence at all."""
+    try:
+        segments = rowids_pb2.RowIdSequence.FromString(data).segments
+    except DecodeError:
+        return None
+    if not all(s.WhichOneof("segment") == "range" for s in segments):
+        return None
+    return [(s.range.start, s.range.end) for s in segments]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2**64 - 1), st.integers(0, 2**64 - 1)), max_size=40))
+def test_range_decoder_reads_any_ranges_as_protobuf_does(pairs):
+    """Any Range-only sequence protobuf writes (starts and ends anywhere in uint64, empty
+    ranges, zeros proto3 leaves out) is read, to protobuf's ranges."""
+    segs = [Seg(range=Seg.Range(start=min(a, b), end=max(a, b))) for a, b in pairs]
+    data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
+    got = rowids._range_segments(data)
+    assert got is not None
+    assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == _ranges_of(data)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 3)), min_size=1, max_size=8),
+    st.lists(
+        st.tuples(st.integers(0, 200), st.sampled_from([0, 1, 2]), st.integers(0, 255)), max_size=3
+    ),  # fmt: skip
+)
+def test_range_decoder_reads_edited_bytes_as_protobuf_or_declines(pairs, edits):
+    """A Range-only sequence with bytes changed, inserted or cut off at random: the hand
+    decoder declines (None), or reads exactly what protobuf parses from the same bytes,
+    all Range segments."""
+    segs = [Seg(range=Seg.Range(start=a, end=a + w)) for a, w in pairs]
+    data = bytearray(rowids_pb2.RowIdSequence(segments=segs).SerializeToString())
+    for at, how, byte in edits:
+        at %= len(data) + 1
+        if how == 0 and at < len(data):
+            data[at] = byte
+        elif how == 1:
+            data.insert(at, byte)
+        elif how == 2:
+            del data[at:]
+    got = rowids._range_segments(bytes(data))
+    if got is not None:
+        expected = _ranges_of(bytes(data))
+        assert list(zip(got[0].tolist(), got[1].tolist(), strict=True)) == expected
+
+
+def test_range_decoder_declines_layouts_it_does_not_know():
+    """None (protobuf reads it) for everything but Range segments holding start and end
+    once each: the other segment kinds, first or later; an unknown field; a repeated
+    start (legal protobuf: the last one wins); end < start; truncated bytes."""
+    ranged = Seg(range=Seg.Range(start=5, end=8))
+    for other, _ in SEGMENTS[1:]:
+        for segs in ([other], [ranged, other], [other, ranged]):
+            data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
+            assert rowids._range_segments(data) is None, segs
+            assert np.array_equal(RowIdSequence.from_bytes(data).to_numpy(),
+                                  _protobuf_decoded(data))  # fmt: skip
+    # segment (0a len) > range (0a len) > start=5 (08 05), end=8 (10 08), then more
+    unknown = bytes.fromhex("0a080a06080510081801")
+    repeated = bytes.fromhex("0a080a06080510080807")
+    backwards = bytes.fromhex("0a060a0408091008")
+    whole = rowids_pb2.RowIdSequence(segments=[ranged, ranged]).SerializeToString()
+    assert _ranges_of(unknown) == [(5, 8)] and _ranges_of(repeated) == [(7, 8)]
+    for data in (unknown, repeated, backwards, whole[:-1], whole[:3], whole + b"\x0a"):
+        assert rowids._range_segments(data) is None, data.hex()
+    assert RowIdSequence.from_bytes(repeated).to_numpy().tolist() == [7]
+    assert rowids._range_segments(whole) is not None
+    empty = rowids._range_segments(b"")
+    assert empty is not None and empty[0].size == 0 and len(RowIdSequence.from_bytes(b"")) == 0
+
+
 @pytest.mark.parametrize("seed", range(3))
-def test_compiled_range_decoder_agrees_with_numpy_on_damaged_bytes(seed):
-    """Random byte changes, insertions and truncations of Range-only sequences: the compiled
-    decoder and the numpy one both decline (None) or both read the same ranges, and what
-    they read is what protobuf parses, whenever protobuf parses it."""
-    assert rowids._native is not None, "lance_cdf/format/_decode.c was not built"
+def test_range_decoder_reads_damaged_bytes_as_protobuf_or_declines(seed):
+    """Random byte changes, insertions and truncations of Range-only sequences: the numpy
+    decoder declines (None) or reads exactly the ranges protobuf parses from the same bytes
+    (and protobuf does parse them); undamaged sequences it always reads."""
     rng = np.random.default_rng(seed)
     accepted = 0
     for _ in range(400):
@@ -178,21 +249,17 @@ def test_compiled_range_decoder_agrees_with_numpy_on_damaged_bytes(seed):
         starts = rng.choice([0, 5, 200, 2**20, 2**40], n) + rng.integers(0, 50, n)
         segs = [Seg(range=Seg.Range(start=int(a), end=int(a + rng.integers(0, 3)))) for a in starts]
         data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
-        bad = _damaged(data, rng, [8, 10, 16, 24, 0x80, 1])  # may be whole: both must accept
-        compiled, numpy_ = rowids._native.range_segments(bad), rowids._range_segments(bad)
-        assert (compiled is None) == (numpy_ is None), bad.hex()
-        if compiled is None:
+        bad = _damaged(data, rng, [8, 10, 16, 24, 0x80, 1])  # may be whole: must be read
+        got = rowids._range_segments(bad)
+        if got is None:
+            assert bad != data, "an undamaged Range-only sequence was declined"
             continue
         accepted += 1
-        got = [np.frombuffer(c, np.uint64) for c in compiled]
-        assert all(np.array_equal(a, b) for a, b in zip(got, numpy_, strict=True)), bad.hex()
-        try:
-            parsed = rowids_pb2.RowIdSequence.FromString(bad)
-        except Exception:
-            continue
+        parsed = rowids_pb2.RowIdSequence.FromString(bad)  # DecodeError: accepted garbage
+        assert all(s.WhichOneof("segment") == "range" for s in parsed.segments), bad.hex()
         assert [(s.range.start, s.range.end) for s in parsed.segments] == list(
             zip(got[0].tolist(), got[1].tolist(), strict=True)
-        )
+        ), bad.hex()
     assert accepted > 100
 
 
@@ -255,40 +322,6 @@ def test_deletion_files_both_flavours(tmp_path):
         read_deletion_vector(fs, 4, bitmap)
 
 
-def _pyarrow_offsets(data: bytes) -> list[int]:
-    """The oracle for `.arrow` deletion files: pyarrow's own IPC file reader."""
-    return pa.ipc.open_file(data).read_all().column(0).to_pylist()
-
-
-@pytest.fixture(params=["compiled", "python"])
-def ipc_decoder(request, monkeypatch):
-    """A test twice: `.arrow` deletion files read by the compiled decoder (it must have been
-    built: `make venv`) and by the hand decoder in Python it falls back to. Returns the
-    decoder under test: bytes -> sorted offsets, or None where it declines."""
-    if request.param == "compiled":
-        native = deletions._native
-        assert native is not None, "lance_cdf/format/_decode.c was not built"
-
-        def decode(data):
-            values, bitmap = native.u32_ipc_values(data), native.u32_ipc_bitmap(data)
-            assert (values is None) == (bitmap is None)
-            if values is None:
-                return None
-            values = np.frombuffer(values, np.uint32)
-            # the serialized bitmap holds the same values, duplicates dropped
-            assert list(BitMap.deserialize(bitmap)) == np.unique(values).tolist()
-            return values.tolist()
-
-        return decode
-    monkeypatch.setattr(deletions, "_native", None)
-
-    def decode(data):
-        values = deletions._offsets_by_hand(data)
-        return None if values is None else sorted(values)
-
-    return decode
-
-
 @pytest.fixture(scope="module")
 def deletion_files(tmp_path_factory):
     """A real pylance table after deletes of random sizes from 1 to 100,000 rows per
@@ -319,21 +352,15 @@ def deletion_files(tmp_path_factory):
     return uri, entries
 
 
-def test_hand_decoded_deletion_files_match_pyarrow_and_lance(deletion_files, ipc_decoder):
+def test_deletion_files_match_lance(deletion_files):
     """Every deletion file pylance wrote (.arrow and .bin, 1 to 100,000 rows) decodes to
-    what pyarrow's reader (for .arrow) and Lance's own scan (the rows it no longer returns)
-    say; the `.arrow` ones take the hand decoder, not the pyarrow fallback."""
+    what Lance's own scan says (the rows it no longer returns)."""
     uri, entries = deletion_files
     log = TableLog(uri)
     kinds, sizes = set(), []
     for version, frag in entries:
         path = deletions.deletion_file_path(frag.id, frag.deletion)
-        data = log.fs.read(path)
         got = read_deletion_vector(log.fs, frag.id, frag.deletion).to_numpy()
-        if path.endswith(".arrow"):
-            hand = ipc_decoder(data)
-            assert hand is not None, f"{path}: pylance's layout fell back to pyarrow"
-            assert hand == sorted(_pyarrow_offsets(data))
         kinds.add(path.rsplit(".", 1)[1])
         sizes.append(got.size)
         frag_ds = lance.dataset(uri, version=version).get_fragment(frag.id)
@@ -356,92 +383,66 @@ def _ipc_file(values: pa.Array, compression=None, batches: int = 1) -> bytes:
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_hand_decoder_agrees_with_pyarrow_or_steps_aside(seed, ipc_decoder):
-    """Arrow IPC files of other shapes (several batches, other codecs or types, nulls):
-    the hand decoder reads them as pyarrow does or declines (None), never otherwise."""
+def test_arrow_deletion_files_of_any_shape_read_as_their_values(seed):
+    """Arrow IPC files of other shapes than pylance's (several batches, other codecs and
+    integer types, duplicates, dense or spread values) read as the set of their values;
+    nulls or a non-integer column are refused (ValueError)."""
     rng = np.random.default_rng(seed)
     for _ in range(30):
         n = int(rng.integers(0, 5000))
         # dense (one roaring container past 4,096 values) or spread; with duplicates or not
         values = rng.choice(1 << int(rng.choice([13, 20])), n, replace=bool(rng.integers(2)))
-        kind = rng.integers(6)
-        if kind == 0:
-            arr = pa.array(values, pa.int32())  # signed: declined
-        elif kind == 1:
-            arr = pa.array(values, pa.uint64())  # 64-bit: declined
-        elif kind == 2 and n:
-            mask = rng.random(n) < 0.1
-            arr = pa.array(values, pa.uint32(), mask=mask)  # nulls: declined if any
-        else:
-            arr = pa.array(values, pa.uint32())
+        arr = pa.array(values, [pa.uint32(), pa.int32(), pa.uint64()][int(rng.integers(3))])
         codec = [None, "zstd", "lz4"][int(rng.integers(3))]
         data = _ipc_file(arr, codec, batches=int(rng.integers(1, 4)))
-        hand = ipc_decoder(data)
-        recognised = arr.type == pa.uint32() and arr.null_count == 0 and codec != "lz4"
-        if recognised:
-            assert hand is not None and hand == sorted(_pyarrow_offsets(data))
-        else:
-            assert hand is None
+        got = deletions._decode(data, deletions.ARROW)
+        assert got.to_array().tolist() == np.unique(values).tolist()
+    with pytest.raises(ValueError, match="nulls"):
+        deletions._decode(_ipc_file(pa.array([1, None, 3], pa.uint32())), deletions.ARROW)
+    with pytest.raises(ValueError, match="integer column"):
+        deletions._decode(_ipc_file(pa.array([1.5, 2.0])), deletions.ARROW)
 
 
-def _zstd_payloads(data: bytes, monkeypatch) -> list[tuple[int, int]]:
-    """[start, end) of the zstd-compressed bytes of each buffer of an `.arrow` deletion
-    file, as the hand decoder finds them."""
-    spans, read = [], deletions._buffer
+class _Files:
+    """A FileSystem stand-in that serves the given bytes for one path."""
 
-    def spy(buf, start, end, compressed):
-        if compressed and end - start >= 8 and struct.unpack_from("<q", buf, start)[0] >= 0:
-            spans.append((start + 8, end))
-        return read(buf, start, end, compressed)
+    root = "mem://t"
 
-    with monkeypatch.context() as m:
-        m.setattr(deletions, "_buffer", spy)
-        assert deletions._offsets_by_hand(data) is not None
-    return spans
+    def __init__(self, data: bytes):
+        self.data = data
+
+    def read(self, path: str) -> bytes:
+        return self.data
 
 
-def test_damaged_deletion_files_never_decode_differently(deletion_files, ipc_decoder, monkeypatch):
-    """Random byte changes and truncations of real `.arrow` deletion files: whenever the
-    decoder accepts the bytes, it reads what pyarrow reads from them, or (where pyarrow
-    refuses them) what the undamaged file holds.
-
-    Except a byte changed inside a zstd-compressed buffer: pylance writes zstd frames
-    without a checksum, so some such changes decompress without an error, to values that
-    differ between zstd builds (pyarrow's own and the system's libzstd the compiled decoder
-    uses). No reader can tell those values are wrong; the manifest's count of deleted rows
-    catches the changes that alter how many there are (`read_deletion_vector`)."""
+def test_damaged_deletion_files_raise_corrupt_file_error(deletion_files):
+    """Random byte changes, insertions and truncations of real `.arrow` and `.bin` deletion
+    files: each read returns a vector or raises CorruptFileError naming the file, never any
+    other exception (read_deletion_vector catches only the types pyarrow and pyroaring
+    raise on garbage)."""
     uri, entries = deletion_files
     log = TableLog(uri)
     rng = np.random.default_rng(7)
-    arrow_files = {
-        p: log.fs.read(p)
-        for p in (deletions.deletion_file_path(f.id, f.deletion) for _, f in entries)
-        if p.endswith(".arrow")
-    }
-    accepted = 0
-    for path, data in arrow_files.items():
-        payloads = _zstd_payloads(data, monkeypatch)
-        for _ in range(300):
+    files = {deletions.deletion_file_path(f.id, f.deletion): f for _, f in entries}
+    refused = {"arrow": 0, "bin": 0}
+    for path, frag in files.items():
+        data = log.fs.read(path)
+        for _ in range(150):
             bad = bytearray(data)
-            if rng.random() < 0.1:
-                bad = bad[: int(rng.integers(len(bad)))]
-            else:  # one byte: bytes the decoder skips cannot hide another change
-                at = int(rng.integers(len(bad)))
-                if any(start <= at < end for start, end in payloads):
-                    continue
-                bad[at] = int(rng.integers(256))
-            hand = ipc_decoder(bytes(bad))
-            if hand is None:
-                continue
-            accepted += 1
+            what, at = int(rng.integers(4)), int(rng.integers(len(bad)))
+            if what == 0:
+                bad = bad[:at]
+            elif what == 1:
+                bad.insert(at, int(rng.integers(256)))
+            else:
+                for _ in range(what):  # one or two bytes changed
+                    bad[int(rng.integers(len(bad)))] = int(rng.integers(256))
             try:
-                expected = _pyarrow_offsets(bytes(bad))
-            except Exception:
-                # pyarrow refuses (a damaged validity buffer, names, padding): the decoder
-                # did not read the damaged bytes, so its answer is the file's own
-                expected = _pyarrow_offsets(data)
-            assert hand == sorted(expected), path
-    assert accepted
+                read_deletion_vector(_Files(bytes(bad)), frag.id, frag.deletion)
+            except CorruptFileError as exc:
+                assert path in str(exc)
+                refused[path.rsplit(".", 1)[1]] += 1
+    assert refused["arrow"] > 100 and refused["bin"] > 100
 
 
 def test_real_table_roaring_deletions_and_segments(tmp_path):
@@ -485,18 +486,6 @@ def test_v1_naming_scheme(tmp_path):
     os.makedirs(tmp_path / "empty/_versions")
     with pytest.raises(TableNotFoundError):
         list_versions(LocalFileSystem(str(tmp_path / "empty")))
-
-
-@pytest.fixture(params=["compiled", "python"])
-def entries_reader(request, monkeypatch):
-    """A test twice: manifests' fragment records found and compared by the compiled
-    reader (it must have been built: `make venv`) and by the Python one it falls back to."""
-    if request.param == "compiled":
-        assert manifest_mod._native is not None, "lance_cdf/format/_decode.c was not built"
-    else:
-        monkeypatch.setattr(manifest_mod, "_manifest_entries", manifest_mod._py_manifest_entries)
-        monkeypatch.setattr(manifest_mod, "_same_bytes", manifest_mod._py_same_bytes)
-    return request.param
 
 
 def _manifest_files(uri: str) -> dict[int, bytes]:
@@ -544,15 +533,14 @@ def churned_manifests(tmp_path_factory) -> dict[int, bytes]:
     return _manifest_files(uri)
 
 
-def test_manifest_entries_parse_as_protobuf_does(churned_manifests, entries_reader):
-    """Every version's fragment entries, left as bytes and parsed one by one, are the
-    message protobuf parses from the whole manifest, with the same ids and order; two
-    versions' entries are the same entry exactly when their messages are equal."""
+def test_manifests_parse_as_protobuf_does(churned_manifests):
+    """Every version's manifest is the message protobuf parses from the whole body, with
+    its fragment entries in order; two versions' entries are the same entry exactly when
+    their messages are equal, and a commit leaves some alone."""
     parsed = {}
     for v, data in sorted(churned_manifests.items()):
         m = parse_manifest(data, f"v{v}")
         whole = _whole_body(data)
-        assert m.entries is not None and len(m.proto.fragments) == 0
         assert [f.id for f in m.fragments] == [f.id for f in whole.fragments]
         assert m.whole_proto() == whole
         parsed[v] = m
@@ -577,26 +565,17 @@ def test_manifest_entries_parse_as_protobuf_does(churned_manifests, entries_read
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_compiled_manifest_reader_agrees_with_python_on_damaged_bytes(churned_manifests, seed):
-    """Random byte changes, insertions and truncations of manifests: the compiled and the
-    Python readers of the top level both decline (None) or find the same records, and a
-    manifest read with its entries left as bytes is what protobuf parses whole: equal
-    messages where protobuf parses it, a CorruptFileError (at once or when the damaged
-    entry is looked into) where it does not."""
-    native = manifest_mod._native
-    assert native is not None, "lance_cdf/format/_decode.c was not built"
+def test_damaged_manifests_read_as_protobuf_does_or_raise_corrupt(churned_manifests, seed):
+    """Random byte changes, insertions and truncations of manifests: a manifest read is
+    what protobuf parses from the body where it parses, a CorruptFileError where not."""
     rng = np.random.default_rng(seed)
     datas = [churned_manifests[v] for v in sorted(churned_manifests)]
-    accepted = 0
+    refused = 0
     for _ in range(300):
         data = datas[int(rng.integers(len(datas)))]
         pos = struct.unpack_from("<Q", data, len(data) - 16)[0]
         (length,) = struct.unpack_from("<I", data, pos)
         body = _damaged(data[pos + 4 : pos + 4 + length], rng, [0x12, 0x08, 0x80, 0xFF, 1, 0x0B])
-        compiled = native.manifest_entries(body, 0, len(body))
-        python = manifest_mod._py_manifest_entries(body, 0, len(body))
-        assert compiled == python, body.hex()
-        accepted += compiled is not None
         framed = struct.pack("<I", len(body)) + body
         file = framed + struct.pack("<QHH4s", 0, 0, 3, b"LANC")
         try:
@@ -610,7 +589,8 @@ def test_compiled_manifest_reader_agrees_with_python_on_damaged_bytes(churned_ma
         assert (got is None) == (whole is None), body.hex()
         if got is not None:
             assert got == whole
-    assert accepted > 100
+        refused += got is None
+    assert refused > 10
 
 
 @pytest.mark.parametrize("mapped", [False, True])

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from lance_cdf.avro.schema import ARROW_TYPE, FIXED_SIZE, arrow_type
 from lance_cdf.avro.wire import split_many
+from lance_cdf.errors import AvroDecodeDeclined
 
 # error codes of a record (0 = decoded fine); the first error of a record is kept
 OK, TRUNCATED, BAD_UNION, BAD_LENGTH, BAD_VARINT, BAD_UTF8, INT_RANGE, TRAILING, WIRE = range(9)
@@ -49,10 +50,6 @@ REASONS = {
 }
 PAD = 16  # zero bytes after the last body: varint reads never leave the buffer
 _U64_7F = np.uint64(0x7F)
-
-
-class Unsupported(Exception):
-    """The schema has a type the vectorized decoder does not handle."""
 
 
 def _fail(err: np.ndarray, mask: np.ndarray, code: int) -> None:
@@ -471,7 +468,7 @@ def _primitive(name: str) -> _Node:
             return _Bytes(True)
         case "bytes":
             return _Bytes(False)
-    raise Unsupported(f"Avro type {name!r}")
+    raise AvroDecodeDeclined(f"Avro type {name!r}")
 
 
 _DAY_US = 86_400 * 10**6
@@ -500,25 +497,25 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
             return _primitive(t), False
         ref = names.get(t) or names.get(f"{namespace}.{t}")
         if ref is None:
-            raise Unsupported(f"Avro type {t!r}")
+            raise AvroDecodeDeclined(f"Avro type {t!r}")
         return ref, False
     if isinstance(t, list):
         if len(t) == 2 and "null" in t:
             null_index = t.index("null")
             inner, _ = _compile(t[1 - null_index], namespace, names)
             if isinstance(inner, _Union):
-                raise Unsupported("nested union")
+                raise AvroDecodeDeclined("nested union")
             return _Union(null_index, inner), True
-        raise Unsupported(f"union {t!r}")
+        raise AvroDecodeDeclined(f"union {t!r}")
     if not isinstance(t, dict):
-        raise Unsupported(f"Avro type {t!r}")
+        raise AvroDecodeDeclined(f"Avro type {t!r}")
     base, logical = t.get("type"), t.get("logicalType")
     if isinstance(base, (list, dict)) and logical is None:
         return _compile(base, namespace, names)
     if logical is not None:
         if (base, logical) in _LOGICAL:
             return _LOGICAL[(base, logical)](), False
-        raise Unsupported(f"logical type {logical!r}")
+        raise AvroDecodeDeclined(f"logical type {logical!r}")
     if base in _PRIMITIVES and ARROW_TYPE in t:  # a narrower or unsigned Arrow type
         exact, _ = arrow_type(t)
         if pa.types.is_integer(exact) and base in ("int", "long"):
@@ -528,7 +525,7 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
             else:
                 lo, hi = 0, min(2**exact.bit_width - 1, 2**63 - 1)
             return _Int(bits, exact, lo=lo, hi=hi), False
-        raise Unsupported(f"Avro {base} with {ARROW_TYPE} {t[ARROW_TYPE]!r}")
+        raise AvroDecodeDeclined(f"Avro {base} with {ARROW_TYPE} {t[ARROW_TYPE]!r}")
     if base in _PRIMITIVES:
         return _primitive(base), False
     if base == "record":
@@ -546,10 +543,10 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
         items, nullable = _compile(t["items"], namespace, names)
         inner = items.inner if isinstance(items, _Union) else items
         if not isinstance(inner, (_Int, _Float, _Bool, _Bytes)):
-            raise Unsupported("array of non-primitive items")
+            raise AvroDecodeDeclined("array of non-primitive items")
         size = t.get(FIXED_SIZE)
         return _Array(items, nullable, int(size) if size else None), False
-    raise Unsupported(f"Avro type {base!r}")
+    raise AvroDecodeDeclined(f"Avro type {base!r}")
 
 
 class BatchDecoder:
@@ -558,7 +555,7 @@ class BatchDecoder:
     def __init__(self, schema: dict):
         node, _ = _compile(schema, "", {})
         if not isinstance(node, _Record):
-            raise Unsupported("the top-level type is not a record")
+            raise AvroDecodeDeclined("the top-level type is not a record")
         self.node = node
         self.arrow: pa.StructType = node.arrow
 
@@ -580,7 +577,7 @@ def can_decode(schema: dict) -> bool:
     """True when `BatchDecoder` handles every type of `schema`."""
     try:
         BatchDecoder(schema)
-    except (Unsupported, KeyError, TypeError, ValueError):
+    except (AvroDecodeDeclined, KeyError, TypeError, ValueError):
         return False
     return True
 
@@ -595,9 +592,9 @@ def reasons(err: np.ndarray) -> list[str]:
 
 
 __all__ = [
+    "AvroDecodeDeclined",
     "BatchDecoder",
     "Frames",
-    "Unsupported",
     "can_decode",
     "decode_bodies",
     "REASONS",

@@ -15,7 +15,8 @@ dicts `avro.change_records` builds, but for a whole Arrow batch at once:
 Types the fast path does not handle (decimal, maps, dictionaries, nanosecond
 times, ...) make `can_encode` false; values fastavro would reject (nulls in a
 non-nullable field, uint64 above the long range, unknown change types) raise
-`Unsupported`. In both cases the caller uses the fastavro path for the batch.
+`lance_cdf.errors.AvroEncodeDeclined`. In both cases the caller uses the fastavro path for
+the batch.
 """
 
 from __future__ import annotations
@@ -28,18 +29,10 @@ import pyarrow.compute as pc
 import pyarrow.types as pat
 
 from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TableName
-
-try:  # the parts joined in C (setup.py: optional; numpy does it where it was not built)
-    from lance_cdf.avro import _assemble
-except ImportError:
-    _assemble = None
+from lance_cdf.errors import AvroEncodeDeclined
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
 _EMPTY = pa.scalar(b"", pa.large_binary())
-
-
-class Unsupported(Exception):
-    """The batch's data cannot take the vectorised path (use fastavro)."""
 
 
 # -- parts ------------------------------------------------------------------------------
@@ -178,30 +171,8 @@ def _compact(group: list[Padded], n: int) -> Var:
 
 
 def assemble(parts: list, n: int) -> pa.LargeBinaryArray:
-    """Concatenate the parts record by record into one binary column: in one pass of the
-    compiled `_assemble.concat` where it was built, else in numpy (`_assemble_numpy`)."""
-    if _assemble is None:
-        return _assemble_numpy(parts, n)
-    spec = []
-    for p in parts:
-        if isinstance(p, Padded):
-            if not p.width:
-                continue
-            m = p.m
-            step = 0 if n and m.strides[0] == 0 else p.width
-            m = np.ascontiguousarray(m[:1] if step == 0 else m)
-            lens = None if p.lens is None else np.ascontiguousarray(p.lens, np.int64)
-            spec.append((0, m, p.width, step, lens))
-        else:
-            valid = None if p.valid is None else np.ascontiguousarray(p.valid, np.uint8)
-            spec.append((1, np.ascontiguousarray(p.offsets, np.int64), p.data, valid))
-    offsets, data = _assemble.concat(n, spec, pa.allocate_buffer)
-    return pa.LargeBinaryArray.from_buffers(
-        pa.large_binary(), n, [None, pa.py_buffer(offsets), data]
-    )
-
-
-def _assemble_numpy(parts: list, n: int) -> pa.LargeBinaryArray:
+    """Concatenate the parts record by record into one binary column: adjacent padded
+    parts compacted together, then Arrow's `binary_join_element_wise` over the pieces."""
     pieces: list[Var] = []
     group: list[Padded] = []
     for p in parts:
@@ -296,7 +267,7 @@ def _long_values(arr: pa.Array) -> np.ndarray:
     if pat.is_uint64(t):
         v = _numbers(arr, np.uint64)
         if (v > np.uint64(2**63 - 1)).any():
-            raise Unsupported("uint64 value beyond the Avro long range")
+            raise AvroEncodeDeclined("uint64 value beyond the Avro long range")
         return v.astype(np.int64)
     if pat.is_integer(t):
         return _numbers(arr, np.int64)
@@ -307,7 +278,7 @@ def _long_values(arr: pa.Array) -> np.ndarray:
     if pat.is_timestamp(t) or pat.is_time(t):
         raw = _numbers(arr.cast(pa.int64() if t.bit_width == 64 else pa.int32()), np.int64)
         return raw * _US[t.unit]
-    raise Unsupported(f"{t}")
+    raise AvroEncodeDeclined(f"{t}")
 
 
 def _supported(t: pa.DataType) -> bool:
@@ -341,7 +312,7 @@ def _value_parts(arr: pa.Array, nullable: bool, present: np.ndarray | None = Non
     valid = _valid(arr)
     if not nullable:
         if valid is not None and (present is None or (present & ~valid).any()):
-            raise Unsupported("null in a non-nullable field")  # fastavro raises on it
+            raise AvroEncodeDeclined("null in a non-nullable field")  # fastavro raises on it
         return _type_parts(arr, present)
     if valid is None:
         return [_const(b"\x02", n), *_type_parts(arr, present)]
@@ -376,7 +347,7 @@ def _type_parts(arr: pa.Array, present: np.ndarray | None) -> list:
         return parts
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
         return _list_parts(arr)
-    raise Unsupported(f"{t}")
+    raise AvroEncodeDeclined(f"{t}")
 
 
 def _list_parts(arr: pa.Array) -> list:
@@ -412,7 +383,7 @@ def record_parts(columns: list[pa.Array], fields: list[pa.Field]) -> list:
     parts: list = []
     for arr, field in zip(columns, fields, strict=True):
         if arr.type != field.type:
-            raise Unsupported(f"column {field.name} is {arr.type}, schema says {field.type}")
+            raise AvroEncodeDeclined(f"column {field.name} is {arr.type}, schema says {field.type}")
         parts += _value_parts(arr, field.nullable)
     return parts
 
@@ -435,15 +406,15 @@ def _column(events: pa.Table, name: str) -> pa.Array:
 
 def _commit_millis(arr: pa.Array) -> np.ndarray:
     if arr.null_count:
-        raise Unsupported("null commit timestamp")
+        raise AvroEncodeDeclined("null commit timestamp")
     t = arr.type
     if pat.is_integer(t):
         return _long_values(arr)
     if pat.is_timestamp(t) and t.tz is not None:  # fastavro: floor to the millisecond
         if t.unit == "ns":
-            raise Unsupported("nanosecond commit timestamp")
+            raise AvroEncodeDeclined("nanosecond commit timestamp")
         return (arr.cast(pa.int64()).to_numpy() * _US[t.unit]) // 1000
-    raise Unsupported(f"commit timestamp of type {t}")
+    raise AvroEncodeDeclined(f"commit timestamp of type {t}")
 
 
 def encode_changes(
@@ -459,10 +430,10 @@ def encode_changes(
 ) -> EncodedChanges:
     """The key and value bodies `change_records` + fastavro would write, in its order.
 
-    Raises `Unsupported` when the batch needs the fastavro path.
+    Raises `AvroEncodeDeclined` when the batch needs the fastavro path.
     """
     if not can_encode(user_schema):
-        raise Unsupported("a column type has no vectorised encoder")
+        raise AvroEncodeDeclined("a column type has no vectorised encoder")
     kind_arr = _column(events, "_change_type")
     if pat.is_dictionary(kind_arr.type):
         kind_arr = kind_arr.cast(pa.string())
@@ -473,7 +444,7 @@ def encode_changes(
     pre, post = kinds["update_preimage"], kinds["update_postimage"]
     delete, snap = kinds["delete"], kinds["snapshot"]
     if not np.logical_or.reduce(list(kinds.values())).all():
-        raise Unsupported("unknown change type")  # fastavro path raises on it
+        raise AvroEncodeDeclined("unknown change type")  # fastavro path raises on it
 
     n_events = events.num_rows
     rows = np.flatnonzero(~pre)  # one record per non-preimage row

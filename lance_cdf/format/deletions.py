@@ -9,7 +9,6 @@ record batch, zstd-compressed buffers or stored ones where zstd does not pay);
 from __future__ import annotations
 
 import array
-import struct
 
 import numpy as np
 import pyarrow as pa
@@ -18,11 +17,6 @@ from pyroaring import BitMap
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import table_pb2
 from lance_cdf.format.io import FileSystem
-
-try:  # the IPC file read in C (setup.py; optional: the hand decoder below is the fallback)
-    from lance_cdf.format import _decode as _native
-except ImportError:  # pragma: no cover - built wherever a C compiler is present
-    _native = None
 
 ARROW = table_pb2.DeletionFile.ARROW_ARRAY
 BITMAP = table_pb2.DeletionFile.BITMAP
@@ -85,19 +79,16 @@ class DeletionVector:
 _IPC_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 
 
-def _decode(data: bytes, file_type: int, path: str) -> BitMap:
+def _decode(data: bytes, file_type: int) -> BitMap:
+    """The deleted offsets of a deletion file's bytes.
+
+    `.arrow` files are read by pyarrow's IPC reader only. A hand decoder of pylance's
+    layout (flatbuffers, zstd) stood beside it until issue 30: it saved ~4 us of ~40 per
+    file, at most a few percent of a `read_changes` call or a followed micro-batch
+    (bench/bench_decoders.py, bench/results_decoders_1m.json), so it went."""
     if file_type == BITMAP:
         return BitMap.deserialize(data)
-    if _native is not None:
-        # the bitmap serialized in C: ~20 against ~75 us for the hand decoder below and
-        # pyroaring's build from an array (a 1,000-row scattered change's files, best of
-        # 300). None: not that layout
-        serialized = _native.u32_ipc_bitmap(data)
-        if serialized is not None:
-            return BitMap.deserialize(serialized)
-    values = _offsets_by_hand(data)
-    if values is None:  # a layout the hand decoder does not know: pyarrow's reader
-        values = _offsets_with_pyarrow(data)
+    values = _offsets_with_pyarrow(data)
     if len(values) > 512:
         # pyroaring adds unsorted values one container search at a time: sorting first
         # costs less (1,200 offsets: 110 -> 67 us; 5,000: 790 -> 160 us)
@@ -108,8 +99,8 @@ def _decode(data: bytes, file_type: int, path: str) -> BitMap:
 
 def _offsets_with_pyarrow(data: bytes) -> array.array:
     reader = pa.ipc.open_file(data, options=_IPC_OPTIONS)
-    if len(reader.schema) != 1:
-        raise ValueError(f"expected one column, found {len(reader.schema)}")
+    if len(reader.schema) != 1 or not pa.types.is_integer(reader.schema.field(0).type):
+        raise ValueError(f"expected one integer column, found {reader.schema}")
     # batch by batch, each batch's column straight to numpy (no table, no chunked column)
     parts = [reader.get_batch(i).column(0) for i in range(reader.num_record_batches)]
     if any(p.null_count for p in parts):
@@ -120,153 +111,14 @@ def _offsets_with_pyarrow(data: bytes) -> array.array:
     return array.array("I", values.tobytes())
 
 
-# -- the Arrow IPC file of an `.arrow` deletion file, read by hand ----------------------
-# pyarrow's IPC reader costs ~60-190 us per file (reader, schema, batch objects); the file
-# pylance writes is one 32-bit integer column without nulls in one or a few record batches,
-# its buffers zstd-compressed or stored. `_offsets_by_hand` reads exactly that layout from
-# the flatbuffers of the footer and the batch messages (format/Schema.fbs, Message.fbs,
-# File.fbs of Arrow) and returns None for anything else (other types, nulls, other codecs,
-# dictionaries, big-endian, ...), which then goes to pyarrow: never a guess.
-
-_ARROW_MAGIC = b"ARROW1"
-_HEADER_RECORD_BATCH = 3
-_TYPE_INT = 2
-_CODEC_ZSTD = 1
-_U32 = struct.Struct("<I").unpack_from
-_I32 = struct.Struct("<i").unpack_from
-_I64 = struct.Struct("<q").unpack_from
-_U16 = struct.Struct("<H").unpack_from
-_I16 = struct.Struct("<h").unpack_from
-_BLOCK = struct.Struct("<qi4xq").unpack_from  # struct Block { offset, metaDataLength, bodyLength }
-_NODE_BUFFERS = struct.Struct("<qqqqqq").unpack_from  # FieldNode, then 2 Buffer structs
-_SLOT_OFFSETS = [struct.Struct(f"<{n}H").unpack_from for n in range(8)]
-
-
-class _Unknown(Exception):
-    """The bytes are not the one layout the hand decoder reads."""
-
-
-def _table(buf: bytes, ref: int) -> int:
-    """The position of the flatbuffer table an offset field at `ref` points to."""
-    return ref + _U32(buf, ref)[0]
-
-
-def _slots(buf: bytes, pos: int, count: int) -> list[int]:
-    """Absolute positions of fields 0..count-1 of the table at `pos` (0: absent)."""
-    vt = pos - _I32(buf, pos)[0]
-    have = min(count, (_U16(buf, vt)[0] - 4) // 2)
-    offsets = _SLOT_OFFSETS[have](buf, vt + 4) if have > 0 else ()
-    out = [pos + o if o else 0 for o in offsets]
-    return out + [0] * (count - len(out))
-
-
-def _check_schema(buf: bytes, schema: int) -> None:
-    """One field, an unsigned 32-bit integer, no dictionary, no children, little-endian."""
-    endianness, fields = _slots(buf, schema, 2)
-    if endianness and _I16(buf, endianness)[0] != 0:  # 0: Little (the default)
-        raise _Unknown
-    if not fields:
-        raise _Unknown
-    fields = _table(buf, fields)
-    if _U32(buf, fields)[0] != 1:
-        raise _Unknown
-    _, _, type_type, type_, dictionary, children = _slots(buf, _table(buf, fields + 4), 6)
-    if not type_type or buf[type_type] != _TYPE_INT or dictionary or not type_:
-        raise _Unknown
-    if children and _U32(buf, _table(buf, children))[0]:
-        raise _Unknown
-    bit_width, signed = _slots(buf, _table(buf, type_), 2)
-    if not bit_width or _I32(buf, bit_width)[0] != 32:
-        raise _Unknown
-    if signed and buf[signed]:  # signed: negative values would not be offsets
-        raise _Unknown
-
-
-def _buffer(data: bytes, start: int, end: int, compressed: bool) -> bytes | memoryview:
-    """The bytes of one body buffer, decompressed."""
-    view = memoryview(data)[start:end]
-    if not compressed or not len(view):
-        return view
-    if len(view) < 8:
-        raise _Unknown
-    size = _I64(data, start)[0]
-    if size == -1:  # stored uncompressed
-        return view[8:]
-    if size < 0:
-        raise _Unknown
-    # a codec per call (~1 us): the one-shot call needs no shared state between the
-    # threads that fetch deletion files from object storage
-    return pa.decompress(view[8:], decompressed_size=size, codec="zstd", asbytes=True)
-
-
-def _offsets_by_hand(data: bytes) -> array.array | None:
-    try:
-        return _read_ipc_file(data)
-    except (_Unknown, struct.error, IndexError, ValueError, OSError, MemoryError,
-            pa.ArrowException):  # fmt: skip
-        return None
-
-
-def _read_ipc_file(data: bytes) -> array.array:
-    size = len(data)
-    if size < 24 or data[:6] != _ARROW_MAGIC or data[-6:] != _ARROW_MAGIC:
-        raise _Unknown
-    footer_len = _I32(data, size - 10)[0]
-    footer_pos = size - 10 - footer_len
-    if footer_len <= 0 or footer_pos < 8:
-        raise _Unknown
-    # table Footer { version, schema, dictionaries: [Block], recordBatches: [Block] }
-    _, schema, dictionaries, batches = _slots(data, _table(data, footer_pos), 4)
-    if not schema or (dictionaries and _U32(data, _table(data, dictionaries))[0]):
-        raise _Unknown
-    _check_schema(data, _table(data, schema))
-    if not batches:
-        raise _Unknown
-    batches = _table(data, batches)
-    n_batches = _U32(data, batches)[0]
-    if not n_batches:
-        raise _Unknown
-    out = array.array("I")
-    for i in range(n_batches):
-        offset, meta_len, body_len = _BLOCK(data, batches + 4 + 24 * i)
-        body = offset + meta_len
-        if offset < 8 or meta_len < 8 or body_len < 0 or body + body_len > footer_pos:
-            raise _Unknown
-        # an encapsulated message: 0xFFFFFFFF, the flatbuffer's length, the flatbuffer
-        if _U32(data, offset)[0] != 0xFFFFFFFF or _I32(data, offset + 4)[0] + 8 > meta_len:
-            raise _Unknown
-        # table Message { version, header_type, header, bodyLength, custom_metadata }
-        _, header_type, header, length = _slots(data, _table(data, offset + 8), 4)
-        if not header_type or data[header_type] != _HEADER_RECORD_BATCH or not header:
-            raise _Unknown
-        if not length or _I64(data, length)[0] != body_len:
-            raise _Unknown
-        # table RecordBatch { length, nodes, buffers, compression, variadicBufferCounts }
-        rows, nodes, buffers, compression, variadic = _slots(data, _table(data, header), 5)
-        rows = _I64(data, rows)[0] if rows else 0
-        if not nodes or not buffers or rows < 0:
-            raise _Unknown
-        if variadic and _U32(data, _table(data, variadic))[0]:
-            raise _Unknown
-        nodes, buffers = _table(data, nodes), _table(data, buffers)
-        if _U32(data, nodes)[0] != 1 or _U32(data, buffers)[0] != 2:
-            raise _Unknown
-        node_rows, nulls = _NODE_BUFFERS(data, nodes + 4)[:2]
-        start, length = _NODE_BUFFERS(data, buffers + 4)[2:4]  # the values (after validity)
-        if node_rows != rows or nulls:
-            raise _Unknown  # a node length other than the batch's, or nulls
-        if compression:
-            codec, method = _slots(data, _table(data, compression), 2)
-            # BodyCompression { codec: default LZ4_FRAME, method: default BUFFER }
-            if not codec or data[codec] != _CODEC_ZSTD or (method and data[method] != 0):
-                raise _Unknown
-        if start < 0 or length < 0 or start + length > body_len or (body | start) % 8:
-            raise _Unknown
-        values = _buffer(data, body + start, body + start + length, bool(compression))
-        if len(values) < 4 * rows:
-            raise _Unknown
-        out.frombytes(values[: 4 * rows])
-    return out
+# What reading damaged bytes raises (found by fuzzing real files with random byte changes,
+# insertions and truncations; tests/test_format.py keeps doing so): pyarrow's IPC reader,
+# zstd included, raises pa.ArrowInvalid (a ValueError), OSError (a footer that fails
+# verification), UnicodeDecodeError (a ValueError: a field name), ArrowNotImplementedError
+# or ArrowMemoryError (pa.ArrowException); `_offsets_with_pyarrow` raises ValueError;
+# pyroaring's BitMap.deserialize raises ValueError or IndexError. Anything else would be a
+# bug, not a damaged file, and is not reported as one.
+_GARBAGE = (ValueError, OSError, IndexError, pa.ArrowException)
 
 
 def read_deletion_vector(
@@ -284,8 +136,8 @@ def read_deletion_vector(
             "table is damaged (files removed by hand?). Restore the file or read other versions."
         ) from None
     try:
-        bitmap = _decode(data, deletion.file_type, path)
-    except Exception as exc:  # pyarrow / pyroaring raise several types on garbage
+        bitmap = _decode(data, deletion.file_type)
+    except _GARBAGE as exc:
         raise CorruptFileError(
             f"deletion file {fs.root}/{path} is corrupt or truncated ({exc}); restore it from "
             "a backup or read versions that do not use it."

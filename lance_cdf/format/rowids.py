@@ -14,11 +14,6 @@ from google.protobuf.message import DecodeError
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import rowids_pb2
 
-try:  # Range-only sequences read in C (setup.py; optional: `_range_segments` is the fallback)
-    from lance_cdf.format import _decode as _native
-except ImportError:  # pragma: no cover - built wherever a C compiler is present
-    _native = None
-
 U64 = np.uint64
 EMPTY_U64 = np.zeros(0, dtype=U64)
 
@@ -132,15 +127,27 @@ def _second_tag(data: bytes) -> int | None:
     return None
 
 
+# Below ~1 KB (a hundred Range segments or fewer) protobuf's parse costs less than the
+# numpy calls of `_range_segments` (1 segment: 6 against 37 us; 50: 40 against 53; 100:
+# 69 against 58; 1,000: 615 against 158; best of 5, alternated)
+_BULK_FROM = 1024
+
+
 def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """(starts, ends) of a serialized `RowIdSequence` made only of `Range` segments, read in
     bulk; None for any other shape (the protobuf parser then reads it segment by segment).
 
-    pylance writes one single-row Range per row for the rows a scattered `merge_insert`
-    rewrote: a 1,000-row update carries 1,000 segments, which cost ~10 ms through the
-    protobuf objects and ~0.1 ms here. Every byte of such a message is a varint: pairs
-    (tag, value) = (segments, length) (range, length) then (start) and/or (end) fields.
-    The lengths are checked against the bytes, so anything else is left to the parser."""
+    The format's one hand path (issue 30 kept it on measurement): pylance writes one
+    single-row Range per row for the rows a `merge_insert` rewrote, so a fragment a
+    100,000-row update wrote carries 100,000 segments, each a protobuf object to step
+    through in Python. Once a table holds such fragments, reading them this way saves up
+    to ~70% of a fresh `read_changes` of one version or of a followed micro-batch (a
+    1-row scattered update of the aged 1M-row bench table: 109 -> 31 ms, medians;
+    bench/bench_decoders.py, bench/results_decoders_1m.json). Every byte of such a
+    message is a varint: pairs (tag, value) = (segments, length) (range, length) then
+    (start) and/or (end) fields.
+    The lengths are checked against the bytes, so anything else is left to the parser
+    (tests/test_format.py compares the two on random and damaged sequences)."""
     if data[:1] not in (b"", b"\x0a") or _second_tag(data) not in (None, 0x0A):
         return None  # another segment kind first (an array of 100,000 row IDs): not read
     tokens = _varints(data)
@@ -210,13 +217,7 @@ class RowIdSequence:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
-        if _native is not None:
-            ranges = _native.range_segments(data)
-            if ranges is not None:
-                return cls.from_ranges(*(np.frombuffer(r, dtype=U64) for r in ranges))
-            # not Range-only: the numpy reader would say so too (tests/test_format.py), after
-            # reading every varint (13 ms for the 400 KB array of a 100,000-row fragment)
-        else:
+        if len(data) >= _BULK_FROM:
             ranges = _range_segments(data)
             if ranges is not None:
                 return cls.from_ranges(*ranges)

@@ -24,7 +24,7 @@ from confluent_kafka import Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
-from lance_cdf.avro.encode import Unsupported, can_encode, encode_changes
+from lance_cdf.avro.encode import AvroEncodeDeclined, can_encode, encode_changes
 from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
@@ -452,7 +452,7 @@ class KafkaChangePublisher:
                 __version__, now_ms, key_prefix=self.key_writer.wire_header(),
                 value_prefix=self.value_writer.wire_header(),
             )  # fmt: skip
-        except Unsupported:
+        except AvroEncodeDeclined:
             return None
 
     def _produce(self, key: bytes, value: bytes | None, headers=None, partition: int = -1) -> None:

@@ -53,9 +53,9 @@ from lance_cdf.avro.decode import (
     OK,
     REASONS,
     WIRE,
+    AvroDecodeDeclined,
     BatchDecoder,
     Frames,
-    Unsupported,
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
@@ -168,7 +168,7 @@ def _gc_paused():
 def _batch_decoder(envelope: dict) -> BatchDecoder | None:
     try:
         decoder = BatchDecoder(envelope)
-    except (Unsupported, KeyError, TypeError, ValueError):
+    except (AvroDecodeDeclined, KeyError, TypeError, ValueError):
         return None
     t = decoder.arrow
     names = {t.field(i).name for i in range(t.num_fields)}
