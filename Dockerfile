@@ -1,12 +1,11 @@
 # Image for the lance-cdf services in docker-compose.yml.
 FROM python:3.11-slim
-# gcc + libc6-dev: the encoder's compiled join and planning's decoders (setup.py; optional,
-# Python falls back)
+# Java: the Spark driver of `lance-cdf publish`
 RUN apt-get update && apt-get install -y --no-install-recommends openjdk-17-jre-headless \
-    gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /app
-COPY pyproject.toml setup.py README.md ./
+COPY pyproject.toml README.md ./
 COPY lance_cdf lance_cdf
 COPY schemas schemas
-RUN pip install --no-cache-dir -e .
+RUN pip install --no-cache-dir -e '.[all]'
 ENV PYSPARK_PYTHON=python

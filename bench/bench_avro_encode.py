@@ -7,10 +7,6 @@ inserts (no Kafka): the old path is `change_records` + `fastavro.schemaless_writ
 per record (what `KafkaChangePublisher.publish` did), the new one
 `avro_encode.encode_changes` plus turning the binary columns into `bytes` objects
 (what `publish` now hands to the producer). The outputs are checked to be equal.
-
-Also the encoder alone (no `bytes` objects), its parts joined by the compiled
-`_assemble.concat` against the numpy join it replaces where no C compiler is present,
-alternated, best CPU time of 5 each (`join_*` in the results).
 """
 
 from __future__ import annotations
@@ -62,32 +58,6 @@ def new_path(events, schema, now_ms):
     return list(zip(enc.keys.to_pylist(), enc.values.to_pylist(), strict=True))
 
 
-def joins(events, schema, now_ms) -> dict:
-    """CPU us per record of `encode_changes` with each join, alternated, best of 5."""
-    import time
-
-    from lance_cdf.avro import encode as encoder
-
-    compiled = encoder._assemble
-    if compiled is None:
-        return {}
-    best = {"compiled": float("inf"), "numpy": float("inf")}
-    outputs = {}
-    try:
-        for _ in range(5):
-            for name, join in (("compiled", compiled), ("numpy", None)):
-                encoder._assemble = join
-                t0 = time.process_time()
-                enc = encode_changes(events, schema, OPS, "t", None, "0.1", now_ms)
-                best[name] = min(best[name], time.process_time() - t0)
-                outputs[name] = enc.values
-    finally:
-        encoder._assemble = compiled
-    assert outputs["compiled"].equals(outputs["numpy"]), "the two joins differ"
-    n = events.num_rows
-    return {f"join_{k}_us_per_record": v / n * 1e6 for k, v in best.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--narrow-rows", type=int, default=1_000_000)
@@ -107,14 +77,11 @@ def main() -> None:
             "old_us_per_record": t_old / n * 1e6,
             "new_us_per_record": t_new / n * 1e6,
             "speedup": t_old / t_new,
-            **joins(events, user.schema, now_ms),
         }
         r = results[name]
         print(
             f"{name:7s} {n:>9,d} records: fastavro {r['old_us_per_record']:8.2f} us/rec, "
-            f"vectorised {r['new_us_per_record']:7.3f} us/rec, {r['speedup']:6.1f}x; encoder "
-            f"alone, compiled join {r.get('join_compiled_us_per_record', 0):.3f} us/rec, "
-            f"numpy join {r.get('join_numpy_us_per_record', 0):.3f}",
+            f"vectorised {r['new_us_per_record']:7.3f} us/rec, {r['speedup']:6.1f}x",
             flush=True,
         )
     if args.out:
