@@ -120,7 +120,7 @@ def _untar(tarball: Path, dest: Path) -> None:
     partial.rename(dest)
 
 
-def provision(cache_dir: str | os.PathLike | None = None) -> Path:
+def provision(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Kafka jars in `<cache>/kafka/lib`, Apicurio in `<cache>/apicurio`, the Maven
     repository in `<cache>/m2`. Returns the cache dir. Idempotent and offline once done."""
     cache = Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir()
@@ -194,7 +194,7 @@ def _connect_current(cache: Path) -> bool:
     )  # fmt: skip
 
 
-def provision_connect(cache_dir: str | os.PathLike | None = None) -> Path:
+def provision_connect(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Kafka Connect in `<cache>/connect/lib`, the Debezium JDBC sink, the PostgreSQL
     driver and Apicurio's converter in `<cache>/connect/plugins/debezium-jdbc`, from Maven
     Central into the shared `<cache>/m2`. Idempotent and offline once done."""

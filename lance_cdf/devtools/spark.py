@@ -122,7 +122,7 @@ class SparkCluster:
 
     def __init__(
         self,
-        workdir: str | os.PathLike,
+        workdir: str | os.PathLike[str],
         workers: int = 2,
         cores: int = 1,
         memory: str = "1g",
