@@ -57,6 +57,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_cdf tests bench
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

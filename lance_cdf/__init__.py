@@ -1,13 +1,19 @@
 """lance-cdf: a row-level change data feed for Lance tables."""
 
+from typing import TYPE_CHECKING
+
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:  # loaded lazily by __getattr__; named here for type checkers
+    from lance_cdf.feed import ChangeFeed, read_changes
+    from lance_cdf.malloc import keep_freed_memory
 
 __version__ = "0.1.0"
 
 __all__ = ["ChangeFeed", "LanceCdfError", "__version__", "keep_freed_memory", "read_changes"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> object:
     """`ChangeFeed` and `read_changes` load the change-feed core on first use, so a process
     that imports one part (a Spark worker of the Kafka sink) does not pay for the rest."""
     if name in ("ChangeFeed", "read_changes"):

@@ -380,7 +380,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     feed = ChangeFeed(args.table, _options(args.storage_option))
     latest = feed.latest_version()
     when = dt.datetime.fromtimestamp(feed.table.manifest(latest).timestamp_us / 1e6, dt.UTC)
-    report: dict = {"table": args.table, "latest_version": latest,
+    report: dict[str, object] = {"table": args.table, "latest_version": latest,
                     "committed_at": when.isoformat(timespec="seconds")}  # fmt: skip
     lines = [f"table       {args.table}: latest version {latest} (committed {when:%F %T} UTC)"]
     if args.checkpoint:

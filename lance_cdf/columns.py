@@ -3,6 +3,9 @@ shaping a version's values to the range's schema."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Protocol
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -17,6 +20,18 @@ from lance_cdf.errors import LanceCdfError
 FIELD_ID = b"lance-cdf:field-id"
 BLOB = b"lance-cdf:blob"  # a blob column: its values are read with take_blobs
 _PRIVATE = (FIELD_ID, BLOB)
+
+
+class LanceField(Protocol):
+    """A field of a Lance manifest's schema (`lance_cdf.format`'s `file_pb2.Field`), as
+    far as columns reads it."""
+
+    @property
+    def id(self) -> int: ...
+    @property
+    def parent_id(self) -> int: ...  # -1: a top-level field
+    @property
+    def name(self) -> str: ...
 
 
 def _ids(field: pa.Field) -> list[int]:
@@ -37,7 +52,7 @@ def _lance_blob(field: pa.Field) -> bool:
     return getattr(field.type, "extension_name", "").startswith("lance.blob")
 
 
-def _tag(field: pa.Field, fid: int | None, extra: dict | None = None) -> pa.Field:
+def _tag(field: pa.Field, fid: int | None, extra: dict[bytes, bytes] | None = None) -> pa.Field:
     meta = {k: v for k, v in (field.metadata or {}).items() if k not in _PRIVATE}
     if fid is not None:
         meta[FIELD_ID] = str(fid).encode()
@@ -45,14 +60,14 @@ def _tag(field: pa.Field, fid: int | None, extra: dict | None = None) -> pa.Fiel
     return field.with_metadata(meta)
 
 
-def annotate(schema: pa.Schema, lance_fields) -> pa.Schema:
+def annotate(schema: pa.Schema, lance_fields: Iterable[LanceField]) -> pa.Schema:
     """`schema` (pylance's) with each field's Lance id (from the manifest's fields)
     in its metadata; blob columns become large_binary marked BLOB."""
-    children: dict[int, list] = {}
+    children: dict[int, list[LanceField]] = {}
     for lf in lance_fields:
         children.setdefault(lf.parent_id, []).append(lf)
 
-    def walk(field: pa.Field, lf) -> pa.Field:
+    def walk(field: pa.Field, lf: LanceField | None) -> pa.Field:
         fid = lf.id if lf is not None else None
         if lf is not None and lf.parent_id == -1 and _lance_blob(field):
             meta = {k: v for k, v in (field.metadata or {}).items() if not k.startswith(b"lance-")}
@@ -100,7 +115,7 @@ def column_sources(schema: pa.Schema, at: pa.Schema) -> list[pa.Field | None]:
     Lance field id, so a renamed column is found under its old name; by name for
     schemas without ids."""
     by_id = {i: f for f in at for i in _ids(f)[:1]}
-    out = []
+    out: list[pa.Field | None] = []
     for field in schema:
         ids = _ids(field)
         if ids:
@@ -110,7 +125,9 @@ def column_sources(schema: pa.Schema, at: pa.Schema) -> list[pa.Field | None]:
     return out
 
 
-def _shape(col, source: pa.Field, target: pa.Field):
+def _shape(
+    col: pa.Array | pa.ChunkedArray, source: pa.Field, target: pa.Field
+) -> pa.Array | pa.ChunkedArray:
     """Values of `source` (one version's field) as `target`'s type: struct
     children matched by field id (a renamed subfield keeps its values), other
     types cast."""
@@ -202,7 +219,7 @@ def union_schema(schemas: list[pa.Schema]) -> pa.Schema:
     name), columns dropped along the way follow; a column missing anywhere is
     nullable. A name dropped and re-added (a new id) stays one column. Schemas
     without ids are combined by name."""
-    fields: dict[object, pa.Field] = {}
+    fields: dict[object, pa.Field | None] = {}  # None: merged into an older id
     names: dict[str, object] = {}
     seen: dict[object, int] = {}
     for schema in reversed(schemas):
@@ -219,7 +236,7 @@ def union_schema(schemas: list[pa.Schema]) -> pa.Schema:
                 if merged:
                     fields[owner] = _tag(fields[owner], None, {FIELD_ID: _id_list(merged)})
                 seen[owner] = seen[owner] + 1
-                fields[key] = None  # type: ignore[assignment]
+                fields[key] = None
                 continue
             fields[key] = field
             names[field.name] = key

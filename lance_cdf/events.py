@@ -5,8 +5,9 @@ with the four metadata columns (`_rowid`, `_change_type`, `_commit_version`,
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -33,13 +34,28 @@ CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
 # chunk-level lookahead; separate from _POOL so a chunk never waits on its own pool
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
+# rows as `RowReader.read_unordered` returns them: in read order, and each one's index
+_Image = tuple[pa.Table, np.ndarray]
+
+
+class _Chunk(NamedTuple):
+    """One output chunk of a commit's events: the row reads it needs, and how their
+    results (in `reads` order) become its event table."""
+
+    reads: list[Callable[[], _Image]]
+    assemble: Callable[..., pa.Table]  # one _Image per read
+
 
 def event_schema(user_schema: pa.Schema) -> pa.Schema:
     return pa.schema(list(strip(user_schema)) + META_FIELDS)
 
 
 def with_meta(
-    table: pa.Table, rowids, change_types: pa.Array, version: int, timestamp_us: int
+    table: pa.Table,
+    rowids: np.ndarray | pa.Array,
+    change_types: pa.Array,
+    version: int,
+    timestamp_us: int,
 ) -> pa.Table:
     """`table`'s user columns plus the four metadata columns."""
     n = len(change_types)  # `table` may have no columns (columns=[]): no row count then
@@ -82,23 +98,25 @@ def _pair_kinds(n: int) -> pa.Array:
     return pa.DictionaryArray.from_arrays(codes, [UPDATE_PRE, UPDATE_POST]).cast(pa.string())
 
 
-def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step: int):
-    """(reads, assemble) per output chunk, in output order: `reads` are callables
-    fetching row images, `assemble` turns their results into one event table."""
+def _event_chunks(
+    reader: RowReader, vc: VersionChanges, schema: pa.Schema, step: int
+) -> Iterator[_Chunk]:
+    """The output chunks in output order: `reads` are callables fetching row images,
+    `assemble` turns their results into one event table."""
 
-    def read(rows: RowSet, version: int):
+    def read(rows: RowSet, version: int) -> Callable[[], _Image]:
         return lambda: reader.read_unordered(rows, version, schema)
 
-    def single(rows: RowSet, kind: str):
-        def assemble(got: tuple[pa.Table, np.ndarray]) -> pa.Table:
+    def single(rows: RowSet, kind: str) -> Callable[[_Image], pa.Table]:
+        def assemble(got: _Image) -> pa.Table:
             table, positions = got
             table = take(table, np.argsort(positions, kind="stable"))
             return _with_meta(table, rows.rowids, constant(kind, len(rows)), vc)
 
         return assemble
 
-    def pairs(post_rows: RowSet):
-        def assemble(pre: tuple, post: tuple) -> pa.Table:
+    def pairs(post_rows: RowSet) -> Callable[[_Image, _Image], pa.Table]:
+        def assemble(pre: _Image, post: _Image) -> pa.Table:
             (pre_t, pre_at), (post_t, post_at) = pre, post
             n = pre_t.num_rows
             # row i of pre+post goes to 2 * (its index in the plan), + 1 for a post-image:
@@ -115,17 +133,17 @@ def _event_chunks(reader: RowReader, vc: VersionChanges, schema: pa.Schema, step
 
     for start in range(0, len(vc.deleted), step):
         rows = vc.deleted.take(slice(start, start + step))
-        yield [read(rows, vc.read_version)], single(rows, DELETE)
+        yield _Chunk([read(rows, vc.read_version)], single(rows, DELETE))
     half = max(1, step // 2)
     for start in range(0, len(vc.update_post), half):
         pre, post = (
             vc.update_pre.take(slice(start, start + half)),
             vc.update_post.take(slice(start, start + half)),
         )
-        yield [read(pre, vc.read_version), read(post, vc.version)], pairs(post)
+        yield _Chunk([read(pre, vc.read_version), read(post, vc.version)], pairs(post))
     for start in range(0, len(vc.inserted), step):
         rows = vc.inserted.take(slice(start, start + step))
-        yield [read(rows, vc.version)], single(rows, INSERT)
+        yield _Chunk([read(rows, vc.version)], single(rows, INSERT))
 
 
 # Row reads in flight at once while events are consumed: bounds memory to a few batches.
@@ -141,7 +159,7 @@ def read_version_events(
     Up to `_LOOKAHEAD` row reads run ahead of the consumer, so the images of a
     commit (deletes, pre-images, post-images, inserts) are fetched concurrently.
     """
-    window: deque = deque()
+    window: deque[tuple[list[Future[_Image]], Callable[..., pa.Table]]] = deque()
     in_flight = 0
     for reads, assemble in _event_chunks(reader, vc, schema, max(1, batch_size)):
         window.append(([_PREFETCH.submit(r) for r in reads], assemble))

@@ -19,7 +19,7 @@ from lance_cdf.events import META_COLUMNS, event_schema, read_version_events
 from lance_cdf.format.table import TableLog
 from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
 from lance_cdf.modes import drop_unchanged_updates as drop_unchanged_updates_of
-from lance_cdf.plan import VersionChanges, plan_version, resolve_range
+from lance_cdf.plan import RowSet, VersionChanges, plan_version, resolve_range
 from lance_cdf.rows import RowReader
 from lance_cdf.snapshot import SnapshotFragment, read_snapshot, snapshot_fragments
 
@@ -39,7 +39,7 @@ class ChangeFeed:
         self.table = TableLog(uri, storage_options)
         self.reader = RowReader(self.table)
         # versions never change once written, so their plans can be kept
-        self._plans: LruCache = LruCache(16)
+        self._plans: LruCache[int, VersionChanges] = LruCache(16)
         if check_latest:  # fail at once on a table without stable row IDs
             latest = self.table.manifest(self.table.latest_version, operation=False)
             self.table.require_stable_row_ids(latest)
@@ -229,7 +229,7 @@ def _mergeable(group: Sequence[VersionChanges]) -> bool:
     return len(group) > 1 or bool(len(group[0].deleted) and len(group[0].update_pre))
 
 
-def _image_reads(changes: VersionChanges) -> list[tuple]:
+def _image_reads(changes: VersionChanges) -> list[tuple[RowSet, int]]:
     """The (rows, version) reads of one version's events."""
     return [
         (changes.deleted, changes.read_version),

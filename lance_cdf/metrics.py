@@ -26,13 +26,19 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
 
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    from lance_cdf.format.table import TableLog
 
 RATE_WINDOW = 60.0  # seconds of history behind lance_cdf_events_per_second
 
@@ -65,25 +71,26 @@ class PipelineMetrics:
             raise LanceCdfError(f"unknown pipeline role {role!r}: publish or replicate")
         self.role, self.progress, self.table, self.topic = role, progress, table, topic
         self.storage_options = dict(storage_options or {})
-        self._log = None  # the source table's TableLog, opened on the first scrape
+        self._log: TableLog | None = None  # the source table's TableLog, opened on the first scrape
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(self)
-        self.server = None
+        self.server: WSGIServer | None = None
         self.url: str | None = None
 
     # -- serving ------------------------------------------------------------------
     def serve(self, port: int, host: str = "127.0.0.1") -> str:
         """Serve `/metrics` on host:port (0: a free port) from a daemon thread; the URL."""
         try:
-            self.server, _ = start_http_server(port, addr=host, registry=self.registry)
+            server, _ = start_http_server(port, addr=host, registry=self.registry)
         except OSError as exc:
             raise LanceCdfError(
                 f"cannot serve metrics on {host}:{port} ({exc}); pick a free --metrics-port"
             ) from None
+        self.server = server
         shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
-        self.url = f"http://{shown}:{self.server.server_port}/metrics"
+        self.url = f"http://{shown}:{server.server_port}/metrics"
         return self.url
 
     def close(self) -> None:
@@ -101,13 +108,14 @@ class PipelineMetrics:
 
         if self._log is None:
             self._log = TableLog(self.table, self.storage_options)
-        versions = self._log.refresh()
+        log = self._log
+        versions = log.refresh()
         latest = versions[-1]
         done = version or 0
         behind = [v for v in versions if v > done]
         if not behind:
             return latest, None
-        return latest, self._log.manifest(behind[0], operation=False).timestamp_us / 1e6
+        return latest, log.manifest(behind[0], operation=False).timestamp_us / 1e6
 
     def _rate(self, events: int, now: float) -> float:
         with self._lock:
@@ -118,10 +126,10 @@ class PipelineMetrics:
         return (events - e0) / (now - t0) if now > t0 else 0.0
 
     # -- prometheus_client Collector --------------------------------------------------
-    def describe(self):
+    def describe(self) -> list[Metric]:
         return []  # collected fresh on every scrape
 
-    def collect(self):
+    def collect(self) -> Iterator[Metric]:
         p = self.progress()
         now = time.time()
         info = InfoMetricFamily("lance_cdf_pipeline", "the pipeline this process runs")

@@ -173,7 +173,9 @@ def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
 _NO_VALUE_CHANGE = frozenset({"Rewrite", "Project"})
 
 
-def _rewritten_in_place(table: TableLog, of: FragmentInfo, nf: FragmentInfo) -> tuple:
+def _rewritten_in_place(
+    table: TableLog, of: FragmentInfo, nf: FragmentInfo
+) -> tuple[RowSet, RowSet]:
     """(pre, post) rows live in both `of` and `nf`, one fragment whose data files changed
     while its row IDs and recorded versions stayed: the values may have changed."""
     live = np.intersect1d(

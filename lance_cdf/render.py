@@ -14,7 +14,7 @@ STYLES = {"insert": "green", "delete": "red", "update": "yellow", "snapshot": "c
 MAX_CELL = 40
 
 
-def _cell(value) -> str:
+def _cell(value: object) -> str:
     if isinstance(value, list) and len(value) > 4:
         text = "[" + ", ".join(_cell(v) for v in value[:3]) + f", … ({len(value)} items)]"
     elif isinstance(value, float):

@@ -13,11 +13,13 @@ fragment's deletion vector. Columns are found and shaped by `lance_cdf.columns`.
 
 from __future__ import annotations
 
+import functools
 import threading
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -35,6 +37,7 @@ from lance_cdf.plan import RowSet
 
 if TYPE_CHECKING:
     import lance
+    import lance.file
 
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 
@@ -42,10 +45,10 @@ _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 # Open data file readers, shared by every RowReader of the process: a data file never
 # changes once written (its name is unique), so a reader serves every version of a range,
 # every call of a ChangeFeed and every read_changes call.
-_FILES: LruCache = LruCache(256)
+_FILES: LruCache[tuple[object, ...], FileColumns | None] = LruCache(256)
 _FILES_LOCK = threading.Lock()
 # Arrow schemas by (table, fields, schema metadata): what pylance says a manifest's schema is
-_SCHEMAS: LruCache = LruCache(256)
+_SCHEMAS: LruCache[tuple[object, ...], pa.Schema] = LruCache(256)
 _SCHEMAS_LOCK = threading.Lock()
 
 
@@ -59,13 +62,17 @@ class _Readers:
     table on 2 cores). A reader is opened only when every open one is busy, so at most as
     many as reads run at once (the read pools' threads)."""
 
-    def __init__(self, first, open_another):
+    def __init__(
+        self,
+        first: lance.file.LanceFileReader,
+        open_another: Callable[[], lance.file.LanceFileReader],
+    ):
         self._free = [first]
         self._open = open_another
         self._lock = threading.Lock()
 
     @contextmanager
-    def borrow(self):
+    def borrow(self) -> Iterator[lance.file.LanceFileReader]:
         with self._lock:
             reader = self._free.pop() if self._free else None
         if reader is None:
@@ -88,6 +95,21 @@ class FileColumns:
     wanted: list[str]
 
 
+class _Merged(NamedTuple):
+    """Rows `merge_reads` read from some data files: sorted physical offsets, their rows."""
+
+    union: np.ndarray
+    table: pa.Table
+    layout: list[FileColumns]  # keeps its readers open (their ids are the key)
+
+
+class _ReadJob(NamedTuple):
+    """One fragment's part of a read: the fragment (named in errors), and the read."""
+
+    fragment: FragmentInfo
+    read: Callable[[], pa.Table]
+
+
 class RowReader:
     """Reads located rows of any table version through pylance."""
 
@@ -95,13 +117,13 @@ class RowReader:
         self.table = table
         self.remote = not isinstance(table.fs, LocalFileSystem)
         keep_freed_memory_if_asked()  # an opt-in (lance_cdf.malloc), never a default
-        self._datasets: LruCache = LruCache(4)
-        self._schemas: dict[tuple, pa.Schema] = {}  # annotated schemas
-        self._layouts: LruCache = LruCache(1024)
+        self._datasets: LruCache[int, lance.LanceDataset] = LruCache(4)
+        self._schemas: dict[tuple[bytes, bytes], pa.Schema] = {}  # annotated schemas
+        self._layouts: LruCache[tuple[object, ...], list[FileColumns] | None] = LruCache(1024)
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
         # rows of several requests read together (merge_reads): per data-file reader group
         # and columns, (sorted physical offsets, their rows)
-        self._merged: dict = {}
+        self._merged: dict[tuple[object, ...], _Merged] = {}
 
     def dataset(self, version: int) -> lance.LanceDataset:
         # imported here: pylance takes seconds to import, and the processes that only plan
@@ -149,7 +171,7 @@ class RowReader:
             schema = self._schemas[key] = annotate(self.arrow_schema(version), manifest.fields)
         return schema
 
-    def _columns(self, schema: pa.Schema, version: int) -> tuple[list, list[str]]:
+    def _columns(self, schema: pa.Schema, version: int) -> tuple[list[pa.Field | None], list[str]]:
         """Where each column of `schema` comes from at `version`, and the names of those
         read from data files (blob columns are fetched apart)."""
         sources = column_sources(schema, self.annotated(version))
@@ -177,7 +199,7 @@ class RowReader:
             arrow = self.arrow_schema(version)
             manifest = self.table.manifest(version, operation=False)
             fields = [arrow.field(c) for c in columns]
-            jobs = []
+            jobs: list[_ReadJob] = []
             for chunk in chunks:
                 fid = int(rows.fragment_ids[chunk[0]])
                 if fid not in frags:
@@ -188,19 +210,25 @@ class RowReader:
                 offsets = rows.offsets[chunk]
                 layout = self._layout(manifest, arrow, frags[fid], columns)
                 if layout is not None:
-                    jobs.append((frags[fid], self._take_merged, layout, offsets, fields))
+                    read = functools.partial(self._take_merged, layout, offsets, fields)
+                    jobs.append(_ReadJob(frags[fid], read))
                 else:
                     logical = self.table.deletions(frags[fid]).logical_offsets(offsets)
                     gap = _window_gap(arrow, columns, self.remote)
                     fragment = self.dataset(version).get_fragment(fid)
-                    jobs.append((frags[fid], _read_fragment, fragment, logical, columns, gap))
+                    if fragment is None:
+                        raise LanceCdfError(
+                            f"internal error: pylance has no fragment {fid} in version {version} "
+                            f"of {self.table.uri} though its manifest lists it; please report it."
+                        )
+                    read = functools.partial(_read_fragment, fragment, logical, columns, gap)
+                    jobs.append(_ReadJob(frags[fid], read))
 
-            def read_job(job):
-                info, read_rows, *args = job
+            def read_job(job: _ReadJob) -> pa.Table:
                 try:
-                    return read_rows(*args)
+                    return job.read()
                 except (OSError, ValueError, RuntimeError, pa.ArrowException) as exc:
-                    raise self.unreadable(info, version, exc) from exc
+                    raise self.unreadable(job.fragment, version, exc) from exc
 
             # pylance releases the GIL while reading: fragments are read concurrently
             pieces = list(_POOL.map(read_job, jobs))
@@ -219,10 +247,13 @@ class RowReader:
         """`_take_physical`, answered from rows `merge_reads` read if they hold `offsets`."""
         hit = self._merged.get(_merge_key(layout, fields)) if self._merged else None
         if hit is not None:
-            union, table, _ = hit
-            at = np.searchsorted(union, offsets)
-            if at.size and int(at.max()) < union.size and np.array_equal(union[at], offsets):
-                return take(table, at)
+            at = np.searchsorted(hit.union, offsets)
+            if (
+                at.size
+                and int(at.max()) < hit.union.size
+                and np.array_equal(hit.union[at], offsets)
+            ):
+                return take(hit.table, at)
         return _take_physical(layout, offsets, fields)
 
     def merge_reads(self, requests: list[tuple[RowSet, int]], schema: pa.Schema) -> None:
@@ -236,7 +267,10 @@ class RowReader:
         take of both (BENCHMARKS.md, issue 18, fifth pass). Only rows read through data
         files (not the fragment API) are merged, and only where two requests share a file.
         """
-        groups: dict = {}
+        # per data-file reader group and columns: its layout, fields, and offsets wanted
+        groups: dict[
+            tuple[object, ...], tuple[list[FileColumns], list[pa.Field], list[np.ndarray]]
+        ] = {}
         for rows, version in requests:
             if not len(rows):
                 continue  # (an empty read may name a version that does not exist: 0)
@@ -262,23 +296,25 @@ class RowReader:
             if sum(_has_scattered(p) for p in parts) > 1
         ]
 
-        def read_job(job):
+        def read_job(
+            job: tuple[tuple[object, ...], list[FileColumns], np.ndarray, list[pa.Field]],
+        ) -> pa.Table | None:
             _, layout, union, fields = job
             try:
                 return _take_physical(layout, union, fields)
             except (OSError, ValueError, RuntimeError, pa.ArrowException):
                 return None  # read again on its own, where the error is reported
 
-        merged = {}
+        merged: dict[tuple[object, ...], _Merged] = {}
         for (key, layout, union, _), table in zip(jobs, _POOL.map(read_job, jobs), strict=True):
             if table is not None:
-                merged[key] = (union, table, layout)  # the layout keeps its readers (the key)
+                merged[key] = _Merged(union, table, layout)
         self._merged = merged
 
     def drop_merged(self) -> None:
         self._merged = {}
 
-    def unreadable(self, frag, version: int, exc: Exception) -> LanceCdfError:
+    def unreadable(self, frag: FragmentInfo, version: int, exc: Exception) -> LanceCdfError:
         """A data file pylance cannot read, as an error naming it and its writer."""
         files = ", ".join(
             f"{self.table.uri}/data/{f.path} (format {f.file_major_version}.{f.file_minor_version})"
@@ -301,7 +337,7 @@ class RowReader:
         with self._lock:
             if key in self._layouts:
                 return self._layouts[key]
-        layout = None
+        layout: list[FileColumns] | None = None
         plan = _file_columns(manifest, frag, columns)
         if plan is not None:
             layout = []
@@ -350,7 +386,7 @@ class RowReader:
                 for s, c in zip(names, columns, strict=True)
             ):
 
-                def projected():
+                def projected() -> lance.file.LanceFileReader:
                     return lance.file.LanceFileReader(url, storage_options=opts, columns=names)
 
                 reader = FileColumns(_Readers(projected(), projected), names, list(columns))
@@ -379,7 +415,7 @@ def _has_scattered(offsets: np.ndarray) -> bool:
     return bool((lengths < _MIN_RUN).any())
 
 
-def _merge_key(layout: list[FileColumns], fields: list[pa.Field]) -> tuple:
+def _merge_key(layout: list[FileColumns], fields: list[pa.Field]) -> tuple[object, ...]:
     """The data files (their open readers, shared by every version) and columns a
     physical read covers: reads with equal keys return rows of the same files alike."""
     return (
@@ -417,14 +453,22 @@ def _stored_names(
     for field in stored:
         n = _leaves(field.type)
         roots = {root(i) for i in leaf_ids[at : at + n]}
-        if n == 0 or len(roots) != 1 or None in roots:
+        if n == 0 or len(roots) != 1:
             return None
-        by_id[roots.pop()] = field.name
+        (only,) = roots
+        if only is None:
+            return None
+        by_id[only] = field.name
         at += n
     if at != len(leaf_ids):
         return None
-    names = [by_id.get(top.get(c, -1)) for c in columns]
-    return None if None in names else names
+    names: list[str] = []
+    for c in columns:
+        name = by_id.get(top.get(c, -1))
+        if name is None:
+            return None
+        names.append(name)
+    return names
 
 
 def _file_columns(
@@ -489,7 +533,7 @@ def _take_physical(
             in_run[s:e] = True
         scattered = np.flatnonzero(~in_run)
         order = np.concatenate([np.arange(s, e) for s, e in runs] + [scattered])
-    got_columns = {}
+    got_columns: dict[str, pa.ChunkedArray] = {}
     by_name = {f.name: f for f in fields}
     for fc in layout:
         as_read = dict(zip(fc.stored, fc.wanted, strict=True))
@@ -531,7 +575,9 @@ def _max_rows(fields: list[pa.Field]) -> int:
     return max(_TAKE_BATCH, _MAX_READ_BYTES // max(widest, 1))
 
 
-def _file_take(reader, inner, offsets: np.ndarray, max_rows: int) -> pa.Table:
+def _file_take(
+    reader: lance.file.LanceFileReader, inner: Any | None, offsets: np.ndarray, max_rows: int
+) -> pa.Table:
     if offsets.size > max_rows:
         return pa.concat_tables(
             [
@@ -544,7 +590,9 @@ def _file_take(reader, inner, offsets: np.ndarray, max_rows: int) -> pa.Table:
     return reader.take_rows(offsets.tolist()).to_table()
 
 
-def _file_range(reader, inner, start: int, count: int, max_rows: int) -> pa.Table:
+def _file_range(
+    reader: lance.file.LanceFileReader, inner: Any | None, start: int, count: int, max_rows: int
+) -> pa.Table:
     if count > max_rows:
         return pa.concat_tables(
             [
@@ -586,7 +634,9 @@ def _value_bytes(t: pa.DataType) -> int:
         return 64
 
 
-def _read_fragment(fragment, logical: np.ndarray, columns: list[str], gap: int) -> pa.Table:
+def _read_fragment(
+    fragment: lance.LanceFragment, logical: np.ndarray, columns: list[str], gap: int
+) -> pa.Table:
     """Rows at sorted live-row indices `logical` of one fragment.
 
     `LanceFragment.take` costs ~20 us per row on a fragment with a deletion
@@ -617,7 +667,7 @@ def take(table: pa.Table, indices: np.ndarray) -> pa.Table:
 
 
 def with_blobs(
-    table: pa.Table | None, ds, blobs: list[pa.Field], addresses: np.ndarray
+    table: pa.Table | None, ds: lance.LanceDataset, blobs: list[pa.Field], addresses: np.ndarray
 ) -> pa.Table:
     """`table` plus the bytes of blob columns `blobs` at row `addresses` (fragment id
     << 32 | physical offset), read with pylance's take_blobs; a null blob stays null."""

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from lance_cdf.columns import column_sources, conform, is_blob
+from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import ROWID, SNAPSHOT, constant, with_meta
 from lance_cdf.rows import RowReader, with_blobs
 
@@ -57,6 +58,7 @@ def read_snapshot(
     columns = [f.name for f in sources if f is not None and not is_blob(f)]
     blobs = [f for f in sources if f is not None and is_blob(f)]
     ds = reader.dataset(version)
+    slices: list[tuple[int, int, int | None]]  # (fragment id, first live row, rows: None all)
     if fragment_id is None:
         slices = [(f.id, 0, None) for f in manifest.fragments]
     else:
@@ -64,7 +66,13 @@ def read_snapshot(
     for fid, start, count in slices:
         if count == 0:
             continue
-        scanner = ds.get_fragment(fid).scanner(
+        fragment = ds.get_fragment(fid)
+        if fragment is None:
+            raise LanceCdfError(
+                f"version {version} of {reader.table.uri} has no fragment {fid}; "
+                "take fragment ids from snapshot_fragments() of the same version."
+            )
+        scanner = fragment.scanner(
             columns=columns, with_row_id=True, with_row_address=bool(blobs), offset=start or None,
             limit=count, batch_size=max(1, batch_size),
         )  # fmt: skip

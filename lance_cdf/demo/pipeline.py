@@ -13,11 +13,12 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
+from typing import TextIO
 
 import lance
 import pyarrow as pa
 
-from lance_cdf.demo.progress import Probe, line, render
+from lance_cdf.demo.progress import Probe, Snapshot, line, render
 from lance_cdf.demo.sample import Writer, create
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.replicate.replica import SOURCE_ROWID
@@ -29,7 +30,7 @@ TOPIC = "demo.cdf"
 class Paths:
     root: str
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         self.root = os.path.abspath(self.root)
         self.source = os.path.join(self.root, "source.lance")
         self.replica = os.path.join(self.root, "replica.lance")
@@ -58,7 +59,8 @@ class Children:
     """The publisher and replicator processes."""
 
     def __init__(self, logs: str):
-        self.logs, self.procs = logs, {}
+        self.logs = logs
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
     def start(self, name: str, args: list[str]) -> None:
         from lance_cdf.devtools.process import _death_signal_prefix
@@ -88,7 +90,13 @@ class Children:
                 proc.wait()
 
 
-def run(root: str, seconds: float, commit_interval: float, partitions: int, out=None) -> int:
+def run(
+    root: str,
+    seconds: float,
+    commit_interval: float,
+    partitions: int,
+    out: TextIO | None = None,
+) -> int:
     from confluent_kafka.admin import AdminClient, NewTopic
 
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry, provision
@@ -157,7 +165,14 @@ def run(root: str, seconds: float, commit_interval: float, partitions: int, out=
     return 0 if equal else 1
 
 
-def _drive(writer, probe, children, seconds, commit_interval, out) -> None:
+def _drive(
+    writer: Writer,
+    probe: Probe,
+    children: Children,
+    seconds: float,
+    commit_interval: float,
+    out: TextIO,
+) -> None:
     live = None
     if out.isatty():
         from rich.live import Live
@@ -166,7 +181,7 @@ def _drive(writer, probe, children, seconds, commit_interval, out) -> None:
         live.start()
     last, last_line = "create 2000 rows", 0.0
 
-    def show(phase: str):
+    def show(phase: str) -> Snapshot:
         nonlocal last_line
         snap = probe.snapshot(last)
         if live is not None:

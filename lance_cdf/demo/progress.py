@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import lance
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from lance_cdf.replicate.replica import ReplicaTable, offsets_of, source_version_of
 from lance_cdf.streaming.checkpoint import checkpoint_version
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 
 @dataclass
@@ -76,7 +80,7 @@ def _v(version: int | None) -> str:
     return "-" if version is None else str(version)
 
 
-def render(s: Snapshot, total: float, phase: str):
+def render(s: Snapshot, total: float, phase: str) -> Table:
     """A rich renderable of one snapshot."""
     from rich.table import Table
 

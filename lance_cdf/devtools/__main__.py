@@ -14,6 +14,7 @@ import argparse
 import signal
 import sys
 import time
+from typing import NoReturn
 
 from lance_cdf.devtools.kafka import KafkaBroker
 from lance_cdf.devtools.maven import provision, versions
@@ -21,7 +22,7 @@ from lance_cdf.devtools.registry import SchemaRegistry
 from lance_cdf.devtools.s3 import S3Server
 
 
-def _stop(*_):
+def _stop(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
 

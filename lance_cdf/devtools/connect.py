@@ -22,10 +22,14 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, TypeVar
 
 from lance_cdf.devtools.maven import connect_lib, connect_plugins, provision_connect
 from lance_cdf.devtools.process import ChildService, free_port, java_executable
+
+T = TypeVar("T")
 
 _LOG4J = """\
 status = warn
@@ -48,7 +52,13 @@ class KafkaConnect(ChildService):
 
     name = "connect"
 
-    def __init__(self, bootstrap_servers: str, workdir=None, heap: str = "512m", **kw):
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        workdir: str | os.PathLike[str] | None = None,
+        heap: str = "512m",
+        **kw: Any,
+    ):
         super().__init__(workdir, heap=heap, **kw)
         self.bootstrap_servers = bootstrap_servers
         self.port = free_port()
@@ -94,7 +104,8 @@ class KafkaConnect(ChildService):
         except (urllib.error.URLError, OSError):
             return False
 
-    def _request(self, method: str, path: str, body: dict | None = None):
+    def _request(self, method: str, path: str, body: dict[str, str] | None = None) -> Any:
+        """The JSON of the response (None: an empty body)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
             f"{self.url}{path}", data=data, method=method,
@@ -109,13 +120,13 @@ class KafkaConnect(ChildService):
             ) from None
         return json.loads(text) if text else None
 
-    def put_connector(self, name: str, config: dict[str, str]) -> dict:
+    def put_connector(self, name: str, config: dict[str, str]) -> dict[str, Any]:
         return self._request("PUT", f"/connectors/{name}/config", {"name": name, **config})
 
     def delete_connector(self, name: str) -> None:
         self._request("DELETE", f"/connectors/{name}")
 
-    def status(self, name: str) -> dict:
+    def status(self, name: str) -> dict[str, Any]:
         return self._request("GET", f"/connectors/{name}/status")
 
     def failures(self, name: str) -> list[str]:
@@ -149,7 +160,7 @@ class PostgresServer(ChildService):
     name = "postgres"
     stop_timeout = 20.0
 
-    def __init__(self, workdir=None, **kw):
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
         super().__init__(workdir, **kw)
         self.port = free_port()
         self.bin = _postgres_bin()
@@ -212,7 +223,7 @@ class PostgresServer(ChildService):
         except (OSError, pg8000.dbapi.Error):  # not accepting connections yet
             return False
 
-    def query(self, sql: str, *args) -> list[tuple]:
+    def query(self, sql: str, *args: object) -> list[tuple[Any, ...]]:
         import pg8000.dbapi
 
         conn = pg8000.dbapi.connect(
@@ -238,7 +249,7 @@ class PostgresServer(ChildService):
         super().stop()
 
 
-def wait_until(check, timeout: float, what: str, interval: float = 0.5):
+def wait_until(check: Callable[[], T], timeout: float, what: str, interval: float = 0.5) -> T:
     """Poll `check()` until it returns a truthy value; its last value, or raise."""
     deadline = time.monotonic() + timeout
     while True:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import os
 import shutil
 import subprocess
 import uuid
+from typing import Any
 
 from lance_cdf.devtools.maven import kafka_lib
 from lance_cdf.devtools.process import JavaService, free_port, java_executable
@@ -40,7 +42,13 @@ class KafkaBroker(JavaService):
 
     name = "kafka"
 
-    def __init__(self, workdir=None, auto_create_topics: bool = True, heap: str = "512m", **kw):
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str] | None = None,
+        auto_create_topics: bool = True,
+        heap: str = "512m",
+        **kw: Any,
+    ):
         super().__init__(workdir, heap=heap, **kw)
         self.port = free_port()
         self.controller_port = free_port()

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import tarfile
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 POM = Path(__file__).with_name("pom.xml")
@@ -34,11 +35,18 @@ def default_cache_dir() -> Path:
     return Path(base) / "lance-cdf" / "devtools"
 
 
+def _properties(pom: Path) -> dict[str, str]:
+    """The `<properties>` of one POM, by name."""
+    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
+    props = ET.parse(pom).getroot().find("m:properties", ns)
+    if props is None:
+        raise RuntimeError(f"{pom} has no <properties>; reinstall lance-cdf")
+    return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in props}
+
+
 def versions() -> dict[str, str]:
     """The `<properties>` of pom.xml (kafka.version, apicurio.version, ...)."""
-    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    props = ET.parse(POM).getroot().find("m:properties", ns)
-    return {el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in props}
+    return _properties(POM)
 
 
 def kafka_lib(cache: Path) -> Path:
@@ -74,7 +82,7 @@ def _is_current(cache: Path) -> bool:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def _locked(path: Path) -> Iterator[None]:
     """Serialise concurrent provisioning (parallel test runs sharing one cache)."""
     with open(path, "a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -112,7 +120,7 @@ def _untar(tarball: Path, dest: Path) -> None:
     partial.rename(dest)
 
 
-def provision(cache_dir: str | os.PathLike | None = None) -> Path:
+def provision(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Kafka jars in `<cache>/kafka/lib`, Apicurio in `<cache>/apicurio`, the Maven
     repository in `<cache>/m2`. Returns the cache dir. Idempotent and offline once done."""
     cache = Path(cache_dir).expanduser().resolve() if cache_dir else default_cache_dir()
@@ -168,11 +176,9 @@ def connect_plugins(cache: Path) -> Path:
 
 def connect_versions() -> dict[str, str]:
     """The `<properties>` of the Connect POMs (connect.version, debezium.version, ...)."""
-    ns = {"m": "http://maven.apache.org/POM/4.0.0"}
-    out = {}
+    out: dict[str, str] = {}
     for pom in CONNECT_POMS:
-        props = ET.parse(pom).getroot().find("m:properties", ns)
-        out.update({el.tag.rsplit("}", 1)[-1]: (el.text or "").strip() for el in props})
+        out.update(_properties(pom))
     return out
 
 
@@ -188,7 +194,7 @@ def _connect_current(cache: Path) -> bool:
     )  # fmt: skip
 
 
-def provision_connect(cache_dir: str | os.PathLike | None = None) -> Path:
+def provision_connect(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """Kafka Connect in `<cache>/connect/lib`, the Debezium JDBC sink, the PostgreSQL
     driver and Apicurio's converter in `<cache>/connect/plugins/debezium-jdbc`, from Maven
     Central into the shared `<cache>/m2`. Idempotent and offline once done."""

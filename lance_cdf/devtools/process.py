@@ -5,6 +5,7 @@ group, a parent-death signal, atexit cleanup; a log file, a readiness wait, and 
 from __future__ import annotations
 
 import atexit
+import functools
 import os
 import random
 import shutil
@@ -16,6 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Self
 
 from lance_cdf.devtools.maven import default_cache_dir, provision
 
@@ -60,23 +62,24 @@ def java_executable() -> str:
     return java
 
 
-_setpriv: str | None | bool = False  # False: not probed yet
+@functools.cache
+def _setpriv() -> str | None:
+    """The path of a working `setpriv`, or None (probed once)."""
+    exe = shutil.which("setpriv")
+    ok = exe is not None and subprocess.run(
+        [exe, "--pdeathsig", "TERM", "true"], capture_output=True
+    ).returncode == 0  # fmt: skip
+    return exe if ok else None
 
 
 def _death_signal_prefix() -> list[str]:
     """`setpriv --pdeathsig TERM`: the child gets SIGTERM if we die without running
     atexit (SIGKILL, an unhandled SIGTERM). The signal fires when the *thread* that
     spawned the child exits, so only spawns from the main thread use it."""
-    global _setpriv
     if threading.current_thread() is not threading.main_thread():
         return []
-    if _setpriv is False:
-        exe = shutil.which("setpriv")
-        ok = exe is not None and subprocess.run(
-            [exe, "--pdeathsig", "TERM", "true"], capture_output=True
-        ).returncode == 0  # fmt: skip
-        _setpriv = exe if ok else None
-    return [_setpriv, "--pdeathsig", "TERM"] if _setpriv else []
+    setpriv = _setpriv()
+    return [setpriv, "--pdeathsig", "TERM"] if setpriv else []
 
 
 def _cleanup_all() -> None:
@@ -102,9 +105,9 @@ class ChildService:
 
     def __init__(
         self,
-        workdir: str | os.PathLike | None = None,
+        workdir: str | os.PathLike[str] | None = None,
         heap: str = "512m",
-        cache_dir: str | os.PathLike | None = None,
+        cache_dir: str | os.PathLike[str] | None = None,
     ):
         self._owns_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix=f"lance-cdf-{self.name}-"))
@@ -112,7 +115,7 @@ class ChildService:
         self.heap = heap
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.log_path = self.workdir / f"{self.name}.log"
-        self.proc: subprocess.Popen | None = None
+        self.proc: subprocess.Popen[bytes] | None = None
 
     # -- subclass hooks
     def _provision(self) -> None:
@@ -139,7 +142,7 @@ class ChildService:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
-    def start(self):
+    def start(self) -> Self:
         if self.running():
             return self
         self._provision()
@@ -203,10 +206,10 @@ class ChildService:
         except OSError:
             return "(no log)"
 
-    def __enter__(self):
+    def __enter__(self) -> Self:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
     def __repr__(self) -> str:

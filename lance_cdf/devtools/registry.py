@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import urllib.error
 import urllib.request
+from typing import Any
 
 from lance_cdf.devtools.maven import registry_jar
 from lance_cdf.devtools.process import JavaService, free_port, java_executable
@@ -16,7 +18,9 @@ class SchemaRegistry(JavaService):
 
     name = "registry"
 
-    def __init__(self, workdir=None, heap: str = "512m", **kw):
+    def __init__(
+        self, workdir: str | os.PathLike[str] | None = None, heap: str = "512m", **kw: Any
+    ):
         super().__init__(workdir, heap=heap, **kw)
         self.port = free_port()
 

@@ -10,10 +10,12 @@ commit lock. Data lives in memory: a restart starts empty.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
 from collections import Counter
+from typing import Any
 
 from lance_cdf.devtools.process import ChildService, free_port
 from lance_cdf.devtools.s3app import COUNTS_PATH
@@ -31,7 +33,7 @@ class S3Server(ChildService):
     start_timeout = 60.0
     stop_timeout = 10.0
 
-    def __init__(self, workdir=None, **kw):
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
         super().__init__(workdir, **kw)
         self.port = free_port()
 

@@ -12,7 +12,9 @@ import json
 import logging
 import threading
 from collections import Counter
+from collections.abc import Iterable
 from urllib.parse import parse_qs
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
 
 COUNTS_PATH = "/_lance_cdf/requests"
 
@@ -31,12 +33,12 @@ def request_kind(method: str, path: str, query: str, headers: dict[str, str]) ->
 class CountingApp:
     """WSGI middleware: counts each request by kind, serves the counts."""
 
-    def __init__(self, app):
+    def __init__(self, app: WSGIApplication):
         self.app = app
         self.counts: Counter[str] = Counter()
         self.lock = threading.Lock()
 
-    def __call__(self, environ, start_response):
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
         method = environ.get("REQUEST_METHOD", "GET")
         if path == COUNTS_PATH:

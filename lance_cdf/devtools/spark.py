@@ -17,6 +17,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 from lance_cdf.devtools.process import ChildService, free_port, java_executable
 
@@ -39,7 +40,7 @@ def _base_env(extra: dict[str, str] | None) -> dict[str, str]:
 
 
 class _SparkDaemon(ChildService):
-    def __init__(self, workdir, env: dict[str, str]):
+    def __init__(self, workdir: str | os.PathLike[str], env: dict[str, str]):
         super().__init__(workdir)
         self.env = env
 
@@ -51,7 +52,7 @@ class SparkMaster(_SparkDaemon):
     name = "spark-master"
     start_timeout = 90.0
 
-    def __init__(self, workdir, env):
+    def __init__(self, workdir: str | os.PathLike[str], env: dict[str, str]):
         super().__init__(workdir, env)
         self.port, self.ui_port = free_port(), free_port()
 
@@ -65,7 +66,7 @@ class SparkMaster(_SparkDaemon):
             "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port),
         ]  # fmt: skip
 
-    def state(self) -> dict:
+    def state(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.ui_port}/json/"
         with urllib.request.urlopen(url, timeout=3) as resp:
             return json.loads(resp.read())
@@ -87,7 +88,14 @@ class SparkWorker(_SparkDaemon):
     name = "spark-worker"
     start_timeout = 90.0
 
-    def __init__(self, workdir, env, master: SparkMaster, cores: int, memory: str):
+    def __init__(
+        self,
+        workdir: str | os.PathLike[str],
+        env: dict[str, str],
+        master: SparkMaster,
+        cores: int,
+        memory: str,
+    ):
         super().__init__(workdir, env)
         self.master, self.cores, self.memory = master, cores, memory
         self.port, self.ui_port = free_port(), free_port()
@@ -114,7 +122,7 @@ class SparkCluster:
 
     def __init__(
         self,
-        workdir: str | os.PathLike,
+        workdir: str | os.PathLike[str],
         workers: int = 2,
         cores: int = 1,
         memory: str = "1g",
@@ -153,7 +161,7 @@ class SparkCluster:
     def __enter__(self) -> SparkCluster:
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
 

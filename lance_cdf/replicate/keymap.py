@@ -140,7 +140,9 @@ class KeyMap:
         self.version = version
 
 
-def _merged(k1, a1, k2, a2) -> tuple[np.ndarray, np.ndarray]:
+def _merged(
+    k1: np.ndarray, a1: np.ndarray, k2: np.ndarray, a2: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Two sorted key arrays (disjoint) and their addresses as one sorted pair."""
     if not k2.size:
         return k1, a1

@@ -38,17 +38,22 @@ import json
 import logging
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.dataset import LanceOperation, Transaction
-from lance.fragment import RowIdSequence, write_fragments
+from lance.dataset import IndexInformation, LanceOperation, Transaction
+from lance.fragment import FragmentMetadata, RowIdSequence, write_fragments
 
 from lance_cdf import internals
-from lance_cdf.errors import DuplicateKeysError, LanceCdfError
+from lance_cdf.errors import DuplicateKeysError, LanceCdfError, ReplicaError
 from lance_cdf.replicate.keymap import GONE, KeyMap
+
+if TYPE_CHECKING:
+    from lance.indices.builder import IndexConfig
+    from lance.lance import _Session
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -98,13 +103,13 @@ def offsets_of(position: dict[str, str], topic: str) -> dict[int, int]:
 class ReplicaTable:
     """The target Lance table of a replicator, keyed by `key`."""
 
-    def __init__(self, uri: str, key: list[str], storage_options: dict | None = None,
+    def __init__(self, uri: str, key: list[str], storage_options: dict[str, str] | None = None,
                  index_rows_max: int = UNINDEXED_ROWS_MAX, keep_row_ids: bool = False,
                  prewarm: bool = True, key_map: bool = True):  # fmt: skip
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
         self.prewarm = prewarm
-        self._session = None  # one index / metadata cache across batches
+        self._session: _Session | None = None  # one index / metadata cache across batches
         self._indexable = len(self.key) == 1
         self._warm: set[str] = set()  # key-index segments loaded into the index cache
         # key -> row address in memory (keymap.py), for one integer key; None: not
@@ -135,6 +140,16 @@ class ReplicaTable:
             raise LanceCdfError(f"cannot open the replica table {self.uri}: {exc}") from exc
         if self._session is None:
             self._session = ds.session()
+        return ds
+
+    def _reopen(self) -> lance.LanceDataset:
+        """The replica table again, after a commit of ours to it: it exists."""
+        ds = self.open()
+        if ds is None:
+            raise ReplicaError(
+                f"the replica table {self.uri} disappeared while being written "
+                "(deleted by another process?); start the replicator again"
+            )
         return ds
 
     def position(self) -> dict[str, str]:
@@ -186,7 +201,7 @@ class ReplicaTable:
         max_rowid = position.get(MAX_ROWID_PROPERTY)
         return version, int(max_rowid) if max_rowid is not None else np.iinfo(np.int64).max
 
-    def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict,
+    def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict[str, str],
               fresh: np.ndarray | None = None) -> bool:  # fmt: skip
         """Delete the keys in `deletes`, upsert `upserts`, and record `props`, in one
         Lance commit (two with a composite key). `fresh` (one bool per upsert row):
@@ -196,7 +211,9 @@ class ReplicaTable:
         letters) still commits its position. False when nothing could be written (no
         table yet and no rows to create it from): the caller then relies on Kafka's
         committed offsets, which can only replay no-ops."""
-        has_upserts = upserts is not None and upserts.num_rows > 0
+        if upserts is not None and upserts.num_rows == 0:
+            upserts = None  # nothing to upsert
+        has_upserts = upserts is not None
         has_deletes = deletes is not None and deletes.num_rows > 0
         self._clock()
         ds = self.open()
@@ -209,15 +226,16 @@ class ReplicaTable:
                 storage_options=self.storage_options,
             )  # fmt: skip
             return True
-        if has_upserts:
+        if upserts is not None:
             ds = self._add_new_columns(ds, upserts.schema)
-        data = self._conform(upserts, ds.schema) if has_upserts else None
+        data = self._conform(upserts, ds.schema) if upserts is not None else None
         if self._indexable:
             ds = self._with_key_index(ds)
         if self._indexable:
-            if fresh is not None and len(fresh) != (upserts.num_rows if has_upserts else 0):
+            n_upserts = upserts.num_rows if upserts is not None else 0
+            if fresh is not None and len(fresh) != n_upserts:
                 raise LanceCdfError(
-                    f"fresh has {len(fresh)} flags for {upserts.num_rows if has_upserts else 0} "
+                    f"fresh has {len(fresh)} flags for {n_upserts} "
                     "upsert rows: pass one per row (or None to look every key up)"
                 )
             fresh = fresh if has_upserts and fresh is not None and fresh.any() else None
@@ -228,16 +246,17 @@ class ReplicaTable:
         return True
 
     # -- one commit: deletion vectors of the touched fragments + new fragments ---------
-    def _apply_by_address(self, ds, data: pa.Table | None, deletes: pa.Table | None, props,
-                          fresh: np.ndarray | None = None):  # fmt: skip
+    def _apply_by_address(self, ds: lance.LanceDataset, data: pa.Table | None,
+                          deletes: pa.Table | None, props: dict[str, str],
+                          fresh: np.ndarray | None = None) -> None:  # fmt: skip
         key = self.key[0]
         key_type = ds.schema.field(key).type
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
         # (chunks, not ChunkedArrays: pa.chunked_array converts a ChunkedArray element
         # value by value, ~1.4 ms per 1,000 keys)
-        keys = [c for t in (probed, deletes) if t is not None and t.num_rows
-                for c in t[key].cast(key_type).chunks]  # fmt: skip
-        keys = pa.chunked_array(keys, key_type).combine_chunks() if keys else None
+        chunks = [c for t in (probed, deletes) if t is not None and t.num_rows
+                  for c in t[key].cast(key_type).chunks]  # fmt: skip
+        keys = pa.chunked_array(chunks, key_type).combine_chunks() if chunks else None
         key_map = self._current_map(ds, key_type, data, deletes)
         found, slots = None, None
         if key_map is not None:  # O(batch log replica), in memory
@@ -248,7 +267,8 @@ class ReplicaTable:
             found = self._find(ds, keys, with_keys=self.keep_row_ids)
         self._clock("lookup")
         crash_point("before-lance-commit")
-        removed, updated = [], []
+        removed: list[int] = []
+        updated: list[FragmentMetadata] = []
         if found is not None and found.num_rows:
             addr = found["_rowaddr"].to_numpy()
             fragment, offset = addr >> 32, addr & 0xFFFFFFFF
@@ -256,7 +276,7 @@ class ReplicaTable:
                 meta = internals.delete_rows(ds.get_fragment(fid), offset[fragment == fid].tolist())
                 (removed.append(fid) if meta is None else updated.append(meta))
         self._clock("delete")
-        new = []
+        new: list[FragmentMetadata] = []
         if data is not None and self.keep_row_ids and found is not None and found.num_rows:
             pos = pc.index_in(data[key], value_set=found[key].combine_chunks())
             matched = pc.is_valid(pos)
@@ -280,7 +300,13 @@ class ReplicaTable:
             self._clock("map")
 
     # -- the in-memory key map (keymap.py) --------------------------------------------
-    def _current_map(self, ds, key_type, data, deletes) -> KeyMap | None:
+    def _current_map(
+        self,
+        ds: lance.LanceDataset,
+        key_type: pa.DataType,
+        data: pa.Table | None,
+        deletes: pa.Table | None,
+    ) -> KeyMap | None:
         """The key map of `ds`'s version, built from one scan of the key column when
         there is none (first batch, or the replica moved without the map: compaction,
         another writer); None when the map cannot serve (not enabled, a key type other
@@ -312,7 +338,16 @@ class ReplicaTable:
         log.info("key map of %d rows built (%d MB)", table.num_rows, self._map.nbytes >> 20)
         return self._map
 
-    def _advance_map(self, ds, committed, new: list, deletes, data, slots, fresh) -> None:
+    def _advance_map(
+        self,
+        ds: lance.LanceDataset,
+        committed: lance.LanceDataset,
+        new: list[FragmentMetadata],
+        deletes: pa.Table | None,
+        data: pa.Table | None,
+        slots: np.ndarray | None,
+        fresh: np.ndarray | None,
+    ) -> None:
         """Tell the map what the commit just made did: the deleted keys are gone, the
         written rows live in the new fragments, row i of `data` at offset i. Dropped
         (rebuilt by the next batch) when the commit is not exactly ours on top of
@@ -321,6 +356,11 @@ class ReplicaTable:
         self._map, key_map = None, self._map
         if key_map is None or committed.version != ds.version + 1:
             return
+        if slots is None:  # the map was used for the lookup: `find` gave slots
+            raise LanceCdfError(
+                "internal error: the key map looked no keys up for the batch it applied; "
+                "please report it."
+            )
         before = {f.fragment_id for f in ds.get_fragments()}
         added = sorted(
             (f.metadata for f in committed.get_fragments() if f.fragment_id not in before),
@@ -348,7 +388,9 @@ class ReplicaTable:
             return  # the rebuild finds the key twice and gives the map up
         self._map = key_map
 
-    def _write(self, ds, rows: pa.Table, row_ids: np.ndarray | None) -> list:
+    def _write(
+        self, ds: lance.LanceDataset, rows: pa.Table, row_ids: np.ndarray | None
+    ) -> list[FragmentMetadata]:
         """`rows` as new (uncommitted) fragments; with `row_ids`, the rows keep those
         stable row IDs (a replaced row stays the same row)."""
         if rows.num_rows == 0:
@@ -362,13 +404,13 @@ class ReplicaTable:
                 start += f.physical_rows
         return fragments
 
-    def _find(self, ds, keys: pa.Array, with_keys: bool) -> pa.Table:
+    def _find(self, ds: lance.LanceDataset, keys: pa.Array, with_keys: bool) -> pa.Table:
         """(_rowaddr, and with `with_keys` key and _rowid) of the replica rows holding
         `keys`: probes of the key index while that is cheaper than one scan of the key
         column, else that scan. Without `with_keys` a probe reads no data page: the
         addresses come from the index alone (~4x less per key at 10M rows)."""
         key = self.key[0]
-        cols = dict(columns=[key], with_row_id=with_keys, with_row_address=True)
+        cols: dict[str, Any] = dict(columns=[key], with_row_id=with_keys, with_row_address=True)
         probe_cols = cols if with_keys else dict(columns=[], with_row_address=True)
         small = len(keys) * INDEX_PROBE_ROWS_PER_KEY <= ds.count_rows()
         probe = _sql_literals(keys) if small else None
@@ -395,12 +437,12 @@ class ReplicaTable:
                 )
                 self._indexable = False
                 return ds
-            ds = self.open()
+            ds = self._reopen()
             segments = self._key_index(ds)
         self._prewarm(ds, segments)
         return ds
 
-    def _prewarm(self, ds: lance.LanceDataset, segments: list[dict]) -> None:
+    def _prewarm(self, ds: lance.LanceDataset, segments: list[IndexInformation]) -> None:
         """Load the key-index segments not loaded yet into the session's index cache
         (~17 bytes a row; 0.5-4 s per 10M rows, once per segment): a probe of a cold
         page costs a storage read (~60 us each, one per key of a large replica)."""
@@ -415,7 +457,7 @@ class ReplicaTable:
             return
         self._warm.update(cold)
 
-    def _key_index(self, ds: lance.LanceDataset) -> list[dict]:
+    def _key_index(self, ds: lance.LanceDataset) -> list[IndexInformation]:
         """The segments of the BTREE index on the key (one, plus a delta per upkeep
         between compactions); [] when there is none."""
         return [i for i in ds.list_indices() if i["fields"] == self.key and i["type"] == "BTree"]
@@ -424,19 +466,21 @@ class ReplicaTable:
     def unindexed_rows(self, ds: lance.LanceDataset | None = None) -> int:
         """Rows in fragments the key index does not cover yet (each lookup scans them)."""
         ds = ds or self.open()
-        segments = self._key_index(ds) if ds is not None and self._indexable else []
+        if ds is None or not self._indexable:
+            return 0
+        segments = self._key_index(ds)
         if not segments:
             return 0
-        covered = set().union(*(set(s["fragment_ids"]) for s in segments))
+        covered: set[int] = set().union(*(set(s["fragment_ids"]) for s in segments))
         return sum(f.count_rows() for f in ds.get_fragments() if f.fragment_id not in covered)
 
-    def maintain(self, compact: bool = False) -> dict:
+    def maintain(self, compact: bool = False) -> dict[str, int]:
         """Compact the replica's small fragments (`compact`, then the key index is merged
         into one segment covering every fragment), else index the fragments outside the
         key index as a delta segment once they hold more than `index_rows_max` rows.
         Neither changes a row nor the recorded position: the position is
         read from the newest commit that carries one. Returns what was done."""
-        done: dict = {}
+        done: dict[str, int] = {}
         ds = self.open()
         if ds is None:
             return done
@@ -444,7 +488,7 @@ class ReplicaTable:
             metrics = ds.optimize.compact_files(materialize_deletions_threshold=0.1)
             done["fragments_removed"] = metrics.fragments_removed
             done["fragments_added"] = metrics.fragments_added
-            ds = self.open()
+            ds = self._reopen()
         segments = self._key_index(ds) if self._indexable else []
         if segments:
             unindexed = self.unindexed_rows(ds)
@@ -465,13 +509,19 @@ class ReplicaTable:
                     self._map.version = after
         if compact and self._map is not None:
             self._map = None  # rows moved: rebuilt now, not by the next batch
-            ds = self.open()
+            ds = self._reopen()
             self._current_map(ds, ds.schema.field(self.key[0]).type, None, None)
             done["key_map_rows"] = len(self._map) if self._map is not None else 0
         return done
 
     # -- composite keys: merge_insert ------------------------------------------------
-    def _apply_merge_insert(self, ds, data: pa.Table | None, deletes: pa.Table | None, props):
+    def _apply_merge_insert(
+        self,
+        ds: lance.LanceDataset,
+        data: pa.Table | None,
+        deletes: pa.Table | None,
+        props: dict[str, str],
+    ) -> None:
         """A delete commit, then an upsert commit carrying `props`; both idempotent, so
         a crash between them replays to the same table."""
         if deletes is not None or data is None:  # deletes, or a position-only commit
@@ -501,7 +551,7 @@ class ReplicaTable:
         if not missing:
             return ds
         ds.add_columns(missing)  # all-null columns: rows written before had no value
-        return self.open()
+        return self._reopen()
 
     @staticmethod
     def _conform(data: pa.Table, target: pa.Schema) -> pa.Table:
@@ -524,7 +574,7 @@ class ReplicaTable:
         return pa.Table.from_arrays(columns, schema=target)
 
 
-def key_index_config():
+def key_index_config() -> IndexConfig:
     """The BTREE index the replicator builds on its key (KEY_INDEX_ZONE_ROWS-row pages)."""
     from lance.indices.builder import IndexConfig
 

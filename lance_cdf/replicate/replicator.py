@@ -39,8 +39,9 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import fastavro
 import numpy as np
@@ -71,6 +72,10 @@ from lance_cdf.replicate.replica import (
     crash_point,
     offsets_of,
 )
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+    from fastavro.types import Schema as ParsedSchema
 
 log = logging.getLogger("lance_cdf.replicate")
 OPS = ("c", "u", "d", "r")
@@ -116,7 +121,7 @@ class Counters:
         self.delivery_failures += 1
         self.last_error = time.time()
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
@@ -126,21 +131,26 @@ class _Decoder:
 
     def __init__(self, registry: SchemaRegistryClient):
         self.registry = registry
-        self.parsed: dict[int, object] = {}
+        self.parsed: dict[int, ParsedSchema] = {}
         self.rows: dict[int, pa.Schema] = {}
         self.batch: dict[int, BatchDecoder | None] = {}
 
     def _load(self, schema_id: int) -> None:
         if schema_id not in self.parsed:
-            envelope = json.loads(self.registry.get_schema(schema_id).schema_str)
+            schema_str = self.registry.get_schema(schema_id).schema_str
+            if schema_str is None:
+                raise ReplicateError(f"the schema registry has no schema text for id {schema_id}")
+            envelope = json.loads(schema_str)
             self.rows[schema_id] = row_arrow_schema(envelope)
             self.parsed[schema_id] = fastavro.parse_schema(envelope)
             self.batch[schema_id] = _batch_decoder(envelope)
 
-    def decode(self, payload: bytes) -> tuple[int, dict]:
+    def decode(self, payload: bytes) -> tuple[int, dict[str, Any]]:
         schema_id, body = split(payload)
         self._load(schema_id)
         record = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
+        if not isinstance(record, dict):  # an envelope is an Avro record: always a dict
+            raise ReplicateError(f"schema id {schema_id} is not a change-event envelope")
         return schema_id, record
 
     def batch_decoder(self, schema_id: int) -> BatchDecoder | None:
@@ -149,12 +159,25 @@ class _Decoder:
         return self.batch[schema_id]
 
 
-def _offset(m) -> int:
-    return m.offset()
+def _offset(m: Message) -> int:
+    """A consumed record's offset (librdkafka gives every record it hands out one)."""
+    offset = m.offset()
+    if offset is None:
+        raise LanceCdfError(f"Kafka handed out a record of {m.topic()!r} without an offset")
+    return offset
+
+
+class _Positions(NamedTuple):
+    """Where a batch's records lie (`Replicator._positions`)."""
+
+    parts: np.ndarray  # per record: its partition
+    offsets: np.ndarray  # per record: its offset, or a rank ordering a partition's records
+    keep: np.ndarray  # per record: at or above the replica's position
+    next_offsets: dict[int, int]  # per partition: the next offset after the batch
 
 
 @contextlib.contextmanager
-def _gc_paused():
+def _gc_paused() -> Iterator[None]:
     """Python's cyclic garbage collector off for the block (as it was after)."""
     was = gc.isenabled()
     gc.disable()
@@ -165,7 +188,7 @@ def _gc_paused():
             gc.enable()
 
 
-def _batch_decoder(envelope: dict) -> BatchDecoder | None:
+def _batch_decoder(envelope: dict[str, Any]) -> BatchDecoder | None:
     try:
         decoder = BatchDecoder(envelope)
     except (AvroDecodeDeclined, KeyError, TypeError, ValueError):
@@ -237,9 +260,9 @@ class Replicator:
         max_batch_rows: int = 100_000,
         max_batch_interval: float = 1.0,
         dead_letter_topic: str | None = None,
-        consumer_config: dict | None = None,
-        registry_config: dict | None = None,
-        storage_options: dict | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        registry_config: dict[str, Any] | None = None,
+        storage_options: dict[str, str] | None = None,
         compact_every: int = 100,
         index_rows_max: int | None = None,
         keep_row_ids: bool = False,
@@ -293,7 +316,7 @@ class Replicator:
         self._fresh: tuple[int, int] | None = None
 
     # -- position -------------------------------------------------------------------
-    def _on_assign(self, consumer, partitions):
+    def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         self._assigned = time.monotonic()
         self._assignments += 1
         self._partitions = [tp.partition for tp in partitions]
@@ -317,7 +340,7 @@ class Replicator:
         arrived for `idle_timeout` seconds since partitions were assigned. The batch in
         progress is finished (its Lance commit and offset commit) before returning;
         nothing is half-applied."""
-        previous = {}
+        previous: dict[int, Any] = {}  # signal -> its handler before
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: self.stop())
                         for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
@@ -355,8 +378,9 @@ class Replicator:
                 self.dlq.flush(30)
         return self.counters
 
-    def _poll_batch(self) -> list:
-        batch, deadline = [], time.monotonic() + self.max_batch_interval
+    def _poll_batch(self) -> list[Message]:
+        batch: list[Message] = []
+        deadline = time.monotonic() + self.max_batch_interval
         assignments, self._batch_partition = self._assignments, None
         while len(batch) < self.max_batch_rows and not self._stop.is_set():
             left = deadline - time.monotonic()
@@ -376,7 +400,7 @@ class Replicator:
             self._batch_partition = self._partitions[0]
         return batch
 
-    def _positions(self, msgs: list):
+    def _positions(self, msgs: list[Message]) -> _Positions:
         """(partition, rank, keep) per message and the next offset per partition: `rank`
         orders a partition's records as their offsets do, `keep` marks those at or
         above the replica's position. A batch polled from one partition within one
@@ -393,28 +417,33 @@ class Replicator:
                 in_p = parts == p
                 keep[in_p] = offsets[in_p] >= self._applied.get(p, 0)
                 next_offsets[p] = max(next_offsets.get(p, 0), int(offsets[in_p].max()) + 1)
-            return parts, offsets, keep, next_offsets
-        first, last, held = msgs[0].offset(), msgs[-1].offset(), self._applied.get(one, 0)
+            return _Positions(parts, offsets, keep, next_offsets)
+        first, last, held = _offset(msgs[0]), _offset(msgs[-1]), self._applied.get(one, 0)
         if last < first:  # not in offset order after all: read them all
             return self._positions(msgs)
         next_offsets[one] = max(next_offsets.get(one, 0), last + 1)
         keep = np.ones(n, bool)
         if first < held:
             keep[: bisect.bisect_left(msgs, held, key=_offset)] = False
-        return np.full(n, one, np.int64), np.arange(n, dtype=np.int64), keep, next_offsets
+        ranks = np.arange(n, dtype=np.int64)
+        return _Positions(np.full(n, one, np.int64), ranks, keep, next_offsets)
 
     def _commit_offsets(self, offsets: dict[int, int], asynchronous: bool) -> None:
         if not offsets:
             return
         try:
-            self.consumer.commit(
+            # confluent-kafka's stub overloads commit() on Literal[True] / Literal[False]
+            # only, with no overload for a plain bool
+            self.consumer.commit(  # type: ignore[call-overload]
                 offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                 asynchronous=asynchronous,
             )
         except KafkaException as exc:  # the replica holds the position: safe to go on
             self._on_commit(exc, [])
 
-    def _on_commit(self, err, partitions) -> None:
+    def _on_commit(
+        self, err: KafkaError | KafkaException | None, partitions: list[TopicPartition]
+    ) -> None:
         """Offset commit results (librdkafka calls this from consume / close)."""
         failed = [tp for tp in partitions if tp.error is not None]
         if err is None and not failed:
@@ -424,7 +453,7 @@ class Replicator:
                     err or failed[0].error)  # fmt: skip
 
     # -- one batch ------------------------------------------------------------------
-    def _apply(self, msgs: list) -> None:
+    def _apply(self, msgs: list[Message]) -> None:
         t0 = time.perf_counter()
         # `offsets` may be ranks (only their order within a partition is used below)
         parts, offsets, keep, next_offsets = self._positions(msgs)
@@ -496,7 +525,12 @@ class Replicator:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
 
-    def _final_states(self, msgs: list, parts=None, offsets=None) -> FinalStates:
+    def _final_states(
+        self,
+        msgs: list[Message],
+        parts: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+    ) -> FinalStates:
         """(upsert rows, deleted keys, tombstones, highest source version, new-row flags)
         of a batch: the last state of each key in source commit order; the flags (one
         per upsert row, or None) mark keys that need no lookup (see the module doc).
@@ -506,30 +540,33 @@ class Replicator:
         return fast if fast is not None else self._final_states_fastavro(msgs)
 
     def _final_states_vectorized(
-        self, msgs: list, parts=None, offsets=None
+        self,
+        msgs: list[Message],
+        parts: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
     ) -> FinalStates | None:
         """`_final_states` with avro_decode; None (nothing done, nothing sent to the
         dead-letter topic) when some schema of the batch needs the fastavro path.
         `parts`, `offsets`: each message's partition and offset (or a rank ordering a
         partition's records as their offsets do), when known."""
-        if parts is None:
+        if parts is None or offsets is None:  # (given together or not at all)
             parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
             offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         values = [m.value() for m in msgs]
         tombstones = values.count(None)
         if tombstones == len(values):
             return FinalStates(None, None, tombstones, 0, None)
+        bodies = [v for v in values if v is not None]  # the records, tombstones dropped
         if tombstones:
             live = [i for i, v in enumerate(values) if v is not None]
             msgs = [msgs[i] for i in live]
-            values = [values[i] for i in live]
             parts, offsets = parts[live], offsets[live]
-        frames = Frames.of(values)
+        frames = Frames.of(bodies)
         schema_ids, wire = frames.confluent()
         errors: dict[int, Exception] = {}  # record index -> why it is set aside
         for i in np.flatnonzero(wire != OK):
             errors[int(i)] = ValueError(REASONS[WIRE])
-        decoders = {}
+        decoders: dict[int, BatchDecoder] = {}
         for sid in np.unique(schema_ids[wire == OK]).tolist():
             try:
                 decoder = self.decoder.batch_decoder(sid)
@@ -541,7 +578,8 @@ class Replicator:
                 return None
             decoders[sid] = decoder
         newest = self.decoder.rows[max(decoders)] if decoders else None
-        tables, meta = [], []
+        tables: list[pa.Table] = []
+        meta: list[tuple[np.ndarray, ...]] = []  # per schema: per-record columns, as below
         for sid, decoder in decoders.items():
             rows_idx = np.flatnonzero((wire == OK) & (schema_ids == sid))
             env, err = decoder.decode(frames, rows_idx)
@@ -563,8 +601,8 @@ class Replicator:
                 source.field("commit_version").to_numpy()[good], is_delete, parts[kept],
                 offsets[kept], source.field("rowid").to_numpy()[good], op == "c",
             ))  # fmt: skip
-        for i in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
-            self._dead_letter(msgs[i], errors[i])
+        for at in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
+            self._dead_letter(msgs[at], errors[at])
         rows = [t for t in tables if t.num_rows]
         if not rows:
             return FinalStates(None, None, tombstones, 0, None)
@@ -576,7 +614,13 @@ class Replicator:
             rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
         )
 
-    def _checked(self, env: pa.StructArray, err: np.ndarray, rows_idx, errors: dict):
+    def _checked(
+        self,
+        env: pa.StructArray,
+        err: np.ndarray,
+        rows_idx: np.ndarray,
+        errors: dict[int, Exception],
+    ) -> tuple[np.ndarray, pa.Array, np.ndarray]:
         """(good mask, row image, is-delete) of decoded envelopes; the errors of the
         others into `errors` (the fastavro path's checks, in its order)."""
         bad = err != OK
@@ -614,8 +658,13 @@ class Replicator:
             bad |= any_null
         return ~bad, image, is_delete
 
-    def _final_states_fastavro(self, msgs: list) -> FinalStates:
-        images, kept, meta, schema_id, tombstones = [], [], [], None, 0
+    def _final_states_fastavro(self, msgs: list[Message]) -> FinalStates:
+        images: list[dict[str, Any]] = []
+        kept: list[Message] = []
+        # per record: source version, delete?, partition, offset, source row ID, insert?
+        meta: list[tuple[int, bool, int | None, int | None, int, bool]] = []
+        schema_id: int | None = None
+        tombstones = 0
         for m in msgs:
             value = m.value()
             if value is None:
@@ -641,7 +690,7 @@ class Replicator:
             images.append(image)
             kept.append(m)
             schema_id = sid if schema_id is None else max(schema_id, sid)
-        if not images:
+        if not images or schema_id is None:  # (no image: no schema id either)
             return FinalStates(None, None, tombstones, 0, None)
         rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)
         if bad:
@@ -655,8 +704,16 @@ class Replicator:
         )  # fmt: skip
 
     def _last_states(
-        self, rows, versions, is_delete, parts, offsets, rowids, tombstones, is_insert
-    ):
+        self,
+        rows: pa.Table,
+        versions: np.ndarray,
+        is_delete: np.ndarray,
+        parts: np.ndarray,
+        offsets: np.ndarray,
+        rowids: np.ndarray,
+        tombstones: int,
+        is_insert: np.ndarray,
+    ) -> FinalStates:
         """The last state of each key of `rows` (one row per record, with its source
         commit version, delete flag, Kafka partition and offset, source row ID, insert
         flag), and which of the upserted keys need no lookup."""
@@ -698,7 +755,7 @@ class Replicator:
         return FinalStates(upserts, deletes, tombstones, int(versions.max()), new_rows)
 
     def _to_arrow(
-        self, images: list[dict], schema: pa.Schema, msgs: list
+        self, images: list[dict[str, Any]], schema: pa.Schema, msgs: list[Message]
     ) -> tuple[pa.Table, set[int]]:
         """The images as one Arrow table in the newest writer schema of the batch; if
         that fails, the records that do not fit are found one by one and set aside."""
@@ -706,7 +763,7 @@ class Replicator:
             return pa.Table.from_pylist(images, schema=schema), set()
         except (pa.ArrowException, TypeError, ValueError):
             pass
-        bad = set()
+        bad: set[int] = set()
         for i, (image, m) in enumerate(zip(images, msgs, strict=True)):
             try:
                 pa.Table.from_pylist([image], schema=schema)
@@ -716,16 +773,19 @@ class Replicator:
         good = [image for i, image in enumerate(images) if i not in bad]
         return pa.Table.from_pylist(good, schema=schema), bad
 
-    def _dead_letter(self, m, exc: Exception) -> None:
+    def _dead_letter(self, m: Message, exc: Exception) -> None:
         where = f"partition {m.partition()} offset {m.offset()} of {self.topic!r}"
         error = f"{type(exc).__name__}: {exc}"
-        if self.dlq is None:
+        if self.dlq is None or self.dead_letter_topic is None:  # (set together)
             raise ReplicateError(
                 f"cannot decode the record at {where}: {error}. Nothing of its batch was "
                 "applied. Fix the producer, or run with --dead-letter-topic to set such "
                 "records aside and go on."
             ) from exc
-        headers = [("lance-cdf.error", error.encode()), ("lance-cdf.source", where.encode())]
+        headers: list[tuple[str, str | bytes | None]] = [
+            ("lance-cdf.error", error.encode()),
+            ("lance-cdf.source", where.encode()),
+        ]
         self.dlq.produce(self.dead_letter_topic, key=m.key(), value=m.value(), headers=headers)
         if self.dlq.flush(30):
             self.counters.failed()
@@ -759,7 +819,7 @@ def replicate(
     schema_registry: str,
     target: str,
     idle_timeout: float | None = None,
-    **options,
+    **options: Any,
 ) -> Counters:
     """Run a `Replicator` until stopped (or idle for `idle_timeout` seconds)."""
     return Replicator(bootstrap_servers, topic, schema_registry, target, **options).run(
