@@ -1,9 +1,41 @@
-"""Columns across versions: which field of one version holds a range's column, and
-shaping a version's values to the range's schema."""
+"""Columns across versions: which column of one version is which column of another, which
+field of one version holds a range's column, and shaping a version's values to the range's
+schema.
+
+Column identity
+---------------
+Lance gives every field (nested ones too) an id, and a rename keeps it; but pylance hands
+ids out again: after `drop_columns`, after a `restore` and on an `overwrite` a new column
+can get an id an earlier column held. So a bare field id does not say which column a field
+is. lance-cdf follows each column through consecutive manifests instead (`ColumnHistory`,
+`follow_columns`), counting from a range's first version (its *origin*):
+
+- between two versions with the same fields nothing changes;
+- a field whose id the previous version had (under the same parent column) is that
+  column, renamed or not;
+- a field with an id new to the version, whose name a field of the previous version had
+  that is gone from this one, is that column retyped (pylance's cast gives a new id);
+- an `Overwrite` replaces every column: a field is the column of the previous version
+  with its name (under the same parent), if any;
+- a `Restore` brings back the columns of the version restored: each field is the column
+  its id named there (followed from that version when it is before the origin; where the
+  versions in between are gone and the id names another column now, the range is
+  refused rather than guessed);
+- anything else is a new column: a column added under an old id (or an old name) is not
+  the one that had it.
+
+Each column of a walk gets a *token*: its field id where no other column held that id
+since the origin (so most tables' tokens are their ids), else `id@version` (the version
+that made it). The schemas lance-cdf works with carry each field's token in its metadata
+under FIELD_ID ("7", or for one name held by several columns over a range "9@12,7": the
+tokens holding that name, newest first) and the origin under ORIGIN; events go out
+without these keys (`strip`).
+"""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import pyarrow as pa
@@ -11,15 +43,10 @@ import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError
 
-# -- columns across versions ------------------------------------------------------
-#
-# Lance gives every field (nested ones too) a stable id that survives renames. The
-# schemas lance-cdf works with carry each field's id in its metadata under FIELD_ID
-# ("7" or, for a name dropped and later re-added, "9,7": the ids holding that name,
-# newest first); events go out without these keys (`strip`).
 FIELD_ID = b"lance-cdf:field-id"
+ORIGIN = b"lance-cdf:origin"  # the version a schema's tokens are counted from
 BLOB = b"lance-cdf:blob"  # a blob column: its values are read with take_blobs
-_PRIVATE = (FIELD_ID, BLOB)
+_PRIVATE = (FIELD_ID, ORIGIN, BLOB)
 
 
 class LanceField(Protocol):
@@ -34,9 +61,191 @@ class LanceField(Protocol):
     def name(self) -> str: ...
 
 
-def _ids(field: pa.Field) -> list[int]:
+@dataclass(frozen=True)
+class FieldState:
+    """One Lance field of one version, as identity needs it."""
+
+    id: int
+    parent_id: int
+    name: str
+    type: str  # Lance's logical type
+
+
+@dataclass(frozen=True)
+class Commit:
+    """What made a version, as identity needs it: the operation's name and, for a
+    `Restore`, the version restored."""
+
+    operation: str
+    restored: int | None = None
+
+
+def follow_columns(
+    prev: Sequence[FieldState],
+    prev_tokens: Mapping[int, str],
+    cur: Sequence[FieldState],
+    overwrite: bool,
+    fresh: Callable[[int], str],
+) -> dict[int, str]:
+    """The token of each field of `cur` (field id -> token), given the fields of the
+    version before and their tokens (see the module doc); `fresh(id)` names a new column."""
+    cur_ids = {f.id for f in cur}
+    prev_by_id = {f.id: f for f in prev}
+    prev_by_name: dict[tuple[str, str | None], FieldState] = {}
+    for f in prev:
+        parent = prev_tokens.get(f.parent_id) if f.parent_id != -1 else None
+        prev_by_name[(f.name, parent)] = f
+    tokens: dict[int, str] = {}
+    for f in _parents_first(cur):
+        parent = tokens.get(f.parent_id) if f.parent_id != -1 else None
+        match = None
+        if overwrite:
+            match = prev_by_name.get((f.name, parent))
+        else:
+            same = prev_by_id.get(f.id)
+            if same is not None and _parent_token(same, prev_tokens) == parent:
+                match = same
+            else:
+                named = prev_by_name.get((f.name, parent))
+                if named is not None and named.id not in cur_ids:
+                    match = named  # retyped: a new id under the name of a field now gone
+        tokens[f.id] = prev_tokens[match.id] if match is not None else fresh(f.id)
+    return tokens
+
+
+def _parent_token(f: FieldState, tokens: Mapping[int, str]) -> str | None:
+    return tokens.get(f.parent_id) if f.parent_id != -1 else None
+
+
+def _parents_first(fields: Sequence[FieldState]) -> list[FieldState]:
+    ids = {f.id for f in fields}
+    parent = {f.id: f.parent_id for f in fields}
+
+    def depth(f: FieldState) -> int:
+        d, at = 0, f.parent_id
+        while at != -1 and at in ids and d < 64:
+            d, at = d + 1, parent[at]
+        return d
+
+    return sorted(fields, key=depth)
+
+
+class ColumnHistory:
+    """The tokens of a table's columns at each version from `origin` on (module doc).
+
+    `fields_of(v)` gives a version's fields, `commit_of(v)` what made it; both read
+    manifests (and raise VersionNotFoundError for a version that is gone)."""
+
+    def __init__(
+        self,
+        origin: int,
+        fields_of: Callable[[int], tuple[FieldState, ...]],
+        commit_of: Callable[[int], Commit],
+        where: str = "the table",
+    ):
+        self.origin = origin
+        self._fields_of = fields_of
+        self._commit_of = commit_of
+        self._where = where
+        first = fields_of(origin)
+        self._tokens: dict[int, dict[int, str]] = {origin: {f.id: str(f.id) for f in first}}
+        self._fields: dict[int, tuple[FieldState, ...]] = {origin: first}
+        self._used = set(self._tokens[origin].values())
+
+    def tokens(self, version: int) -> dict[int, str]:
+        """field id -> token of every field of `version`."""
+        if version < self.origin:
+            return self._before_origin(version, version, self._fields_of(version))
+        last = max(self._tokens)
+        for v in range(last + 1, version + 1):
+            self._step(v)
+        return self._tokens[version]
+
+    def _fresh(self, version: int) -> Callable[[int], str]:
+        def fresh(fid: int) -> str:
+            token = str(fid) if str(fid) not in self._used else f"{fid}@{version}"
+            self._used.add(token)
+            return token
+
+        return fresh
+
+    def _step(self, v: int) -> None:
+        prev_fields, prev_tokens = self._fields[v - 1], self._tokens[v - 1]
+        cur = self._fields_of(v)
+        self._fields[v] = cur
+        if cur == prev_fields:
+            self._tokens[v] = prev_tokens
+            return
+        commit = self._commit_of(v)
+        if commit.operation == "Restore" and commit.restored is not None:
+            r = commit.restored
+            if r >= self.origin:
+                there = self._tokens[r] if r in self._tokens else self.tokens(r)
+            else:
+                there = self._before_origin(r, v, cur)  # (a restore copies r's fields)
+            fresh = self._fresh(v)
+            self._tokens[v] = {f.id: there.get(f.id) or fresh(f.id) for f in cur}
+            return
+        self._tokens[v] = follow_columns(
+            prev_fields, prev_tokens, cur, commit.operation == "Overwrite", self._fresh(v)
+        )
+
+    def _before_origin(
+        self, r: int, at: int, r_fields: tuple[FieldState, ...]
+    ) -> dict[int, str]:
+        """Tokens (of this history) of the fields of version `r` < origin, as met at
+        version `at` (a restore of `r`, or a read of `r` itself): followed from `r` to the
+        origin where those versions are there; else matched to the version before `at`
+        by id, name and type, refused where the id names another column there."""
+        fresh = self._fresh(at)
+        try:
+            walk = ColumnHistory(r, self._fields_of, self._commit_of, self._where)
+            theirs = walk.tokens(self.origin)
+        except LanceCdfError:
+            walk = None
+        if walk is not None:
+            ours = {theirs[fid]: tok for fid, tok in self._tokens[self.origin].items()}
+            return {f.id: ours.get(walk.tokens(r)[f.id]) or fresh(f.id) for f in r_fields}
+        before = max(self.origin, at - 1)
+        near = {f.id: f for f in self.tokens_fields(before)}
+        near_tokens = self._tokens[before]
+        out: dict[int, str] = {}
+        unsure = []
+        for f in r_fields:
+            g = near.get(f.id)
+            if g is None:
+                out[f.id] = fresh(f.id)
+            elif (g.name, g.type, g.parent_id) == (f.name, f.type, f.parent_id):
+                out[f.id] = near_tokens[f.id]
+            else:
+                unsure.append(f"{f.name!r} (field id {f.id}; {g.name!r} at version {before})")
+        if unsure:
+            raise LanceCdfError(
+                f"cannot tell which columns of {self._where} version {r} are which at version "
+                f"{at}: {', '.join(unsure)}. Lance reuses field ids, and the versions that "
+                f"would tell (between {r} and {self.origin}) are gone. Read the versions up "
+                f"to {at - 1} and from {at} on as separate ranges."
+            )
+        return out
+
+    def tokens_fields(self, version: int) -> tuple[FieldState, ...]:
+        self.tokens(version)
+        return self._fields[version]
+
+
+def _ids(field: pa.Field) -> list[str]:
+    """The column tokens a field of a tagged schema holds (module doc), newest first."""
     raw = (field.metadata or {}).get(FIELD_ID)
-    return [int(x) for x in raw.split(b",")] if raw else []
+    return raw.decode().split(",") if raw else []
+
+
+def origin_of(schema: pa.Schema) -> int | None:
+    """The version the tokens of a tagged schema were counted from (None: untagged)."""
+    for field in schema:
+        raw = (field.metadata or {}).get(ORIGIN)
+        if raw:
+            return int(raw)
+    return None
 
 
 def is_blob(field: pa.Field) -> bool:
@@ -52,27 +261,38 @@ def _lance_blob(field: pa.Field) -> bool:
     return getattr(field.type, "extension_name", "").startswith("lance.blob")
 
 
-def _tag(field: pa.Field, fid: int | None, extra: dict[bytes, bytes] | None = None) -> pa.Field:
-    meta = {k: v for k, v in (field.metadata or {}).items() if k not in _PRIVATE}
-    if fid is not None:
-        meta[FIELD_ID] = str(fid).encode()
+def _tag(field: pa.Field, token: str | None, extra: dict[bytes, bytes] | None = None) -> pa.Field:
+    meta = {k: v for k, v in (field.metadata or {}).items() if k != FIELD_ID}
+    if token is not None:
+        meta[FIELD_ID] = token.encode()
     meta.update(extra or {})
     return field.with_metadata(meta)
 
 
-def annotate(schema: pa.Schema, lance_fields: Iterable[LanceField]) -> pa.Schema:
-    """`schema` (pylance's) with each field's Lance id (from the manifest's fields)
-    in its metadata; blob columns become large_binary marked BLOB."""
+def annotate(
+    schema: pa.Schema,
+    lance_fields: Iterable[LanceField],
+    tokens: Mapping[int, str] | None = None,
+    origin: int | None = None,
+) -> pa.Schema:
+    """`schema` (pylance's) with each field's column token in its metadata (`tokens`:
+    field id -> token, from a ColumnHistory; default: the Lance field id) and, top-level,
+    the `origin` the tokens count from; blob columns become large_binary marked BLOB."""
     children: dict[int, list[LanceField]] = {}
     for lf in lance_fields:
         children.setdefault(lf.parent_id, []).append(lf)
+
+    def token(lf: LanceField | None) -> str | None:
+        if lf is None:
+            return None
+        return tokens[lf.id] if tokens is not None else str(lf.id)
 
     def walk(field: pa.Field, lf: LanceField | None) -> pa.Field:
         fid = lf.id if lf is not None else None
         if lf is not None and lf.parent_id == -1 and _lance_blob(field):
             meta = {k: v for k, v in (field.metadata or {}).items() if not k.startswith(b"lance-")}
             blob = pa.field(field.name, pa.large_binary(), field.nullable, meta)
-            return _tag(blob, fid, {BLOB: b"1"})
+            return _tag(blob, token(lf), {BLOB: b"1"})
         kids = {c.name: c for c in children.get(fid, [])} if fid is not None else {}
         t = field.type
         if pa.types.is_struct(t):
@@ -83,10 +303,14 @@ def annotate(schema: pa.Schema, lance_fields: Iterable[LanceField]) -> pa.Schema
             only = next(iter(kids.values()), None) if len(kids) == 1 else None
             value = walk(t.value_field, only)
             t = pa.list_(value) if pa.types.is_list(t) else pa.large_list(value)
-        return _tag(field.with_type(t), fid)
+        return _tag(field.with_type(t), token(lf))
 
     top = {lf.name: lf for lf in children.get(-1, [])}
-    return pa.schema([walk(f, top.get(f.name)) for f in schema], metadata=schema.metadata)
+    fields = [walk(f, top.get(f.name)) for f in schema]
+    if origin is not None:
+        fields = [f.with_metadata({**(f.metadata or {}), ORIGIN: str(origin).encode()})
+                  for f in fields]  # fmt: skip
+    return pa.schema(fields, metadata=schema.metadata)
 
 
 def _strip_type(t: pa.DataType) -> pa.DataType:
@@ -214,12 +438,15 @@ def conform(
 
 
 def union_schema(schemas: list[pa.Schema]) -> pa.Schema:
-    """Columns of all `schemas` (oldest first), one per Lance field id: the newest
-    name, type and position win (a renamed column is one column under its newest
-    name), columns dropped along the way follow; a column missing anywhere is
-    nullable. A name dropped and re-added (a new id) stays one column. Schemas
-    without ids are combined by name."""
-    fields: dict[object, pa.Field | None] = {}  # None: merged into an older id
+    """Columns of all `schemas` (oldest first, tagged by one ColumnHistory), one per
+    column token: the newest name, type and position win (a renamed or retyped column
+    is one column under its newest name), columns dropped along the way follow with
+    the values they had; a column missing anywhere is nullable. Columns that held one
+    name at different times (one dropped, another added under its name) come out as
+    one column of that name: each image shows the column that had the name at the
+    version it was read at, never another's values. Schemas without tokens are
+    combined by name."""
+    fields: dict[object, pa.Field | None] = {}  # None: merged into an older column
     names: dict[str, object] = {}
     seen: dict[object, int] = {}
     for schema in reversed(schemas):
@@ -250,5 +477,5 @@ def union_schema(schemas: list[pa.Schema]) -> pa.Schema:
     return pa.schema(out)
 
 
-def _id_list(ids: list[int]) -> bytes:
-    return ",".join(str(i) for i in ids).encode()
+def _id_list(ids: list[str]) -> bytes:
+    return ",".join(ids).encode()

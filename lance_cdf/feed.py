@@ -80,20 +80,24 @@ class ChangeFeed:
     def union_of(
         self, versions: Sequence[int], columns: Sequence[str] | None, where: str
     ) -> pa.Schema:
-        """The columns of `versions` combined by Lance field id; each distinct schema
-        counts at its last occurrence, so the newest version's names and types win
-        (a schema that comes back with `restore` beats the one it replaced)."""
-        last: dict[bytes, int] = {}
+        """The columns of `versions` (ascending, the first the origin of their column
+        tokens) combined by column (`lance_cdf.columns`); each distinct schema counts at
+        its last occurrence, so the newest version's names and types win (a schema that
+        comes back with `restore` beats the one it replaced)."""
+        origin = versions[0]
+        last: dict[tuple[bytes, tuple[tuple[int, str], ...]], int] = {}  # -> last version
         for version in versions:
-            key = self.table.manifest(version, operation=False).schema_key()
+            tokens = tuple(sorted(self.reader.tokens(version, origin).items()))
+            key = (self.table.manifest(version, operation=False).schema_key(), tokens)
             last.pop(key, None)
             last[key] = version
-        schemas = [self.reader.annotated(v) for v in last.values()]
+        schemas = [self.reader.tagged(v, origin) for v in last.values()]
         return self.select_columns(union_schema(schemas), columns, where)
 
     def schema_at(self, version: int, columns: Sequence[str] | None = None) -> pa.Schema:
         """The table's columns (or `columns`) at one version."""
-        return self.select_columns(self.reader.annotated(version), columns, f"version {version}")
+        schema = self.reader.tagged(version, version)
+        return self.select_columns(schema, columns, f"version {version}")
 
     def select_columns(
         self, schema: pa.Schema, columns: Sequence[str] | None, where: str

@@ -27,7 +27,17 @@ from google.protobuf import unknown_fields
 
 from lance_cdf import internals
 from lance_cdf.cache import LruCache
-from lance_cdf.columns import annotate, column_sources, conform, is_blob, strip
+from lance_cdf.columns import (
+    ColumnHistory,
+    Commit,
+    FieldState,
+    annotate,
+    column_sources,
+    conform,
+    is_blob,
+    origin_of,
+    strip,
+)
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.manifest import FragmentInfo, Manifest
@@ -118,8 +128,10 @@ class RowReader:
         self.remote = not isinstance(table.fs, LocalFileSystem)
         keep_freed_memory_if_asked()  # an opt-in (lance_cdf.malloc), never a default
         self._datasets: LruCache[int, lance.LanceDataset] = LruCache(4)
-        self._schemas: dict[tuple[bytes, bytes], pa.Schema] = {}  # annotated schemas
+        self._schemas: dict[tuple[object, ...], pa.Schema] = {}  # annotated schemas
         self._layouts: LruCache[tuple[object, ...], list[FileColumns] | None] = LruCache(1024)
+        self._histories: LruCache[int, ColumnHistory] = LruCache(8)  # per origin
+        self._history_lock = threading.RLock()
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
         # rows of several requests read together (merge_reads): per data-file reader group
         # and columns, (sorted physical offsets, their rows)
@@ -171,10 +183,50 @@ class RowReader:
             schema = self._schemas[key] = annotate(self.arrow_schema(version), manifest.fields)
         return schema
 
+    def history(self, origin: int) -> ColumnHistory:
+        """Which column each field is, version by version from `origin` on
+        (`lance_cdf.columns`): one walk per origin, extended as versions are asked for."""
+        with self._history_lock:
+            history = self._histories.get(origin)
+            if history is None:
+                history = ColumnHistory(origin, self._field_states, self._commit, self.table.uri)
+                self._histories.put(origin, history)
+            return history
+
+    def tokens(self, version: int, origin: int) -> dict[int, str]:
+        """field id -> column token of the fields of `version`, counted from `origin`."""
+        with self._history_lock:  # a walk extends the history: one at a time
+            return self.history(origin).tokens(version)
+
+    def _field_states(self, version: int) -> tuple[FieldState, ...]:
+        fields = self.table.manifest(version, operation=False).fields
+        return tuple(FieldState(f.id, f.parent_id, f.name, f.logical_type) for f in fields)
+
+    def _commit(self, version: int) -> Commit:
+        manifest = self.table.manifest(version)
+        return Commit(manifest.operation, manifest.restored_version)
+
+    def tagged(self, version: int, origin: int) -> pa.Schema:
+        """The table's columns at `version` as events carry them (see `annotated`), each
+        tagged with its column token counted from `origin` (`lance_cdf.columns`)."""
+        tokens = self.tokens(version, origin)
+        manifest = self.table.manifest(version, operation=False)
+        key = (b"tagged", manifest.schema_key(), origin, tuple(sorted(tokens.items())))
+        schema = self._schemas.get(key)
+        if schema is None:
+            arrow = self.arrow_schema(version)
+            schema = self._schemas[key] = annotate(arrow, manifest.fields, tokens, origin)
+        return schema
+
+    def annotated_for(self, schema: pa.Schema, version: int) -> pa.Schema:
+        """The columns of `version` tagged as `schema` (a range's columns) counts them."""
+        origin = origin_of(schema)
+        return self.annotated(version) if origin is None else self.tagged(version, origin)
+
     def _columns(self, schema: pa.Schema, version: int) -> tuple[list[pa.Field | None], list[str]]:
         """Where each column of `schema` comes from at `version`, and the names of those
         read from data files (blob columns are fetched apart)."""
-        sources = column_sources(schema, self.annotated(version))
+        sources = column_sources(schema, self.annotated_for(schema, version))
         return sources, [s.name for s in sources if s is not None and not is_blob(s)]
 
     def read(self, rows: RowSet, version: int, schema: pa.Schema) -> pa.Table:
@@ -188,10 +240,10 @@ class RowReader:
         """The user columns of `rows` at `version` in the order they were read, and for
         each row read its index in `rows`: a caller that reorders anyway (update pairs
         are interleaved) folds both permutations into one take instead of copying twice."""
-        sources, columns = self._columns(schema, version)
         n = len(rows)
-        if n == 0:
+        if n == 0:  # (may name a version that does not exist: 0)
             return strip(schema).empty_table(), np.zeros(0, dtype=np.int64)
+        sources, columns = self._columns(schema, version)
         frags = self.table.manifest(version, operation=False).fragment_map
         order, chunks = _by_fragment(rows)
         got = None

@@ -54,7 +54,7 @@ def read_snapshot(
     rows `offset`..`offset + limit` of that fragment's live rows) with the user
     columns of `schema`, `_change_type="snapshot"` and `_commit_version=version`."""
     manifest = reader.table.manifest(version)
-    sources = column_sources(schema, reader.annotated(version))
+    sources = column_sources(schema, reader.annotated_for(schema, version))
     columns = [f.name for f in sources if f is not None and not is_blob(f)]
     blobs = [f for f in sources if f is not None and is_blob(f)]
     ds = reader.dataset(version)

@@ -741,7 +741,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for version in range(max(first, self.checked + 1), end + 1):
             if version in lost and not feed.table.has_version(version):
                 continue
-            now = feed.reader.annotated(version)  # blob columns as bytes, as events have them
+            now = feed.reader.annotated_for(fixed, version)  # blobs as bytes, as in events
             names = set(now.names)
             gone = [c for c in fixed.names if c in self.present and c not in names]
             renamed = _renames(fixed, now, gone)
