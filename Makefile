@@ -9,7 +9,7 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
 .PHONY: venv test test-unit test-integration demo proto provision bench lint clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# compat: the project root on sys.path, so PySpark's lookup of `pyspark_*` modules

@@ -227,7 +227,16 @@ def main() -> None:
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None, help="write JSON results here")
     ap.add_argument("--reuse", action="store_true", help="reuse existing base tables")
+    ap.add_argument(
+        "--malloc-default", action="store_true",
+        help="leave glibc's malloc as a fresh process has it (default: opt in with "
+        "lance_cdf.keep_freed_memory(), as the lance-cdf command does)",
+    )  # fmt: skip
     args = ap.parse_args()
+    if not args.malloc_default:
+        # the documented opt-in (lance_cdf.malloc): builds before issue 30 did it by
+        # themselves in every process that read rows
+        lance_cdf.keep_freed_memory()
     os.makedirs(args.dir, exist_ok=True)
     t0 = time.perf_counter()
     sizes = [run_size(args, rows) for rows in args.rows]

@@ -14,6 +14,11 @@ from google.protobuf.message import DecodeError
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import rowids_pb2
 
+try:  # Range-only sequences read in C (setup.py; optional: protobuf reads them without)
+    from lance_cdf.format import _decode as _native
+except ImportError:  # pragma: no cover - built wherever a C compiler is present
+    _native = None
+
 U64 = np.uint64
 EMPTY_U64 = np.zeros(0, dtype=U64)
 
@@ -100,91 +105,21 @@ def _parse(message, data: bytes, source: str):
     return message
 
 
-def _varints(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
-    """`data` read as nothing but protobuf varints: (values, byte width of each), or None
-    if it does not split into varints (a last byte with the continuation bit, > 10 bytes)."""
-    b = np.frombuffer(data, dtype=np.uint8)
-    if b.size == 0:
-        return EMPTY_U64, np.zeros(0, dtype=np.int64)
-    if b[-1] & 0x80:
-        return None
-    last = np.flatnonzero(b < 0x80)
-    first = np.empty_like(last)
-    first[0] = 0
-    first[1:] = last[:-1] + 1
-    width = last - first + 1
-    if width.max() > 10:
-        return None
-    shift = ((np.arange(b.size) - np.repeat(first, width)) * 7).astype(U64)
-    return np.add.reduceat((b & 0x7F).astype(U64) << shift, first), width
-
-
-def _second_tag(data: bytes) -> int | None:
-    """The byte after the first segment's length: the first segment's kind (its tag)."""
-    for i in range(1, min(len(data), 11)):
-        if data[i] < 0x80:
-            return data[i + 1] if i + 1 < len(data) else None
-    return None
-
-
-# Below ~1 KB (a hundred Range segments or fewer) protobuf's parse costs less than the
-# numpy calls of `_range_segments` (1 segment: 6 against 37 us; 50: 40 against 53; 100:
-# 69 against 58; 1,000: 615 against 158; best of 5, alternated)
-_BULK_FROM = 1024
-
-
 def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     """(starts, ends) of a serialized `RowIdSequence` made only of `Range` segments, read in
-    bulk; None for any other shape (the protobuf parser then reads it segment by segment).
+    C (_decode.c); None for any other shape, or where the C reader is not built: the
+    protobuf parser then reads it segment by segment.
 
-    The format's one hand path (issue 30 kept it on measurement): pylance writes one
-    single-row Range per row for the rows a `merge_insert` rewrote, so a fragment a
-    100,000-row update wrote carries 100,000 segments, each a protobuf object to step
-    through in Python. Once a table holds such fragments, reading them this way saves up
-    to ~70% of a fresh `read_changes` of one version or of a followed micro-batch (a
-    1-row scattered update of the aged 1M-row bench table: 109 -> 31 ms, medians;
-    bench/bench_decoders.py, bench/results_decoders_1m.json). Every byte of such a
-    message is a varint: pairs (tag, value) = (segments, length) (range, length) then
-    (start) and/or (end) fields.
-    The lengths are checked against the bytes, so anything else is left to the parser
-    (tests/test_format.py compares the two on random and damaged sequences)."""
-    if data[:1] not in (b"", b"\x0a") or _second_tag(data) not in (None, 0x0A):
-        return None  # another segment kind first (an array of 100,000 row IDs): not read
-    tokens = _varints(data)
-    if tokens is None or tokens[0].size % 2:
+    pylance writes one single-row Range per row for the rows a scattered `merge_insert`
+    rewrote: a 1,000-row update carries 1,000 segments, and the manifests of a table with
+    such a history carry megabytes of them (1.35 MB in a fragment of the aged 10M-row bench
+    table: protobuf's objects ~10 us a segment; a numpy reader 26-30 ms; C ~1 ms)."""
+    if _native is None:
         return None
-    values, width = tokens
-    tags, vals = values[0::2], values[1::2]
-    pair_bytes = width[0::2] + width[1::2]
-    is10, is8, is16 = tags == 10, tags == 8, tags == 16
-    if not (is10 | is8 | is16).all():
+    ranges = _native.range_segments(data)
+    if ranges is None:
         return None
-    i10 = np.flatnonzero(is10)
-    if i10.size % 2 or (tags.size and (i10.size == 0 or i10[0] != 0)):
-        return None
-    outer, inner = i10[0::2], i10[1::2]
-    if not np.array_equal(inner, outer + 1):
-        return None
-    marker = np.zeros(tags.size, dtype=np.int64)
-    marker[outer] = 1
-    segment = np.cumsum(marker) - 1
-    n = outer.size
-    starts, ends = np.zeros(n, dtype=U64), np.zeros(n, dtype=U64)
-    field_bytes = np.zeros(n, dtype=U64)
-    for mask, out in ((is8, starts), (is16, ends)):
-        at = np.flatnonzero(mask)
-        seg = segment[at]
-        if seg.size > 1 and not (np.diff(seg) > 0).all():
-            return None  # a repeated field (legal protobuf, last wins): leave it to the parser
-        out[seg] = vals[at]
-        field_bytes[seg] += pair_bytes[at].astype(U64)
-    if not (
-        np.array_equal(vals[inner], field_bytes)
-        and np.array_equal(vals[outer], pair_bytes[inner].astype(U64) + field_bytes)
-        and (ends >= starts).all()
-    ):
-        return None
-    return starts, ends
+    return np.frombuffer(ranges[0], dtype=U64), np.frombuffer(ranges[1], dtype=U64)
 
 
 class RowIdSequence:
@@ -217,10 +152,9 @@ class RowIdSequence:
 
     @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
-        if len(data) >= _BULK_FROM:
-            ranges = _range_segments(data)
-            if ranges is not None:
-                return cls.from_ranges(*ranges)
+        ranges = _range_segments(data)
+        if ranges is not None:
+            return cls.from_ranges(*ranges)
         return cls(list(_parse(rowids_pb2.RowIdSequence(), data, source).segments))
 
     def __len__(self) -> int:
