@@ -5,6 +5,22 @@ Every message names the problem and what to do about it.
 
 from __future__ import annotations
 
+# Advice that several messages give, for pylance and LanceDB users alike.
+CLEANUP = "cleanup (pylance's cleanup_old_versions, LanceDB's optimize(cleanup_older_than=...))"
+KEEP_VERSIONS = (
+    "pylance: cleanup_old_versions(older_than=...) with a longer age; LanceDB: "
+    "table.optimize(cleanup_older_than=timedelta(...)) with a longer age"
+)
+STABLE_ROW_IDS_HOWTO = (
+    "Create the table with them — pylance: lance.write_dataset(data, uri, "
+    "enable_stable_row_ids=True); LanceDB: the storage option "
+    "new_table_enable_stable_row_ids='true', per table in db.create_table(name, data, "
+    "storage_options={'new_table_enable_stable_row_ids': 'true'}) (a child namespace ignores "
+    "the option given to lancedb.connect) — and move an existing table's rows into such a "
+    "new table (e.g. db.create_table(new_name, db.open_table(name).to_arrow(), "
+    "storage_options=...)), then read changes from that one."
+)
+
 
 class LanceCdfError(Exception):
     """Base class of every error lance-cdf raises on purpose."""
@@ -24,6 +40,10 @@ class VersionNotFoundError(LanceCdfError):
 
 class CorruptFileError(LanceCdfError):
     """A manifest, row-ID or deletion file could not be decoded."""
+
+
+class UnsupportedTableFeatureError(LanceCdfError):
+    """A version needs a Lance reader feature this lance-cdf does not read."""
 
 
 class UnsupportedStorageError(LanceCdfError):

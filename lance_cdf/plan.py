@@ -311,7 +311,8 @@ def resolve_range(
         why = (
             f"is before version {base}, where this table was shallow-cloned"
             if base is not None and first < base
-            else "was removed by cleanup_old_versions"
+            else "was removed by cleanup (pylance's cleanup_old_versions or LanceDB's "
+            "optimize(cleanup_older_than=...))"
         )
         raise VersionNotFoundError(
             f"cannot read changes {start}..{end} of {table.uri}: version {first} "

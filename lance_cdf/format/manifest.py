@@ -30,6 +30,24 @@ EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 FOOTER = 16
 FLAG_DELETION_FILES = 1
 FLAG_STABLE_ROW_IDS = 2
+FLAG_SPILLED_ROW_LINEAGE = 2048
+# Reader feature flags (Lance's feature_flags) lance-cdf reads correctly: deletion files,
+# stable row IDs, the retired v2-format bit, base paths (other bases are read through
+# pylance), covering index metadata and mixed data file versions (indexes and data files
+# are pylance's to read), spilled row lineage. Any other bit is refused by name.
+KNOWN_READER_FLAGS = 1 | 2 | 4 | 16 | 128 | 256 | FLAG_SPILLED_ROW_LINEAGE
+READER_FLAG_NAMES = {
+    64: "data overlay files",
+    512: "a fragment reuse index with stable row IDs",
+    1024: "a fragment reuse index",
+}
+# The hidden data-file columns of spilled row lineage, by sequence: (the reserved field
+# id in a data file's `fields`, the column's name)
+LINEAGE_COLUMNS = {
+    "row_id_sequence": (-3, "_rowid"),
+    "created_at_version_sequence": (-4, "_row_created_at_version"),
+    "last_updated_at_version_sequence": (-5, "_row_last_updated_at_version"),
+}
 
 # Transaction oneof field name -> the operation name pylance uses.
 OPERATION_NAMES = {
@@ -175,16 +193,25 @@ class FragmentInfo:
             files = self.__dict__["_data_files"] = tuple(f.path for f in self.proto.files)
         return files
 
-    def sequence(self, oneof: str) -> tuple[str | None, bytes | table_pb2.ExternalFile | None]:
-        """(field name, value) of the entry's `oneof` sequence: inline bytes or an external
-        file range; (None, None) if absent. Kept on the entry: protobuf copies a bytes
+    def sequence(
+        self, oneof: str
+    ) -> tuple[str | None, bytes | table_pb2.ExternalFile | tuple[str, ...] | None]:
+        """(field name, value) of the entry's `oneof` sequence: inline bytes, an external
+        file range, or (spilled row lineage, a `column_*` arm) the paths of the data files
+        whose `fields` hold the sequence's reserved field id (exactly one, unless the entry
+        is damaged); (None, None) if absent. Kept on the entry: protobuf copies a bytes
         field at every access (1.2 MB for 100,000 single-row ranges), and the copy is
         hashed again as a cache key each time."""
         memo = self.__dict__.setdefault("_sequences", {})
         got = memo.get(oneof)
         if got is None:
             name = self.proto.WhichOneof(oneof)
-            got = memo[oneof] = (name, getattr(self.proto, name) if name else None)
+            if name is not None and name.startswith("column_"):
+                fid = LINEAGE_COLUMNS[oneof][0]
+                paths = tuple(f.path for f in self.proto.files if fid in f.fields)
+                got = memo[oneof] = (name, paths)
+            else:
+                got = memo[oneof] = (name, getattr(self.proto, name) if name else None)
         return got
 
     def same_lineage(self, other: FragmentInfo) -> bool:

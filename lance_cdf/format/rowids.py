@@ -151,6 +151,17 @@ class RowIdSequence:
         return seq
 
     @classmethod
+    def from_values(cls, values: np.ndarray) -> RowIdSequence:
+        """The sequence of the row IDs `values` (uint64, one per physical row): a spilled
+        sequence, read from its data-file column."""
+        seq = cls.__new__(cls)
+        seq.segments = None
+        seq._values = np.asarray(values, dtype=U64)
+        seq._range_starts = None
+        seq._starts = np.array([0, seq._values.size], dtype=np.int64)
+        return seq
+
+    @classmethod
     def from_bytes(cls, data: bytes, source: str = "row-ID sequence") -> RowIdSequence:
         ranges = _range_segments(data)
         if ranges is not None:
@@ -212,6 +223,17 @@ class VersionSequence:
         lengths = np.array([segment_len(r.span) for r in msg.runs], dtype=np.int64)
         versions = np.array([r.version for r in msg.runs], dtype=U64)
         return cls(lengths, versions)
+
+    @classmethod
+    def from_values(cls, values: np.ndarray) -> VersionSequence:
+        """The run-length form of `values` (one version per physical row): a spilled
+        sequence, read from its data-file column."""
+        values = np.asarray(values, dtype=U64)
+        if values.size == 0:
+            return cls(np.zeros(0, np.int64), np.zeros(0, U64))
+        starts = np.concatenate([[0], np.flatnonzero(np.diff(values)) + 1])
+        lengths = np.diff(np.concatenate([starts, [values.size]]))
+        return cls(lengths, values[starts])
 
     @classmethod
     def uniform(cls, num_rows: int, version: int) -> VersionSequence:

@@ -8,16 +8,31 @@ import dataclasses
 import logging
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
+import pyarrow as pa
+
 from lance_cdf.cache import LruCache
 from lance_cdf.errors import (
+    CLEANUP,
+    KEEP_VERSIONS,
+    STABLE_ROW_IDS_HOWTO,
     CorruptFileError,
     StableRowIdsRequiredError,
+    UnsupportedTableFeatureError,
     VersionNotFoundError,
 )
 from lance_cdf.format._proto import table_pb2, transaction_pb2
 from lance_cdf.format.deletions import DeletionVector, deletion_file_path, read_deletion_vector
 from lance_cdf.format.io import FileSystem, LocalFileSystem, open_filesystem
-from lance_cdf.format.manifest import FragmentInfo, Manifest, parse_manifest, parse_transaction
+from lance_cdf.format.manifest import (
+    KNOWN_READER_FLAGS,
+    LINEAGE_COLUMNS,
+    READER_FLAG_NAMES,
+    FragmentInfo,
+    Manifest,
+    parse_manifest,
+    parse_transaction,
+)
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
 
@@ -110,12 +125,11 @@ class TableLog:
             return (
                 f"No range ending at {end or self.latest_version} can be read: read a snapshot "
                 "of the latest version (snapshot=True), or keep more versions "
-                f"(cleanup_old_versions(older_than=...)) so consumers can catch up.{note}"
+                f"({KEEP_VERSIONS}) so consumers can catch up.{note}"
             )
         return (
             f"The first version whose changes can be read is {first}: start at {first} or "
-            "later, or keep more versions (cleanup_old_versions(older_than=...)) so consumers "
-            f"can catch up.{note}"
+            f"later, or keep more versions ({KEEP_VERSIONS}) so consumers can catch up.{note}"
         )
 
     def has_version(self, version: int) -> bool:
@@ -177,7 +191,7 @@ class TableLog:
         why = (
             f"before version {base}, where this table was shallow-cloned"
             if base is not None and version < base
-            else "removed by cleanup_old_versions, or never written"
+            else f"removed by {CLEANUP}, or never written"
         )
         return VersionNotFoundError(
             f"version {version} of {self.uri} is gone ({why}); the versions still available "
@@ -185,23 +199,39 @@ class TableLog:
         )
 
     def require_stable_row_ids(self, manifest: Manifest) -> None:
+        """Refuse a version lance-cdf cannot read right: one with a reader feature it does
+        not know, or without stable row IDs."""
+        unknown = manifest.reader_feature_flags & ~KNOWN_READER_FLAGS
+        if unknown:
+            bits = [1 << b for b in range(64) if unknown >> b & 1]
+            named = ", ".join(
+                f"{bit} ({READER_FLAG_NAMES[bit]})" if bit in READER_FLAG_NAMES else str(bit)
+                for bit in bits
+            )
+            raise UnsupportedTableFeatureError(
+                f"version {manifest.version} of {self.uri} (written by {manifest.writer}) "
+                f"needs Lance reader feature flag(s) {named}, which this lance-cdf does not "
+                "read; reading it anyway could give wrong events. Upgrade lance-cdf."
+            )
         if not manifest.stable_row_ids:
             raise StableRowIdsRequiredError(
                 f"{self.uri} was created without stable row IDs, so rows have no lasting "
                 "identity to build a change feed on (version "
-                f"{manifest.version} lacks reader feature flag 2). Stable row IDs cannot be "
-                "turned on for an existing table: rewrite it into a new table with "
-                "lance.write_dataset(data, new_uri, enable_stable_row_ids=True) and read "
-                "changes from that one."
+                f"{manifest.version} lacks reader feature flag 2). Stable row IDs are chosen "
+                f"when a table is created and cannot be turned on later. {STABLE_ROW_IDS_HOWTO}"
             )
 
     # -- per-fragment lineage --------------------------------------------
-    def _sequence_bytes(self, frag: FragmentInfo, oneof: str) -> bytes | None:
+    def _sequence_bytes(self, frag: FragmentInfo, oneof: str) -> bytes | np.ndarray | None:
+        """The serialized sequence, or (spilled row lineage) its values, one per physical
+        row; None when the entry has none."""
         name, value = frag.sequence(oneof)
         if name is None:
             return None
         if isinstance(value, bytes):
             return value
+        if isinstance(value, tuple):
+            return self._lineage_column(frag, oneof, value)
         ext: table_pb2.ExternalFile = value
         try:
             return self.fs.read_range(ext.path, ext.offset, ext.size)
@@ -211,11 +241,54 @@ class TableLog:
                 f"{frag.id}) is missing; the table is damaged. Restore the file."
             ) from None
 
+    def _lineage_column(
+        self, frag: FragmentInfo, oneof: str, paths: tuple[str, ...]
+    ) -> np.ndarray:
+        """A spilled sequence: the hidden column of the one data file of `frag` whose
+        `fields` hold its reserved id (Lance's format/table/row_id_lineage.md), read with
+        pylance's file reader, checked: one non-null uint64 per physical row."""
+        fid, column = LINEAGE_COLUMNS[oneof]
+        what = f"the spilled {oneof.replace('_', ' ')} of fragment {frag.id} of {self.uri}"
+        if len(paths) != 1:
+            raise CorruptFileError(
+                f"{what}: {len(paths)} data files hold field id {fid} (exactly one must); the "
+                "manifest is damaged. Restore it from a backup."
+            )
+        (df,) = [f for f in frag.proto.files if f.path == paths[0]]
+        if df.file_major_version < 2 or df.HasField("base_id"):
+            raise CorruptFileError(
+                f"{what} is in {df.path}, a Lance {df.file_major_version}.x file"
+                f"{' of another base' if df.HasField('base_id') else ''}; spilled row lineage "
+                "is only in the table's own Lance v2 files. The manifest is damaged."
+            )
+        import lance.file  # lazily: only spilled tables need pylance's file reader here
+
+        root = self.uri.rstrip("/")
+        try:
+            reader = lance.file.LanceFileReader(
+                f"{root}/data/{df.path}", storage_options=self.storage_options or None,
+                columns=[column],
+            )  # fmt: skip
+            values = reader.read_all().to_table().column(0)
+        except (OSError, ValueError, KeyError) as exc:
+            raise CorruptFileError(
+                f"{what} cannot be read from data file {root}/data/{df.path} ({exc}); restore "
+                "the file."
+            ) from None
+        if values.null_count or values.type != pa.uint64():
+            raise CorruptFileError(
+                f"{what} in {df.path} is {values.type} with {values.null_count} nulls, not "
+                "uint64 without nulls; the file is damaged."
+            )
+        return np.asarray(values.to_numpy(), dtype=np.uint64)
+
     def _sequence_key(self, frag: FragmentInfo, oneof: str):
         name, value = frag.sequence(oneof)
         if name is None:
             return None
         if isinstance(value, bytes):
+            return (name, frag.physical_rows, value)
+        if isinstance(value, tuple):  # a spilled column: data files never change
             return (name, frag.physical_rows, value)
         return (name, frag.physical_rows, value.path, value.offset, value.size)
 
@@ -247,11 +320,15 @@ class TableLog:
     def _row_ids(self, frag: FragmentInfo) -> RowIdSequence:
         data = self._sequence_bytes(frag, "row_id_sequence")
         if data is None:
-            raise StableRowIdsRequiredError(
-                f"fragment {frag.id} of {self.uri} has no row-ID sequence; the table was "
-                "written without stable row IDs. Rewrite it with enable_stable_row_ids=True."
+            raise CorruptFileError(
+                f"fragment {frag.id} of {self.uri} has no row-ID sequence although the version "
+                "says the table has stable row IDs: the manifest is damaged, or a Lance "
+                "writer newer than this lance-cdf put the sequence somewhere it does not "
+                "read. Upgrade lance-cdf; if that does not help, restore the manifest."
             )
         what = f"row-ID sequence of fragment {frag.id}"
+        if isinstance(data, np.ndarray):
+            return self._checked(RowIdSequence.from_values(data), frag, what)
         return self._checked(RowIdSequence.from_bytes(data, what), frag, what)
 
     def last_updated_versions(self, frag: FragmentInfo) -> VersionSequence:
@@ -268,6 +345,8 @@ class TableLog:
         if data is None:
             return VersionSequence.uniform(frag.physical_rows, UNKNOWN_VERSION)
         what = f"{oneof.replace('_', ' ')} of fragment {frag.id}"
+        if isinstance(data, np.ndarray):
+            return self._checked(VersionSequence.from_values(data), frag, what)
         return self._checked(VersionSequence.from_bytes(data, what), frag, what)
 
     def _checked(self, seq, frag: FragmentInfo, what: str):

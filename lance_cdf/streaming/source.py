@@ -55,7 +55,13 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import LongType, StructType
 
 from lance_cdf.columns import column_sources
-from lance_cdf.errors import LanceCdfError, VersionNotFoundError, WorkItemError
+from lance_cdf.errors import (
+    CLEANUP,
+    KEEP_VERSIONS,
+    LanceCdfError,
+    VersionNotFoundError,
+    WorkItemError,
+)
 from lance_cdf.events import event_schema
 from lance_cdf.feed import ChangeFeed, read_groups
 from lance_cdf.keyhash import (
@@ -478,9 +484,9 @@ class _Reading:
 def snapshot_lost(path: str, version: int, why: Exception) -> str:
     return (
         f"the snapshot of {path} at version {version} cannot be completed: the version was "
-        f"removed by cleanup_old_versions before the snapshot was delivered ({why}). Restart "
+        f"removed by {CLEANUP} before the snapshot was delivered ({why}). Restart "
         "the query from a new checkpoint to take a new snapshot, and keep versions longer "
-        "(cleanup_old_versions(older_than=...)) than a snapshot takes."
+        f"({KEEP_VERSIONS}) than a snapshot takes."
     )
 
 
@@ -719,13 +725,13 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return set()
         message = (
             f"the changes of version(s) {spans(gone)} of {self.opts.path} can no longer be "
-            f"read: cleanup_old_versions removed them or the versions they are diffed against "
+            f"read: {CLEANUP} removed them or the versions they are diffed against "
             f"before this stream read them (versions still present: {spans(table.versions)})."
         )
         if self.opts.fail_on_data_loss:
             raise VersionNotFoundError(
                 message + " Set failOnDataLoss=false to skip them, or restart from a new "
-                "checkpoint; keep more versions (cleanup_old_versions(older_than=...)) so "
+                f"checkpoint; keep more versions ({KEEP_VERSIONS}) so "
                 "streams can catch up."
             )
         if gone[-1] > self.warned:

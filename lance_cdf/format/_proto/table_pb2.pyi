@@ -115,28 +115,34 @@ class BasePath(_message.Message):
     def __init__(self, id: _Optional[int] = ..., name: _Optional[str] = ..., is_dataset_root: _Optional[bool] = ..., path: _Optional[str] = ...) -> None: ...
 
 class DataFragment(_message.Message):
-    __slots__ = ("id", "files", "deletion_file", "inline_row_ids", "external_row_ids", "inline_last_updated_at_versions", "external_last_updated_at_versions", "inline_created_at_versions", "external_created_at_versions", "physical_rows")
+    __slots__ = ("id", "files", "deletion_file", "inline_row_ids", "external_row_ids", "column_row_ids", "inline_last_updated_at_versions", "external_last_updated_at_versions", "column_last_updated_at_versions", "inline_created_at_versions", "external_created_at_versions", "column_created_at_versions", "physical_rows")
     ID_FIELD_NUMBER: _ClassVar[int]
     FILES_FIELD_NUMBER: _ClassVar[int]
     DELETION_FILE_FIELD_NUMBER: _ClassVar[int]
     INLINE_ROW_IDS_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_ROW_IDS_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_ROW_IDS_FIELD_NUMBER: _ClassVar[int]
     INLINE_LAST_UPDATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_LAST_UPDATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_LAST_UPDATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     INLINE_CREATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     EXTERNAL_CREATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
+    COLUMN_CREATED_AT_VERSIONS_FIELD_NUMBER: _ClassVar[int]
     PHYSICAL_ROWS_FIELD_NUMBER: _ClassVar[int]
     id: int
     files: _containers.RepeatedCompositeFieldContainer[DataFile]
     deletion_file: DeletionFile
     inline_row_ids: bytes
     external_row_ids: ExternalFile
+    column_row_ids: RowLineageColumn
     inline_last_updated_at_versions: bytes
     external_last_updated_at_versions: ExternalFile
+    column_last_updated_at_versions: RowLineageColumn
     inline_created_at_versions: bytes
     external_created_at_versions: ExternalFile
+    column_created_at_versions: RowLineageColumn
     physical_rows: int
-    def __init__(self, id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., deletion_file: _Optional[_Union[DeletionFile, _Mapping]] = ..., inline_row_ids: _Optional[bytes] = ..., external_row_ids: _Optional[_Union[ExternalFile, _Mapping]] = ..., inline_last_updated_at_versions: _Optional[bytes] = ..., external_last_updated_at_versions: _Optional[_Union[ExternalFile, _Mapping]] = ..., inline_created_at_versions: _Optional[bytes] = ..., external_created_at_versions: _Optional[_Union[ExternalFile, _Mapping]] = ..., physical_rows: _Optional[int] = ...) -> None: ...
+    def __init__(self, id: _Optional[int] = ..., files: _Optional[_Iterable[_Union[DataFile, _Mapping]]] = ..., deletion_file: _Optional[_Union[DeletionFile, _Mapping]] = ..., inline_row_ids: _Optional[bytes] = ..., external_row_ids: _Optional[_Union[ExternalFile, _Mapping]] = ..., column_row_ids: _Optional[_Union[RowLineageColumn, _Mapping]] = ..., inline_last_updated_at_versions: _Optional[bytes] = ..., external_last_updated_at_versions: _Optional[_Union[ExternalFile, _Mapping]] = ..., column_last_updated_at_versions: _Optional[_Union[RowLineageColumn, _Mapping]] = ..., inline_created_at_versions: _Optional[bytes] = ..., external_created_at_versions: _Optional[_Union[ExternalFile, _Mapping]] = ..., column_created_at_versions: _Optional[_Union[RowLineageColumn, _Mapping]] = ..., physical_rows: _Optional[int] = ...) -> None: ...
 
 class DataFile(_message.Message):
     __slots__ = ("path", "fields", "column_indices", "file_major_version", "file_minor_version", "file_size_bytes", "base_id")
@@ -175,6 +181,10 @@ class DeletionFile(_message.Message):
     num_deleted_rows: int
     base_id: int
     def __init__(self, file_type: _Optional[_Union[DeletionFile.DeletionFileType, str]] = ..., read_version: _Optional[int] = ..., id: _Optional[int] = ..., num_deleted_rows: _Optional[int] = ..., base_id: _Optional[int] = ...) -> None: ...
+
+class RowLineageColumn(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ExternalFile(_message.Message):
     __slots__ = ("path", "offset", "size")
