@@ -40,7 +40,7 @@ from lance_cdf.columns import (
 )
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.io import LocalFileSystem
-from lance_cdf.format.manifest import FragmentInfo, Manifest
+from lance_cdf.format.manifest import LINEAGE_COLUMNS, FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
 from lance_cdf.malloc import keep_freed_memory_if_asked
 from lance_cdf.plan import RowSet
@@ -495,6 +495,8 @@ def _stored_names(
     top = {f.name: f.id for f in manifest.fields if f.parent_id == -1}
 
     def root(fid: int) -> int | None:
+        if fid in LINEAGE_IDS:  # a hidden row-lineage column (spilled): its own root
+            return fid
         seen = 0
         while fid in parent and parent[fid] != -1 and seen < 64:
             fid, seen = parent[fid], seen + 1
@@ -539,9 +541,10 @@ def _file_columns(
         leaves[df.path] = list(df.fields)
         if df.file_major_version < 2 or df.HasField("base_id"):
             return None
-        if not ids.issuperset(df.fields):
+        stored = [f for f in df.fields if f not in LINEAGE_IDS]  # not the hidden lineage
+        if not ids.issuperset(stored):
             return None  # dropped or replaced fields still stored in the file
-        for field_id in df.fields:
+        for field_id in stored:
             if field_id in holder:
                 return None
             holder[field_id] = df.path
@@ -552,6 +555,10 @@ def _file_columns(
             return None
         plan.setdefault(path, []).append(name)
     return [(path, names, leaves[path]) for path, names in plan.items()]
+
+
+# the reserved field ids of spilled row-lineage columns in a data file's `fields`
+LINEAGE_IDS = frozenset(fid for fid, _ in LINEAGE_COLUMNS.values())
 
 
 # Physical reads: rows at most this far apart form a run; a run of at least _MIN_RUN rows is
