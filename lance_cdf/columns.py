@@ -41,7 +41,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 
 FIELD_ID = b"lance-cdf:field-id"
 ORIGIN = b"lance-cdf:origin"  # the version a schema's tokens are counted from
@@ -153,12 +153,18 @@ class ColumnHistory:
         self._used = set(self._tokens[origin].values())
 
     def tokens(self, version: int) -> dict[int, str]:
-        """field id -> token of every field of `version`."""
+        """field id -> token of every field of `version` (VersionNotFoundError if gone)."""
         if version < self.origin:
             return self._before_origin(version, version, self._fields_of(version))
-        last = max(self._tokens)
-        for v in range(last + 1, version + 1):
-            self._step(v)
+        if version not in self._tokens:
+            for v in range(max(self._tokens) + 1, version + 1):
+                try:
+                    cur = self._fields_of(v)
+                except VersionNotFoundError:
+                    if v == version:
+                        raise
+                    continue  # removed by cleanup: the next version there steps over it
+                self._step(v, cur)
         return self._tokens[version]
 
     def _fresh(self, version: int) -> Callable[[int], str]:
@@ -169,20 +175,25 @@ class ColumnHistory:
 
         return fresh
 
-    def _step(self, v: int) -> None:
-        prev_fields, prev_tokens = self._fields[v - 1], self._tokens[v - 1]
-        cur = self._fields_of(v)
+    def _step(self, v: int, cur: tuple[FieldState, ...]) -> None:
+        prev = max(self._tokens)  # v - 1, or the last version before a gap
+        prev_fields, prev_tokens = self._fields[prev], self._tokens[prev]
         self._fields[v] = cur
         if cur == prev_fields:
             self._tokens[v] = prev_tokens
             return
+        if prev < v - 1:  # the commits in between are gone: only what the fields say
+            self._tokens[v] = self._matched(cur, prev, v, f"versions {prev + 1}..{v - 1}")
+            return
         commit = self._commit_of(v)
         if commit.operation == "Restore" and commit.restored is not None:
             r = commit.restored
-            if r >= self.origin:
-                there = self._tokens[r] if r in self._tokens else self.tokens(r)
-            else:
+            if r in self._tokens:
+                there = self._tokens[r]
+            elif r < self.origin:
                 there = self._before_origin(r, v, cur)  # (a restore copies r's fields)
+            else:  # restored a version cleaned up since: what the fields say
+                there = self._matched(cur, prev, v, f"version {r}, which {v} restored,")
             fresh = self._fresh(v)
             self._tokens[v] = {f.id: there.get(f.id) or fresh(f.id) for f in cur}
             return
@@ -195,36 +206,51 @@ class ColumnHistory:
     ) -> dict[int, str]:
         """Tokens (of this history) of the fields of version `r` < origin, as met at
         version `at` (a restore of `r`, or a read of `r` itself): followed from `r` to the
-        origin where those versions are there; else matched to the version before `at`
-        by id, name and type, refused where the id names another column there."""
-        fresh = self._fresh(at)
+        origin where those versions are there; else what the fields say (`_matched`)."""
         try:
             walk = ColumnHistory(r, self._fields_of, self._commit_of, self._where)
             theirs = walk.tokens(self.origin)
         except LanceCdfError:
             walk = None
-        if walk is not None:
-            ours = {theirs[fid]: tok for fid, tok in self._tokens[self.origin].items()}
-            return {f.id: ours.get(walk.tokens(r)[f.id]) or fresh(f.id) for f in r_fields}
-        before = max(self.origin, at - 1)
-        near = {f.id: f for f in self.tokens_fields(before)}
-        near_tokens = self._tokens[before]
+        if walk is None:
+            gone = f"the versions between {r} and {self.origin}"
+            return self._matched(r_fields, max(self.origin, at - 1), at, gone)
+        fresh = self._fresh(at)
+        ours = {theirs[fid]: tok for fid, tok in self._tokens[self.origin].items()}
+        return {f.id: ours.get(walk.tokens(r)[f.id]) or fresh(f.id) for f in r_fields}
+
+    def _matched(
+        self, fields: Sequence[FieldState], near: int, at: int, gone: str
+    ) -> dict[int, str]:
+        """Tokens of `fields` (met at version `at`) where the commits that would tell are
+        gone, from what the fields of version `near` (followed) say: a field with the id,
+        name, type and parent of one there is that column; a new id under the name of a
+        field of `near` whose id is gone is that column retyped (or one in its place: the
+        same column of the events either way); a new id under a new name is a new column.
+        A field whose id names a field of another name or type there cannot be told
+        (renamed, or the id handed out again?): refused, naming it."""
+        near_fields = {f.id: f for f in self._fields[near]}
+        near_tokens = self._tokens[near]
+        ids = {f.id for f in fields}
+        by_name = {(f.name, f.parent_id): f for f in near_fields.values() if f.id not in ids}
+        fresh = self._fresh(at)
         out: dict[int, str] = {}
         unsure = []
-        for f in r_fields:
-            g = near.get(f.id)
+        for f in fields:
+            g = near_fields.get(f.id)
             if g is None:
-                out[f.id] = fresh(f.id)
+                h = by_name.get((f.name, f.parent_id))
+                out[f.id] = near_tokens[h.id] if h is not None else fresh(f.id)
             elif (g.name, g.type, g.parent_id) == (f.name, f.type, f.parent_id):
                 out[f.id] = near_tokens[f.id]
             else:
-                unsure.append(f"{f.name!r} (field id {f.id}; {g.name!r} at version {before})")
+                unsure.append(f"{f.name!r} (field id {f.id}; {g.name!r} at version {near})")
         if unsure:
             raise LanceCdfError(
-                f"cannot tell which columns of {self._where} version {r} are which at version "
-                f"{at}: {', '.join(unsure)}. Lance reuses field ids, and the versions that "
-                f"would tell (between {r} and {self.origin}) are gone. Read the versions up "
-                f"to {at - 1} and from {at} on as separate ranges."
+                f"cannot tell which columns of {self._where} at version {at} are which at "
+                f"version {near}: {', '.join(unsure)}. Lance reuses field ids, and {gone} "
+                "that would tell are gone. Read the versions before and after as separate "
+                "ranges."
             )
         return out
 

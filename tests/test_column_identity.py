@@ -299,3 +299,28 @@ def test_spark_source_gives_the_columns_read_changes_gives(tmp_path, spark):
         cut = want.drop_columns(["vec"])
         got = table.drop_columns(["vec"])
         assert feed_events(got, version) == feed_events(cut, version), version
+
+
+def test_a_gap_left_by_cleanup_is_crossed_only_where_the_fields_tell(tmp_path):
+    """A stream that skips versions removed by cleanup (failOnDataLoss=false) unites the
+    columns of the versions still there: unchanged fields cross the gap; a field id that
+    names a column of another name after it (renamed, or the id handed out again?) is
+    refused by name rather than guessed."""
+    from lance_cdf.feed import ChangeFeed
+
+    uri = str(tmp_path / "t.lance")
+    _write(uri, {"id": [1, 2], "x": ["a", "b"]})
+    lance.dataset(uri).delete("id = 2")  # v2
+    lance.dataset(uri).alter_columns({"path": "x", "name": "y"})  # v3
+    lance.dataset(uri).delete("id = 5")  # v4
+    lance.dataset(uri).cleanup_old_versions(versions=[2, 3])
+    fresh = str(tmp_path / "copy.lance")  # a path this process has read no manifest of
+    shutil.copytree(uri, fresh)
+    feed = ChangeFeed(fresh)
+    assert feed.union_of([1], None, "v1").names == ["id", "x"]
+    with pytest.raises(LanceCdfError, match=r"cannot tell .* 'y' \(field id 1; 'x' at version 1"):
+        feed.union_of([1, 4], None, "versions 1..4")
+    lance.dataset(uri).delete("id = 6")  # v5: nothing changes across 4 -> 5
+    again = str(tmp_path / "again.lance")
+    shutil.copytree(uri, again)
+    assert ChangeFeed(again).union_of([4, 5], None, "versions 4..5").names == ["id", "y"]
