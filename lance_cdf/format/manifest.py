@@ -9,6 +9,7 @@ u32-length framing) or in `_transactions/{transaction_file}`.
 
 from __future__ import annotations
 
+import mmap
 import struct
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -53,7 +54,7 @@ def _corrupt(path: str, why: str) -> CorruptFileError:
     )
 
 
-def _framed(data: bytes, pos: int, path: str, what: str) -> memoryview:
+def _framed(data: bytes | mmap.mmap, pos: int, path: str, what: str) -> memoryview:
     """The u32-length-prefixed message at `pos` (a view: protobuf parses it without a
     copy of what can be megabytes, 0.9 against 1.7 ms for a 10 MB manifest)."""
     if pos + 4 > len(data):
@@ -284,7 +285,9 @@ def parse_transaction(data: bytes, path: str) -> transaction_pb2.Transaction:
         ) from None
 
 
-def parse_manifest(data: bytes, path: str = "<manifest>", transaction: bool = True) -> Manifest:
+def parse_manifest(
+    data: bytes | mmap.mmap, path: str = "<manifest>", transaction: bool = True
+) -> Manifest:
     """Parse a manifest file (the inline transaction included, if any, unless
     `transaction=False`: then `transaction_skipped` says one was left out).
 
