@@ -294,6 +294,11 @@ def _millis(ts: Any) -> int:
     return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
 
 
+# (key, value, meta) of one record, the dicts fastavro writes; meta: {"tombstone": bool}.
+# A plain tuple: built per row on the library (fastavro) path
+ChangeRecord = tuple[dict[str, Any], dict[str, Any], dict[str, bool]]
+
+
 def change_records(
     events: pa.Table,
     user_columns: list[str],
@@ -302,15 +307,15 @@ def change_records(
     key_columns: list[str] | None,
     version: str,
     now_ms: int,
-) -> list[tuple[dict, dict | None, dict]]:
+) -> list[ChangeRecord]:
     """(key, value, meta) per change: an update's pre- and post-image become one
     record, a delete is followed by a tombstone marker in meta["tombstone"]."""
     table = TableName.of(table_name)
     rows = _python_rows(events)
     names = [(_name(c), c) for c in user_columns]  # Avro field name, column
     key_names = [_name(c) for c in key_columns or []]
-    out = []
-    pending_pre = None
+    out: list[ChangeRecord] = []
+    pending_pre: dict[str, Any] | None = None
     for row in rows:
         kind = row["_change_type"]
         image = {avro: row[col] for avro, col in names}
@@ -340,7 +345,7 @@ def change_records(
         key = (
             {"_rowid": row["_rowid"]}
             if not key_names
-            else {k: (after or before)[k] for k in key_names}
+            else {k: image[k] for k in key_names}  # (after or before: this row's image)
         )
         value = {
             "before": before,
