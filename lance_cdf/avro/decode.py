@@ -131,30 +131,32 @@ def _varint(buf: np.ndarray, pos: np.ndarray, err: np.ndarray) -> np.ndarray:
         p = pos[idx] + 8
         pos[idx] = p
         acc = w[long]
-        shift, go = 56, np.arange(idx.size)
+        bits, go = 56, np.arange(idx.size)
         while go.size:
-            if shift >= 70:
+            if bits >= 70:
                 bad = np.zeros(pos.size, bool)
                 bad[idx[go]] = True
                 _fail(err, bad, BAD_VARINT)
                 break
             byte = buf[p[go]]
-            acc[go] |= (byte & _U64_7F) << np.uint64(shift)
+            acc[go] |= (byte & _U64_7F) << np.uint64(bits)
             p[go] += 1
             go = go[(byte & 0x80) != 0]
-            shift += 7
+            bits += 7
         val[idx], pos[idx] = acc, p
     return val
 
 
-def _long(ctx: Frames, pos, end, err) -> np.ndarray:
+def _long(ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> np.ndarray:
     """Zigzag longs (int64); advances `pos`, checks the end."""
     v = _varint(ctx.buf, pos, err)
     _check_end(pos, end, err)
     return (v >> np.uint64(1)).astype(np.int64) ^ -(v & np.uint64(1)).astype(np.int64)
 
 
-def _fixed(ctx: Frames, pos, end, err, dtype: np.dtype) -> np.ndarray:
+def _fixed(
+    ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray, dtype: np.dtype[Any]
+) -> np.ndarray:
     """A `dtype` value (little-endian float or double) at each cursor; advances `pos`."""
     out = _at_every_byte(ctx.buf, dtype.str)[pos]
     pos += dtype.itemsize
@@ -202,7 +204,18 @@ class _Node:
     width: int | None = None  # fixed byte width (float, double, boolean)
     min_size = 1  # fewest bytes one value takes
 
-    def decode(self, ctx: Frames, pos, end, err) -> pa.Array:
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
+        raise NotImplementedError
+
+
+class _FixedWidth(_Node):
+    """A value of `width` bytes (float, double, boolean): an array's block of them is
+    one byte range."""
+
+    width: int
+    dtype: np.dtype[Any]
+
+    def values(self, raw: np.ndarray) -> pa.Array:
         raise NotImplementedError
 
 
@@ -210,12 +223,19 @@ class _Int(_Node):
     """int / long, and the logical types on them; values outside [lo, hi] are bad
     (dates and times as Python's datetime holds them, as fastavro reads them)."""
 
-    def __init__(self, bits: int, arrow: pa.DataType, scale: int = 1, lo=None, hi=None):
+    def __init__(
+        self,
+        bits: int,
+        arrow: pa.DataType,
+        scale: int = 1,
+        lo: int | None = None,
+        hi: int | None = None,
+    ):
         self.bits, self.arrow, self.scale = bits, arrow, scale
         self.lo = -(2 ** (bits - 1)) if lo is None else lo
         self.hi = 2 ** (bits - 1) - 1 if hi is None else hi
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         v = _long(ctx, pos, end, err)
         if self.lo > -(2**63) or self.hi < 2**63 - 1:
             _fail(err, (v < self.lo) | (v > self.hi), INT_RANGE)
@@ -231,7 +251,7 @@ class _Int(_Node):
         return out.view(self.arrow)
 
 
-class _Float(_Node):
+class _Float(_FixedWidth):
     def __init__(self, width: int):
         self.width = self.min_size = width
         self.dtype = np.dtype("<f4" if width == 4 else "<f8")
@@ -240,19 +260,19 @@ class _Float(_Node):
     def values(self, raw: np.ndarray) -> pa.Array:
         return pa.array(np.ascontiguousarray(raw).view(self.dtype).reshape(-1))
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         return pa.array(_fixed(ctx, pos, end, err, self.dtype))
 
 
-class _Bool(_Node):
+class _Bool(_FixedWidth):
     arrow = pa.bool_()
     width = 1
-    dtype = np.dtype("u1")
+    dtype: np.dtype[Any] = np.dtype("u1")
 
     def values(self, raw: np.ndarray) -> pa.Array:
         return pa.array(raw.reshape(-1) != 0)
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         b = ctx.buf[pos]
         pos += 1
         _check_end(pos, end, err)
@@ -264,7 +284,7 @@ class _Bytes(_Node):
         self.string = string
         self.arrow = pa.string() if string else pa.binary()
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         length = _long(ctx, pos, end, err)
         bad = (length < 0) | (length > end - pos)
         if bad.any():
@@ -308,7 +328,7 @@ class _Union(_Node):
         self.null_index, self.inner, self.arrow = null_index, inner, inner.arrow
         self.tag = 2 * (1 - null_index)  # the zigzag byte of the value branch's index
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         index = _long(ctx, pos, end, err)
         bad = (index != 0) & (index != 1)
         if bad.any():
@@ -326,17 +346,22 @@ class _Union(_Node):
 
 
 class _Record(_Node):
-    def __init__(self):
-        self.fields: list[tuple[str, _Node, bool]] = []
+    def __init__(self) -> None:
+        self.fields: list[tuple[str, _Node, bool]] = []  # (name, node, nullable)
 
-    def finish(self):
+    def finish(self) -> None:
         self.arrow = pa.struct(
             [pa.field(n, node.arrow, nullable) for n, node, nullable in self.fields]
         )
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         children = [node.decode(ctx, pos, end, err) for _, node, _ in self.fields]
         return pa.StructArray.from_arrays(children, fields=list(self.arrow))
+
+
+# Items of an array block: (values, their records, each record's first item index
+# among its array's items, item count per record). A plain tuple: made per item round
+_Chunk = tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]
 
 
 class _Array(_Node):
@@ -345,10 +370,10 @@ class _Array(_Node):
         field = pa.field("item", items.arrow, nullable_items)
         self.arrow = pa.list_(field, size) if size else pa.list_(field)
 
-    def decode(self, ctx, pos, end, err):
+    def decode(self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> pa.Array:
         n = pos.size
         total = np.zeros(n, np.int64)
-        chunks: list[tuple[pa.Array, np.ndarray, np.ndarray, np.ndarray]] = []
+        chunks: list[_Chunk] = []
         active = np.arange(n)
         while active.size:  # one round per block
             p, e, r = pos[active], end[active], err[active]
@@ -375,21 +400,23 @@ class _Array(_Node):
             active = active[go]
         return self._assemble(chunks, total, err)
 
-    def _block(self, ctx, pos, end, err, count):
+    def _block(
+        self, ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray, count: np.ndarray
+    ) -> list[_Chunk]:
         """Items of one block per record: [(values, records, first seq, count)]."""
         items = self.items
         m = pos.size
         everyone = np.arange(m)
         zero = np.zeros(m, np.int64)
-        if items.width is not None:  # float, double, boolean: the block is one byte range
+        if isinstance(items, _FixedWidth):  # float, double, boolean: the block is one byte range
             nbytes = count * items.width
             raw = _binary_values(_ranges(ctx, pos, nbytes))
             pos += nbytes
             return [(items.values(raw.reshape(-1, items.width)), everyone, zero, count)]
-        out = []
+        out: list[_Chunk] = []
         slow = everyone
-        inner = items.inner if isinstance(items, _Union) else None
-        if inner is not None and inner.width is not None:
+        if isinstance(items, _Union) and isinstance(items.inner, _FixedWidth):
+            inner = items.inner
             # ["null", float]: optimistically every item present, each (1 + width) bytes
             step = 1 + inner.width
             nbytes = count * step
@@ -420,7 +447,7 @@ class _Array(_Node):
             pos[slow], err[slow] = p, r
         return out
 
-    def _assemble(self, chunks, total, err) -> pa.Array:
+    def _assemble(self, chunks: list[_Chunk], total: np.ndarray, err: np.ndarray) -> pa.Array:
         n = total.size
         offsets = np.zeros(n + 1, np.int64)
         np.cumsum(total, out=offsets[1:])
@@ -430,11 +457,11 @@ class _Array(_Node):
         elif len(chunks) == 1 and len(chunks[0][0]) == offsets[-1] and not chunks[0][2].any():
             values = chunks[0][0]  # one block round: already in record order
         else:
-            dest = []
+            dests = []
             for _, recs, seq, cnt in chunks:
                 first = np.repeat(offsets[recs] + seq - np.cumsum(cnt) + cnt, cnt)
-                dest.append(first + np.arange(int(cnt.sum())))
-            dest = np.concatenate(dest)
+                dests.append(first + np.arange(int(cnt.sum())))
+            dest = np.concatenate(dests)
             order = np.empty(dest.size, np.int64)
             order[dest] = np.arange(dest.size)
             values = pa.concat_arrays([c[0] for c in chunks]).take(pa.array(order))
@@ -509,7 +536,8 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
         raise AvroDecodeDeclined(f"union {t!r}")
     if not isinstance(t, dict):
         raise AvroDecodeDeclined(f"Avro type {t!r}")
-    base, logical = t.get("type"), t.get("logicalType")
+    base: Any = t.get("type")
+    logical: Any = t.get("logicalType")
     if isinstance(base, (list, dict)) and logical is None:
         return _compile(base, namespace, names)
     if logical is not None:
@@ -552,7 +580,7 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
 class BatchDecoder:
     """Decodes many bodies written with one Avro record schema (parsed JSON) at once."""
 
-    def __init__(self, schema: dict):
+    def __init__(self, schema: dict[str, Any]):
         node, _ = _compile(schema, "", {})
         if not isinstance(node, _Record):
             raise AvroDecodeDeclined("the top-level type is not a record")
@@ -573,7 +601,7 @@ class BatchDecoder:
         return out, err
 
 
-def can_decode(schema: dict) -> bool:
+def can_decode(schema: dict[str, Any]) -> bool:
     """True when `BatchDecoder` handles every type of `schema`."""
     try:
         BatchDecoder(schema)
@@ -582,7 +610,7 @@ def can_decode(schema: dict) -> bool:
     return True
 
 
-def decode_bodies(schema: dict, bodies: list[bytes]) -> tuple[pa.StructArray, np.ndarray]:
+def decode_bodies(schema: dict[str, Any], bodies: list[bytes]) -> tuple[pa.StructArray, np.ndarray]:
     """Convenience: decode schemaless Avro bodies (no wire header)."""
     return BatchDecoder(schema).decode(Frames.of(bodies))
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
@@ -71,6 +72,10 @@ class Var:
         )
 
 
+# one piece of every record's encoding, in record order
+Part = Padded | Var
+
+
 def _var_of(arr: pa.Array) -> Var:
     """A binary/string Arrow array (any offset, either offset width) as a Var."""
     large = pat.is_large_binary(arr.type) or pat.is_large_string(arr.type)
@@ -81,9 +86,9 @@ def _var_of(arr: pa.Array) -> Var:
     return Var(offsets, data, _valid(arr))
 
 
-def _mask(parts: list, keep: np.ndarray) -> list:
+def _mask(parts: list[Part], keep: np.ndarray) -> list[Part]:
     """The parts with every record where ``keep`` is false made empty."""
-    out = []
+    out: list[Part] = []
     for p in parts:
         if isinstance(p, Padded):
             out.append(Padded(p.m, np.where(keep, p.lengths(), 0)))
@@ -92,8 +97,8 @@ def _mask(parts: list, keep: np.ndarray) -> list:
     return out
 
 
-def _take(parts: list, idx: np.ndarray) -> list:
-    out = []
+def _take(parts: list[Part], idx: np.ndarray) -> list[Part]:
+    out: list[Part] = []
     for p in parts:
         if isinstance(p, Padded):
             out.append(Padded(p.m[idx], None if p.lens is None else p.lens[idx]))
@@ -170,7 +175,7 @@ def _compact(group: list[Padded], n: int) -> Var:
     return Var(offsets, pa.py_buffer(data))
 
 
-def assemble(parts: list, n: int) -> pa.LargeBinaryArray:
+def assemble(parts: list[Part], n: int) -> pa.LargeBinaryArray:
     """Concatenate the parts record by record into one binary column: adjacent padded
     parts compacted together, then Arrow's `binary_join_element_wise` over the pieces."""
     pieces: list[Var] = []
@@ -239,7 +244,7 @@ def _valid(arr: pa.Array) -> np.ndarray | None:
     return arr.is_valid().to_numpy(zero_copy_only=False)
 
 
-def _numbers(arr: pa.Array, dtype) -> np.ndarray:
+def _numbers(arr: pa.Array, dtype: npt.DTypeLike) -> np.ndarray:
     if arr.null_count:
         arr = arr.fill_null(pa.scalar(False if pat.is_boolean(arr.type) else 0, arr.type))
     return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
@@ -302,7 +307,7 @@ def can_encode(schema: pa.Schema) -> bool:
     return all(_supported(f.type) for f in schema)
 
 
-def _value_parts(arr: pa.Array, nullable: bool, present: np.ndarray | None = None) -> list:
+def _value_parts(arr: pa.Array, nullable: bool, present: np.ndarray | None = None) -> list[Part]:
     """Parts encoding ``arr`` as an Avro field (a ["null", T] union when nullable).
 
     ``present``: the records where the value is written at all (not under a null
@@ -321,7 +326,7 @@ def _value_parts(arr: pa.Array, nullable: bool, present: np.ndarray | None = Non
     return [index, *_mask(_type_parts(arr, inner), valid)]
 
 
-def _type_parts(arr: pa.Array, present: np.ndarray | None) -> list:
+def _type_parts(arr: pa.Array, present: np.ndarray | None) -> list[Part]:
     t, n = arr.type, len(arr)
     if pat.is_boolean(t):
         return [Padded(_numbers(arr, np.uint8)[:, None])]
@@ -341,7 +346,7 @@ def _type_parts(arr: pa.Array, present: np.ndarray | None) -> list:
         return [Padded(data.reshape(n, w))]
     if pat.is_struct(t):
         children = arr.flatten()  # honours the array's offset
-        parts: list = []
+        parts: list[Part] = []
         for i in range(t.num_fields):
             parts += _value_parts(children[i], t.field(i).nullable, present)
         return parts
@@ -350,7 +355,7 @@ def _type_parts(arr: pa.Array, present: np.ndarray | None) -> list:
     raise AvroEncodeDeclined(f"{t}")
 
 
-def _list_parts(arr: pa.Array) -> list:
+def _list_parts(arr: pa.Array) -> list[Part]:
     """Avro array: item count (omitted when empty), the items, a 0 block count."""
     t, n = arr.type, len(arr)
     if pat.is_fixed_size_list(t):
@@ -362,13 +367,15 @@ def _list_parts(arr: pa.Array) -> list:
     items = arr.values.slice(start, stop - start)
     item_offsets -= start
     counts = np.diff(item_offsets)
-    if pat.is_fixed_size_list(t) and arr.null_count:
-        counts = np.where(_valid(arr), counts, 0)
+    valid = _valid(arr) if pat.is_fixed_size_list(t) else None  # (None: no nulls)
+    if valid is not None:
+        counts = np.where(valid, counts, 0)
     item_parts = _value_parts(items, t.value_field.nullable)
-    if all(isinstance(p, Padded) and p.lens is None for p in item_parts):
+    fixed = [p for p in item_parts if isinstance(p, Padded) and p.lens is None]
+    if len(fixed) == len(item_parts):
         # fixed-width items (e.g. float32 vector elements): no per-item offsets needed
-        width = sum(p.width for p in item_parts)
-        encoded = Var(item_offsets * width, _fixed_data(item_parts, len(items)))
+        width = sum(p.width for p in fixed)
+        encoded = Var(item_offsets * width, _fixed_data(fixed, len(items)))
     else:
         encoded = _var_of(assemble(item_parts, len(items)))
         encoded.offsets = encoded.offsets[item_offsets]
@@ -378,9 +385,9 @@ def _list_parts(arr: pa.Array) -> list:
     return [count, Var(byte_offsets, encoded.data), _const(b"\x00", n)]
 
 
-def record_parts(columns: list[pa.Array], fields: list[pa.Field]) -> list:
+def record_parts(columns: list[pa.Array], fields: list[pa.Field]) -> list[Part]:
     """Parts of an Avro record whose fields are ``fields`` (Arrow), values ``columns``."""
-    parts: list = []
+    parts: list[Part] = []
     for arr, field in zip(columns, fields, strict=True):
         if arr.type != field.type:
             raise AvroEncodeDeclined(f"column {field.name} is {arr.type}, schema says {field.type}")
@@ -463,8 +470,8 @@ def encode_changes(
         before, after = _take(row, np.maximum(before_rows, 0)), _take(row, rows)
 
     kind_code = np.zeros(n_events, np.uint8)
-    for kind, op in OPS.items():
-        kind_code[kinds[kind]] = ord(op)
+    for kind, letter in OPS.items():
+        kind_code[kinds[kind]] = ord(letter)
     op = np.empty((n, 2), np.uint8)
     op[:, 0], op[:, 1] = 2, kind_code[rows]
 
@@ -472,11 +479,11 @@ def encode_changes(
     unique, inverse = np.unique(versions, return_inverse=True)
     names = [_string_bytes(operations.get(int(v), "Unknown")) for v in unique.tolist()]
     width = max((len(b) for b in names), default=1)
-    table = np.zeros((len(names), width), np.uint8)
+    name_bytes = np.zeros((len(names), width), np.uint8)
     for i, b in enumerate(names):  # one per commit version, not per row
-        table[i, : len(b)] = np.frombuffer(b, np.uint8)
+        name_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
     name_lens = np.array([len(b) for b in names], np.int64)
-    operation = Padded(table[inverse], name_lens[inverse])
+    operation = Padded(name_bytes[inverse], name_lens[inverse])
 
     rowid = _long_values(_column(events, "_rowid"))[rows]
     commit_ms = _commit_millis(_column(events, "_commit_timestamp"))[rows]

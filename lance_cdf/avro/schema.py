@@ -78,7 +78,7 @@ _RESERVED = ("Envelope", "Value", "Key")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 
-def load_avsc(name: str) -> dict:
+def load_avsc(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS / f"{name}.avsc").read_text())
 
 
@@ -114,7 +114,7 @@ class TableName:
         if isinstance(name, TableName):
             return name
         if name and ("/" in name or ":" in name or "\\" in name):
-            name, uri = None, uri or name
+            uri, name = uri or name, None
         if not name:
             base = re.split(r"[/\\]", uri.rstrip("/\\"))[-1] if uri else ""
             base = base[: -len(".lance")] if base.endswith(".lance") else base
@@ -134,7 +134,7 @@ class TableName:
 class _Namer:
     """Unique record names within one schema (Avro names are global to it)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self.used: set[str] = set(_RESERVED)
 
     def __call__(self, base: str) -> str:
@@ -219,14 +219,14 @@ def avro_field_type(field: pa.Field, path: str, names: _Namer) -> Any:
     return ["null", inner] if field.nullable else inner
 
 
-def avro_field(field: pa.Field, path: str, names: _Namer) -> dict:
+def avro_field(field: pa.Field, path: str, names: _Namer) -> dict[str, Any]:
     out = {"name": _name(field.name), "type": avro_field_type(field, path, names)}
     if field.nullable:
         out["default"] = None
     return out
 
 
-def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
+def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]:
     """Avro record `<prefix>.<table>.Value`: the table's rows (`before`/`after`)."""
     names = _Namer()
     return {
@@ -237,7 +237,7 @@ def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
     }
 
 
-def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
+def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]:
     """The full value schema `<prefix>.<table>.Envelope`: envelope + source + row."""
     name = TableName.of(table_name)
     envelope = copy.deepcopy(load_avsc("envelope"))
@@ -252,7 +252,7 @@ def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict:
 
 def key_schema(
     schema: pa.Schema, key_columns: list[str] | None, table_name: str | TableName
-) -> dict:
+) -> dict[str, Any]:
     """The key schema `<prefix>.<table>.Key`: `_rowid`, or the key columns."""
     key = load_avsc("key")
     key["namespace"] = TableName.of(table_name).namespace
@@ -267,7 +267,7 @@ def key_schema(
     return key
 
 
-def _python_rows(table: pa.Table) -> list[dict]:
+def _python_rows(table: pa.Table) -> list[dict[str, Any]]:
     """Arrow rows as Python values fastavro accepts (maps as dicts)."""
     maps = [f.name for f in table.schema if pat.is_map(f.type)]
     rows = table.to_pylist()
@@ -294,6 +294,11 @@ def _millis(ts: Any) -> int:
     return (delta.days * 86_400_000_000 + delta.seconds * 1_000_000 + delta.microseconds) // 1000
 
 
+# (key, value, meta) of one record, the dicts fastavro writes; meta: {"tombstone": bool}.
+# A plain tuple: built per row on the library (fastavro) path
+ChangeRecord = tuple[dict[str, Any], dict[str, Any], dict[str, bool]]
+
+
 def change_records(
     events: pa.Table,
     user_columns: list[str],
@@ -302,15 +307,15 @@ def change_records(
     key_columns: list[str] | None,
     version: str,
     now_ms: int,
-) -> list[tuple[dict, dict | None, dict]]:
+) -> list[ChangeRecord]:
     """(key, value, meta) per change: an update's pre- and post-image become one
     record, a delete is followed by a tombstone marker in meta["tombstone"]."""
     table = TableName.of(table_name)
     rows = _python_rows(events)
     names = [(_name(c), c) for c in user_columns]  # Avro field name, column
     key_names = [_name(c) for c in key_columns or []]
-    out = []
-    pending_pre = None
+    out: list[ChangeRecord] = []
+    pending_pre: dict[str, Any] | None = None
     for row in rows:
         kind = row["_change_type"]
         image = {avro: row[col] for avro, col in names}
@@ -340,7 +345,7 @@ def change_records(
         key = (
             {"_rowid": row["_rowid"]}
             if not key_names
-            else {k: (after or before)[k] for k in key_names}
+            else {k: image[k] for k in key_names}  # (after or before: this row's image)
         )
         value = {
             "before": before,
@@ -408,12 +413,12 @@ def arrow_type(t: Any) -> tuple[pa.DataType, bool]:
     raise LanceCdfError(f"Avro type {t!r} has no Arrow mapping")
 
 
-def arrow_field(f: dict) -> pa.Field:
+def arrow_field(f: dict[str, Any]) -> pa.Field:
     arrow, nullable = arrow_type(f["type"])
     return pa.field(f["name"], arrow, nullable)
 
 
-def row_arrow_schema(envelope: dict) -> pa.Schema:
+def row_arrow_schema(envelope: dict[str, Any]) -> pa.Schema:
     """Arrow schema of the row record (`before` / `after`) of an envelope schema."""
     before = next(f for f in envelope["fields"] if f["name"] == "before")["type"]
     row = next(x for x in before if isinstance(x, dict))

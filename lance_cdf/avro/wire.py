@@ -6,6 +6,7 @@ from __future__ import annotations
 import io
 import json
 import struct
+from typing import Any
 
 import fastavro
 import numpy as np
@@ -53,7 +54,7 @@ class WireWriter:
     the per-record work is the Avro encoding alone.
     """
 
-    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: dict):
+    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: dict[str, Any]):
         self.registry, self.subject, self.schema = registry, subject, schema
         self.parsed = fastavro.parse_schema(schema)
         self.header: bytes | None = None
@@ -67,7 +68,7 @@ class WireWriter:
             self.header = header(schema_id)
         return self.header
 
-    def encode(self, record: dict) -> bytes:
+    def encode(self, record: dict[str, Any]) -> bytes:
         buf = io.BytesIO()
         buf.write(self.wire_header())
         fastavro.schemaless_writer(buf, self.parsed, record)

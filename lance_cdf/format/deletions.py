@@ -97,7 +97,7 @@ def _decode(data: bytes, file_type: int) -> BitMap:
     return BitMap(values)
 
 
-def _offsets_with_pyarrow(data: bytes) -> array.array:
+def _offsets_with_pyarrow(data: bytes) -> array.array[int]:
     reader = pa.ipc.open_file(data, options=_IPC_OPTIONS)
     if len(reader.schema) != 1 or not pa.types.is_integer(reader.schema.field(0).type):
         raise ValueError(f"expected one integer column, found {reader.schema}")

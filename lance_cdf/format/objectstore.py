@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any
 from urllib.parse import urlparse
 
 from lance_cdf.errors import LanceCdfError, StorageAccessError, UnsupportedStorageError
@@ -69,7 +71,7 @@ def is_object_store_uri(uri: str) -> bool:
     return urlparse(uri).scheme.lower() in SCHEMES
 
 
-def store_arguments(uri: str, storage_options: dict[str, str] | None) -> dict:
+def store_arguments(uri: str, storage_options: dict[str, str] | None) -> dict[str, Any]:
     """Keyword arguments for `obstore.store.from_url(uri, **...)` from Lance's
     `storage_options`: store keys go to `config`, HTTP settings to `client_options`,
     Lance's retry settings to `retry_config`. Lance-only tuning knobs that have no
@@ -83,7 +85,7 @@ def store_arguments(uri: str, storage_options: dict[str, str] | None) -> dict:
     kind, prefix = SCHEMES[scheme]
     config: dict[str, str] = {}
     client: dict[str, str] = {}
-    retry: dict = {}
+    retry: dict[str, int | timedelta] = {}
     for key, value in (storage_options or {}).items():
         name = str(key).lower()
         value = str(value)
@@ -97,7 +99,7 @@ def store_arguments(uri: str, storage_options: dict[str, str] | None) -> dict:
             config[name] = value
         elif name in SHORT_KEYS[kind]:
             config[prefix + name] = value
-    out: dict = {"config": config, "client_options": client}
+    out: dict[str, Any] = {"config": config, "client_options": client}
     if retry:
         out["retry_config"] = retry
     return out
@@ -144,7 +146,7 @@ class ObjectStoreFileSystem:
             if path is not None:
                 self.paths[path] += n
 
-    def _call(self, kind: str, path: str, fn, *args, **kw):
+    def _call(self, kind: str, path: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
         """One counted request; FileNotFoundError for a missing object, a
         StorageAccessError naming the cause and the fix for anything else."""
         self._count(kind, path=path)

@@ -8,8 +8,10 @@ physical row. Everything here is vectorised: no Python loop runs per row.
 
 from __future__ import annotations
 
+from typing import TypeVar
+
 import numpy as np
-from google.protobuf.message import DecodeError
+from google.protobuf.message import DecodeError, Message
 
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import rowids_pb2
@@ -17,7 +19,10 @@ from lance_cdf.format._proto import rowids_pb2
 try:  # Range-only sequences read in C (setup.py; optional: protobuf reads them without)
     from lance_cdf.format import _decode as _native
 except ImportError:  # pragma: no cover - built wherever a C compiler is present
-    _native = None
+    _native = None  # type: ignore[assignment]  # (mypy: a module or None, by design)
+
+# Message is Any to mypy (protobuf ships no stubs); the bound documents the intent
+_M = TypeVar("_M", bound=Message)
 
 U64 = np.uint64
 EMPTY_U64 = np.zeros(0, dtype=U64)
@@ -93,7 +98,7 @@ def segment_len(seg: rowids_pb2.U64Segment) -> int:
     return segment_values(seg).size
 
 
-def _parse(message, data: bytes, source: str):
+def _parse(message: _M, data: bytes, source: str) -> _M:
     try:
         message.ParseFromString(data)
     except DecodeError as exc:
@@ -126,7 +131,8 @@ class RowIdSequence:
     """The stable row IDs of a fragment's physical rows, offset by offset."""
 
     def __init__(self, segments: list[rowids_pb2.U64Segment]):
-        self.segments = segments
+        # None when built from bytes without protobuf objects (from_ranges)
+        self.segments: list[rowids_pb2.U64Segment] | None = segments
         self._values: np.ndarray | None = None
         if all(s.WhichOneof("segment") == "range" for s in segments):
             starts = np.array([s.range.start for s in segments], dtype=U64)
@@ -186,6 +192,8 @@ class RowIdSequence:
                 base = self._range_starts - self._starts[:-1].astype(U64)  # wraps, then back
                 self._values = np.repeat(base, lengths) + np.arange(len(self), dtype=U64)
             else:
+                if self.segments is None:  # from_ranges always sets _range_starts
+                    raise AssertionError("RowIdSequence has neither ranges nor segments")
                 parts = [segment_values(s) for s in self.segments]
                 self._values = np.concatenate(parts) if parts else EMPTY_U64
         return self._values

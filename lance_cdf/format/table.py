@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -38,6 +40,13 @@ from lance_cdf.format.versions import list_versions, manifest_path
 
 log = logging.getLogger(__name__)
 
+# A decoded lineage sequence, and its cache key: (oneof name, physical rows, inline
+# bytes) or (oneof name, physical rows, external file path, offset, size)
+_Seq = TypeVar("_Seq", RowIdSequence, VersionSequence)
+_SequenceKey = (
+    tuple[str, int, bytes] | tuple[str, int, tuple[str, ...]] | tuple[str, int, str, int, int]
+)
+
 # A fragment without a version sequence. pylance reads it as "every row at version 1",
 # but pylance 0.33.0 to 0.38.2 wrote none although their updates keep a row's ID and move
 # it: the version is not known, and a moved row may or may not have changed. Version 0
@@ -63,8 +72,11 @@ class TableLog:
         self.uri = uri
         self.storage_options = dict(storage_options or {})
         self.fs = fs if fs is not None else open_filesystem(uri, self.storage_options)
-        self._manifests: LruCache = LruCache(cache_size)
-        self._deletions: LruCache = LruCache(cache_size * 16)
+        self._manifests: LruCache[int, Manifest] = LruCache(cache_size)
+        self._deletions: LruCache[str, DeletionVector] = LruCache(cache_size * 16)
+        # decoded sequences by _sequence_key, made on first use (see _cached_sequence);
+        # Any: a key's oneof name decides which (RowIdSequence, VersionSequence)
+        self._sequences: LruCache[_SequenceKey, Any]
         self._versions: list[int] = []
         self._scheme = "v2"
         self.refresh()
@@ -232,6 +244,11 @@ class TableLog:
             return value
         if isinstance(value, tuple):
             return self._lineage_column(frag, oneof, value)
+        if value is None:  # FragmentInfo.sequence gives a value with every name
+            raise CorruptFileError(
+                f"the {oneof.replace('_', ' ')} of fragment {frag.id} in {self.uri} names "
+                f"{name} but holds nothing; the manifest is damaged. Restore it from a backup."
+            )
         ext: table_pb2.ExternalFile = value
         try:
             return self.fs.read_range(ext.path, ext.offset, ext.size)
@@ -282,9 +299,9 @@ class TableLog:
             )
         return np.asarray(values.to_numpy(), dtype=np.uint64)
 
-    def _sequence_key(self, frag: FragmentInfo, oneof: str):
+    def _sequence_key(self, frag: FragmentInfo, oneof: str) -> _SequenceKey | None:
         name, value = frag.sequence(oneof)
-        if name is None:
+        if name is None or value is None:
             return None
         if isinstance(value, bytes):
             return (name, frag.physical_rows, value)
@@ -292,7 +309,7 @@ class TableLog:
             return (name, frag.physical_rows, value)
         return (name, frag.physical_rows, value.path, value.offset, value.size)
 
-    def _cached_sequence(self, frag: FragmentInfo, oneof: str, decode):
+    def _cached_sequence(self, frag: FragmentInfo, oneof: str, decode: Callable[[], _Seq]) -> _Seq:
         """Decoded sequences, keyed by their bytes or external file range: a fragment
         entry a commit left alone is not decoded again at the next step of a range."""
         # kept on the entry too (it lives as long as its cached manifest): a plan asks for
@@ -349,7 +366,7 @@ class TableLog:
             return self._checked(VersionSequence.from_values(data), frag, what)
         return self._checked(VersionSequence.from_bytes(data, what), frag, what)
 
-    def _checked(self, seq, frag: FragmentInfo, what: str):
+    def _checked(self, seq: _Seq, frag: FragmentInfo, what: str) -> _Seq:
         """`seq` if it has one entry per physical row of `frag`."""
         if len(seq) != frag.physical_rows:
             raise CorruptFileError(
@@ -362,7 +379,7 @@ class TableLog:
         """Read the deletion vectors of `frags` not cached yet, several at a time."""
         if isinstance(self.fs, LocalFileSystem):
             return
-        todo = {}
+        todo: dict[str, FragmentInfo] = {}
         for frag in frags:
             key = frag.deletion_path
             if key is not None and key not in self._deletions:
@@ -386,7 +403,7 @@ class TableLog:
         deletion = frag.deletion
         vector = read_deletion_vector(self.fs, frag.id, deletion)
         beyond = vector.beyond(frag.physical_rows)
-        if beyond:
+        if beyond and deletion is not None:  # (no deletion file: an empty vector)
             # pylance 0.25-0.30 could write offsets past a fragment's rows; pylance
             # ignores them, and so does everything that applies this vector
             log.debug(

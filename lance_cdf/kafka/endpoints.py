@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -10,7 +12,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from lance_cdf.errors import PublishError
 
 
-def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: float = 10) -> None:
+def check_broker(
+    bootstrap_servers: str, config: dict[str, Any] | None = None, timeout: float = 10
+) -> None:
     """Fail within `timeout` seconds, naming the address, if no broker answers."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
     try:
@@ -22,14 +26,15 @@ def check_broker(bootstrap_servers: str, config: dict | None = None, timeout: fl
         ) from None
 
 
-def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) -> int:
+def check_topic(bootstrap_servers: str, topic: str, config: dict[str, Any] | None = None) -> int:
     """The topic's partition count (for a topic the first produce creates: the broker's
     num.partitions); a clear error if it does not exist and will not be created."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
     meta = admin.list_topics(topic=topic, timeout=10)
-    err = meta.topics.get(topic).error if topic in meta.topics else None
-    if err is None and topic in meta.topics:
-        return len(meta.topics[topic].partitions)
+    found = meta.topics.get(topic)
+    err = found.error if found is not None else None
+    if err is None and found is not None:
+        return len(found.partitions)
     if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
         broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(meta.brokers))))
         try:
@@ -49,7 +54,7 @@ def check_topic(bootstrap_servers: str, topic: str, config: dict | None = None) 
     raise PublishError(f"topic {topic!r} on {bootstrap_servers} cannot be used: {err}")
 
 
-def check_registry(url: str, config: dict | None = None) -> None:
+def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
     try:
         SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
     except Exception as exc:

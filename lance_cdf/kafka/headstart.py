@@ -50,7 +50,7 @@ class HeadStart:
         )
 
 
-def start_offset(checkpoint: str, starting_version: str, snapshot: bool) -> dict | None:
+def start_offset(checkpoint: str, starting_version: str, snapshot: bool) -> dict[str, int] | None:
     """Where the query will start (the offset before its first version), or None where
     that is only known once it starts."""
     from lance_cdf.streaming.checkpoint import committed_offset
@@ -68,7 +68,9 @@ def start_offset(checkpoint: str, starting_version: str, snapshot: bool) -> dict
     return None
 
 
-def head_start(source_options: dict, sink_options: dict, start: dict) -> HeadStart | None:
+def head_start(
+    source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, int]
+) -> HeadStart | None:
     """Publish the whole versions after `start`, up to `HEAD_START_EVENTS` events (None:
     nothing pending, or the first pending version alone is larger: the query publishes
     it). Errors propagate; records already acknowledged stay and the query skips them."""
@@ -76,11 +78,13 @@ def head_start(source_options: dict, sink_options: dict, start: dict) -> HeadSta
 
     from lance_cdf.kafka import sink
     from lance_cdf.streaming.handoff import work_struct
-    from lance_cdf.streaming.source import LanceCdfDataSource
+    from lance_cdf.streaming.source import HandOffReader, LanceCdfDataSource
 
     t = time.monotonic()
     source = LanceCdfDataSource({**source_options, "writerSlots": "1"})
     reader = source.streamReader(source.schema())
+    if not isinstance(reader, HandOffReader):  # option writerSlots (given above) makes one
+        raise LanceCdfError(f"the head start needs a hand-off reader, not {type(reader).__name__}")
     end = reader.latestOffset(start, ReadMaxRows(HEAD_START_EVENTS))
     first, last = int(start["version"]) + 1, int(end["version"])
     if last < first:

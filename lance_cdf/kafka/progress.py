@@ -6,9 +6,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import TYPE_CHECKING, Any
 
 from lance_cdf.metrics import Progress
 from lance_cdf.streaming.progress import source_versions
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 log = logging.getLogger("lance_cdf.kafka")
 
@@ -17,7 +21,7 @@ log = logging.getLogger("lance_cdf.kafka")
 OBSERVED = "lance_cdf"
 
 
-def planned_events(report) -> int | None:
+def planned_events(report: dict[str, Any]) -> int | None:
     """The events a hand-off micro-batch planned (None: not a hand-off stream)."""
     observed = (report.get("observedMetrics") or {}).get(OBSERVED)
     if observed is None:
@@ -28,7 +32,7 @@ def planned_events(report) -> int | None:
 class QueryFollower:
     """Accumulates the progress reports of a running StreamingQuery into `Progress`."""
 
-    def __init__(self, query, interval: float = 1.0):
+    def __init__(self, query: StreamingQuery, interval: float = 1.0):
         self.query, self.interval = query, interval
         self.state = Progress()
         self._last_batch = -1

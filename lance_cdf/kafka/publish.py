@@ -7,11 +7,20 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
+
+if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+    from lance_cdf.kafka.progress import QueryFollower
 
 SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
 
@@ -89,7 +98,7 @@ def publish(
             signal.signal(s, h)
 
 
-def route(changes, partitions: int, tasks: int):
+def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
     """The stream (read with option keyHash) routed for `tasks` parallel writers that keep
     per-key order: each record's Kafka partition is `_key_hash % partitions`, and a hash
     repartition on that partition gives every writer task a disjoint set of Kafka
@@ -110,7 +119,7 @@ def route(changes, partitions: int, tasks: int):
     )  # fmt: skip
 
 
-def hand_off(work):
+def hand_off(work: DataFrame) -> DataFrame:
     """The work-item stream (source option writerSlots) with the events each micro-batch
     planned observed, for the progress reports (`progress.planned_events`): Spark counts
     the work items as its input rows.
@@ -128,18 +137,38 @@ def hand_off(work):
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 
 
-def _on_signals(handler) -> dict:
+def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}  # signals are delivered to the main thread only
     return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
 
 
 def _publish(
-    stopping, table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version,
-    trigger_interval, available_now, key, tombstones, producer_config, registry_config,
-    storage_options, max_rows_per_trigger, master, snapshot, drop_unchanged_updates, writers,
-    exactly_once, table_name, metrics_port, metrics_host, head_start,
-) -> int:  # fmt: skip
+    stopping: threading.Event,
+    table: str,
+    bootstrap_servers: str,
+    topic: str,
+    schema_registry: str,
+    checkpoint: str,
+    starting_version: str,
+    trigger_interval: str,
+    available_now: bool,
+    key: str | None,
+    tombstones: bool,
+    producer_config: dict[str, str],
+    registry_config: dict[str, str] | None,
+    storage_options: dict[str, str] | None,
+    max_rows_per_trigger: int | None,
+    master: str | None,
+    snapshot: bool,
+    drop_unchanged_updates: bool,
+    writers: int | None,
+    exactly_once: bool,
+    table_name: str | None,
+    metrics_port: int | None,
+    metrics_host: str,
+    head_start: bool,
+) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
     source_options, sink_options = _stream_options(
@@ -225,7 +254,8 @@ def _publish(
 
     error = None
     try:
-        while not stopping.is_set() and not query.awaitTermination(0.5):
+        # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
+        while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
             pass
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
@@ -246,10 +276,23 @@ def _publish(
 
 
 def _stream_options(
-    table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version, key,
-    tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
-    snapshot, drop_unchanged_updates, exactly_once, table_name,
-) -> tuple[dict[str, str], dict[str, str]]:  # fmt: skip
+    table: str,
+    bootstrap_servers: str,
+    topic: str,
+    schema_registry: str,
+    checkpoint: str,
+    starting_version: str,
+    key: str | None,
+    tombstones: bool,
+    producer_config: dict[str, str],
+    registry_config: dict[str, str] | None,
+    storage_options: dict[str, str] | None,
+    max_rows_per_trigger: int | None,
+    snapshot: bool,
+    drop_unchanged_updates: bool,
+    exactly_once: bool,
+    table_name: str | None,
+) -> tuple[dict[str, str], dict[str, str]]:
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
     source_options = {"path": table}
@@ -276,7 +319,13 @@ def _stream_options(
     return source_options, sink_options
 
 
-def _head_start(source_options, sink_options, partitions, start, stages) -> None:
+def _head_start(
+    source_options: dict[str, str],
+    sink_options: dict[str, str],
+    partitions: int,
+    start: dict[str, int],
+    stages: dict[str, float],
+) -> None:
     """Publish the commits waiting at `start` from this process (kafka/headstart.py); a
     failure is reported and left to the query, which skips whatever was acknowledged."""
     from lance_cdf.kafka.headstart import head_start
@@ -308,7 +357,7 @@ def _warm_imports() -> None:
         pass
 
 
-def _quiet_accumulators(spark) -> None:
+def _quiet_accumulators(spark: SparkSession) -> None:
     """PySpark's accumulator server prints an EOFError traceback when the JVM closes its
     connection first (a race while a query or the session stops, not an error): silenced
     for the session publish owns."""
@@ -317,12 +366,19 @@ def _quiet_accumulators(spark) -> None:
         server.handle_error = lambda *_: None
 
 
-def _quiet_stop(spark) -> None:
+def _quiet_stop(spark: SparkSession) -> None:
     _quiet_accumulators(spark)
     spark.stop()
 
 
-def _serve_metrics(query, table, topic, storage_options, port, host):
+def _serve_metrics(
+    query: StreamingQuery,
+    table: str,
+    topic: str,
+    storage_options: dict[str, str] | None,
+    port: int | None,
+    host: str,
+) -> QueryFollower | None:
     """Follow the query's progress and serve it as Prometheus metrics (None: no port)."""
     if port is None:
         return None

@@ -15,22 +15,26 @@ the driver.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
-from lance_cdf.avro.encode import AvroEncodeDeclined, can_encode, encode_changes
+from lance_cdf.avro.encode import AvroEncodeDeclined, EncodedChanges, can_encode, encode_changes
 from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer  # imported where used: only routed streams need one
 
 DEFAULT_PRODUCER = {
     "enable.idempotence": True,
@@ -47,6 +51,8 @@ DEFAULT_PRODUCER = {
 # ASCII) and the Debezium op ("c", "u", "d", "r"; "tombstone" on a delete's tombstone).
 VERSION_HEADER = "lance-cdf.commit-version"
 OP_HEADER = "lance-cdf.op"
+# a record's headers as the producer takes them (values: bytes here)
+Headers = dict[str, str | bytes | None]
 _OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 
 
@@ -83,6 +89,8 @@ def commit_order(events: pa.Table) -> pa.Table:
 # record, 1 for the tombstone after it, as ASCII "v.g.o.s". A partition's last record is its
 # high-water mark: a replayed micro-batch skips every record at or below it.
 POSITION_HEADER = "lance-cdf.position"
+# (version, group, order, sub) of a record (sub 0) or its tombstone (sub 1)
+Position = tuple[int, int, int, int]
 
 
 def record_positions(events: pa.Table) -> np.ndarray | None:
@@ -102,7 +110,9 @@ def record_positions(events: pa.Table) -> np.ndarray | None:
     return out
 
 
-def parse_position(value: bytes | None) -> tuple[int, int, int, int] | None:
+def parse_position(value: str | bytes | None) -> Position | None:
+    if not isinstance(value, bytes):
+        return None
     try:
         v, g, o, t = (int(x) for x in value.decode().split("."))
         return v, g, o, t
@@ -126,7 +136,7 @@ def record_partitions(events: pa.Table) -> list[int] | None:
     return pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
 
 
-def record_headers(events: pa.Table) -> list[dict[str, bytes]]:
+def record_headers(events: pa.Table) -> list[Headers]:
     """The headers of each record of `events`, in record order (one record per event,
     an update's preimage and postimage together): one shared dict per (version, op) (the
     producer takes a dict ~10% faster than a list of pairs)."""
@@ -142,14 +152,14 @@ def record_headers(events: pa.Table) -> list[dict[str, bytes]]:
         codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
     # one 1-d key per (version, op): np.unique over rows (axis=0) is ~30x slower
     pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
-    shared = [
+    shared: list[Headers] = [
         {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: _OPS[names[p & 7]].encode()}
         for p in pairs.tolist()
     ]
     return [shared[i] for i in inverse.reshape(-1).tolist()]
 
 
-def tombstone_headers(headers: dict[str, bytes], position: bytes | None = None):
+def tombstone_headers(headers: Headers, position: bytes | None = None) -> Headers:
     """A record's headers -> its tombstone's (op "tombstone"; `position`: its own)."""
     out = {VERSION_HEADER: headers[VERSION_HEADER], OP_HEADER: b"tombstone"}
     if position is not None:
@@ -177,8 +187,8 @@ class KafkaChangePublisher:
         table_name: str | TableName,
         key_columns: list[str] | None = None,
         tombstones: bool = True,
-        producer_config: dict | None = None,
-        registry_config: dict | None = None,
+        producer_config: dict[str, Any] | None = None,
+        registry_config: dict[str, Any] | None = None,
         flush_timeout: float = 60.0,
     ):
         self.topic = topic
@@ -199,7 +209,8 @@ class KafkaChangePublisher:
         self._failures: list[str] = []  # delivery errors since the last flush
         failures = self._failures
 
-        def on_delivery(err, msg):  # producer-wide: no callback object per record
+        # producer-wide: no callback object per record
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
             if err is not None:
                 failures.append(f"{err} (partition {msg.partition()})")
 
@@ -215,9 +226,9 @@ class KafkaChangePublisher:
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
         # since the last flush, and per partition ((low, high) watermarks, the position of
         # its last record) as known after this publisher's last successful flush
-        self._sent_last: dict[int, tuple[int, int, int, int]] = {}
-        self._settled: dict[int, tuple[tuple[int, int], tuple | None]] = {}
-        self._marks_consumer = None
+        self._sent_last: dict[int, Position] = {}
+        self._settled: dict[int, tuple[tuple[int, int], Position | None]] = {}
+        self._marks_consumer: Consumer | None = None
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
@@ -225,7 +236,12 @@ class KafkaChangePublisher:
         self.flush()
         return sent
 
-    def send(self, events: pa.Table, operations: dict[int, str], marks: dict | None = None) -> int:
+    def send(
+        self,
+        events: pa.Table,
+        operations: dict[int, str],
+        marks: dict[int, Position | None] | None = None,
+    ) -> int:
         """Hand the batch's records to the producer without waiting for acks; `flush()`
         waits for them (a micro-batch sends all its Arrow batches, then flushes once).
 
@@ -284,7 +300,16 @@ class KafkaChangePublisher:
                 "compatibility."
             ) from exc
 
-    def _send(self, keys, values, headers, partitions, send_record, tombs, positions) -> None:
+    def _send(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        headers: list[Headers],
+        partitions: list[int],
+        send_record: np.ndarray,
+        tombs: np.ndarray,
+        positions: np.ndarray | None,
+    ) -> None:
         """Produce each record (where `send_record`) and its tombstone (where `tombs`), in
         order. The loop is the publisher's per-record cost (~4 us, most of it the headers),
         so it does nothing else: delivery errors come to the producer-wide callback, and
@@ -297,7 +322,7 @@ class KafkaChangePublisher:
                 except BufferError:
                     retry(key, value, head, part)
             return
-        tomb_positions = (
+        tomb_positions: list[bytes] | list[None] = (
             position_values(positions, 1) if positions is not None else [None] * len(keys)
         )
         for key, value, head, part, rec, tomb, tomb_pos in zip(
@@ -312,7 +337,13 @@ class KafkaChangePublisher:
             if tomb:
                 retry(key, None, tombstone_headers(head, tomb_pos), part)
 
-    def _remember_last(self, partitions, send_record, tombs, positions) -> None:
+    def _remember_last(
+        self,
+        partitions: list[int],
+        send_record: np.ndarray,
+        tombs: np.ndarray,
+        positions: np.ndarray,
+    ) -> None:
         """The position of the last record sent to each partition (its tombstone's when it
         has one), for `flush()`."""
         sent = np.flatnonzero(send_record | tombs)
@@ -324,7 +355,7 @@ class KafkaChangePublisher:
         for part, i in zip(uniq.tolist(), sent[::-1][first].tolist(), strict=True):
             self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
 
-    def high_water_marks(self, partitions) -> dict[int, tuple[int, int, int, int] | None]:
+    def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
         """The position of the last record of each partition (None: none with a position).
         With one writer task per partition at a time, a partition holds a prefix of its
         records in order (the idempotent producer neither reorders nor leaves holes), so
@@ -335,7 +366,7 @@ class KafkaChangePublisher:
         appended since, so its position is reused without reading the record again."""
         from confluent_kafka import TopicPartition
 
-        marks: dict[int, tuple[int, int, int, int] | None] = {}
+        marks: dict[int, Position | None] = {}
         every = self._watermarks(partitions)
         last: dict[int, int] = {}  # partition -> the offset of its last record, to read
         for p in sorted(partitions):
@@ -351,10 +382,11 @@ class KafkaChangePublisher:
             deadline = time.monotonic() + self.flush_timeout
             while waiting and time.monotonic() < deadline:
                 m = consumer.poll(0.5)
-                if m is None or m.error() or m.partition() not in waiting:
+                part = m.partition() if m is not None else None
+                if m is None or m.error() or part is None or part not in waiting:
                     continue
-                marks[m.partition()] = parse_position(dict(m.headers() or []).get(POSITION_HEADER))
-                waiting.discard(m.partition())
+                marks[part] = parse_position(dict(m.headers() or []).get(POSITION_HEADER))
+                waiting.discard(part)
             consumer.unassign()
             if waiting:
                 raise PublishError(
@@ -366,7 +398,7 @@ class KafkaChangePublisher:
             self._settled[p] = (every[p], marks[p])
         return marks
 
-    def _consumer(self):
+    def _consumer(self) -> Consumer:
         """The consumer reading partitions' last records (kept for the publisher's life)."""
         if self._marks_consumer is None:
             from confluent_kafka import Consumer
@@ -387,19 +419,19 @@ class KafkaChangePublisher:
             self._marks_consumer.close()
             self._marks_consumer = None
 
-    def _watermarks(self, partitions) -> dict[int, tuple[int, int]]:
+    def _watermarks(self, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
         """(low, high) watermarks of each partition, in two requests for all of them
         (ListOffsets for "earliest" (-2) and "latest" (-1), what `get_watermark_offsets`
         asks one partition at a time)."""
         from confluent_kafka import TopicPartition
 
-        partitions = sorted(partitions)
-        if not partitions:
+        wanted = sorted(partitions)
+        if not wanted:
             return {}
-        out: dict[int, list[int]] = {p: [0, 0] for p in partitions}
+        out: dict[int, list[int]] = {p: [0, 0] for p in wanted}
         for i, when in enumerate((-2, -1)):  # earliest, latest
             answer = self._consumer().offsets_for_times(
-                [TopicPartition(self.topic, p, when) for p in partitions],
+                [TopicPartition(self.topic, p, when) for p in wanted],
                 timeout=self.flush_timeout,
             )
             for tp in answer:
@@ -441,7 +473,9 @@ class KafkaChangePublisher:
             else:
                 self._settled.pop(p, None)
 
-    def _encode(self, events: pa.Table, operations: dict[int, str], now_ms: int):
+    def _encode(
+        self, events: pa.Table, operations: dict[int, str], now_ms: int
+    ) -> EncodedChanges | None:
         """Keys and values of the batch in the wire format, vectorised; None when the
         batch needs the fastavro path (a column type or value it does not handle)."""
         if not self.vectorised or not events.num_rows:
@@ -455,7 +489,13 @@ class KafkaChangePublisher:
         except AvroEncodeDeclined:
             return None
 
-    def _produce(self, key: bytes, value: bytes | None, headers=None, partition: int = -1) -> None:
+    def _produce(
+        self,
+        key: bytes,
+        value: bytes | None,
+        headers: Headers | None = None,
+        partition: int = -1,
+    ) -> None:
         while True:
             try:
                 self.producer.produce(

@@ -39,6 +39,7 @@ import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
@@ -52,11 +53,18 @@ from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 from lance_cdf.streaming.handoff import check_work_columns
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+    from lance_cdf.feed import ChangeFeed
+    from lance_cdf.kafka.publisher import KafkaChangePublisher
+
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
 # encoder) is imported by the writer tasks only: Spark also loads this module in the
 # data-source lookup, the writer's creation and the commit, one Python process each, on the
 # way to the first record (see BENCHMARKS.md, "Start-up").
-_PUBLISHERS: dict[tuple, object] = {}  # one KafkaChangePublisher per writer setting
+# one KafkaChangePublisher per writer setting: (sorted options, user schema)
+_PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
 
 def close_publishers() -> None:
@@ -70,7 +78,7 @@ class Published(WriterCommitMessage):
     records: int
 
 
-def _options(raw: dict) -> dict:
+def _options(raw: dict[str, Any]) -> dict[str, str]:
     opts = {str(k): str(v) for k, v in raw.items()}
     lower = {k.lower(): v for k, v in opts.items()}
     for required in ("kafka.bootstrap.servers", "topic", "schema.registry.url", "table"):
@@ -95,7 +103,7 @@ class LanceCdfKafkaSink(DataSource):
 
 
 @contextmanager
-def _archives_last():
+def _archives_last() -> Iterator[None]:
     """Imports with the archives (zips, jars) at the end of `sys.path`. Spark puts them first
     on a Python worker's path: the jars of `spark.jars.packages`, pyspark.zip, py4j's zip,
     spark-core's jar. Importing the registry client looks a package's version up through
@@ -117,10 +125,10 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     routed = False
     handoff = False
 
-    def __init__(self, options: dict):
+    def __init__(self, options: dict[str, str]):
         self.options = options
 
-    def _publisher(self, user_schema: pa.Schema):
+    def _publisher(self, user_schema: pa.Schema) -> KafkaChangePublisher:
         from lance_cdf.kafka.publisher import KafkaChangePublisher
 
         o = {k.lower(): v for k, v in self.options.items()}
@@ -157,7 +165,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             k[len("storage.") :]: v for k, v in self.options.items()
             if k.lower().startswith("storage.")
         }  # fmt: skip
-        feed = publisher = None
+        feed: ChangeFeed | None = None
+        publisher: KafkaChangePublisher | None = None
         sent = 0
         exact = None
         owned: list[int] = []
@@ -181,7 +190,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         marks = None
         for events in carry_update_pairs(iterator):
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
-            if feed is None:
+            if feed is None or publisher is None:  # (both made together)
                 # the source checked the table; the latest manifest is not needed here
                 feed = ChangeFeed(table, storage, check_latest=False)
                 exact = table_types(user_schema_of(events.schema), feed, max(versions))
@@ -197,18 +206,22 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             publisher.flush()  # every record acknowledged, or the micro-batch fails
         return Published(sent)
 
-    def commit(self, messages, batchId: int) -> None:  # noqa: N803 (Spark's name)
+    def commit(  # noqa: N803 (Spark's name)
+        self, messages: list[WriterCommitMessage | None], batchId: int
+    ) -> None:
         pass
 
-    def abort(self, messages, batchId: int) -> None:  # noqa: N803
+    def abort(  # noqa: N803
+        self, messages: list[WriterCommitMessage | None], batchId: int
+    ) -> None:
         pass
 
 
-def _avro_of(t: pa.DataType):
+def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
     return avro_type(t, "c", _Namer())
 
 
-def table_types(widened: pa.Schema, feed, version: int) -> pa.Schema:
+def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema:
     """`widened` (the user columns as Spark delivers them) with each column whose Avro
     type Spark changed (unsigned and narrow integers, float16, fixed-size lists and
     binaries, inside lists and structs too) back in the table's own type at `version`.
@@ -247,5 +260,5 @@ def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
     return events
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     spark.dataSource.register(LanceCdfKafkaSink)

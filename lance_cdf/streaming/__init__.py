@@ -6,8 +6,14 @@ PySpark >= 4.0 finds the source without a call (the `pyspark_lance_cdf` module);
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
 
-def register(spark) -> None:
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.streaming import StreamingQuery
+
+
+def register(spark: SparkSession) -> None:
     """Make `format("lance-cdf")` and `lance_table_changes` available in this session."""
     from lance_cdf.streaming import table_changes
     from lance_cdf.streaming.source import LanceCdfDataSource
@@ -16,7 +22,7 @@ def register(spark) -> None:
     table_changes.register(spark)
 
 
-def lag(query) -> int | None:
+def lag(query: StreamingQuery) -> int | None:
     """Versions the table is ahead of what a `format("lance-cdf")` StreamingQuery
     delivered, from its last progress report (None before the first one)."""
     from lance_cdf.streaming.progress import lag as _lag

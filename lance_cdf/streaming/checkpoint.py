@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 from lance_cdf.errors import LanceCdfError
 
@@ -20,7 +21,7 @@ def _batches(path: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(path) if name.isdigit())
 
 
-def committed_offset(checkpoint: str) -> dict | None:
+def committed_offset(checkpoint: str) -> dict[str, Any] | None:
     """The lance-cdf source's offset in the newest committed micro-batch (`{"version": N}`,
     with `"snapshot"` while a snapshot is being delivered), or None if the query has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""

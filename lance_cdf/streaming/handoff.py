@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
@@ -143,7 +144,9 @@ class WorkItem:
             raise _foreign(exc) from None
 
     @classmethod
-    def _of(cls, slot: object, planned: object, document: dict, schema: object) -> WorkItem:
+    def _of(
+        cls, slot: object, planned: object, document: dict[str, Any], schema: object
+    ) -> WorkItem:
         if type(document["format"]) is not int:  # (another whole number is refused in `of`)
             raise WorkItemError(f"format is {document['format']!r}, not {WORK_FORMAT}")
         slots = whole(document["slots"], "slots", 1)

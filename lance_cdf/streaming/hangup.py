@@ -13,26 +13,36 @@ reported, is printed as before.
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any
 
 from lance_cdf.internals import PYSPARK_STREAMING_RUNNERS as RUNNERS
 
 _HANG_UPS = (EOFError, BrokenPipeError, ConnectionResetError)
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
 
 
 def quiet_when_spark_hangs_up() -> None:
     """Install the quiet exit if this process is one of pyspark's streaming runners (the
     data source's streamReader() / the sink's streamWriter() are called there)."""
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    if getattr(spec, "name", None) not in RUNNERS or getattr(sys.excepthook, "_lance_cdf", 0):
+    if getattr(spec, "name", None) not in RUNNERS or isinstance(sys.excepthook, _QuietHook):
         return
-    previous = sys.excepthook
+    sys.excepthook = _QuietHook(sys.excepthook)
 
-    def hook(kind, exc, tb):
+
+class _QuietHook:
+    """The excepthook installed: `previous` for anything but the peer hanging up."""
+
+    def __init__(self, previous: _ExceptHook):
+        self.previous = previous
+
+    def __call__(
+        self, kind: type[BaseException], exc: BaseException, tb: TracebackType | None
+    ) -> None:
         if not only_hang_ups(exc):
-            previous(kind, exc, tb)
-
-    hook._lance_cdf = 1
-    sys.excepthook = hook
+            self.previous(kind, exc, tb)
 
 
 def only_hang_ups(exc: BaseException | None) -> bool:

@@ -15,10 +15,12 @@ KNOWN = {
 }  # fmt: skip
 
 
-def _int(options: dict, key: str, minimum: int) -> int | None:
+def _int(options: dict[str, str], key: str, minimum: int) -> int | None:
     raw = options.get(key.lower())
-    if raw is None:
-        return None
+    return None if raw is None else _whole(raw, key, minimum)
+
+
+def _whole(raw: str, key: str, minimum: int) -> int:
     try:
         value = int(str(raw).strip())
     except ValueError:
@@ -28,7 +30,7 @@ def _int(options: dict, key: str, minimum: int) -> int | None:
     return value
 
 
-def _bool(options: dict, key: str, default: bool) -> bool:
+def _bool(options: dict[str, str], key: str, default: bool) -> bool:
     raw = options.get(key.lower())
     if raw is None:
         return default
@@ -98,7 +100,7 @@ class SourceOptions:
         elif str(starting_raw).strip().lower() in ("latest", "earliest", "snapshot"):
             starting = str(starting_raw).strip().lower()
         else:
-            starting = _int(options, "startingVersion", 1)
+            starting = _whole(starting_raw, "startingVersion", 1)
         ts = options.get("startingtimestamp")
         if ts is not None and starting_raw is not None:
             raise LanceCdfError("give startingVersion or startingTimestamp, not both")

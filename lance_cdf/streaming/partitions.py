@@ -9,6 +9,7 @@ rows of the stream that another component reads, so they hold plain data only, a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pyspark.sql.datasource import InputPartition
 
@@ -46,7 +47,7 @@ class NetSlice(InputPartition):
 SourcePartition = ChangeSlices | SnapshotSlice | NetSlice
 
 
-def part_json(part: SourcePartition) -> dict:
+def part_json(part: SourcePartition) -> dict[str, Any]:
     """`part` as JSON-ready data: `{"kind": ..., <its fields>}`."""
     if isinstance(part, ChangeSlices):
         return {"kind": "changes", "segments": [list(s) for s in part.segments]}
@@ -68,7 +69,7 @@ def whole(value: object, what: str, minimum: int = 0) -> int:
     return value
 
 
-def fields(value: object, what: str, keys: set[str]) -> dict:
+def fields(value: object, what: str, keys: set[str]) -> dict[str, Any]:
     """`value` if it is an object with exactly the keys `keys`."""
     if not isinstance(value, dict) or set(value) != keys:
         got = sorted(value) if isinstance(value, dict) else type(value).__name__
@@ -76,7 +77,7 @@ def fields(value: object, what: str, keys: set[str]) -> dict:
     return value
 
 
-def listed(value: object, what: str) -> list:
+def listed(value: object, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise WorkItemError(f"{what} is {type(value).__name__}, not a list")
     return value

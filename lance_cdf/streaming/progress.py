@@ -10,6 +10,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pyspark.sql.streaming import StreamingQuery
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class SourceVersions:
         return None if self.latest is None else max(0, self.latest - self.delivered)
 
 
-def _version(offset) -> tuple[int, bool] | None:
+def _version(offset: object) -> tuple[int, bool] | None:
     """(version, snapshot in progress) of a lance-cdf offset (a dict or its JSON)."""
     if offset is None:
         return None
@@ -40,7 +44,7 @@ def _version(offset) -> tuple[int, bool] | None:
     return int(offset["version"]), "snapshot" in offset
 
 
-def source_versions(progress: dict | None) -> SourceVersions | None:
+def source_versions(progress: dict[str, Any] | None) -> SourceVersions | None:
     """The lance-cdf source's versions in one progress report (`query.lastProgress`),
     or None when the query has no lance-cdf source or has not planned a batch yet."""
     for source in (progress or {}).get("sources", []):
@@ -54,7 +58,7 @@ def source_versions(progress: dict | None) -> SourceVersions | None:
     return None
 
 
-def lag(query) -> int | None:
+def lag(query: StreamingQuery) -> int | None:
     """Versions the table is ahead of what `query` (a StreamingQuery reading
     `format("lance-cdf")`) delivered, as of its last progress report."""
     versions = source_versions(query.lastProgress)

@@ -34,8 +34,9 @@ from __future__ import annotations
 import bisect
 import logging
 import math
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -76,7 +77,7 @@ from lance_cdf.snapshot import SnapshotFragment
 from lance_cdf.streaming.handoff import WorkItem, WriterSlot, table_digest, work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions
-from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice
+from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice, SourcePartition
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
 
 log = logging.getLogger("lance_cdf.streaming")
@@ -84,7 +85,8 @@ log = logging.getLogger("lance_cdf.streaming")
 # Versions packed into one partition at most (each is re-planned by the executor).
 MAX_SEGMENTS_PER_PARTITION = 1024
 
-_FEEDS: dict[tuple, ChangeFeed] = {}
+# (path, sorted storage options) -> its feed
+_FEEDS: dict[tuple[str, tuple[tuple[str, str], ...]], ChangeFeed] = {}
 
 
 def _feed(opts: SourceOptions) -> ChangeFeed:
@@ -163,7 +165,7 @@ def _start_version(opts: SourceOptions, feed: ChangeFeed, latest: int, streaming
     return start
 
 
-def _union(feed: ChangeFeed, first: int, last: int, columns) -> pa.Schema:
+def _union(feed: ChangeFeed, first: int, last: int, columns: Sequence[str] | None) -> pa.Schema:
     """The event columns of first..last, as read_changes has them, from the
     versions still present (a stream skips or stops at the missing ones)."""
     lo = max(first - 1, 1)
@@ -195,7 +197,7 @@ class Resolved:
     snapshot_version: int | None = None  # startingVersion=snapshot: V0
 
 
-def resolve(options, streaming: bool, as_of: int | None = None) -> Resolved:
+def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = None) -> Resolved:
     """Parse options and fix the schema: the columns of every version from the
     start to the end. `as_of` (the version `load()` saw) stands for "latest":
     a stream starts after it, a batch read without endingVersion ends at it."""
@@ -259,7 +261,7 @@ def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
     if parts == 1:
         return vc
 
-    def share(rows):
+    def share(rows: RowSet) -> RowSet:
         n = len(rows)
         return rows.take(slice(n * part // parts, n * (part + 1) // parts))
 
@@ -369,7 +371,9 @@ class _Reading:
             return self._snapshot(partition)
         if isinstance(partition, NetSlice):
             return self._net(partition)
-        return self._changes(partition)
+        if isinstance(partition, ChangeSlices):
+            return self._changes(partition)
+        raise _not_ours(partition)
 
     def _routed(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Events with `_key_hash` and `_event_order` (option keyHash): sorting a version's
@@ -384,8 +388,10 @@ class _Reading:
             ids = [f.fragment_id for f in _feed(self.opts).snapshot_fragments(partition.version)]
             base = (ids.index(partition.fragment_id) << ORDER_BITS) + partition.offset
             yield from self._with_key_hash(self._snapshot(partition), base)
-        else:
+        elif isinstance(partition, NetSlice):
             yield from self._with_key_hash(self._net(partition), partition.part << ORDER_BITS)
+        else:
+            raise _not_ours(partition)
 
     def _with_key_hash(
         self, batches: Iterator[pa.RecordBatch], base: int
@@ -481,6 +487,11 @@ class _Reading:
             raise VersionNotFoundError(snapshot_lost(self.opts.path, part.version, exc)) from None
 
 
+def _not_ours(partition: InputPartition) -> TypeError:
+    # as streaming.partitions.part_json: Spark hands back the partitions planned here
+    return TypeError(f"not a lance-cdf source partition: {type(partition).__name__}")
+
+
 def snapshot_lost(path: str, version: int, why: Exception) -> str:
     return (
         f"the snapshot of {path} at version {version} cannot be completed: the version was "
@@ -516,7 +527,7 @@ class LanceCdfDataSource(DataSource):
         as_of = getattr(self, "_as_of", None)
         return LanceCdfBatchReader(resolve(self.options, False, as_of), schema)
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+    def streamReader(self, schema: StructType) -> LanceCdfStreamReader:
         quiet_when_spark_hangs_up()
         as_of = getattr(self, "_as_of", None)
         resolved = resolve(self.options, True, as_of)
@@ -605,7 +616,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.sizes: dict[int, tuple[int, int]] = {}  # version -> (events, changed rows)
         self.warned = 0  # highest skipped version warned about
 
-    def __getstate__(self):
+    def __getstate__(self) -> dict[str, Any]:
         # executors get the reader pickled with every micro-batch: leave the caches behind
         state = dict(self.__dict__)
         state["sizes"] = {}
@@ -613,7 +624,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     # -- offsets ----------------------------------------------------------
-    def initialOffset(self) -> dict:
+    def initialOffset(self) -> dict[str, Any]:
         if self.snapshot_version is not None:
             return {"version": self.snapshot_version, "snapshot": {"fragment": 0, "offset": 0}}
         return {"version": self.start - 1}
@@ -629,14 +640,14 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return fragments
 
     @staticmethod
-    def _position(offset: dict, fragments: Sequence[SnapshotFragment]) -> tuple[int, int]:
+    def _position(offset: dict[str, Any], fragments: Sequence[SnapshotFragment]) -> tuple[int, int]:
         """Where in the snapshot `offset` is: (fragment index, live-row offset)."""
         snap = offset.get("snapshot")
         if snap is None:
             return len(fragments), 0
         return int(snap["fragment"]), int(snap["offset"])
 
-    def _snapshot_offset(self, start: dict, limit: ReadLimit) -> dict:
+    def _snapshot_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         """The end of the next snapshot micro-batch: the whole rest of the
         snapshot, or `maxRowsPerTrigger` rows of it (changes come after it)."""
         version = int(start["version"])
@@ -657,10 +668,10 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxFiles(self.opts.max_versions_per_trigger)
         return ReadAllAvailable()
 
-    def reportLatestOffset(self) -> dict:
+    def reportLatestOffset(self) -> dict[str, Any]:
         return {"version": _feed(self.opts).latest_version()}
 
-    def latestOffset(self, start: dict, limit: ReadLimit) -> dict:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         if "snapshot" in start:
             return self._snapshot_offset(start, limit)
         feed = _feed(self.opts)
@@ -792,8 +803,11 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
     # -- reading ----------------------------------------------------------
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        out: list[InputPartition] = []
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        return self._slices(start, end)
+
+    def _slices(self, start: dict[str, Any], end: dict[str, Any]) -> list[SourcePartition]:
+        out: list[SourcePartition] = []
         if "snapshot" in start:
             version = int(start["version"])
             fragments = self._fragments(version)
@@ -818,7 +832,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
-    def commit(self, end: dict) -> None:
+    def commit(self, end: dict[str, Any]) -> None:
         done = int(end["version"])
         for version in [v for v in self.sizes if v <= done]:
             del self.sizes[version]
@@ -832,8 +846,8 @@ class HandOffReader(LanceCdfStreamReader):
     (`_events`: snapshot rows, and each version's events before dropUnchangedUpdates or an
     old writer's undecided rows drop any)."""
 
-    def partitions(self, start: dict, end: dict) -> Sequence[InputPartition]:
-        parts = tuple(super().partitions(start, end))
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[WriterSlot]:
+        parts = tuple(self._slices(start, end))
         if not parts:
             return []
         versions = {v for p in parts if isinstance(p, ChangeSlices) for v, _, _ in p.segments}
@@ -841,6 +855,8 @@ class HandOffReader(LanceCdfStreamReader):
             p.limit for p in parts if isinstance(p, SnapshotSlice)
         )
         slots = self.opts.writer_slots
+        if slots is None:  # LanceCdfDataSource.streamReader makes this reader only with it
+            raise LanceCdfError("a hand-off stream needs option writerSlots")
         return [WriterSlot(parts, s, slots, 0 if s else events) for s in range(slots)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:

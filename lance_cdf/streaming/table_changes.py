@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from pyspark.sql.functions import udtf
 from pyspark.sql.udtf import AnalyzeArgument, AnalyzeResult
@@ -23,7 +24,12 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.feed import ChangeFeed, read_changes
 from lance_cdf.streaming.types import arrow_target, spark_schema, to_spark
 
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+    from pyspark.sql.udtf import UserDefinedTableFunction
+
 NAME = "lance_table_changes"
+_T = TypeVar("_T", str, int)  # the types of a constant argument
 
 
 @dataclass
@@ -34,10 +40,14 @@ class _Analyzed(AnalyzeResult):
     end: int = 0
 
 
-def _constant(arg: AnalyzeArgument | None, what: str, kind: type, optional: bool = False):
-    if arg is None or (optional and arg.isConstantExpression and arg.value is None):
-        if optional:
-            return None
+def _optional(arg: AnalyzeArgument | None, what: str, kind: type[_T]) -> _T | None:
+    if arg is None or (arg.isConstantExpression and arg.value is None):
+        return None
+    return _constant(arg, what, kind)
+
+
+def _constant(arg: AnalyzeArgument | None, what: str, kind: type[_T]) -> _T:
+    if arg is None:
         raise LanceCdfError(f"{NAME}(path, start [, end]): {what} is missing")
     if arg.isTable or not arg.isConstantExpression or arg.value is None:
         raise LanceCdfError(
@@ -57,10 +67,12 @@ class LanceTableChanges:
         self.analyzed = analyzed
 
     @staticmethod
-    def analyze(path, start, end=None) -> _Analyzed:
+    def analyze(
+        path: AnalyzeArgument, start: AnalyzeArgument, end: AnalyzeArgument | None = None
+    ) -> _Analyzed:
         uri = _constant(path, "path", str)
         first = _constant(start, "start (a version >= 1)", int)
-        last = _constant(end, "end (a version)", int, optional=True)
+        last = _optional(end, "end (a version)", int)
         feed = ChangeFeed(uri)
         if last is None:
             last = feed.latest_version()
@@ -68,13 +80,16 @@ class LanceTableChanges:
         schema = spark_schema(feed.user_schema(first, last))
         return _Analyzed(schema=schema, start=first, end=last)
 
-    def eval(self, path: str, start, end=None) -> Iterator[tuple]:
+    def eval(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[Any, ...]]:
         target = arrow_target(self.analyzed.schema)
         for batch in read_changes(path, self.analyzed.start, self.analyzed.end):
             columns = [c.to_pylist() for c in to_spark(batch, target).columns]
             yield from zip(*columns, strict=True)
 
 
-def register(spark) -> None:
+def register(spark: SparkSession) -> None:
     """`lance_table_changes` in this session's SQL."""
-    spark.udtf.register(NAME, udtf(LanceTableChanges, useArrow=True))
+    # pyspark annotates udtf() without overloads: given a class it returns the UDTF, not
+    # the decorator its Union also allows
+    function = cast("UserDefinedTableFunction", udtf(LanceTableChanges, useArrow=True))
+    spark.udtf.register(NAME, function)
