@@ -25,8 +25,9 @@ provision: $(STAMP)
 	$(PY) -m lance_cdf.devtools provision
 	$(PY) -m lance_cdf.devtools connect
 
-# pytest exits non-zero (5) when it collects nothing, so an empty run fails too.
-test: provision
+# CI's command: the linters (ruff, mypy), then every test. pytest exits non-zero (5)
+# when it collects nothing, so an empty run fails too.
+test: lint provision
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (`-m unit`, see tests/conftest.py): no JVM, broker, registry,
