@@ -37,7 +37,15 @@ def main() -> None:
     ap.add_argument("--versions", nargs="+", required=True, help="v or a:b (inclusive)")
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--malloc-default", action="store_true",
+        help="leave glibc's malloc as a fresh process has it (default: opt in, as bench_core)",
+    )  # fmt: skip
     args = ap.parse_args()
+    import lance_cdf
+
+    if not args.malloc_default and hasattr(lance_cdf, "keep_freed_memory"):
+        lance_cdf.keep_freed_memory()  # builds before issue 30 did it by themselves
     rows = []
     for v in args.versions:
         a, _, b = v.partition(":")
