@@ -156,7 +156,7 @@ class ObjectStoreFileSystem:
             if "NoSuchBucket" in str(exc):
                 raise self._error(exc, path) from None
             raise
-        except Exception as exc:
+        except Exception as exc:  # obstore's own error types: one clear error names the call
             raise self._error(exc, path) from None
 
     def read(self, path: str) -> bytes:

@@ -57,7 +57,7 @@ def check_topic(bootstrap_servers: str, topic: str, config: dict[str, Any] | Non
 def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
     try:
         SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
-    except Exception as exc:
+    except Exception as exc:  # the client raises several types: all end here, named
         raise PublishError(
             f"cannot reach the schema registry at {url} ({type(exc).__name__}: {exc}); check "
             "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."

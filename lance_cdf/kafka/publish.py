@@ -353,7 +353,7 @@ def _warm_imports() -> None:
         import lance_cdf.kafka.sink  # noqa: F401
         import lance_cdf.streaming.source  # noqa: F401
         import lance_cdf.streaming.table_changes  # noqa: F401
-    except Exception:  # noqa: BLE001
+    except Exception:  # noqa: BLE001 - raised again where used, in the main thread
         pass
 
 

@@ -14,6 +14,7 @@ the driver.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection, Iterable, Iterator
 from typing import TYPE_CHECKING, Any
@@ -32,6 +33,8 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
+
+log = logging.getLogger("lance_cdf.kafka")
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer  # imported where used: only routed streams need one
@@ -465,7 +468,9 @@ class KafkaChangePublisher:
             )
         try:  # every record is in: each partition written ends with its last position
             every = self._watermarks(sent_last)
-        except Exception:  # noqa: BLE001 (only an optimisation: read them next time)
+        except Exception as exc:  # noqa: BLE001 (only an optimisation: read them next time)
+            log.debug("partition watermarks not read (%s: %s); read next time",
+                      type(exc).__name__, exc)  # fmt: skip
             every = {}
         for p, position in sent_last.items():
             if p in every:
