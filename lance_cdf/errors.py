@@ -63,6 +63,11 @@ class ReplicateError(LanceCdfError):
     """A record could not be applied and there is no dead-letter topic to set it aside."""
 
 
+class RegistryUnavailableError(ReplicateError):
+    """The schema registry did not answer for longer than the replicator waits: an outage,
+    never a reason to set records aside."""
+
+
 class PublishError(LanceCdfError):
     """Kafka or the schema registry refused or lost records."""
 

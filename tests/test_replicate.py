@@ -5,11 +5,13 @@ The oracle is the source table itself: after every round, the replica's rows
 latest version on every source column, with no duplicate keys.
 """
 
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
@@ -20,6 +22,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from workload import Workload
 
 import lance_cdf
+from lance_cdf.errors import RegistryUnavailableError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID, ReplicaTable
@@ -399,3 +402,68 @@ def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
 def test_unreachable_broker_is_named(tmp_path, schema_registry):
     with pytest.raises(lance_cdf.LanceCdfError, match="127.0.0.1:1"):
         Replicator("127.0.0.1:1", "t", schema_registry.url, str(tmp_path / "r.lance"))
+
+
+@contextlib.contextmanager
+def registry_down(registry):
+    """The registry's process group stopped (SIGSTOP): connections hang, requests time
+    out, as in an outage; SIGCONT afterwards, whatever happens (it is shared by the run)."""
+    os.killpg(registry.proc.pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.killpg(registry.proc.pid, signal.SIGCONT)
+
+
+def test_a_registry_outage_is_waited_out_never_dead_lettered(
+    tmp_path, kafka_broker, schema_registry
+):
+    """The registry is down when the replicator meets a schema id it has not fetched yet
+    (after add_columns): with a dead-letter topic, no good record goes there; the
+    replicator waits, then applies everything once the registry answers. An outage longer
+    than it waits stops it with RegistryUnavailableError, nothing applied of the batch and
+    nothing set aside; a plain restart then completes the replica."""
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-outage-{uuid.uuid4().hex[:8]}"
+    dlq = f"{topic}.dlq"
+    w = Workload(src, seed=9, rows=80)
+    published = publish(kafka_broker, schema_registry, src, topic, 1)
+    rep = make_replicator(kafka_broker, schema_registry, topic, dst, dead_letter_topic=dlq)
+    assert rep.run(idle_timeout=2).dead_letters == 0
+    w.step("add_column")  # a new schema id, registered while the registry is up
+    w.step("update")
+    published = publish(kafka_broker, schema_registry, src, topic, published + 1)
+
+    def replicator(group, **kw):  # a group of its own: no wait for the last one to leave
+        return Replicator(
+            kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
+            group_id=f"{group}-{topic}", max_batch_interval=0.5, dead_letter_topic=dlq, **kw,
+        )  # fmt: skip
+
+    # short of the wait: the outage is ridden out
+    rep = replicator("g2")
+    with registry_down(schema_registry):
+        done = []
+        runner = threading.Thread(target=lambda: done.append(rep.run(idle_timeout=3)))
+        runner.start()
+        time.sleep(16)  # it meets the new schema id meanwhile: a 10 s timeout, retries
+    runner.join(120)
+    assert done and done[0].dead_letters == 0 and done[0].registry_retries > 0
+    assert_replica_equals_source(src, dst)
+
+    # longer than the wait: a clear stop, nothing set aside, then a plain restart
+    w.step("add_column")
+    w.step("upsert")
+    publish(kafka_broker, schema_registry, src, topic, published + 1)
+    rep = replicator("g3", registry_outage_s=3)
+    with registry_down(schema_registry), pytest.raises(RegistryUnavailableError,
+                                                       match="no record is lost"):  # fmt: skip
+        rep.run(idle_timeout=3)
+    again = replicator("g4")
+    assert again.run(idle_timeout=3).dead_letters == 0
+    assert_replica_equals_source(src, dst)
+    c = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-check",
+                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c.subscribe([dlq])
+    assert all(m is None or m.error() for m in (c.poll(0.5) for _ in range(6)))
+    c.close()

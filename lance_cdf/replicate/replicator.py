@@ -48,7 +48,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from lance_cdf.avro.decode import (
     OK,
@@ -60,7 +61,7 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.errors import LanceCdfError, ReplicateError
+from lance_cdf.errors import LanceCdfError, RegistryUnavailableError, ReplicateError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.replicate.replica import (
     MAX_ROWID_PROPERTY,
@@ -105,6 +106,7 @@ class Counters:
     source_version: int = 0
     lag: int = 0
     delivery_failures: int = 0  # offset commits and dead-letter writes that failed
+    registry_retries: int = 0  # schema fetches asked again while the registry was down
     last_error: float = 0.0  # unix time of the last of those (0: none)
     started: float = field(default_factory=time.time)
     # where the time went (seconds since start): waiting for / fetching records,
@@ -129,15 +131,53 @@ class _Decoder:
     """Confluent wire format -> Python dict (one record) or Arrow (many records of one
     schema, vectorized); writer schemas fetched once per schema id."""
 
-    def __init__(self, registry: SchemaRegistryClient):
+    def __init__(self, registry: SchemaRegistryClient, outage_s: float = 120.0):
         self.registry = registry
+        self.outage_s = outage_s
+        self.outages = 0  # fetches retried because the registry did not answer
         self.parsed: dict[int, ParsedSchema] = {}
         self.rows: dict[int, pa.Schema] = {}
         self.batch: dict[int, BatchDecoder | None] = {}
 
+    def _schema(self, schema_id: int) -> Schema:
+        """The writer schema of an id. An id the registry answers it does not know (a 4xx
+        other than 429) is the record's fault: raised as is, and the record stops the
+        replicator or goes to the dead-letter topic. Anything else (the registry
+        unreachable, timing out, failing with a 5xx or 429) is an outage, never the
+        record's fault: retried with backoff for up to `outage_s` seconds, each retry
+        logged, then RegistryUnavailableError, which no dead-letter path takes."""
+        deadline = time.monotonic() + self.outage_s
+        delay = 0.5
+        while True:
+            try:
+                return self.registry.get_schema(schema_id)
+            except SchemaRegistryError as exc:
+                status = exc.http_status_code
+                if status is not None and 400 <= status < 500 and status != 429:
+                    raise
+                why: Exception = exc
+            except Exception as exc:  # noqa: BLE001 - httpx's transport errors: an outage
+                why = exc
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise RegistryUnavailableError(
+                    f"the schema registry did not give schema id {schema_id} for "
+                    f"{self.outage_s:.0f} s ({type(why).__name__}: {str(why)[:200]}). Nothing of "
+                    "the batch was applied and no offset moved: start the replicator again "
+                    "once the registry answers; no record is lost."
+                ) from None
+            self.outages += 1
+            log.warning(
+                "schema registry unavailable (%s); schema id %d asked again in %.1f s "
+                "(giving up after %.0f s)", type(why).__name__, schema_id, min(delay, left),
+                self.outage_s,
+            )  # fmt: skip
+            time.sleep(min(delay, left))
+            delay = min(delay * 2, 10.0)
+
     def _load(self, schema_id: int) -> None:
         if schema_id not in self.parsed:
-            schema_str = self.registry.get_schema(schema_id).schema_str
+            schema_str = self._schema(schema_id).schema_str
             if schema_str is None:
                 raise ReplicateError(f"the schema registry has no schema text for id {schema_id}")
             envelope = json.loads(schema_str)
@@ -268,6 +308,7 @@ class Replicator:
         keep_row_ids: bool = False,
         preload_index: bool = True,
         key_map: bool = True,
+        registry_outage_s: float = 120.0,
     ):
         self.topic = topic
         self.compact_every = compact_every
@@ -283,7 +324,14 @@ class Replicator:
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
         self.decoder = _Decoder(
-            SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+            # a request timeout (the client has none: a hung registry would hang the
+            # replicator for good), and no retries of its own: an outage is retried, and
+            # logged, by _Decoder._schema
+            SchemaRegistryClient(
+                {"url": schema_registry, "timeout": 10, "max.retries": 0,
+                 **(registry_config or {})}
+            ),  # fmt: skip
+            outage_s=registry_outage_s,
         )
         self.consumer = Consumer({
             "group.id": group_id or f"lance-cdf-replicate-{topic}",
@@ -466,6 +514,7 @@ class Replicator:
         upserts, deletes, tombstones, version, new_rows = self._final_states(
             unapplied, parts, offsets
         )
+        self.counters.registry_retries = self.decoder.outages
         t1 = time.perf_counter()
         props = {
             OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
@@ -570,7 +619,9 @@ class Replicator:
         for sid in np.unique(schema_ids[wire == OK]).tolist():
             try:
                 decoder = self.decoder.batch_decoder(sid)
-            except Exception as exc:  # unknown schema id, registry down: like fastavro's path
+            except RegistryUnavailableError:
+                raise  # an outage: nothing is set aside
+            except Exception as exc:  # an id the registry does not know: like fastavro's path
                 for i in np.flatnonzero(schema_ids == sid):
                     errors[int(i)] = exc
                 continue
@@ -684,7 +735,9 @@ class Replicator:
                 source = rec["source"]
                 meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
                              source["rowid"], op == "c"))  # fmt: skip
-            except Exception as exc:
+            except RegistryUnavailableError:
+                raise  # an outage, not the record's fault: never a dead letter
+            except Exception as exc:  # a record that does not decode with its schema
                 self._dead_letter(m, exc)
                 continue
             images.append(image)
@@ -779,8 +832,9 @@ class Replicator:
         if self.dlq is None or self.dead_letter_topic is None:  # (set together)
             raise ReplicateError(
                 f"cannot decode the record at {where}: {error}. Nothing of its batch was "
-                "applied. Fix the producer, or run with --dead-letter-topic to set such "
-                "records aside and go on."
+                "applied. Fix the producer; or run with --dead-letter-topic to set such "
+                "records aside and go on (they are then not applied: the replica lacks them "
+                "until they are replayed)."
             ) from exc
         headers: list[tuple[str, str | bytes | None]] = [
             ("lance-cdf.error", error.encode()),
