@@ -278,3 +278,30 @@ def test_opted_in_process_keeps_freed_decode_buffers_in_the_heap(tmp_path):
     if out == "not-glibc":
         pytest.skip("glibc's malloc only")
     assert out == "False"
+
+
+def test_a_call_leaves_no_reader_for_the_cyclic_collector(tmp_path):
+    """Everything a fresh read_changes call builds (its reader, the table's parsed
+    manifests and decoded sequences) is freed when the call ends, by reference counts: a
+    reference cycle through the reader once kept them for the cyclic collector, and calls
+    on an aged 10M-row table ran 50-60% slower in the memory they held."""
+    import gc
+
+    from lance_cdf.format.table import TableLog
+    from lance_cdf.rows import RowReader
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).update({"id": "id + 10"}, where="id = 1")
+    gc.collect()
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        for _ in range(3):
+            assert lance_cdf.read_changes(uri, 1, 2).read_all().num_rows == 4
+            assert lance_cdf.read_changes(uri, 2, snapshot=True).read_all().num_rows == 2
+        alive = [o for o in gc.get_objects() if isinstance(o, RowReader | TableLog)]
+    finally:
+        if was:
+            gc.enable()
+    assert alive == []
