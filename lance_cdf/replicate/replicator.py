@@ -142,8 +142,8 @@ class _Decoder:
     def _schema(self, schema_id: int) -> Schema:
         """The writer schema of an id. An id the registry answers it does not know (a 4xx
         other than 429) is the record's fault: raised as is, and the record stops the
-        replicator or goes to the dead-letter topic. Anything else (the registry
-        unreachable, timing out, failing with a 5xx or 429) is an outage, never the
+        replicator or goes to the dead-letter topic. An outage (`_registry_outage`: the
+        registry unreachable, timing out, failing with a 5xx or 429) is never the
         record's fault: retried with backoff for up to `outage_s` seconds, each retry
         logged, then RegistryUnavailableError, which no dead-letter path takes."""
         deadline = time.monotonic() + self.outage_s
@@ -151,13 +151,10 @@ class _Decoder:
         while True:
             try:
                 return self.registry.get_schema(schema_id)
-            except SchemaRegistryError as exc:
-                status = exc.http_status_code
-                if status is not None and 400 <= status < 500 and status != 429:
+            except Exception as exc:  # noqa: BLE001 - sorted just below
+                if not _registry_outage(exc):
                     raise
                 why: Exception = exc
-            except Exception as exc:  # noqa: BLE001 - httpx's transport errors: an outage
-                why = exc
             left = deadline - time.monotonic()
             if left <= 0:
                 raise RegistryUnavailableError(
@@ -197,6 +194,19 @@ class _Decoder:
         """The vectorized decoder of a schema id; None when only fastavro reads it."""
         self._load(schema_id)
         return self.batch[schema_id]
+
+
+def _registry_outage(exc: Exception) -> bool:
+    """Whether a failed schema fetch is the registry's outage rather than the record's
+    fault: no answer (a transport error or timeout of the client's HTTP library, an
+    OSError) or an answer of a 5xx or 429; not an answer that the id is unknown (4xx)."""
+    if isinstance(exc, SchemaRegistryError):
+        status = exc.http_status_code
+        return status is None or status >= 500 or status == 429
+    if isinstance(exc, OSError):  # TimeoutError, ConnectionError, ...
+        return True
+    # httpx's (the client's) TransportError / TimeoutException, without importing it
+    return any(c.__name__ in ("TransportError", "TimeoutException") for c in type(exc).__mro__)
 
 
 def _offset(m: Message) -> int:
