@@ -7,7 +7,7 @@ DEMO_SECONDS ?= 60
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv test test-unit test-integration demo proto provision bench lint clean
+.PHONY: venv test test-unit test-integration demo proto provision bench lint docs clean
 
 $(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 	# compat: the project root on sys.path, so PySpark's lookup of `pyspark_*` modules
 	# (pkgutil.iter_modules) finds pyspark_lance_cdf; the default (lenient) editable
 	# install hides it behind an import hook that iter_modules does not see.
-	$(PY) -m pip install -q -e '.[all,test,dev]' --config-settings editable_mode=compat
+	$(PY) -m pip install -q -e '.[all,test,dev,docs]' --config-settings editable_mode=compat
 	touch $(STAMP)
 
 venv: $(STAMP)
@@ -25,9 +25,9 @@ provision: $(STAMP)
 	$(PY) -m lance_cdf.devtools provision
 	$(PY) -m lance_cdf.devtools connect
 
-# CI's command: the linters (ruff, mypy), then every test. pytest exits non-zero (5)
-# when it collects nothing, so an empty run fails too.
-test: lint provision
+# CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
+# exits non-zero (5) when it collects nothing, so an empty run fails too.
+test: lint docs provision
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # The unit tests alone (`-m unit`, see tests/conftest.py): no JVM, broker, registry,
@@ -57,8 +57,13 @@ bench: $(STAMP)
 	$(PY) bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse --repeat 20 --out bench/results_plan.json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lance_cdf tests bench
+	$(VENV)/bin/ruff check lance_cdf tests bench docs
 	$(VENV)/bin/mypy
 
+# The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
+# API reference or a snippet that is not there fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+
 clean:
-	rm -rf $(VENV) .pytest_cache build *.egg-info
+	rm -rf $(VENV) .pytest_cache build *.egg-info site
