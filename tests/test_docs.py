@@ -5,6 +5,7 @@ reference pages hold what the code has, and the code a user is told to run runs.
 from __future__ import annotations
 
 import argparse
+import ast
 import html
 import importlib.util
 import os
@@ -69,6 +70,25 @@ def test_the_cli_page_has_every_subcommand_and_flag(site):
         assert not missing, f"{command or 'lance-cdf'}: {missing} not on the CLI page"
 
 
+def test_the_metrics_page_has_every_metric_the_module_documents(site):
+    import lance_cdf.metrics
+
+    documented = set(re.findall(r"lance_cdf_[a-z_]+", lance_cdf.metrics.__doc__ or ""))
+    assert len(documented) >= 10
+    page = _text(site / "reference/metrics/index.html")
+    served = set(re.findall(r"lance_cdf_[a-z_]+", page))
+    assert documented <= served, f"in lance_cdf.metrics, not on the page: {documented - served}"
+
+
+def test_the_spark_options_page_has_every_option_the_source_accepts(site):
+    from lance_cdf.streaming.options import KNOWN, STORAGE_PREFIX
+
+    page = _text(site / "reference/spark-options/index.html").lower()
+    missing = sorted(o for o in KNOWN if o not in page)
+    assert not missing, f"Spark options not on the page: {missing}"
+    assert STORAGE_PREFIX in page
+
+
 def test_the_generated_tables_come_from_the_code():
     hooks = _hooks()
     cli = hooks.cli_markdown()
@@ -76,3 +96,116 @@ def test_the_generated_tables_come_from_the_code():
     metrics = hooks.metrics_markdown()
     assert "`lance_cdf_applied_version` | gauge | replicate |" in metrics
     assert "`lance_cdf_published_version` | gauge | publish |" in metrics
+
+
+# ------------------------------------------------------------------ the code a user runs
+SNIPPETS = ROOT / "docs/snippets"
+
+
+def _in(tmp: Path, text: str) -> str:
+    """A snippet's text with its /tmp/ paths moved into the test's own directory."""
+    return text.replace("/tmp/", f"{tmp}/")
+
+
+def _expected_outputs(code: str) -> list[str]:
+    """What the snippet says a print shows (`print(...)  # {'a': 1}`), where the comment is
+    a Python literal (an exact value, not a description)."""
+    shown = []
+    for line in code.splitlines():
+        if not line.lstrip().startswith("print(") or "  # " not in line:
+            continue
+        comment = line.split("  # ", 1)[1].strip()
+        try:
+            shown.append(str(ast.literal_eval(comment)))
+        except (ValueError, SyntaxError):
+            continue  # a description of the output, or an elided one ("{..., 'updated': 9}")
+    return shown
+
+
+def _run_python(names: list[str], tmp: Path, capsys, namespace: dict | None = None) -> dict:
+    namespace = {"__name__": "__snippet__"} if namespace is None else namespace
+    for name in names:
+        code = _in(tmp, (SNIPPETS / name).read_text())
+        exec(compile(code, str(SNIPPETS / name), "exec"), namespace)
+        out = capsys.readouterr().out
+        for shown in _expected_outputs(code):
+            assert shown in out, f"{name}: {shown!r} not in its output:\n{out}"
+    return namespace
+
+
+def _run_shell(name: str, tmp: Path, replace: dict[str, str] | None = None) -> list[str]:
+    """Each command of a .sh snippet (lines joined at trailing backslashes), as written."""
+    text = _in(tmp, (SNIPPETS / name).read_text()).replace("\\\n", " ")
+    for old, new in (replace or {}).items():
+        text = text.replace(old, new)
+    bin_dir = str(Path(sys.executable).parent)
+    env = {**os.environ, "PATH": bin_dir + os.pathsep + os.environ.get("PATH", "")}
+    outputs = []
+    for command in filter(None, (c.strip() for c in text.splitlines())):
+        done = subprocess.run(
+            command, shell=True, cwd=tmp, env=env, capture_output=True, text=True, timeout=600
+        )
+        assert done.returncode == 0, f"{command}\n{done.stderr[-3000:]}"
+        outputs.append(done.stdout)
+    return outputs
+
+
+def test_the_python_tour_runs_as_written(tmp_path, capsys):
+    """Getting started and the Python guide, then the concepts page, in page order."""
+    ns = _run_python(["read_changes.py", "modes.py"], tmp_path, capsys)
+    jsonl, net, dropped = _run_shell("changes_cli.sh", tmp_path)
+    assert '"_change_type": "snapshot"' in jsonl.replace('":"', '": "')
+    assert net.strip() and dropped.strip()
+    ns = _run_python(
+        ["change_feed.py", "range_events.py", "versions_loop.py"], tmp_path, capsys, ns
+    )
+    _run_python(["columns.py", "blobs.py", "metadata_only.py"], tmp_path, capsys, ns)
+
+
+def test_the_tour_reads_the_changes_it_made(tmp_path, capsys):
+    ns = _run_python(["read_changes.py"], tmp_path, capsys)
+    import lance_cdf
+
+    events = lance_cdf.read_changes(ns["uri"], 1).read_all()
+    versions, types = events["_commit_version"].to_pylist(), events["_change_type"].to_pylist()
+    got = list(zip(versions, types, strict=True))
+    assert got == [(1, "insert")] * 3 + [(2, "update_preimage"), (2, "update_postimage")] + [
+        (3, "delete")
+    ]
+
+
+def test_the_older_writers_example_runs_as_written(capsys, monkeypatch):
+    monkeypatch.chdir(ROOT)  # it reads a fixture table of the repository
+    _run_python(["older_writers.py"], ROOT, capsys)
+
+
+@pytest.mark.integration
+def test_the_spark_examples_run_as_written(tmp_path, capsys, spark):
+    ns = _run_python(["read_changes.py"], tmp_path, capsys)
+    ns["spark"] = spark
+    _run_python(
+        ["spark_stream.py", "spark_lag.py", "spark_sql_view.py", "spark_udtf.py"],
+        tmp_path, capsys, ns,
+    )  # fmt: skip
+    written = spark.read.parquet(str(tmp_path / "events-changes"))
+    assert written.count() == 6  # 3 inserts, an update pair, a delete
+
+
+@pytest.mark.integration
+def test_publish_and_replicate_run_as_written(tmp_path, capsys, kafka_broker, schema_registry):
+    """The two commands of Getting started (and the short README): the replica they leave
+    equals the source table."""
+    import lance
+
+    _run_python(["read_changes.py"], tmp_path, capsys)
+    _run_shell(
+        "publish_replicate.sh", tmp_path,
+        {
+            "127.0.0.1:9092": kafka_broker.bootstrap_servers,
+            "http://127.0.0.1:8081/apis/ccompat/v7": schema_registry.url,
+            "events.cdf": f"docs-tour-{tmp_path.name}",
+        },
+    )  # fmt: skip
+    source = lance.dataset(str(tmp_path / "events.lance")).to_table().sort_by("id")
+    replica = lance.dataset(str(tmp_path / "events-replica.lance")).to_table()
+    assert replica.select(["id", "s"]).sort_by("id").to_pylist() == source.to_pylist()
