@@ -1,4 +1,16 @@
-"""lance-cdf: a row-level change data feed for Lance tables."""
+"""lance-cdf: a row-level change data feed for Lance tables.
+
+The public names:
+
+- `read_changes(uri, start_version, end_version, ...)`: the changes of a version range as a
+  `pyarrow.RecordBatchReader` (`lance_cdf.feed.read_changes`);
+- `ChangeFeed(uri)`: a table held open for many calls: plans and events per commit
+  (`lance_cdf.feed.ChangeFeed`);
+- `LanceCdfError`: the base class of every error lance-cdf raises on purpose (the others
+  are in `lance_cdf.errors`);
+- `keep_freed_memory()`: opt in, once per process, to glibc keeping freed decode buffers
+  (`lance_cdf.malloc`).
+"""
 
 from typing import TYPE_CHECKING
 

@@ -23,19 +23,23 @@ STABLE_ROW_IDS_HOWTO = (
 
 
 class LanceCdfError(Exception):
-    """Base class of every error lance-cdf raises on purpose."""
+    """Base class of every error lance-cdf raises on purpose: catch it to handle them all.
+    The message is one line naming the cause and the fix."""
 
 
 class TableNotFoundError(LanceCdfError):
-    """The path holds no Lance table."""
+    """The path holds no Lance table (raised by `read_changes`, `ChangeFeed`, the Spark
+    source at `load()` and the CLI)."""
 
 
 class StableRowIdsRequiredError(LanceCdfError):
-    """The table was created without stable row IDs."""
+    """The table was created without stable row IDs; the message says how to create one
+    with them (pylance and LanceDB)."""
 
 
 class VersionNotFoundError(LanceCdfError):
-    """A requested version does not exist (not yet written, or cleaned up)."""
+    """A requested version does not exist (not yet written, or cleaned up); the message
+    names the versions still present where that helps."""
 
 
 class CorruptFileError(LanceCdfError):

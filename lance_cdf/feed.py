@@ -27,7 +27,24 @@ DEFAULT_BATCH_SIZE = 65536
 
 
 class ChangeFeed:
-    """Change events of the Lance table at `uri`, one commit at a time."""
+    """Change events of the Lance table at `uri`, one commit at a time.
+
+    Hold one for many calls on one table (a poller, a stream): manifests, plans, decoded
+    row-ID sequences and open data-file readers are kept between calls.
+
+    Args:
+        uri: the table's path or URI (`file://`, `s3://`, `gs://`, `az://`).
+        storage_options: passed to the object store and to pylance, as for pylance.
+        check_latest: check at once that the latest version has stable row IDs; with
+            False, each version is checked when it is planned.
+
+    Raises:
+        TableNotFoundError: `uri` holds no Lance table.
+        StableRowIdsRequiredError: the latest version has no stable row IDs
+            (`check_latest=True`).
+        StorageAccessError: the object store could not be reached or refused the request.
+        UnsupportedStorageError: a URI scheme this build cannot read.
+    """
 
     def __init__(
         self,
@@ -46,20 +63,48 @@ class ChangeFeed:
 
     @property
     def uri(self) -> str:
+        """The table's URI."""
         return self.table.uri
 
     def latest_version(self) -> int:
+        """The table's latest version, listed afresh.
+
+        Returns:
+            The highest version number in the table's `_versions/`.
+        """
         return self.table.refresh()[-1]
 
     def resolve_range(
         self, start: int, end: int | None = None, refresh: bool = True
     ) -> tuple[int, int]:
+        """Check the range `start`..`end` (None: the latest) before reading it.
+
+        Returns:
+            `(start, end)` as version numbers.
+
+        Raises:
+            VersionNotFoundError: a version of the range (or the one before `start`, whose
+                manifest the first step needs) does not exist or was cleaned up; the message
+                names the first start version that can be read.
+            LanceCdfError: `start` < 1 or `end` < `start`.
+        """
         return resolve_range(self.table, start, end, refresh)
 
     def plan(self, version: int) -> VersionChanges:
         """Which rows commit `version` inserted, updated and deleted (no data read,
         except the images of moved rows whose writer recorded no versions: see
-        lance_cdf.candidates)."""
+        lance_cdf.candidates).
+
+        Returns:
+            The version's plan; `.summary()` is a dict of its version, Lance operation and
+            inserted / updated / deleted counts.
+
+        Raises:
+            VersionNotFoundError: `version` or `version - 1` does not exist.
+            StableRowIdsRequiredError: the version has no stable row IDs.
+            UndecidableChangeError: an older writer's moved rows cannot be compared.
+            CorruptFileError: a manifest, row-ID or deletion file could not be decoded.
+        """
         cached = self._plans.get(version)
         if cached is None:
             plan = resolve_candidates(self.reader, plan_version(self.table, version))
@@ -67,11 +112,21 @@ class ChangeFeed:
         return cached
 
     def plans(self, start: int, end: int) -> Iterator[VersionChanges]:
+        """`plan(v)` of every version `start`..`end`, in order (raises as `plan`)."""
         for version in range(start, end + 1):
             yield self.plan(version)
 
     def user_schema(self, start: int, end: int, columns: Sequence[str] | None = None) -> pa.Schema:
-        """Columns of the events of versions start..end (see README: schema across a range)."""
+        """Columns of the events of versions start..end: each column under its newest name
+        and type in the range (the documentation's Concepts, "Columns across a range").
+
+        Returns:
+            The user columns (without the four metadata columns), as `events()` takes them.
+
+        Raises:
+            LanceCdfError: a name in `columns` is not a column of the range, or is one of the
+                metadata columns; or a table column has a metadata column's name.
+        """
         versions = range(max(start - 1, 1), end + 1)
         if start > 1:  # the base of the first step: its own commit's operation is not needed
             self.table.manifest(start - 1, operation=False, base=True)
@@ -95,13 +150,23 @@ class ChangeFeed:
         return self.select_columns(union_schema(schemas), columns, where)
 
     def schema_at(self, version: int, columns: Sequence[str] | None = None) -> pa.Schema:
-        """The table's columns (or `columns`) at one version."""
+        """The table's columns (or `columns`) at one version.
+
+        Raises:
+            LanceCdfError: as `user_schema`.
+        """
         schema = self.reader.tagged(version, version)
         return self.select_columns(schema, columns, f"version {version}")
 
     def select_columns(
         self, schema: pa.Schema, columns: Sequence[str] | None, where: str
     ) -> pa.Schema:
+        """`schema` narrowed to `columns` (None: all of it); `where` names the versions in
+        errors.
+
+        Raises:
+            LanceCdfError: as `user_schema`.
+        """
         if columns is None:
             clash = [c for c in schema.names if c in META_COLUMNS]
             if clash:
@@ -125,6 +190,17 @@ class ChangeFeed:
     def events(
         self, changes: VersionChanges, user_schema: pa.Schema, batch_size: int = DEFAULT_BATCH_SIZE
     ) -> Iterator[pa.RecordBatch]:
+        """The events of one planned version.
+
+        Returns:
+            Arrow batches of at most `batch_size` rows (an update's two images are never
+            split): `user_schema`'s columns plus `_rowid`, `_change_type`,
+            `_commit_version`, `_commit_timestamp`; deletes, then update pairs, then inserts,
+            each by `_rowid`.
+
+        Raises:
+            LanceCdfError: a data file could not be read (its message names the file).
+        """
         return read_version_events(self.reader, changes, user_schema, batch_size)
 
     def range_events(
@@ -134,7 +210,11 @@ class ChangeFeed:
         batch_size: int = DEFAULT_BATCH_SIZE,
     ) -> Iterator[pa.RecordBatch]:
         """The events of `plans` (consecutive versions, in order), as `events()` of each,
-        with the image reads of small consecutive versions merged (`reading_together`)."""
+        with the image reads of small consecutive versions merged (`reading_together`).
+
+        Returns:
+            Arrow batches as `events()` returns them, version after version.
+        """
         for group in read_groups(plans):
             with self.reading_together(group, user_schema):
                 for changes in group:
@@ -161,7 +241,15 @@ class ChangeFeed:
     ) -> tuple[int, int]:
         """Check a snapshot at `version` (None: the latest) followed by the changes
         of version+1..`end` (None: the latest): every version from the snapshot on
-        must still be present (`refresh=False`: as last listed)."""
+        must still be present (`refresh=False`: as last listed).
+
+        Returns:
+            `(snapshot version, end version)`.
+
+        Raises:
+            VersionNotFoundError: the snapshot version or a later one is missing.
+            LanceCdfError: `version` is not a version number >= 1, or `end` is before it.
+        """
         if refresh:
             self.table.refresh()
         latest = self.table.latest_version
@@ -196,7 +284,12 @@ class ChangeFeed:
         offset: int = 0,
         limit: int | None = None,
     ) -> Iterator[pa.RecordBatch]:
-        """`snapshot` events of the table at `version` (or of a slice of one fragment)."""
+        """`snapshot` events of the table at `version` (or of a slice of one fragment).
+
+        Returns:
+            Arrow batches of `user_schema`'s columns and the four metadata columns, with
+            `_change_type="snapshot"` and `_commit_version=version`, in fragment order.
+        """
         return read_snapshot(
             self.reader, version, user_schema, fragment_id, offset, limit, batch_size
         )
@@ -268,6 +361,35 @@ def read_changes(
     event (an update: one pair) per row ID over the whole range (materialises
     the range in memory). `drop_unchanged_updates=True`: leave out update pairs
     whose images are equal on every returned column.
+
+    Args:
+        uri: the table's path or URI (`file://`, `s3://`, `gs://`, `az://`).
+        start_version: the first version whose changes are returned (>= 1; version 1's
+            changes are the rows the table was created with); with `snapshot=True`, the
+            version to snapshot (None: the latest).
+        end_version: the last version (inclusive); None: the latest.
+        columns: only these table columns; `[]`: the metadata columns only.
+        storage_options: passed to the object store and to pylance, as for pylance.
+        batch_size: the most rows per Arrow batch (an update's two images are never split).
+        snapshot: bootstrap, as above.
+        net: net changes, as above.
+        drop_unchanged_updates: leave out carry-over updates, as above.
+
+    Returns:
+        A `pyarrow.RecordBatchReader` of the events, read lazily as it is consumed (with
+        `net=True`, the range is read before the call returns). The range, the columns and
+        stable row IDs of its last version are checked at the call; the errors below about
+        a version's files can also come while the reader is read.
+
+    Raises:
+        TableNotFoundError: `uri` holds no Lance table.
+        StableRowIdsRequiredError: a version of the range has no stable row IDs.
+        VersionNotFoundError: a version of the range, or the one before it, does not exist
+            or was cleaned up; the message names the first start version that can be read.
+        UndecidableChangeError: an older writer's moved rows cannot be compared.
+        StorageAccessError: the object store could not be reached or refused the request.
+        LanceCdfError: any other bad input, e.g. `start_version` missing, an unknown
+            column, a table column named like a metadata column.
     """
     # Not the latest manifest: its size follows the table's history (a table whose commits
     # rewrote rows scattered everywhere has manifests of megabytes), not the range asked
