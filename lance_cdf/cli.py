@@ -58,7 +58,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lance-cdf",
         description="Row-level change data feed for Lance tables (insert / update / delete "
         "events read straight from the table's manifests).",
-        epilog=EXAMPLES,
+        epilog=EXAMPLES
+        + "\ndocumentation: the site in docs/ of the lance-cdf repository (`make docs` builds it"
+        "\n  into site/index.html): getting started, how-to guides, and the reference of every"
+        "\n  command and flag. `lance-cdf COMMAND --help` lists a command's flags.\n",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"lance-cdf {__version__}")

@@ -8,6 +8,7 @@ import argparse
 import ast
 import html
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -209,3 +210,45 @@ def test_publish_and_replicate_run_as_written(tmp_path, capsys, kafka_broker, sc
     source = lance.dataset(str(tmp_path / "events.lance")).to_table().sort_by("id")
     replica = lance.dataset(str(tmp_path / "events-replica.lance")).to_table()
     assert replica.select(["id", "s"]).sort_by("id").to_pylist() == source.to_pylist()
+
+
+def test_the_help_says_where_the_docs_are():
+    from lance_cdf.cli import build_parser
+
+    text = build_parser().format_help()
+    assert "documentation: the site in docs/" in text and "make docs" in text
+    assert (ROOT / "docs/index.md").is_file() and (ROOT / "mkdocs.yml").is_file()
+
+
+def test_the_python_api_reference_documents_returns_and_raises(site):
+    page = _text(site / "reference/python-api/index.html")
+    for name in ("read_changes", "ChangeFeed", "LanceCdfError", "VersionNotFoundError"):
+        assert name in page
+    assert page.count("Raises:") >= 3 and page.count("Returns:") >= 3
+
+
+# ------------------------------------------------------------------ the short README's tour
+def _readme_blocks(language: str) -> list[str]:
+    text = (ROOT / "docs/README.short.md").read_text()
+    return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
+
+
+def test_the_short_readme_is_short_and_its_tour_is_the_tested_one():
+    """The draft README (≤ 200 lines) shows the tour's code exactly as the snippets the
+    tests run: the Python read, and publish + replicate."""
+    assert len((ROOT / "docs/README.short.md").read_text().splitlines()) <= 200
+    python, spark = _readme_blocks("python")
+    assert python == (SNIPPETS / "read_changes.py").read_text()
+    assert _readme_blocks("bash")[1] == (SNIPPETS / "publish_replicate.sh").read_text()
+    assert "readStream" in spark and len(spark.strip().splitlines()) == 4
+
+
+@pytest.mark.integration
+def test_the_short_readme_spark_lines_run_as_written(tmp_path, capsys, spark):
+    ns = _run_python(["read_changes.py"], tmp_path, capsys)
+    ns["spark"] = spark
+    exec(compile(_in(tmp_path, _readme_blocks("python")[1]), "README.short.md", "exec"), ns)
+    progress = ns["query"].lastProgress
+    assert progress is not None
+    end = progress["sources"][0]["endOffset"]
+    assert (json.loads(end) if isinstance(end, str) else end) == {"version": 3}
