@@ -164,7 +164,10 @@ def test_the_python_tour_runs_as_written(tmp_path, capsys):
 
 
 def test_the_tour_reads_the_changes_it_made(tmp_path, capsys):
+    """Getting started: the table, its changes from Python and from the command line."""
     ns = _run_python(["read_changes.py"], tmp_path, capsys)
+    (printed,) = _run_shell("changes_first.sh", tmp_path)
+    assert "b → z" in printed and "5 change(s)" in printed  # the update, and all five
     import lance_cdf
 
     events = lance_cdf.read_changes(ns["uri"], 1).read_all()
@@ -252,3 +255,25 @@ def test_the_short_readme_spark_lines_run_as_written(tmp_path, capsys, spark):
     assert progress is not None
     end = progress["sources"][0]["endOffset"]
     assert (json.loads(end) if isinstance(end, str) else end) == {"version": 3}
+
+
+FENCE = re.compile(r"^```(python|bash|sql|properties)\n(.*?)^```", flags=re.S | re.M)
+
+
+def test_every_block_a_user_runs_is_tested_or_marked_illustrative():
+    """A python / bash / sql / properties block is a snippet the tests run (`--8<--`), the
+    `make` targets, or says on its first line that it is illustrative."""
+    unmarked = []
+    for page in sorted((ROOT / "docs").rglob("*.md")):
+        if page.name == "README.short.md":
+            continue  # its blocks are compared with the snippets above
+        for _language, body in FENCE.findall(page.read_text()):
+            lines = [line for line in body.splitlines() if line.strip()]
+            if not lines or lines[0].startswith("--8<--"):
+                continue
+            if re.match(r"(#|--) illustrative: \S", lines[0]):
+                continue
+            if all(line.startswith(("make ", "            #")) for line in lines):
+                continue  # the two make targets (CI runs them)
+            unmarked.append(f"{page.relative_to(ROOT)}: {lines[0][:60]}")
+    assert not unmarked, "blocks neither tested nor marked illustrative:\n" + "\n".join(unmarked)

@@ -1,0 +1,1 @@
+lance-cdf changes /tmp/events.lance --from 1
