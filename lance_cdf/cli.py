@@ -34,14 +34,38 @@ def _kafka_endpoint(parser: argparse.ArgumentParser) -> None:
 
 
 def _client_settings(parser: argparse.ArgumentParser, client: str, table: str) -> None:
-    """The repeatable KEY=VALUE settings passed through to Kafka, the registry and storage."""
+    """The repeatable KEY=VALUE settings passed through to Kafka, the registry and storage,
+    and the Java-properties files Kafka and registry settings can come from instead (a
+    flag wins over its file; any value may be ${env:NAME})."""
     for flag, help_text in (
         (f"--{client}-config", f"{client} setting, e.g. security.protocol=SASL_SSL"),
-        ("--registry-config", "schema registry client setting, e.g. basic.auth.user.info=u:p"),
+        (
+            "--registry-config",
+            "schema registry client setting, e.g. basic.auth.user.info=${env:REGISTRY_AUTH}",
+        ),
         ("--storage-option", f"storage option for {table}, e.g. aws_region=eu-west-1"),
     ):
-        parser.add_argument(flag, action="append", default=[], metavar="KEY=VALUE",
-                            help=help_text + " (repeatable)")  # fmt: skip
+        parser.add_argument(
+            flag,
+            action="append",
+            default=[],
+            metavar="KEY=VALUE",
+            help=help_text + " (repeatable; ${env:NAME} reads a variable)",
+        )
+    for name in (client, "registry"):
+        parser.add_argument(f"--{name}-config-file", default=None, metavar="FILE",
+                            help=f"{name} settings in Java-properties form (Kafka's "
+                            f"client.properties); --{name}-config flags win")  # fmt: skip
+
+
+def _settings(args: argparse.Namespace, name: str) -> dict[str, str]:
+    """The settings of one client (`producer`, `consumer`, `registry`): its file, then its
+    flags, ${env:NAME} expanded; the secret values remembered for redaction."""
+    from lance_cdf.clientconfig import settings
+
+    flag = f"--{name.replace('_', '-')}"
+    return settings(getattr(args, name), getattr(args, f"{name}_file", None),
+                    flag=flag, file_flag=f"{flag}-file")  # fmt: skip
 
 
 def _metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -246,7 +270,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
     status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
     status.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE")
+    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="storage option for --table, and for --replica unless "
+                        "--replica-storage-option is given (repeatable)")  # fmt: skip
+    status.add_argument("--replica-storage-option", action="append", default=[],
+                        metavar="KEY=VALUE", help="storage option for --replica "
+                        "(repeatable; default: the --storage-option ones)")  # fmt: skip
     status.set_defaults(func=cmd_status)
     return parser
 
@@ -272,14 +301,21 @@ def _interval(value: str) -> str:
     return f"{round(_seconds(value) * 1000)} milliseconds"
 
 
-def _options(pairs: Iterable[str]) -> dict[str, str]:
-    out = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep:
-            raise LanceCdfError(f"option {pair!r} is not KEY=VALUE")
-        out[key] = value
-    return out
+def _registry_url(args: argparse.Namespace) -> str:
+    """--schema-registry with ${env:NAME} expanded (user-info need not sit in argv); the
+    URL's user-info is remembered for redaction."""
+    from lance_cdf.clientconfig import expand_env, remember_url
+
+    url = expand_env(args.schema_registry, what="--schema-registry")
+    remember_url(url)
+    return url
+
+
+def _options(pairs: Iterable[str], flag: str = "--storage-option") -> dict[str, str]:
+    """Repeatable KEY=VALUE flags, ${env:NAME} expanded, secret values remembered."""
+    from lance_cdf.clientconfig import settings
+
+    return settings(pairs, flag=flag)
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
@@ -321,11 +357,11 @@ def cmd_publish(args: argparse.Namespace) -> int:
     from lance_cdf.kafka.publish import publish
 
     return publish(
-        args.table, args.bootstrap_servers, args.topic, args.schema_registry, args.checkpoint,
+        args.table, args.bootstrap_servers, args.topic, _registry_url(args), args.checkpoint,
         starting_version=args.starting_version, trigger_interval=args.trigger_interval,
         available_now=args.available_now, key=args.key, tombstones=not args.no_tombstones,
-        producer_config=_options(args.producer_config),
-        registry_config=_options(args.registry_config),
+        producer_config=_settings(args, "producer_config"),
+        registry_config=_settings(args, "registry_config"),
         storage_options=_options(args.storage_option),
         max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
         drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
@@ -339,20 +375,23 @@ def cmd_publish(args: argparse.Namespace) -> int:
 def cmd_replicate(args: argparse.Namespace) -> int:
     import logging
 
+    from lance_cdf.clientconfig import redact_url, scrub_logging
     from lance_cdf.replicate.replicator import Replicator
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    scrub_logging()  # the registry client's request log names its URL, user-info included
     replicator = Replicator(
-        args.bootstrap_servers, args.topic, args.schema_registry, args.target, key=args.key,
+        args.bootstrap_servers, args.topic, _registry_url(args), args.target, key=args.key,
         group_id=args.group_id, max_batch_rows=args.max_batch_rows,
         max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
-        consumer_config=_options(args.consumer_config),
-        registry_config=_options(args.registry_config),
+        consumer_config=_settings(args, "consumer_config"),
+        registry_config=_settings(args, "registry_config"),
         storage_options=_options(args.storage_option), compact_every=args.compact_every,
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
     )  # fmt: skip
-    print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
+    print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
+          f"{redact_url(args.target)}", flush=True)  # fmt: skip
     if args.metrics_port is not None:
         from lance_cdf.metrics import PipelineMetrics, Progress
 
@@ -362,8 +401,10 @@ def cmd_replicate(args: argparse.Namespace) -> int:
             dead_letters=c.dead_letters, delivery_failures=c.delivery_failures,
             last_error=c.last_error, kafka_lag=c.lag,
         )  # fmt: skip
-        metrics = PipelineMetrics("replicate", progress, args.source_table,
-                                  _options(args.source_storage_option), args.topic)  # fmt: skip
+        metrics = PipelineMetrics(
+            "replicate", progress, args.source_table,
+            _options(args.source_storage_option, "--source-storage-option"), args.topic,
+        )  # fmt: skip
         print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
     counters = replicator.run(idle_timeout=args.idle_timeout)
     print(
@@ -378,14 +419,17 @@ def cmd_replicate(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     import datetime as dt
 
+    from lance_cdf.clientconfig import redact_url
     from lance_cdf.feed import ChangeFeed
 
-    feed = ChangeFeed(args.table, _options(args.storage_option))
+    options = _options(args.storage_option)
+    feed = ChangeFeed(args.table, options)
     latest = feed.latest_version()
     when = dt.datetime.fromtimestamp(feed.table.manifest(latest).timestamp_us / 1e6, dt.UTC)
-    report: dict[str, object] = {"table": args.table, "latest_version": latest,
+    report: dict[str, object] = {"table": redact_url(args.table), "latest_version": latest,
                     "committed_at": when.isoformat(timespec="seconds")}  # fmt: skip
-    lines = [f"table       {args.table}: latest version {latest} (committed {when:%F %T} UTC)"]
+    shown = redact_url(args.table)
+    lines = [f"table       {shown}: latest version {latest} (committed {when:%F %T} UTC)"]
     if args.checkpoint:
         from lance_cdf.streaming.checkpoint import checkpoint_version
 
@@ -393,18 +437,22 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["checkpoint_version"] = done
         report["checkpoint_lag"] = None if done is None else latest - done
         lines.append(
-            f"checkpoint  {args.checkpoint}: "
+            f"checkpoint  {redact_url(args.checkpoint)}: "
             + ("no micro-batch completed yet" if done is None
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
     if args.replica:
         from lance_cdf.replicate.replica import ReplicaTable
 
-        held = ReplicaTable(args.replica, []).source_version()
+        replica_options = (
+            _options(args.replica_storage_option, "--replica-storage-option")
+            if args.replica_storage_option else options
+        )  # fmt: skip
+        held = ReplicaTable(args.replica, [], replica_options).source_version()
         report["replica_version"] = held
         report["replica_lag"] = None if held is None else latest - held
         lines.append(
-            f"replica     {args.replica}: "
+            f"replica     {redact_url(args.replica)}: "
             + ("nothing applied yet" if held is None
                else f"holds changes through source version {held} ({latest - held} "
                     "versions behind; commits that change no rows publish nothing)")
@@ -429,7 +477,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except LanceCdfError as exc:
-        print(f"lance-cdf: error: {exc}", file=sys.stderr)
+        from lance_cdf.clientconfig import scrub
+
+        # one redaction rule for errors too: URL user-info and every secret value given
+        print(f"lance-cdf: error: {scrub(str(exc))}", file=sys.stderr)
         return 2
     except ModuleNotFoundError as exc:
         extra = EXTRAS.get((exc.name or "").split(".")[0])

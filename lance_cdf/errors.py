@@ -99,3 +99,8 @@ class AvroDecodeDeclined(FastPathDeclined):
 
 class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
+
+
+# issue 34 (secrets from files and the environment)
+class ClientConfigError(LanceCdfError):
+    """A client settings file, KEY=VALUE flag or ${env:NAME} reference cannot be read."""

@@ -35,6 +35,7 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
 from prometheus_client.metrics_core import Metric
 
+from lance_cdf.clientconfig import redact_url
 from lance_cdf.errors import LanceCdfError
 
 if TYPE_CHECKING:
@@ -89,7 +90,9 @@ class PipelineMetrics:
                 f"cannot serve metrics on {host}:{port} ({exc}); pick a free --metrics-port"
             ) from None
         self.server = server
-        shown = "127.0.0.1" if host in ("", "0.0.0.0") else host
+        # the address actually bound (0.0.0.0 / :: for every interface), not a guess
+        bound = str(server.server_address[0])
+        shown = f"[{bound}]" if ":" in bound else bound
         self.url = f"http://{shown}:{server.server_port}/metrics"
         return self.url
 
@@ -133,7 +136,9 @@ class PipelineMetrics:
         p = self.progress()
         now = time.time()
         info = InfoMetricFamily("lance_cdf_pipeline", "the pipeline this process runs")
-        info.add_metric([], {"role": self.role, "table": self.table or "", "topic": self.topic})
+        info.add_metric(
+            [], {"role": self.role, "table": redact_url(self.table or ""), "topic": self.topic}
+        )
         yield info
         latest, oldest_pending = self._source(p.version)
         done = "published" if self.role == "publish" else "applied"

@@ -21,6 +21,7 @@ ALLOWED = {
     "devtools": set(),
     "keyhash": {"errors"},
     "avro": {"errors"},
+    "clientconfig": {"errors"},
     # the change feed, in flow order
     "format": {"errors", "cache"},
     "plan": {"format", "errors", "cache"},
@@ -35,18 +36,22 @@ ALLOWED = {
         "errors", "cache",
     },
     "render": {"events"},
-    "metrics": {"format", "errors", "cache"},
+    "metrics": {"format", "errors", "cache", "clientconfig"},
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
         "errors",
     },
-    "kafka": {"avro", "events", "feed", "streaming", "metrics", "keyhash", "errors", ""},
-    "replicate": {"avro", "kafka", "internals", "errors"},
+    "kafka": {
+        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "errors",
+        "",
+    },
+    "replicate": {"avro", "kafka", "internals", "clientconfig", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
-        "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc", "errors",
+        "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
+        "clientconfig", "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }

@@ -9,6 +9,7 @@ from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from lance_cdf.clientconfig import redact_url, scrub
 from lance_cdf.errors import PublishError
 
 
@@ -58,7 +59,8 @@ def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
     try:
         SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
     except Exception as exc:  # the client raises several types: all end here, named
-        raise PublishError(
-            f"cannot reach the schema registry at {url} ({type(exc).__name__}: {exc}); check "
+        raise PublishError(  # neither the URL's user-info nor a secret the client repeats
+            f"cannot reach the schema registry at {redact_url(url)} "
+            f"({type(exc).__name__}: {scrub(str(exc))}); check "
             "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
         ) from None

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
+from lance_cdf.clientconfig import redact, redact_url
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
@@ -21,15 +22,6 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from pyspark.sql.streaming import StreamingQuery
 
     from lance_cdf.kafka.progress import QueryFollower
-
-SECRET_HINTS = ("password", "secret", "token", "key.pem", "jaas")
-
-
-def redact(config: dict[str, str]) -> dict[str, str]:
-    """Producer settings safe to print: credentials are never shown."""
-    return {
-        k: ("***" if any(h in k.lower() for h in SECRET_HINTS) else v) for k, v in config.items()
-    }
 
 
 def publish(
@@ -245,8 +237,9 @@ def _publish(
     stages["query start"] = time.monotonic() - t
     took = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
     print(
-        f"publishing {table} -> {topic} on {bootstrap_servers} with {tasks} writer(s) over "
-        f"{partitions} partition(s) (checkpoint {checkpoint}; producer settings "
+        f"publishing {redact_url(table)} -> {topic} on {redact_url(bootstrap_servers)} with "
+        f"{tasks} writer(s) over {partitions} partition(s) (checkpoint "
+        f"{redact_url(checkpoint)}; producer settings "
         f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
         flush=True,
     )

@@ -1,0 +1,268 @@
+"""Client settings from flags, files and the environment, and the one rule deciding what
+of them may be printed.
+
+Settings come from a Java-properties file (the format of Kafka's `client.properties`) and
+from repeatable KEY=VALUE flags, the flags winning; any value may be `${env:NAME}` (or hold
+it among other text), read from the environment so that no secret need sit in argv.
+
+The redaction rule covers everything lance-cdf prints or logs: a setting is secret when
+librdkafka documents it as sensitive, when it is a schema-registry credential, or when its
+name says key / secret / token / password / credential (storage options); user-info in any
+URL is hidden (`https://user:pass@host` -> `https://***@host`). The values of the secret
+settings a command was given are also registered (`remember`) and scrubbed from any text
+it prints (`scrub`: errors, log records)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterable, Mapping
+
+from lance_cdf.errors import ClientConfigError
+
+# librdkafka's properties flagged _RK_SENSITIVE (src/rdkafka_conf.c, confluentinc/librdkafka
+# at 4c3b017, 2026-07), plus the alias of one of them and the JVM client's JAAS config
+# (Spark's Kafka sink passes kafka.sasl.jaas.config through)
+LIBRDKAFKA_SENSITIVE = frozenset({
+    "sasl.username", "sasl.password", "sasl.oauthbearer.config",
+    "sasl.oauthbearer.client.secret", "sasl.oauthbearer.client.credentials.client.secret",
+    "sasl.oauthbearer.assertion.private.key.file",
+    "sasl.oauthbearer.assertion.private.key.passphrase",
+    "sasl.oauthbearer.assertion.private.key.pem",
+    "ssl.key.location", "ssl.key.password", "ssl.key.pem", "ssl_key", "ssl.ca.pem",
+    "ssl.keystore.password", "ssl.truststore.password", "sasl.jaas.config",
+})  # fmt: skip
+# confluent-kafka's schema-registry client: basic and bearer auth, the TLS client key
+REGISTRY_SENSITIVE = frozenset({
+    "basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
+    "bearer.auth.client.id", "ssl.key.location", "ssl.key.password",
+})  # fmt: skip
+# storage options (and any other setting) whose name says it holds a credential
+SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "passphrase",
+                "jaas", "auth.user.info")  # fmt: skip
+MASK = "***"
+
+_ENV = re.compile(r"\$\{env:([^}]*)\}")
+# scheme://user-info@ : everything between "//" and the last "@" before the host ends
+_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s?#]+)@")
+
+
+def is_secret(key: str) -> bool:
+    """True for a setting whose value must never be printed (the key, prefixes such as
+    Spark's `kafka.` or lance-cdf's `storage.` / `registry.` stripped by the caller or
+    matched by the word rule)."""
+    k = key.strip().lower()
+    bare = k.split(".", 1)[1] if k.split(".", 1)[0] in ("kafka", "registry", "storage") else k
+    if k in LIBRDKAFKA_SENSITIVE or bare in LIBRDKAFKA_SENSITIVE:
+        return True
+    if k in REGISTRY_SENSITIVE or bare in REGISTRY_SENSITIVE:
+        return True
+    return any(w in k for w in SECRET_WORDS)
+
+
+def redact_url(text: str) -> str:
+    """`text` with the user-info of every URL in it replaced by ***."""
+    return _USERINFO.sub(lambda m: f"{m['scheme']}{MASK}@", text)
+
+
+def redact(config: Mapping[str, object]) -> dict[str, str]:
+    """Settings safe to print: secret values masked, URLs without user-info."""
+    return {k: MASK if is_secret(k) else redact_url(str(v)) for k, v in config.items()}
+
+
+# -- the values a command was given, scrubbed from whatever it prints -----------------------
+_secrets: set[str] = set()
+_lock = threading.Lock()
+
+
+def remember(config: Mapping[str, object]) -> None:
+    """Register the values of the secret settings of `config` (and URL user-info in any
+    value) for `scrub`."""
+    found = {str(v) for k, v in config.items() if is_secret(k) and len(str(v)) >= 3}
+    for v in config.values():
+        found.update(m["info"] for m in _USERINFO.finditer(str(v)))
+        found.update(p for m in _USERINFO.finditer(str(v)) for p in m["info"].split(":")[1:])
+    with _lock:
+        _secrets.update(s for s in found if len(s) >= 3)
+
+
+def remember_url(url: str) -> None:
+    remember({"url": url})
+
+
+def scrub(text: str) -> str:
+    """`text` with URL user-info and every remembered secret value replaced by ***."""
+    out = redact_url(text)
+    with _lock:
+        secrets = sorted(_secrets, key=len, reverse=True)
+    for s in secrets:
+        out = out.replace(s, MASK)
+    return out
+
+
+class ScrubFilter(logging.Filter):
+    """A logging filter that scrubs a record's message (`scrub`): installed on the handlers
+    of the commands (the confluent client's and httpx's request logs name the registry
+    URL with its user-info)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        clean = scrub(message)
+        if clean != message:
+            record.msg, record.args = clean, None
+        return True
+
+
+def scrub_logging(logger: logging.Logger | None = None) -> None:
+    """Put a `ScrubFilter` on every handler of `logger` (default: the root logger)."""
+    for handler in (logger or logging.getLogger()).handlers:
+        if not any(isinstance(f, ScrubFilter) for f in handler.filters):
+            handler.addFilter(ScrubFilter())
+
+
+# -- reading settings -------------------------------------------------------------------------
+def expand_env(value: str, environ: Mapping[str, str] | None = None, what: str = "") -> str:
+    """`value` with every `${env:NAME}` replaced by the variable's value; a missing
+    variable is an error naming the variable (never a value)."""
+    env = os.environ if environ is None else environ
+
+    def sub(m: re.Match[str]) -> str:
+        name = m[1]
+        if not name or name not in env:
+            where = f" (in {what})" if what else ""
+            raise ClientConfigError(
+                f"environment variable {name!r}{where} is not set; export it or give the value "
+                "another way"
+            )
+        return env[name]
+
+    return _ENV.sub(sub, value)
+
+
+_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
+
+
+def _unescape(text: str, where: str) -> str:
+    out, i = [], 0
+    while i < len(text):
+        c = text[i]
+        if c != "\\":
+            out.append(c)
+            i += 1
+            continue
+        if i + 1 >= len(text):
+            break  # a lone trailing backslash (after a continuation was joined): dropped
+        n = text[i + 1]
+        if n == "u":
+            digits = text[i + 2 : i + 6]
+            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
+                raise ClientConfigError(f"{where}: malformed \\uXXXX escape; write 4 hex digits")
+            out.append(chr(int(digits, 16)))
+            i += 6
+            continue
+        out.append(_ESCAPES.get(n, n))  # \= \: \# \! \\ \<space> and any other: the char
+        i += 2
+    return "".join(out)
+
+
+def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
+    """(line number, logical line): comments and blank lines dropped, a line ending in an
+    odd number of backslashes joined with the next (its leading whitespace stripped)."""
+    pending: str | None = None
+    start = 0
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.lstrip(" \t\f")
+        if pending is None:
+            if not line or line[0] in "#!":
+                continue
+            start, pending = number, ""
+        trailing = len(line) - len(line.rstrip("\\"))
+        if trailing % 2 == 1:
+            pending += line[:-1]
+            continue
+        yield start, pending + line
+        pending = None
+    if pending is not None:
+        yield start, pending
+
+
+def parse_properties(text: str, source: str = "properties") -> dict[str, str]:
+    """The key/value pairs of a Java-properties text (the subset Kafka users write):
+    `key=value`, `key: value`, `key value`, `#` / `!` comments, backslash line
+    continuations, and the escapes \\t \\n \\r \\f \\uXXXX \\= \\: \\<char>. A later key
+    wins."""
+    out: dict[str, str] = {}
+    for number, line in _logical_lines(text):
+        where = f"{source}:{number}"
+        i, key_end = 0, None
+        while i < len(line):
+            c = line[i]
+            if c == "\\":
+                i += 2
+                continue
+            if c in "=: \t\f":
+                key_end = i
+                break
+            i += 1
+        if key_end is None:
+            key, rest = line, ""
+        else:
+            key, rest = line[:key_end], line[key_end:].lstrip(" \t\f")
+            if rest[:1] in ("=", ":"):  # `key = value`, `key=value`, `key: value`
+                rest = rest[1:].lstrip(" \t\f")
+        out[_unescape(key, where)] = _unescape(rest, where)
+    return out
+
+
+def read_properties(path: str, flag: str) -> dict[str, str]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise ClientConfigError(
+            f"cannot read {flag} {path} ({exc.strerror or type(exc).__name__}); check the path"
+        ) from None
+    except UnicodeDecodeError:
+        raise ClientConfigError(f"{flag} {path} is not UTF-8 text; save it as UTF-8") from None
+    return parse_properties(text, path)
+
+
+def parse_pairs(pairs: Iterable[str], flag: str) -> dict[str, str]:
+    """KEY=VALUE flags as a dict (a later key wins); the error never repeats the value."""
+    out: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            shown = key.strip() if sep else "(no '=')"
+            raise ClientConfigError(f"{flag} {shown!r} is not KEY=VALUE; write {flag} KEY=VALUE")
+        out[key.strip()] = value
+    return out
+
+
+def settings(
+    pairs: Iterable[str] = (),
+    file: str | None = None,
+    flag: str = "--config",
+    file_flag: str = "--config-file",
+    environ: Mapping[str, str] | None = None,
+) -> dict[str, str]:
+    """The settings of one client: `file` (Java properties) overridden by the KEY=VALUE
+    `pairs`, `${env:NAME}` expanded in every value; the secret ones are `remember`ed."""
+    merged: dict[str, tuple[str, str]] = {}
+    if file:
+        merged.update(
+            {k: (v, f"{file_flag} {file}") for k, v in read_properties(file, file_flag).items()}
+        )
+    merged.update({k: (v, f"{flag} {k}") for k, v in parse_pairs(pairs, flag).items()})
+    out = {k: expand_env(v, environ, what) for k, (v, what) in merged.items()}
+    remember(out)
+    return out
+
+
+__all__ = [
+    "MASK", "ScrubFilter", "expand_env", "is_secret", "parse_pairs", "parse_properties",
+    "read_properties", "redact", "redact_url", "remember", "remember_url", "scrub",
+    "scrub_logging", "settings",
+]  # fmt: skip

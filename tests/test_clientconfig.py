@@ -1,0 +1,193 @@
+"""Client settings from files and the environment, and the redaction rule
+(lance_cdf/clientconfig.py; issue 34)."""
+
+import json
+import logging
+import subprocess
+
+import pytest
+
+from lance_cdf import cli
+from lance_cdf.clientconfig import (
+    LIBRDKAFKA_SENSITIVE,
+    ScrubFilter,
+    expand_env,
+    is_secret,
+    parse_properties,
+    redact,
+    redact_url,
+    remember,
+    scrub,
+    settings,
+)
+from lance_cdf.errors import ClientConfigError
+
+# what Kafka users write in client.properties, with the corners of the format
+PROPERTIES = r"""# a comment
+! another comment
+   # an indented comment
+
+bootstrap.servers=broker1:9093,broker2:9093
+security.protocol = SASL_SSL
+sasl.mechanism: SCRAM-SHA-512
+sasl.username   alice
+sasl.password=p\=ss\:w\\ord\u00e9
+sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required \
+    username="alice" \
+    password="s3cret";
+ssl.ca.location=/etc/ssl/ca.pem
+empty.value=
+key\ with\ spaces=v
+tab\tkey=a\tb
+trailing.spaces=x   
+only.key
+hash.in.value=a#b!c
+"""
+
+
+def test_parse_properties_the_subset_kafka_users_write():
+    got = parse_properties(PROPERTIES)
+    assert got["bootstrap.servers"] == "broker1:9093,broker2:9093"
+    assert got["security.protocol"] == "SASL_SSL"
+    assert got["sasl.mechanism"] == "SCRAM-SHA-512"
+    assert got["sasl.username"] == "alice"
+    assert got["sasl.password"] == "p=ss:w\\ord\u00e9"
+    assert got["sasl.jaas.config"] == (
+        "org.apache.kafka.common.security.scram.ScramLoginModule required "
+        'username="alice" password="s3cret";'
+    )
+    assert got["empty.value"] == ""
+    assert got["key with spaces"] == "v"
+    assert got["tab\tkey"] == "a\tb"
+    assert got["trailing.spaces"] == "x   "
+    assert got["only.key"] == ""
+    assert got["hash.in.value"] == "a#b!c"
+    assert len(got) == 13
+
+
+@pytest.mark.integration  # runs the JDK: java.util.Properties is the oracle
+def test_parse_properties_agrees_with_java_util_properties(tmp_path):
+    from lance_cdf.devtools.process import java_executable
+
+    (tmp_path / "p.properties").write_text(PROPERTIES, encoding="utf-8")
+    (tmp_path / "Dump.java").write_text(
+        "import java.io.*; import java.util.*; import java.nio.charset.StandardCharsets;\n"
+        "public class Dump { public static void main(String[] a) throws Exception {\n"
+        " Properties p = new Properties();\n"
+        " try (Reader r = new InputStreamReader(new FileInputStream(a[0]), "
+        "StandardCharsets.UTF_8)) { p.load(r); }\n"
+        ' StringBuilder b = new StringBuilder("{"); boolean first = true;\n'
+        " for (String k : p.stringPropertyNames()) { if (!first) b.append(','); first = false;\n"
+        "  b.append(q(k)).append(':').append(q(p.getProperty(k))); }\n"
+        " System.out.print(b.append('}')); }\n"
+        ' static String q(String s) { StringBuilder b = new StringBuilder("\\"");\n'
+        '  for (char c : s.toCharArray()) b.append(String.format("\\\\u%04x", (int) c));\n'
+        "  return b.append('\"').toString(); } }\n"
+    )
+    done = subprocess.run(
+        [java_executable(), str(tmp_path / "Dump.java"), str(tmp_path / "p.properties")],
+        capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    assert parse_properties(PROPERTIES) == json.loads(done.stdout)
+
+
+def test_env_references_expand_and_a_missing_one_is_named_not_shown():
+    env = {"KAFKA_PW": "hunter2", "USER": "bob"}
+    assert expand_env("${env:USER}:${env:KAFKA_PW}", env) == "bob:hunter2"
+    assert expand_env("no reference", env) == "no reference"
+    with pytest.raises(ClientConfigError, match="'NOPE'.*--producer-config sasl.password"):
+        expand_env("x${env:NOPE}", env, "--producer-config sasl.password")
+
+
+def test_flags_win_over_the_file_and_env_expands_in_both(tmp_path, monkeypatch):
+    f = tmp_path / "client.properties"
+    f.write_text("sasl.username=${env:U}\nsasl.password=from-file\nacks=all\n")
+    monkeypatch.setenv("U", "alice")
+    monkeypatch.setenv("PW", "pw-from-env")
+    got = settings(["sasl.password=${env:PW}", "linger.ms=5"], str(f), "--producer-config",
+                   "--producer-config-file")  # fmt: skip
+    assert got == {"sasl.username": "alice", "sasl.password": "pw-from-env", "acks": "all",
+                   "linger.ms": "5"}  # fmt: skip
+    monkeypatch.delenv("U")
+    with pytest.raises(ClientConfigError, match="'U'.*--producer-config-file"):
+        settings([], str(f), "--producer-config", "--producer-config-file")
+
+
+def test_file_and_flag_errors_never_repeat_a_value(tmp_path):
+    with pytest.raises(ClientConfigError, match="cannot read --registry-config-file"):
+        settings([], str(tmp_path / "missing"), file_flag="--registry-config-file")
+    with pytest.raises(ClientConfigError) as err:
+        settings(["sasl.passwordhunter2"], flag="--producer-config")
+    assert "hunter2" not in str(err.value)
+
+
+def test_every_librdkafka_sensitive_property_and_registry_credential_is_secret():
+    for key in LIBRDKAFKA_SENSITIVE | {
+        "basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
+        "aws_secret_access_key", "aws_access_key_id", "aws_session_token",
+        "google_service_account_key", "azure_storage_account_key", "SECRET", "x_credential",
+        "kafka.sasl.jaas.config", "storage.aws_secret_access_key",
+    }:  # fmt: skip
+        assert is_secret(key), key
+    for key in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "acks",
+                "ssl.ca.location", "enable.ssl.certificate.verification", "aws_region",
+                "session.timeout.ms", "url"):  # fmt: skip
+        assert not is_secret(key), key
+
+
+def test_redact_masks_secrets_and_url_user_info():
+    cfg = {
+        "sasl.oauthbearer.config": "principal=x secret=y",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "pp",
+        "security.protocol": "SASL_SSL",
+        "aws_endpoint": "https://minio:m1n10pw@minio.local:9000",
+    }
+    assert redact(cfg) == {
+        "sasl.oauthbearer.config": "***",
+        "sasl.oauthbearer.assertion.private.key.passphrase": "***",
+        "security.protocol": "SASL_SSL",
+        "aws_endpoint": "https://***@minio.local:9000",
+    }
+    assert redact_url("GET https://u:p@h:1/x and http://h/y s3://k:s@bucket/t") == (
+        "GET https://***@h:1/x and http://h/y s3://***@bucket/t"
+    )
+
+
+def test_scrub_removes_remembered_values_from_errors_and_log_records(caplog):
+    remember({"sasl.password": "Zq9-secret-value", "acks": "all",
+              "url": "https://reg:Reg-pw-77@registry:8443/apis"})  # fmt: skip
+    assert scrub("auth failed for Zq9-secret-value at all") == "auth failed for *** at all"
+    assert "Reg-pw-77" not in scrub("bad basic auth reg:Reg-pw-77")
+    logger = logging.getLogger("test_clientconfig.scrub")
+    handler = logging.StreamHandler()
+    handler.addFilter(ScrubFilter())
+    record = logger.makeRecord(logger.name, logging.INFO, __file__, 1,
+                               "HTTP Request: GET %s", ("https://reg:Reg-pw-77@registry/x",),
+                               None)  # fmt: skip
+    handler.filter(record)
+    assert record.getMessage() == "HTTP Request: GET https://***@registry/x"
+
+
+def test_cli_reads_settings_files_and_env(tmp_path, monkeypatch):
+    f = tmp_path / "producer.properties"
+    f.write_text("sasl.password=${env:PW}\nacks=all\n")
+    monkeypatch.setenv("PW", "from-env")
+    args = cli.build_parser().parse_args([
+        "publish", "--table", "t", "--bootstrap-servers", "b:1", "--topic", "x",
+        "--schema-registry", "http://r", "--checkpoint", "c",
+        "--producer-config-file", str(f), "--producer-config", "acks=1",
+        "--registry-config-file", str(f), "--storage-option", "aws_secret_access_key=${env:PW}",
+    ])  # fmt: skip
+    assert cli._settings(args, "producer_config") == {"sasl.password": "from-env", "acks": "1"}
+    assert cli._settings(args, "registry_config") == {"sasl.password": "from-env",
+                                                      "acks": "all"}  # fmt: skip
+    assert cli._options(args.storage_option) == {"aws_secret_access_key": "from-env"}
+
+
+def test_cli_error_names_the_variable_and_exits_2(tmp_path, capsys, monkeypatch):
+    monkeypatch.delenv("LANCE_CDF_TEST_UNSET", raising=False)
+    secret = "aws_secret_access_key=${env:LANCE_CDF_TEST_UNSET}"
+    code = cli.main(["status", "--table", str(tmp_path / "x"), "--storage-option", secret])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "LANCE_CDF_TEST_UNSET" in err and "--storage-option" in err
