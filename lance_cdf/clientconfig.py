@@ -72,6 +72,29 @@ def redact(config: Mapping[str, object]) -> dict[str, str]:
     return {k: MASK if is_secret(k) else redact_url(str(v)) for k, v in config.items()}
 
 
+# librdkafka's producer-only properties (C/P column "P" of CONFIGURATION.md, same commit as
+# above) and the Python client's own producer callbacks: everything else a producer is given
+# (connection, security, TLS verification, timeouts, DNS, proxies, ...) a consumer of the
+# same cluster needs too
+PRODUCER_ONLY = frozenset({
+    "acks", "batch.num.messages", "batch.size", "compression.codec", "compression.level",
+    "compression.type", "delivery.report.only.error", "delivery.timeout.ms", "dr_cb",
+    "dr_msg_cb", "enable.gapless.guarantee", "enable.idempotence", "linger.ms",
+    "message.send.max.retries", "message.timeout.ms", "msg_order_cmp", "partitioner",
+    "partitioner_cb", "produce.offset.report", "queue.buffering.backpressure.threshold",
+    "queue.buffering.max.kbytes", "queue.buffering.max.messages", "queue.buffering.max.ms",
+    "queuing.strategy", "request.required.acks", "request.timeout.ms", "retries",
+    "sticky.partitioning.linger.ms", "transaction.timeout.ms", "transactional.id",
+    "on_delivery",
+})  # fmt: skip
+
+
+def consumer_settings(producer_config: Mapping[str, str]) -> dict[str, str]:
+    """The settings a consumer reading the producer's cluster inherits: all of them but
+    the producer-only ones."""
+    return {k: v for k, v in producer_config.items() if k not in PRODUCER_ONLY}
+
+
 # -- the values a command was given, scrubbed from whatever it prints -----------------------
 _secrets: set[str] = set()
 _lock = threading.Lock()
@@ -262,7 +285,7 @@ def settings(
 
 
 __all__ = [
-    "MASK", "ScrubFilter", "expand_env", "is_secret", "parse_pairs", "parse_properties",
-    "read_properties", "redact", "redact_url", "remember", "remember_url", "scrub",
-    "scrub_logging", "settings",
+    "MASK", "PRODUCER_ONLY", "ScrubFilter", "consumer_settings", "expand_env", "is_secret",
+    "parse_pairs", "parse_properties", "read_properties", "redact", "redact_url", "remember",
+    "remember_url", "scrub", "scrub_logging", "settings",
 ]  # fmt: skip

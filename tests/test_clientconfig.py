@@ -191,3 +191,32 @@ def test_cli_error_names_the_variable_and_exits_2(tmp_path, capsys, monkeypatch)
     assert code == 2
     err = capsys.readouterr().err
     assert "LANCE_CDF_TEST_UNSET" in err and "--storage-option" in err
+
+
+def test_the_position_reader_inherits_every_connection_setting():
+    """issue 34: `enable.ssl.certificate.verification=false` (and any other setting that
+    is not producer-only) reaches the exactly-once position reader's consumer."""
+    import pyarrow as pa
+    from confluent_kafka import Consumer
+
+    from lance_cdf.kafka.publisher import KafkaChangePublisher
+
+    producer = {
+        "security.protocol": "SSL", "enable.ssl.certificate.verification": "false",
+        "ssl.endpoint.identification.algorithm": "none", "client.dns.lookup":
+        "use_all_dns_ips", "reconnect.backoff.ms": "50", "acks": "all", "linger.ms": "5",
+        "enable.idempotence": "true", "compression.type": "lz4",
+    }  # fmt: skip
+    pub = KafkaChangePublisher(
+        "127.0.0.1:9", "t", "mock://positions", pa.schema([("id", pa.int64())]), "t",
+        producer_config=producer,
+    )  # fmt: skip
+    got = pub._consumer_config
+    assert got == {
+        "bootstrap.servers": "127.0.0.1:9", "security.protocol": "SSL",
+        "enable.ssl.certificate.verification": "false",
+        "ssl.endpoint.identification.algorithm": "none",
+        "client.dns.lookup": "use_all_dns_ips", "reconnect.backoff.ms": "50",
+    }  # fmt: skip
+    # librdkafka itself takes the result as a consumer configuration
+    Consumer({**got, "group.id": "g"}).close()

@@ -29,6 +29,7 @@ from lance_cdf import __version__
 from lance_cdf.avro.encode import AvroEncodeDeclined, EncodedChanges, can_encode, encode_changes
 from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
 from lance_cdf.avro.wire import WireWriter
+from lance_cdf.clientconfig import consumer_settings
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
@@ -221,11 +222,11 @@ class KafkaChangePublisher:
             "bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER,
             **(producer_config or {}), "on_delivery": on_delivery,
         })  # fmt: skip
-        # the high-water-mark reader connects as the producer does (SASL/SSL settings)
-        shared = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
-        self._consumer_config = {"bootstrap.servers": bootstrap_servers, **{
-            k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
-        }}  # fmt: skip
+        # the high-water-mark reader connects as the producer does: every setting but the
+        # producer-only ones (TLS verification, SASL, timeouts, DNS, ...; issue 34)
+        self._consumer_config = {
+            "bootstrap.servers": bootstrap_servers, **consumer_settings(producer_config or {})
+        }  # fmt: skip
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
         # since the last flush, and per partition ((low, high) watermarks, the position of
         # its last record) as known after this publisher's last successful flush
