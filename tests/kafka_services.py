@@ -1,12 +1,18 @@
 """pytest plugin: one real Kafka broker (KRaft) and one real Apicurio schema registry
-per test session (`lance_cdf.devtools`), stopped when the session ends.
+per test session (`lance_cdf.devtools`), stopped when the session ends; and, for the
+tests that ask, a SASL_SSL broker and a registry behind HTTPS + basic auth.
 
 Register with `pytest_plugins = ["kafka_services"]` (tests/ on sys.path) or
 `-p tests.kafka_services`. The jars are provisioned on first use (Maven, cached)."""
 
 import pytest
 
-from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+from lance_cdf.devtools import (
+    KafkaBroker,
+    SchemaRegistry,
+    SecureKafkaBroker,
+    SecureSchemaRegistry,
+)
 
 
 @pytest.fixture(scope="session")
@@ -22,6 +28,26 @@ def kafka_broker(tmp_path_factory):
 def schema_registry(tmp_path_factory):
     """A started `SchemaRegistry`: `.url` is the Confluent-compatible base URL."""
     registry = SchemaRegistry(tmp_path_factory.mktemp("registry"))
+    registry.start()
+    yield registry
+    registry.close()
+
+
+@pytest.fixture(scope="session")
+def secure_kafka_broker(tmp_path_factory):
+    """A started `SecureKafkaBroker`: its only client listener is SASL_SSL (SCRAM-SHA-512,
+    a CA made for this run); `.client_config` holds what a librdkafka client needs."""
+    broker = SecureKafkaBroker(tmp_path_factory.mktemp("kafka-sasl"))
+    broker.start()
+    yield broker
+    broker.close()
+
+
+@pytest.fixture(scope="session")
+def secure_schema_registry(tmp_path_factory):
+    """A started `SecureSchemaRegistry`: Apicurio behind HTTPS + basic auth; `.url`,
+    `.client_config` (basic.auth.user.info, ssl.ca.location)."""
+    registry = SecureSchemaRegistry(tmp_path_factory.mktemp("registry-tls"))
     registry.start()
     yield registry
     registry.close()

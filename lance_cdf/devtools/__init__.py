@@ -12,20 +12,27 @@ an S3-compatible server (moto, from PyPI) for tables on object storage.
         s3.create_bucket("tables")
         s3.storage_options()           # aws_endpoint, aws_region, keys, allow_http
 
+    with SecureKafkaBroker() as kafka, SecureSchemaRegistry() as registry:
+        kafka.client_config            # SASL_SSL, SCRAM-SHA-512, sasl.*, ssl.ca.location
+        registry.client_config         # basic.auth.user.info, ssl.ca.location (HTTPS url)
+
 Modules: maven (provisioning), process (child-process lifecycle), kafka, registry,
-s3 (+ s3app, the server process).
+tls (a CA and certificates per run), authproxy (HTTPS + basic auth in front of the
+registry), s3 (+ s3app, the server process).
 """
 
-from lance_cdf.devtools.kafka import KafkaBroker
+from lance_cdf.devtools.kafka import KafkaBroker, SecureKafkaBroker
 from lance_cdf.devtools.maven import default_cache_dir, provision, versions
 from lance_cdf.devtools.process import free_port
-from lance_cdf.devtools.registry import SchemaRegistry
+from lance_cdf.devtools.registry import SchemaRegistry, SecureSchemaRegistry
 from lance_cdf.devtools.s3 import S3Server
 
 __all__ = [
     "KafkaBroker",
     "S3Server",
     "SchemaRegistry",
+    "SecureKafkaBroker",
+    "SecureSchemaRegistry",
     "default_cache_dir",
     "free_port",
     "provision",

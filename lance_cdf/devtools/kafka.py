@@ -1,9 +1,11 @@
-"""A single-node Apache Kafka broker in KRaft combined mode on 127.0.0.1."""
+"""A single-node Apache Kafka broker in KRaft combined mode on 127.0.0.1: plaintext
+(`KafkaBroker`) or SASL_SSL with SCRAM-SHA-512 (`SecureKafkaBroker`)."""
 
 from __future__ import annotations
 
 import base64
 import os
+import secrets
 import shutil
 import subprocess
 import uuid
@@ -79,12 +81,7 @@ class KafkaBroker(JavaService):
                     "process.roles=broker,controller",
                     "node.id=1",
                     f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
-                    f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
-                    f"CONTROLLER://127.0.0.1:{self.controller_port}",
-                    f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
-                    "controller.listener.names=CONTROLLER",
-                    "inter.broker.listener.name=PLAINTEXT",
-                    "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+                    *self._listener_lines(),
                     f"log.dirs={self.data_dir}",
                     "num.partitions=1",
                     "offsets.topic.replication.factor=1",
@@ -102,7 +99,7 @@ class KafkaBroker(JavaService):
         )
         cmd = self._java(
             "kafka.tools.StorageTool", "format", "--standalone",
-            "-t", _cluster_id(), "-c", str(self.properties), heap="256m",
+            "-t", _cluster_id(), "-c", str(self.properties), *self._format_args(), heap="256m",
         )  # fmt: skip
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
@@ -112,6 +109,26 @@ class KafkaBroker(JavaService):
             )
         self._formatted = True
 
+    def _listener_lines(self) -> list[str]:
+        """The listeners of server.properties: one PLAINTEXT client listener here."""
+        return [
+            f"listeners=PLAINTEXT://127.0.0.1:{self.port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=PLAINTEXT",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT",
+        ]
+
+    def _format_args(self) -> list[str]:
+        """Extra `kafka-storage format` arguments (SCRAM users)."""
+        return []
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        """The librdkafka settings a client needs besides bootstrap.servers (none here)."""
+        return {}
+
     def _command(self) -> list[str]:
         return self._java("-XX:+ExitOnOutOfMemoryError", "kafka.Kafka", str(self.properties))
 
@@ -119,7 +136,9 @@ class KafkaBroker(JavaService):
         from confluent_kafka import KafkaException
         from confluent_kafka.admin import AdminClient
 
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        admin = AdminClient(
+            {"bootstrap.servers": self.bootstrap_servers, "log_level": 0, **self.client_config}
+        )
         try:
             md = admin.list_topics(timeout=2)
         except KafkaException:
@@ -132,4 +151,65 @@ class KafkaBroker(JavaService):
         return self.start()
 
 
-__all__ = ["KafkaBroker"]
+class SecureKafkaBroker(KafkaBroker):
+    """A broker whose only client listener is SASL_SSL with SCRAM-SHA-512: a CA and the
+    broker's certificate made per run (`devtools.tls`), users `admin` (the broker's own)
+    and `user` (`.username`, `.password`: random per run) created at format time.
+    `.client_config` is what a librdkafka client needs; `.ca_pem` the CA to trust."""
+
+    name = "kafka-sasl"
+    MECHANISM = "SCRAM-SHA-512"
+
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
+        super().__init__(workdir, **kw)
+        from lance_cdf.devtools.tls import CertAuthority
+
+        self.username = "lance-cdf-user"
+        self.password = secrets.token_urlsafe(18)
+        self._admin_password = secrets.token_urlsafe(18)
+        ca = CertAuthority(self.workdir / "tls")
+        self.ca_pem = ca.ca_pem
+        self._cert = ca.issue("kafka")
+
+    @property
+    def client_config(self) -> dict[str, str]:
+        return {
+            "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
+            "sasl.username": self.username, "sasl.password": self.password,
+            "ssl.ca.location": str(self.ca_pem),
+        }  # fmt: skip
+
+    def _listener_lines(self) -> list[str]:
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="admin" password="{self._admin_password}";'
+        )
+        return [
+            f"listeners=SASL_SSL://127.0.0.1:{self.port},"
+            f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            f"advertised.listeners=SASL_SSL://127.0.0.1:{self.port}",
+            "controller.listener.names=CONTROLLER",
+            "inter.broker.listener.name=SASL_SSL",
+            "listener.security.protocol.map=CONTROLLER:PLAINTEXT,SASL_SSL:SASL_SSL",
+            f"sasl.enabled.mechanisms={self.MECHANISM}",
+            f"sasl.mechanism.inter.broker.protocol={self.MECHANISM}",
+            f"listener.name.sasl_ssl.scram-sha-512.sasl.jaas.config={jaas}",
+            "ssl.keystore.type=PKCS12",
+            f"ssl.keystore.location={self._cert.keystore}",
+            f"ssl.keystore.password={self._cert.keystore_password}",
+            f"ssl.key.password={self._cert.keystore_password}",
+            "ssl.truststore.type=PEM",  # the broker's own inter-broker client trusts the CA
+            f"ssl.truststore.location={self.ca_pem}",
+            "ssl.client.auth=none",
+        ]
+
+    def _format_args(self) -> list[str]:
+        # SCRAM users exist before the first start (KRaft: kafka-storage format
+        # --add-scram); the passwords are random per run and the format process is brief
+        return [
+            "--add-scram", f"{self.MECHANISM}=[name=admin,password={self._admin_password}]",
+            "--add-scram", f"{self.MECHANISM}=[name={self.username},password={self.password}]",
+        ]  # fmt: skip
+
+
+__all__ = ["KafkaBroker", "SecureKafkaBroker"]

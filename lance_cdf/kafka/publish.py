@@ -196,10 +196,19 @@ def _publish(
 
     own_session = SparkSession.getActiveSession() is None
     builder = SparkSession.builder
+    chosen = None  # the master publish sets (None: spark-submit's or the active session's)
     if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
-        builder = builder.master(master or "local[2]")  # (spark-submit sets the gateway)
+        chosen = master or "local[2]"
+        builder = builder.master(chosen)  # (spark-submit sets the gateway)
     if own_session:
         builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+        if (chosen or "").startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
+            # a local master needs no port reachable from elsewhere: the driver's RPC and
+            # block-manager ports listen on loopback only (Spark's default is the host's
+            # external address, with authentication off); SPARK_LOCAL_IP asks otherwise
+            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+                "spark.driver.host", "127.0.0.1"
+            )
     t = time.monotonic()
     spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
