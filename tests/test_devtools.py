@@ -160,6 +160,38 @@ def test_up_prints_both_and_sigterm_stops_both(kafka_broker):
             proc.wait()
 
 
+def test_up_secure_serves_sasl_ssl_and_https_with_credentials_in_files_only(kafka_broker):
+    """`up --secure`: a SASL_SSL broker and an HTTPS + basic-auth registry that the
+    printed settings files reach, and that refuse clients without them."""
+    from lance_cdf.clientconfig import parse_properties
+
+    proc = _spawn(["-m", "lance_cdf.devtools", "up", "--secure",
+                   "--cache-dir", str(kafka_broker.cache_dir)])  # fmt: skip
+    try:
+        lines = [proc.stdout.readline() for _ in range(4)]
+        bootstrap, url = lines[0].split()[-1], lines[1].split()[-1]
+        client = parse_properties(Path(lines[2].split()[-1]).read_text())
+        registry = parse_properties(Path(lines[3].split()[-1]).read_text())
+        assert url.startswith("https://127.0.0.1:"), lines
+        assert client["security.protocol"] == "SASL_SSL", client
+        assert client["sasl.password"] not in "".join(lines)
+        assert Path(lines[2].split()[-1]).stat().st_mode & 0o077 == 0
+        md = AdminClient({"bootstrap.servers": bootstrap, **client}).list_topics(timeout=20)
+        assert md.brokers
+        with pytest.raises(Exception):  # noqa: B017 - plaintext: no SASL, no TLS
+            AdminClient({"bootstrap.servers": bootstrap, "log_level": 0}).list_topics(timeout=3)
+        assert SchemaRegistryClient({"url": url, **registry}).get_subjects() == []
+        wrong = {**registry, "basic.auth.user.info": "lance-cdf-registry:wrong"}
+        with pytest.raises(Exception, match="401"):
+            SchemaRegistryClient({"url": url, **wrong}).get_subjects()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.skipif(
     sys.platform != "linux" or shutil.which("setpriv") is None,
     reason="the parent-death signal needs Linux and setpriv (util-linux)",

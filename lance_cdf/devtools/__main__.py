@@ -2,6 +2,9 @@
 
 provision  resolve the broker and registry into the cache (no network once cached)
 up         start both on free 127.0.0.1 ports, print where, run until Ctrl-C or SIGTERM
+           (--secure: the broker's only client listener is SASL_SSL with SCRAM-SHA-512 and
+           the registry sits behind HTTPS + basic auth; the client settings, credentials
+           included, go to two Java-properties files whose paths are printed)
 s3         start the local S3 server with bucket `tables`, print its storage options,
            run until Ctrl-C or SIGTERM
 connect    resolve Kafka Connect + the Debezium JDBC sink (PostgreSQL driver, Apicurio
@@ -14,11 +17,12 @@ import argparse
 import signal
 import sys
 import time
+from pathlib import Path
 from typing import NoReturn
 
-from lance_cdf.devtools.kafka import KafkaBroker
+from lance_cdf.devtools.kafka import KafkaBroker, SecureKafkaBroker
 from lance_cdf.devtools.maven import provision, versions
-from lance_cdf.devtools.registry import SchemaRegistry
+from lance_cdf.devtools.registry import SchemaRegistry, SecureSchemaRegistry
 from lance_cdf.devtools.s3 import S3Server
 
 
@@ -32,6 +36,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("command", choices=["provision", "up", "s3", "connect"])
     ap.add_argument("--cache-dir", help="default: $LANCE_CDF_DEVTOOLS_CACHE or .cache/devtools")
     ap.add_argument("--no-auto-create-topics", action="store_true")
+    ap.add_argument("--secure", action="store_true",
+                    help="up: SASL_SSL broker, HTTPS + basic-auth registry")  # fmt: skip
     args = ap.parse_args(argv)
     if args.command == "s3":
         return _s3()
@@ -58,15 +64,25 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 0
     signal.signal(signal.SIGTERM, _stop)
+    broker_type = SecureKafkaBroker if args.secure else KafkaBroker
+    registry_type: type[SchemaRegistry] | type[SecureSchemaRegistry] = (
+        SecureSchemaRegistry if args.secure else SchemaRegistry
+    )
+    auto_create = not args.no_auto_create_topics
     try:
         with (
-            KafkaBroker(
-                auto_create_topics=not args.no_auto_create_topics, cache_dir=cache
-            ) as kafka,
-            SchemaRegistry(cache_dir=cache) as registry,
+            broker_type(auto_create_topics=auto_create, cache_dir=cache) as kafka,
+            registry_type(cache_dir=cache) as registry,
         ):
             print(f"kafka bootstrap servers: {kafka.bootstrap_servers}")
             print(f"schema registry url:     {registry.url}")
+            if isinstance(registry, SecureSchemaRegistry):
+                # credentials only in files (mode 0600), never on the terminal
+                client = _properties(kafka.workdir / "client.properties", kafka.client_config)
+                reg = _properties(registry.workdir / "registry.properties",
+                                  registry.client_config)  # fmt: skip
+                print(f"--producer-config-file / --consumer-config-file {client}")
+                print(f"--registry-config-file {reg}")
             print("Ctrl-C or SIGTERM stops both.", flush=True)
             while kafka.running() and registry.running():
                 time.sleep(1)
@@ -75,6 +91,15 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     except KeyboardInterrupt:
         return 0
+
+
+def _properties(path: Path, settings: dict[str, str]) -> Path:
+    """`settings` as a Java-properties file readable by its owner only."""
+    path.touch(mode=0o600)
+    path.chmod(0o600)
+    escape = str.maketrans({"\\": "\\\\", "\n": "\\n", "=": "\\=", ":": "\\:"})
+    path.write_text("".join(f"{k}={v.translate(escape)}\n" for k, v in settings.items()))
+    return path
 
 
 def _s3() -> int:
