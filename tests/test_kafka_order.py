@@ -65,13 +65,17 @@ def expected_by_key(uri):
     return dict(out)
 
 
-def consume_by_key(bootstrap, topic, registry_url, count, isolation="read_uncommitted"):
-    """Per key: its records in partition order; stops after `count` records or 60 s idle."""
-    client = SchemaRegistryClient({"url": registry_url})
+def consume_by_key(
+    bootstrap, topic, registry_url, count, isolation="read_uncommitted", config=None,
+    registry_config=None,
+):  # fmt: skip
+    """Per key: its records in partition order; stops after `count` records or 60 s idle.
+    `config` / `registry_config`: client settings (a secured broker and registry)."""
+    client = SchemaRegistryClient({"url": registry_url, **(registry_config or {})})
     key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "isolation.level": isolation})  # fmt: skip
+                  "isolation.level": isolation, **(config or {})})  # fmt: skip
     c.subscribe([topic])
     out, partition_of, seen, idle = defaultdict(list), {}, 0, 0
     try:

@@ -235,3 +235,95 @@ def test_publish_replicate_status_over_sasl_ssl_with_secrets_nowhere(
         if path.is_file():
             found += _scan(secrets, str(path.relative_to(tmp_path)), path.read_bytes())
     assert not found, found
+
+
+def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sasl_ssl(
+    tmp_path, monkeypatch, secure_kafka_broker, secure_schema_registry
+):
+    """The exactly-once restart of test_exactly_once, shortened, over SASL_SSL and the
+    HTTPS registry: the position reader reads the topic back through the same settings
+    (settings files, ${env:NAME})."""
+    import random
+    import threading
+
+    import numpy as np
+    import pyarrow as pa
+    from confluent_kafka.admin import AdminClient, NewTopic
+    from test_exactly_once import python_workers, writer
+    from test_kafka_order import consume_by_key, expected_by_key
+
+    from lance_cdf.cli import main
+
+    kafka, registry = secure_kafka_broker, secure_schema_registry
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
+        enable_stable_row_ids=True, max_rows_per_file=50,
+    )  # fmt: skip
+    topic = f"eo-sasl-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.client_config})
+    admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
+    client = tmp_path / "client.properties"
+    client.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+        f"sasl.username={kafka.username}\nsasl.password=${{env:T_KAFKA_PASSWORD}}\n"
+        f"ssl.ca.location={kafka.ca_pem}\n"
+    )
+    reg = tmp_path / "registry.properties"
+    reg.write_text(
+        "basic.auth.user.info=${env:T_REGISTRY_USERINFO}\n"
+        f"ssl.ca.location={registry.ca_pem}\n"
+    )
+    secrets_env = {
+        "T_KAFKA_PASSWORD": kafka.password,
+        "T_REGISTRY_USERINFO": f"{registry.username}:{registry.password}",
+    }
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka.bootstrap_servers,
+            "--topic", topic, "--schema-registry", registry.url, "--checkpoint",
+            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
+            "--max-rows-per-trigger", "60", "--producer-config-file", str(client),
+            "--registry-config-file", str(reg)]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
+    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
+           "--master", "local[2,100]"]  # fmt: skip  (local[N,F]: a failed task is retried)
+    rng = random.Random(34)
+    stop = threading.Event()
+    commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
+    commits.start()
+    proc = None
+    kills = {"worker": 0, "group": 0}
+    try:
+        while sum(kills.values()) < 5:
+            if proc is None or proc.poll() is not None:
+                proc = subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            time.sleep(rng.uniform(2, 6))
+            if sum(kills.values()) == 3:
+                kafka.restart()  # same ports, data and credentials
+            workers = python_workers(proc.pid)
+            if kills["group"] < 2 and (rng.random() < 0.3 or not workers):
+                os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and workers at once
+                proc.wait(30)
+                kills["group"] += 1
+            elif workers:
+                os.kill(rng.choice(workers), signal.SIGKILL)  # one writer or reader task
+                kills["worker"] += 1
+    finally:
+        stop.set()
+        commits.join(60)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert kills["group"] >= 1 and kills["worker"] >= 1, kills
+    for k, v in secrets_env.items():
+        monkeypatch.setenv(k, v)
+    assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
+    want = expected_by_key(uri)
+    count = sum(len(v) for v in want.values())
+    got, _ = consume_by_key(
+        kafka.bootstrap_servers, topic, registry.url, count + 1, isolation="read_committed",
+        config=kafka.client_config, registry_config=registry.client_config,
+    )  # fmt: skip
+    assert got == want  # every change once, per key in commit order
