@@ -12,6 +12,7 @@ import urllib.request
 import uuid
 
 import lance
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from test_replicate import publish
 from workload import Workload
@@ -102,6 +103,27 @@ def test_port_in_use_is_a_clear_error(tmp_path):
             assert str(port) in str(exc) and "--metrics-port" in str(exc)
     finally:
         first.close()
+
+
+def test_the_url_names_the_address_bound_and_the_table_label_hides_user_info():
+    """--metrics-host 0.0.0.0 listens on every interface: the URL says so (it said
+    127.0.0.1); the table label never shows a URL's user-info (issue 34)."""
+    metrics = PipelineMetrics("publish", Progress, None)
+    try:
+        url = metrics.serve(0, "0.0.0.0")
+        assert url.startswith("http://0.0.0.0:"), url
+        assert metrics.server is not None and metrics.server.server_address[0] == "0.0.0.0"
+    finally:
+        metrics.close()
+    local = PipelineMetrics("publish", Progress, None)
+    try:
+        assert local.serve(0).startswith("http://127.0.0.1:")
+    finally:
+        local.close()
+    labelled = PipelineMetrics("publish", Progress, "s3://key:s3cr3t-value@bucket/t.lance")
+    labelled._source = lambda version: (None, None)  # no table to read
+    text = generate_latest(labelled.registry)
+    assert b"s3cr3t-value" not in text and b"s3://***@bucket/t.lance" in text
 
 
 def _stop(proc) -> None:

@@ -196,3 +196,33 @@ def test_cli_reads_a_table_on_object_storage(s3_server, s3_uri, capsys):
     )
     assert main(["changes", "s3://no-such-bucket/t.lance", "--from", "1", *flags]) == 2
     assert "bucket 'no-such-bucket'" in capsys.readouterr().err
+
+
+def test_status_reads_a_replica_on_object_storage_with_its_storage_options(
+    s3_server, s3_uri, capsys, monkeypatch
+):
+    """issue 34: `status --replica s3://...` used no storage option ("Failed to resolve
+    region"); now --storage-option (or --replica-storage-option) reaches it, and a
+    secret given through ${env:NAME} shows nowhere in the output."""
+    from lance_cdf.cli import main
+    from lance_cdf.replicate.replica import OFFSETS_PROPERTY, SOURCE_VERSION_PROPERTY
+
+    so = s3_server.storage_options()
+    _make_table(s3_uri, so)
+    replica = s3_uri.replace(".lance", "-replica.lance")
+    lance.write_dataset(
+        pa.table({"id": [1]}), replica, storage_options=so,
+        transaction_properties={OFFSETS_PROPERTY: "{}", SOURCE_VERSION_PROPERTY: "3"},
+    )  # fmt: skip
+    monkeypatch.setenv("T_S3_SECRET", so.pop("aws_secret_access_key"))
+    flags = [a for k, v in so.items() for a in ("--storage-option", f"{k}={v}")]
+    flags += ["--storage-option", "aws_secret_access_key=${env:T_S3_SECRET}"]
+    assert main(["status", "--table", s3_uri, "--replica", replica, "--json", *flags]) == 0
+    out = capsys.readouterr().out
+    report = json.loads(out)
+    assert report["replica_version"] == 3 and report["replica_lag"] == report["latest_version"] - 3
+    replica_flags = [f.replace("--storage-option", "--replica-storage-option") for f in flags]
+    assert main(["status", "--table", s3_uri, "--replica", replica, "--json", *flags,
+                 *replica_flags]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["replica_version"] == 3
+    assert os.environ["T_S3_SECRET"] not in out

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from lance_cdf.clientconfig import redact, redact_url
+from lance_cdf.clientconfig import redact, redact_url, scrub
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
@@ -338,7 +338,7 @@ def _head_start(
             {**source_options, "kafkaPartitions": str(partitions)}, sink_options, start
         )
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
-        print(f"head start skipped ({type(exc).__name__}: {exc}); the query publishes "
+        print(f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
               "those commits", flush=True)  # fmt: skip
         return
     finally:
