@@ -42,6 +42,12 @@ tab\tkey=a\tb
 trailing.spaces=x   
 only.key
 hash.in.value=a#b!c
+even.backslashes=ends\\\\
+\u0041key=\u00e9t\u00e9
+continued.empty=a\
+	
+after.empty=b
+colon:=x
 """
 
 
@@ -62,7 +68,11 @@ def test_parse_properties_the_subset_kafka_users_write():
     assert got["trailing.spaces"] == "x   "
     assert got["only.key"] == ""
     assert got["hash.in.value"] == "a#b!c"
-    assert len(got) == 13
+    assert got["even.backslashes"] == "ends\\\\"
+    assert got["Akey"] == "\u00e9t\u00e9"
+    assert got["continued.empty"] == "a" and got["after.empty"] == "b"
+    assert got["colon"] == "=x"
+    assert len(got) == 18
 
 
 @pytest.mark.integration  # runs the JDK: java.util.Properties is the oracle
