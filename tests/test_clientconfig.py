@@ -230,3 +230,15 @@ def test_the_position_reader_inherits_every_connection_setting():
     }  # fmt: skip
     # librdkafka itself takes the result as a consumer configuration
     Consumer({**got, "group.id": "g"}).close()
+
+
+def test_a_registry_error_names_the_url_without_its_user_info():
+    from lance_cdf.devtools.process import free_port
+    from lance_cdf.kafka.endpoints import check_registry
+
+    url = f"http://reg-user:Reg-Secret-91@127.0.0.1:{free_port()}/apis/ccompat/v7"
+    with pytest.raises(Exception) as err:  # noqa: PT011 - the message is what is checked
+        check_registry(url, {"timeout": 2, "max.retries": 0})
+    text = str(err.value)
+    assert "Reg-Secret-91" not in text and "reg-user" not in text
+    assert "http://***@127.0.0.1:" in text
