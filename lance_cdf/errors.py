@@ -95,3 +95,22 @@ class AvroDecodeDeclined(FastPathDeclined):
 
 class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
+
+
+# issue 31 (replicator side): one writer per target, a replica that knows whose it is
+class LeaseHeldError(LanceCdfError):
+    """Another live writer holds the target's lease (`lance_cdf.lease`)."""
+
+
+class LeaseLostError(LanceCdfError):
+    """This writer's lease was taken over by another writer: it must stop writing."""
+
+
+class ForeignReplicaError(ReplicaError):
+    """The replica follows another topic or source table than the records offered to it."""
+
+
+class ReplicaPositionError(ReplicaError):
+    """The replica's own position cannot be trusted to resume from: it is missing or empty
+    while the consumer group has moved on, or the topic no longer holds the history it
+    needs."""

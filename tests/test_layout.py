@@ -36,17 +36,21 @@ ALLOWED = {
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache"},
+    "lease": {"format", "errors"},
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
         "errors",
     },
-    "kafka": {"avro", "events", "feed", "streaming", "metrics", "keyhash", "errors", ""},
-    "replicate": {"avro", "kafka", "internals", "errors"},
+    "kafka": {
+        "avro", "events", "feed", "streaming", "metrics", "keyhash", "lease", "errors", "",
+    },
+    "replicate": {"avro", "kafka", "internals", "lease", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
-        "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc", "errors",
+        "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "lease", "malloc",
+        "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }
