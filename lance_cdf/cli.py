@@ -217,7 +217,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
     rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
-                     help="exit 0 once no record has arrived for this long")  # fmt: skip
+                     help="exit 0 once no record has arrived for this long (counted from "
+                     "start while the topic does not exist)")  # fmt: skip
+    rep.add_argument("--rebuild", action="store_true",
+                     help="a missing or empty replica is built from the beginning of the "
+                     "topic although the consumer group has committed offsets (without it "
+                     "that start is refused); the topic must still hold its history")  # fmt: skip
+    rep.add_argument("--lease-ttl", type=_seconds, default=30.0, metavar="SECONDS",
+                     help="one replicator per replica: its lease expires this long after its "
+                     "last renewal (every third of it) if it dies elsewhere, and is then "
+                     "taken over (default 30)")  # fmt: skip
     _client_settings(rep, "consumer", "the replica table")
     _metrics_flags(rep)
     rep.add_argument("--source-table", default=None, metavar="URI",
@@ -348,6 +357,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option), compact_every=args.compact_every,
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
     )  # fmt: skip
     print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
     if args.metrics_port is not None:

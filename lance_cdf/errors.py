@@ -110,6 +110,11 @@ class ForeignReplicaError(ReplicaError):
     """The replica follows another topic or source table than the records offered to it."""
 
 
+class RegistryRefusedError(RegistryUnavailableError):
+    """The schema registry refused a schema fetch for a reason that is not the record's
+    (a wrong URL, missing credentials): never a reason to set records aside."""
+
+
 class ReplicaPositionError(ReplicaError):
     """The replica's own position cannot be trusted to resume from: it is missing or empty
     while the consumer group has moved on, or the topic no longer holds the history it

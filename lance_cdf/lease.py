@@ -142,21 +142,34 @@ class _LocalStore:
 
     @contextlib.contextmanager
     def locked(self) -> Any:
+        """An exclusive flock of `<lease>.lock`. Release removes that file (under the
+        lock), so a lock taken on a file that was removed meanwhile is taken again."""
         import fcntl
 
-        try:
-            os.makedirs(self.directory, exist_ok=True)
-            fd = os.open(self.path + ".lock", os.O_CREAT | os.O_RDWR, 0o644)
-        except OSError as exc:
-            raise StorageAccessError(
-                f"cannot create the lease {self.path}: {exc.strerror}; check that the "
-                "directory is writable"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            yield
-        finally:
-            os.close(fd)  # (drops the flock)
+        lock = self.path + ".lock"
+        for _ in range(100):
+            try:
+                os.makedirs(self.directory, exist_ok=True)
+                fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
+            except FileNotFoundError:  # the directory removed meanwhile (a release)
+                continue
+            except OSError as exc:
+                raise StorageAccessError(
+                    f"cannot create the lease {self.path}: {exc.strerror}; check that the "
+                    "directory is writable"
+                ) from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                try:
+                    same = os.stat(lock).st_ino == os.fstat(fd).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    yield
+                    return
+            finally:
+                os.close(fd)  # (drops the flock)
+        raise StorageAccessError(f"cannot lock the lease {self.path}: it keeps being removed")
 
     def read(self) -> tuple[_State | None, str | None]:
         try:
@@ -176,8 +189,13 @@ class _LocalStore:
         return None
 
     def remove(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(self.path)
+        """(Under `locked`.) The lease and its lock file gone, and the directory if that
+        leaves it empty: a writer that wrote nothing leaves no trace."""
+        for path in (self.path, self.path + ".lock"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
+        with contextlib.suppress(OSError):
+            os.rmdir(self.directory)
 
 
 class _Conflict(Exception):
@@ -294,12 +312,11 @@ class Lease:
                 if current is not None:
                     why = current.free(time.time())
                     if why is None:
-                        left = current.expires - time.time()
                         raise LeaseHeldError(
                             f"{what} is being written by {current.holder.describe()}; one "
                             f"writer at a time. Stop that process first (its lease "
-                            f"{store.where} expires {left:.0f} s after its last renewal if it "
-                            "died, and is then taken over)."
+                            f"{store.where} expires {current.ttl_s:g} s after its last renewal "
+                            "if it died, and is then taken over)."
                         )
                 try:
                     etag = store.write(mine, etag, create=current is None)
@@ -341,12 +358,13 @@ class Lease:
         self._renewed = time.monotonic()
 
     def _lost_error(self, current: _State | None) -> LeaseLostError:
-        by = ("nobody (the lease object is gone: the target deleted?)" if current is None
-              else current.holder.describe())  # fmt: skip
+        now = ("free now" if current is None or current.released or current.free(time.time())
+               else f"held now by {current.holder.describe()}")  # fmt: skip
         return LeaseLostError(
-            f"lost the lease on {self.what} ({self._store.where}) to {by}: another writer "
-            "took it over after this one did not renew it in time. Stopped without writing "
-            "further; make sure only one writer runs, then start again."
+            f"lost the lease on {self.what} ({self._store.where}): another writer took it "
+            f"over after this one did not renew it for {self._state.ttl_s:g} s ({now}). "
+            "Stopped without writing further; make sure only one writer runs, then start "
+            "again."
         )
 
     def check(self) -> None:

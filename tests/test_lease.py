@@ -59,7 +59,7 @@ def _expired_is_taken_over(location, options, caplog):
         new = Lease.acquire(location, "replica", options, ttl_s=30, command="new writer")
     assert "took over the lease" in caplog.text and "'stalled writer'" in caplog.text
     assert "expired" in caplog.text
-    with pytest.raises(LeaseLostError, match="to 'new writer'"):
+    with pytest.raises(LeaseLostError, match=r"\(held now by 'new writer' \(pid "):
         old.renew()
     with pytest.raises(LeaseLostError):
         old.check()
