@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterable
 
@@ -343,6 +344,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
+    # a stop (SIGTERM / SIGINT, to the process or its group) while starting up (imports,
+    # connection checks that may wait on a hung broker or registry) ends it quietly, exit
+    # 0; once running, Replicator.run's own handlers finish the batch in hand instead
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _replicate(args)
+    except KeyboardInterrupt:
+        print("stopped while starting: nothing applied", flush=True)
+        return 0
+
+
+def _replicate(args: argparse.Namespace) -> int:
     import logging
 
     from lance_cdf.replicate.replicator import Replicator

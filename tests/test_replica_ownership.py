@@ -19,7 +19,7 @@ import lance
 import pytest
 from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient
-from test_replicate import assert_replica_equals_source, publish, source_rows
+from test_replicate import assert_replica_equals_source, publish, registry_down, source_rows
 from workload import Workload
 
 from lance_cdf.errors import ForeignReplicaError, LeaseHeldError
@@ -348,3 +348,44 @@ def test_a_signal_to_the_process_group_exits_0_without_traceback(
     run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"))
     assert run.returncode == 0, run.stderr[-2000:]
     assert_replica_equals_source(src, dst)
+
+
+def _connected_to(pid: int, port: int) -> bool:
+    """Whether process `pid` holds an established TCP connection to 127.0.0.1:`port`."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    with open(f"/proc/{pid}/net/tcp") as f:
+        rows = [line.split() for line in f.readlines()[1:]]
+    return any(r[2] == f"0100007F:{port:04X}" and r[3] == "01" and r[9] in inodes for r in rows)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_while_starting_exits_0_without_traceback(
+    tmp_path, kafka_broker, schema_registry, sig
+):
+    """Stopped while its start-up check waits on a hung registry (SIGSTOPped): exit 0,
+    one line, nothing applied."""
+    dst = str(tmp_path / "replica.lance")
+    port = int(schema_registry.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
+    with registry_down(schema_registry):
+        proc = subprocess.Popen(
+            cli(kafka_broker, schema_registry, "own-start", dst), stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
+        try:
+            _wait(lambda: _connected_to(proc.pid, port), "the registry check")
+            os.killpg(proc.pid, sig)
+            out, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert proc.returncode == 0, err[-2000:]
+    assert "Traceback" not in err and out.strip() == "stopped while starting: nothing applied"
+    assert not os.path.exists(dst)
