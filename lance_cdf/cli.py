@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterable
 
@@ -244,7 +245,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
     rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
-                     help="exit 0 once no record has arrived for this long")  # fmt: skip
+                     help="exit 0 once no record has arrived for this long (counted from "
+                     "start while the topic does not exist)")  # fmt: skip
+    rep.add_argument("--rebuild", action="store_true",
+                     help="a missing or empty replica is built from the beginning of the "
+                     "topic although the consumer group has committed offsets (without it "
+                     "that start is refused); the topic must still hold its history")  # fmt: skip
+    rep.add_argument("--lease-ttl", type=_seconds, default=30.0, metavar="SECONDS",
+                     help="one replicator per replica: its lease expires this long after its "
+                     "last renewal (every third of it) if it dies elsewhere, and is then "
+                     "taken over (default 30)")  # fmt: skip
     _client_settings(rep, "consumer", "the replica table")
     _metrics_flags(rep)
     rep.add_argument("--source-table", default=None, metavar="URI",
@@ -373,6 +383,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
+    # a stop (SIGTERM / SIGINT, to the process or its group) while starting up (imports,
+    # connection checks that may wait on a hung broker or registry) ends it quietly, exit
+    # 0; once running, Replicator.run's own handlers finish the batch in hand instead
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _replicate(args)
+    except KeyboardInterrupt:
+        print("stopped while starting: nothing applied", flush=True)
+        return 0
+
+
+def _replicate(args: argparse.Namespace) -> int:
     import logging
 
     from lance_cdf.clientconfig import redact_url, scrub_logging
@@ -389,6 +411,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option), compact_every=args.compact_every,
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
     )  # fmt: skip
     print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.target)}", flush=True)  # fmt: skip

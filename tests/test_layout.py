@@ -37,21 +37,22 @@ ALLOWED = {
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache", "clientconfig"},
+    "lease": {"format", "errors"},
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
         "errors",
     },
     "kafka": {
-        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "errors",
-        "",
+        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
+        "errors", "",
     },
-    "replicate": {"avro", "kafka", "internals", "clientconfig", "errors"},
+    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
-        "clientconfig", "errors",
+        "clientconfig", "lease", "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }
