@@ -7,8 +7,9 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -137,6 +138,35 @@ def hand_off(work: DataFrame) -> DataFrame:
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 
 
+@contextmanager
+def _jvm_ignores_sigterm() -> Iterator[None]:
+    """Spark's JVM (and the Python runners it starts) launched with SIGTERM ignored, as
+    pyspark already launches it with SIGINT ignored. SIGTERM to publish's whole process
+    group (`kill -TERM -- -PGID`) or control group (systemd's default stop) otherwise kills
+    the JVM under the running query (exit 1, a Py4JNetworkError traceback): this way only
+    publish acts on it, stopping the query and then the JVM. A signal ignored at exec stays
+    ignored: HotSpot installs no shutdown handler for it (as for `nohup java`)."""
+    from pyspark import java_gateway
+
+    popen = java_gateway.Popen
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        inner = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if inner is not None:
+                inner()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        return popen(*args, **{**kwargs, "preexec_fn": preexec})
+
+    java_gateway.Popen = launch  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen  # type: ignore[misc]
+
+
 def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}  # signals are delivered to the main thread only
@@ -209,7 +239,8 @@ def _publish(
     if own_session:
         builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
     t = time.monotonic()
-    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    with _jvm_ignores_sigterm():
+        spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if own_session:
         _quiet_accumulators(spark)
@@ -259,11 +290,14 @@ def _publish(
             pass
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
-    if stopping.is_set() and error is None:
+    if stopping.is_set():
         # Stopping interrupts the running micro-batch: it is not committed, so the next
-        # start sends it again from the checkpoint (see README, "When things fail").
+        # start sends it again from the checkpoint (see README, "When things fail"). A
+        # failure while stopping (the signal reached Spark's Python workers too) is the stop.
         query.stop()
-    error = error or query.exception()
+        error = None
+    else:
+        error = error or query.exception()
     if follower is not None:
         follower.stop()
         if error is not None:
