@@ -128,8 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
-    pub.add_argument("--starting-version", default="latest",
-                     help="first version: a number, latest (default) or earliest")  # fmt: skip
+    pub.add_argument("--starting-version", default=None,
+                     help="first version of a new checkpoint: a number, latest (default) or "
+                     "earliest; with an existing checkpoint only its own start")  # fmt: skip
     pub.add_argument("--snapshot", action="store_true",
                      help="bootstrap: publish the table as it stands when the query first "
                      "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip

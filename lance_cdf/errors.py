@@ -99,3 +99,11 @@ class AvroDecodeDeclined(FastPathDeclined):
 
 class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
+
+
+# -- issue 31 (publisher side): checkpoints know their table --
+
+
+class CheckpointMismatchError(LanceCdfError):
+    """A checkpoint is of another table, or was started from another version than the one
+    given now."""
