@@ -398,6 +398,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             + ("no micro-batch completed yet" if done is None
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
+        from lance_cdf.kafka.outage import describe_state
+
+        kafka = describe_state(args.checkpoint)
+        if kafka is not None:
+            report["kafka"], line = kafka
+            lines.append(f"kafka       {line}")
     if args.replica:
         from lance_cdf.replicate.replica import ReplicaTable
 

@@ -101,9 +101,13 @@ class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
 
 
-# -- issue 31 (publisher side): checkpoints know their table --
+# -- issue 31 (publisher side): checkpoints know their table; Kafka outages --
 
 
 class CheckpointMismatchError(LanceCdfError):
     """A checkpoint is of another table, or was started from another version than the one
     given now."""
+
+
+class KafkaUnavailableError(PublishError):
+    """The broker did not answer for longer than the publisher rides out an outage."""

@@ -54,6 +54,10 @@ class Progress:
     delivery_failures: int = 0
     last_error: float = 0.0  # unix time, 0 = never
     kafka_lag: int | None = None
+    # publish: how long Kafka has not answered (0: it answers) and the retries since the
+    # checkpoint's first outage (kafka/outage.py); None: not known
+    kafka_unavailable_s: float | None = None
+    kafka_retries: int | None = None
 
 
 class PipelineMetrics:
@@ -178,6 +182,17 @@ class PipelineMetrics:
             "unix time of the last failure (0: none)",
             value=p.last_error,
         )
+        if p.kafka_unavailable_s is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_kafka_unavailable_seconds",
+                "how long the broker has not answered the publisher (0: it answers)",
+                value=p.kafka_unavailable_s,
+            )
+        if p.kafka_retries is not None:
+            yield CounterMetricFamily(
+                "lance_cdf_kafka_retries", "requests to the broker repeated during outages",
+                value=p.kafka_retries,
+            )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",

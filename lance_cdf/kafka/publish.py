@@ -288,7 +288,9 @@ def _publish(
         f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
         flush=True,
     )
-    follower = _serve_metrics(query, table, topic, storage_options, metrics_port, metrics_host)
+    follower = _serve_metrics(
+        query, table, topic, storage_options, metrics_port, metrics_host, checkpoint
+    )
 
     error = None
     try:
@@ -494,6 +496,7 @@ def _serve_metrics(
     storage_options: dict[str, str] | None,
     port: int | None,
     host: str,
+    checkpoint: str,
 ) -> QueryFollower | None:
     """Follow the query's progress and serve it as Prometheus metrics (None: no port)."""
     if port is None:
@@ -501,7 +504,7 @@ def _serve_metrics(
     from lance_cdf.kafka.progress import QueryFollower
     from lance_cdf.metrics import PipelineMetrics
 
-    follower = QueryFollower(query).start()
+    follower = QueryFollower(query, checkpoint=checkpoint).start()
     metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)
     print(f"metrics at {metrics.serve(port, host)}", flush=True)
     return follower
