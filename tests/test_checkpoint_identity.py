@@ -196,3 +196,20 @@ def test_publish_refuses_another_tables_checkpoint_in_one_line(
     again = _publish(a, ck, topic, kafka_broker, schema_registry, "--starting-version", "1")
     assert again.returncode == 0, again.stderr[-3000:]
     assert _records(kafka_broker.bootstrap_servers, topic) == held + 1  # version 9 only
+
+
+def test_schema_change_advice_names_only_what_the_entry_point_has(tmp_path):
+    """Issue 31, finding 6: publish advised mergeSchema=true, which it has no flag for."""
+    a = history(str(tmp_path / "a.lance"), versions=3)
+    spark, publish = reader(a), reader(a, entryPoint="publish")
+    lance.dataset(a).add_columns({"twice": "id * 2"})
+    lance.dataset(a).update({"twice": "0"}, where="id = 1")
+    start = stored(spark.initialOffset())
+    with pytest.raises(Exception) as s:
+        spark.latestOffset(start, ReadAllAvailable())
+    with pytest.raises(Exception) as p:
+        publish.latestOffset(start, ReadAllAvailable())
+    assert "set mergeSchema=true" in str(s.value)
+    text = str(p.value)
+    assert "new column(s) ['twice']" in text and "mergeSchema" not in text, text
+    assert "Rerun lance-cdf publish (same --checkpoint)" in text, text
