@@ -18,6 +18,8 @@ and commit times, so lag is computed when asked, never stale:
                                          and dead-letter writes that failed (replicate)
     lance_cdf_last_error_timestamp_seconds  unix time of the last failure (0: none)
     lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
+    lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
+    lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
     lance_cdf_pipeline_info{role,table,topic}  1
 """
 
