@@ -153,8 +153,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
-    pub.add_argument("--starting-version", default="latest",
-                     help="first version: a number, latest (default) or earliest")  # fmt: skip
+    pub.add_argument("--starting-version", default=None,
+                     help="first version of a new checkpoint: a number, latest (default) or "
+                     "earliest; with an existing checkpoint only its own start")  # fmt: skip
     pub.add_argument("--snapshot", action="store_true",
                      help="bootstrap: publish the table as it stands when the query first "
                      "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
@@ -464,6 +465,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             + ("no micro-batch completed yet" if done is None
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
+        from lance_cdf.kafka.outage import describe_state
+
+        kafka = describe_state(args.checkpoint)
+        if kafka is not None:
+            report["kafka"], line = kafka
+            lines.append(f"kafka       {line}")
     if args.replica:
         from lance_cdf.replicate.replica import ReplicaTable
 

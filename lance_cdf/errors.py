@@ -128,3 +128,15 @@ class ReplicaPositionError(ReplicaError):
     """The replica's own position cannot be trusted to resume from: it is missing or empty
     while the consumer group has moved on, or the topic no longer holds the history it
     needs."""
+
+
+# -- issue 31 (publisher side): checkpoints know their table; Kafka outages --
+
+
+class CheckpointMismatchError(LanceCdfError):
+    """A checkpoint is of another table, or was started from another version than the one
+    given now."""
+
+
+class KafkaUnavailableError(PublishError):
+    """The broker did not answer for longer than the publisher rides out an outage."""
