@@ -95,3 +95,12 @@ class AvroDecodeDeclined(FastPathDeclined):
 
 class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
+
+
+# issue 33: tables addressed by name in a LanceDB database or Lance directory namespace
+class DatabaseNotFoundError(TableNotFoundError):
+    """The database (namespace root) directory does not exist."""
+
+
+class TableNameError(TableNotFoundError):
+    """No table, or more than one, of a database has the name given."""

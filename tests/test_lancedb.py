@@ -150,8 +150,13 @@ def test_cli_on_lancedb_tables(tmp_path, capsys):
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
     db.create_namespace(["sales"])
-    for path in (sync_history(db, "events", None), sync_history(db, "orders", ["sales"])):
-        assert main(["changes", path, "--from", "2", "--format", "jsonl"]) == 0
+    events_path = sync_history(db, "events", None)
+    orders_path = sync_history(db, "orders", ["sales"])
+    for path, table in (
+        (events_path, [events_path]),
+        (orders_path, ["--database", root, "sales.orders"]),
+    ):
+        assert main(["changes", *table, "--from", "2", "--format", "jsonl"]) == 0
         lines = capsys.readouterr().out.splitlines()
         events = pa.Table.from_pylist([json.loads(line) for line in lines])
         assert len(events) > 0
@@ -163,7 +168,12 @@ def test_spark_source_on_a_namespaced_lancedb_table(spark, tmp_path):
     db = lancedb.connect(root)
     db.create_namespace(["sales"])
     path = sync_history(db, "orders", ["sales"])
-    df = spark.read.format("lance-cdf").option("path", path).option("startingVersion", 2).load()
-    got = pa.Table.from_pylist([r.asDict() for r in df.collect()])
-    assert len(got) > 0
-    check_versions(path, 2, got)
+    by_path = spark.read.format("lance-cdf").option("startingVersion", 2).load(path)
+    by_name = (
+        spark.read.format("lance-cdf").option("database", root).option("startingVersion", 2)
+        .load("sales.orders")
+    )  # fmt: skip
+    for df in (by_path, by_name):
+        got = pa.Table.from_pylist([r.asDict() for r in df.collect()])
+        assert len(got) > 0
+        check_versions(path, 2, got)

@@ -23,6 +23,7 @@ ALLOWED = {
     "avro": {"errors"},
     # the change feed, in flow order
     "format": {"errors", "cache"},
+    "namespace": {"format", "errors"},
     "plan": {"format", "errors", "cache"},
     "columns": {"errors"},
     "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache"},
@@ -32,14 +33,14 @@ ALLOWED = {
     "candidates": {"modes", "rows", "columns", "plan", "errors"},
     "feed": {
         "candidates", "modes", "snapshot", "events", "rows", "columns", "plan", "format",
-        "errors", "cache",
+        "namespace", "errors", "cache",
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache"},
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
-        "errors",
+        "namespace", "errors",
     },
     "kafka": {"avro", "events", "feed", "streaming", "metrics", "keyhash", "errors", ""},
     "replicate": {"avro", "kafka", "internals", "errors"},
