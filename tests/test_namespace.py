@@ -162,3 +162,24 @@ def test_read_changes_and_cli_by_name(tmp_path, capsys):
     assert main(["changes", "--database", root, "sales.order", "--from", "2"]) == 2
     err = capsys.readouterr().err
     assert "no table 'sales.order'" in err and "sales.orders" in err
+
+
+def test_a_lancedb_database_on_object_storage(s3_server, s3_uri):
+    """The same on S3 (moto): LanceDB writes a root and a namespaced table, lance-cdf lists
+    and resolves them with the storage options and reads the namespaced one by name."""
+    opts = s3_server.storage_options()
+    root = s3_uri.rsplit("/", 1)[0] + "/db"
+    db = lancedb.connect(root, storage_options=opts)
+    db.create_namespace(["sales"])
+    db.create_table("events", data(), storage_options={**opts, **STABLE})
+    t = db.create_table(
+        "orders", data(6), namespace_path=["sales"], storage_options={**opts, **STABLE}
+    )
+    t.delete("id = 2")
+    refs = {r.qualified_name: r.uri for r in list_tables(root, opts)}
+    assert refs == {"events": f"{root}/events.lance", "sales.orders": refs["sales.orders"]}
+    assert refs["sales.orders"].startswith(f"{root}/") and "$orders" in refs["sales.orders"]
+    events = lance_cdf.read_changes("sales.orders", 2, database=root, storage_options=opts)
+    assert events.read_all()["_change_type"].to_pylist() == ["delete"]
+    with pytest.raises(TableNameError, match="its tables: events, sales.orders"):
+        resolve_table(root, "sales.refunds", opts)
