@@ -19,6 +19,7 @@ EXAMPLES = """examples:
   lance-cdf changes file:///data/events.lance --from 5 --format parquet --output changes.parquet
   lance-cdf changes /data/events.lance --from 3 --to 9 --net --drop-unchanged-updates
   lance-cdf changes /data/events.lance --snapshot --from 7 --format jsonl
+  lance-cdf changes --database /data/lancedb sales.orders --from 2
 """
 
 
@@ -100,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    changes.add_argument("uri", help="table path or URI (file://, s3://, gs://, az://)")
+    changes.add_argument(
+        "uri", help="table path or URI (file://, s3://, gs://, az://); with --database: the "
+        "table's name (e.g. sales.orders)",
+    )  # fmt: skip
+    changes.add_argument(
+        "--database", default=None, metavar="DIR",
+        help="a LanceDB database / Lance directory namespace (path or URI) holding the table",
+    )  # fmt: skip
     changes.add_argument(
         "--from", dest="start", type=int, default=None,
         help="first version (required, except with --snapshot: the version to snapshot, "
@@ -337,7 +345,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
     reader = read_changes(
         args.uri, args.start, args.end, columns=args.columns,
         storage_options=_options(args.storage_option), snapshot=args.snapshot, net=args.net,
-        drop_unchanged_updates=args.drop_unchanged_updates,
+        drop_unchanged_updates=args.drop_unchanged_updates, database=args.database,
     )  # fmt: skip
     if args.format == "parquet":
         if not args.output:

@@ -140,3 +140,12 @@ class CheckpointMismatchError(LanceCdfError):
 
 class KafkaUnavailableError(PublishError):
     """The broker did not answer for longer than the publisher rides out an outage."""
+
+
+# issue 33: tables addressed by name in a LanceDB database or Lance directory namespace
+class DatabaseNotFoundError(TableNotFoundError):
+    """The database (namespace root) directory does not exist."""
+
+
+class TableNameError(TableNotFoundError):
+    """No table, or more than one, of a database has the name given."""

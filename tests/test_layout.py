@@ -24,6 +24,7 @@ ALLOWED = {
     "clientconfig": {"errors"},
     # the change feed, in flow order
     "format": {"errors", "cache"},
+    "namespace": {"format", "errors"},
     "plan": {"format", "errors", "cache"},
     "columns": {"errors"},
     "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache"},
@@ -33,7 +34,7 @@ ALLOWED = {
     "candidates": {"modes", "rows", "columns", "plan", "errors"},
     "feed": {
         "candidates", "modes", "snapshot", "events", "rows", "columns", "plan", "format",
-        "errors", "cache",
+        "namespace", "errors", "cache",
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache", "clientconfig"},
@@ -41,7 +42,7 @@ ALLOWED = {
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
-        "errors",
+        "namespace", "errors",
     },
     "kafka": {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",

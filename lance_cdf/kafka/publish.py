@@ -15,7 +15,7 @@ from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.clientconfig import redact, redact_url, scrub
-from lance_cdf.errors import LanceCdfError, PublishError
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
 
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from pyspark.sql.streaming import StreamingQuery
 
     from lance_cdf.kafka.progress import QueryFollower
+    from lance_cdf.lease import Lease
 
 
 def publish(
@@ -82,17 +83,41 @@ def publish(
     # ("reentrant call inside <_io.BufferedReader>", then Py4JNetworkError).
     stopping = threading.Event()
     previous = _on_signals(lambda *_: stopping.set())
+    lease = None
     try:
+        lease = checkpoint_lease(checkpoint, topic, storage_options)
         return _publish(
             stopping, table, bootstrap_servers, topic, schema_registry, checkpoint,
             starting_version, trigger_interval, available_now, key, tombstones,
             producer_config, registry_config, storage_options, max_rows_per_trigger, master,
             snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host, head_start,
+            metrics_port, metrics_host, head_start, lease,
         )  # fmt: skip
     finally:
+        if lease is not None:
+            lease.release()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def checkpoint_lease(
+    checkpoint: str, topic: str, storage_options: dict[str, str] | None
+) -> Lease:
+    """One publisher per checkpoint: the lease `<checkpoint>/publisher.lease`
+    (lance_cdf/lease.py), taken before anything is read or sent, so a second `publish`
+    on the same checkpoint is refused (LeaseHeldError naming the holder) instead of both
+    sending the same versions; renewed from a thread, released on exit; a dead holder's
+    lease is taken over. A checkpoint on object storage (`s3a://` as Spark writes it)
+    takes the table's storage options."""
+    from lance_cdf.lease import Lease
+
+    location = checkpoint.removeprefix("file://")
+    if location.startswith("s3a://"):
+        location = "s3://" + location[len("s3a://"):]
+    lease = Lease.acquire(location, "publisher", storage_options,
+                          command=f"lance-cdf publish to {topic}", target=checkpoint)  # fmt: skip
+    lease.keep_alive()
+    return lease
 
 
 def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
@@ -194,6 +219,7 @@ def _publish(
     metrics_port: int | None,
     metrics_host: str,
     head_start: bool,
+    lease: Lease | None = None,
 ) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
@@ -294,11 +320,15 @@ def _publish(
         query, table, topic, storage_options, metrics_port, metrics_host, checkpoint
     )
 
-    error = None
+    error: BaseException | None = None
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
-            pass
+            if lease is not None:
+                lease.check()  # LeaseLostError: another publisher took the checkpoint over
+    except LeaseLostError as exc:
+        query.stop()  # the micro-batch in hand is not committed; the new holder sends it
+        error = exc
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
     if stopping.is_set():
