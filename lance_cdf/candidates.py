@@ -3,9 +3,10 @@
 pylance 0.33.0 to 0.38.2 kept stable row IDs but recorded no last-updated versions, so
 a row that moved to another fragment may have been updated or only moved. The plan
 lists such rows as candidates (`VersionChanges.candidate_pre` / `candidate_post`);
-here both images are read with *every* user column the two versions share (an update
-of a column outside `columns=` is still an update) and the pairs whose values differ
-in any of them become updates. Equal pairs are no event. Bulk Arrow/numpy work.
+here both images are read with *every* user column of the later version (an update
+of a column outside `columns=` is still an update; a column the earlier version lacks
+reads as null there) and the pairs whose values differ in any of them become updates.
+Equal pairs are no event. Bulk Arrow/numpy work.
 """
 
 from __future__ import annotations
@@ -37,18 +38,21 @@ def _undecidable(reader: RowReader, vc: VersionChanges, why: str) -> Undecidable
 
 
 def resolve_candidates(reader: RowReader, vc: VersionChanges) -> VersionChanges:
-    """`vc` with its candidates decided: those whose values differ in any user column
-    that both versions have join the updates (kept ordered by row ID), the rest are
-    dropped. A column one version lacks (added, dropped, restored away) is never by
-    itself a change: add_columns by a writer without row versions, or a restore to
-    before add_columns, gives no update for a row whose other columns are equal."""
+    """`vc` with its candidates decided: those whose values differ in any user column of
+    the later version join the updates (kept ordered by row ID), the rest are dropped.
+    The row is compared as the later version presents it: a column the earlier version
+    lacks reads as null there (add_columns without row versions: an update where the
+    new column holds a value, none where it is null, as Lance's own all-null
+    add_columns), and a column the later version lacks is no change at all (a restore
+    to before add_columns gives none, as drop_columns) — so a column's presence alone
+    is never a change, while the values a consumer has not seen always are."""
     if vc.num_candidates == 0:
         return vc
     origin = vc.read_version  # >= 1: candidates are rows present before and after
     before, after = reader.tagged(vc.read_version, origin), reader.tagged(vc.version, origin)
-    both = _tokens(before) & _tokens(after)
-    # the columns (and struct subfields) both versions have, as the range's union shapes them
-    shared = [_shared(f, both) for f in union_schema([before, after])]
+    later = _tokens(after)
+    # the later version's columns (and struct subfields), as the range's union shapes them
+    shared = [_shared(f, later) for f in union_schema([before, after])]
     schema = pa.schema([f for f in shared if f is not None])
     common = schema.names
     blobs = [f.name for f in schema if is_blob(f)]
@@ -95,15 +99,15 @@ def _tokens(schema: pa.Schema) -> set[str]:
     return out
 
 
-def _shared(field: pa.Field, both: set[str]) -> pa.Field | None:
-    """`field` cut to the struct subfields whose tokens are in `both`; None when the field
-    itself (or, for a struct, every subfield) is not."""
-    if not _field_ids(field) & both:
+def _shared(field: pa.Field, kept_tokens: set[str]) -> pa.Field | None:
+    """`field` cut to the struct subfields whose tokens are in `kept_tokens`; None when
+    the field itself (or, for a struct, every subfield) is not."""
+    if not _field_ids(field) & kept_tokens:
         return None
     kids = _children(field.type)
     if not kids:
         return field
-    kept = [k for k in (_shared(c, both) for c in kids) if k is not None]
+    kept = [k for k in (_shared(c, kept_tokens) for c in kids) if k is not None]
     return field.with_type(pa.struct(kept)) if kept else None
 
 

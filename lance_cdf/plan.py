@@ -257,9 +257,9 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     # a restore across add_columns drops or brings back a column without moving versions
     reshaped = old is not None and set(old.top_level_columns) != set(new.top_level_columns)
     if reshaped and new.operation == "Restore":
-        # the restored versions go back (or forth) with a column's presence: a column one
-        # image lacks is never by itself a change, so values of the columns both versions
-        # have decide every moved row (lance_cdf.candidates), as drop_columns gives none
+        # the restored versions go back (or forth) with a column's presence: values of the
+        # restored version's columns decide every moved row (lance_cdf.candidates): a
+        # column it lacks is no change (as drop_columns), one it brings back is compared
         changed = np.zeros_like(changed)
     undecided = may_change & ~changed & (~known | reshaped)
     if undecided.any():

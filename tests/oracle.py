@@ -26,8 +26,9 @@ def snapshot_events(uri: str, version: int, storage_options=None) -> list[tuple]
     """Events of commit `version` as sorted (change_type, rowid, values) tuples.
 
     A row present in both snapshots is updated when its last-updated version moved;
-    in a restore that adds or removes columns, when the values of the columns both
-    snapshots have differ (a column one side lacks is never by itself a change)."""
+    in a restore that adds or removes columns, when its values differ as the restored
+    version presents the row (its columns; one the version before lacks reads as null
+    there, one the restored version lacks is no change)."""
     before = snapshot(uri, version - 1, storage_options)
     after = snapshot(uri, version, storage_options)
     by_values = _restore_reshaping(uri, version, storage_options)
@@ -83,9 +84,10 @@ def _leaves(row: dict, fields) -> dict:
 
 
 def _common_differ(a: dict, b: dict, fields_a, fields_b) -> bool:
-    """Whether the values of the fields both rows have (by field id) differ."""
+    """Whether the later row `b` differs from `a` in any of `b`'s fields (by field id; a
+    field `a` lacks is null there)."""
     va, vb = _leaves(a, fields_a), _leaves(b, fields_b)
-    return any(va[i] != vb[i] for i in va.keys() & vb.keys())
+    return any(va.get(i) != vb[i] for i in vb)
 
 
 def changed_values_without_version_bump(uri: str, version: int, storage_options=None) -> list[int]:
@@ -331,10 +333,10 @@ def value_snapshot(uri: str, version: int) -> tuple[dict[int, dict], list[str]]:
 
 def values_events(uri: str, version: int, columns: list[str] | None = None) -> list[tuple]:
     """Events of commit `version` from values alone: a row ID that appears is an insert,
-    one that disappears a delete, one whose values differ in any user column the two
-    versions share an update pair (a column one version lacks is never by itself a
-    change). Images are cut to `columns` (default: the union of both versions' columns,
-    a column missing from one version null there)."""
+    one that disappears a delete, one whose values differ in any user column of the later
+    version an update pair (a column the earlier version lacks is null there; one the
+    later version lacks is no change). Images are cut to `columns` (default: the union
+    of both versions' columns, a column missing from one version null there)."""
     before, cols_before = value_snapshot(uri, version - 1)
     after, cols_after = value_snapshot(uri, version)
     union = list(dict.fromkeys(cols_after + cols_before))
@@ -349,7 +351,7 @@ def values_events(uri: str, version: int, columns: list[str] | None = None) -> l
     for rid, row in after.items():
         if rid not in before:
             events.append(("insert", rid, cut(full(row))))
-        elif any(row[c] != before[rid][c] for c in set(cols_before) & set(cols_after)):
+        elif any(row[c] != before[rid].get(c) for c in cols_after):
             events.append(("update_preimage", rid, cut(full(before[rid]))))
             events.append(("update_postimage", rid, cut(full(row))))
     for rid, row in before.items():

@@ -1,8 +1,9 @@
-"""One answer per operation (issue 33 item 4): a column that one image lacks is never by
-itself a changed value — add_columns by writers without row versions, restores to before
-(or after) add_columns, restores that bring back a struct subfield — checked against the
-snapshot oracle (tests/oracle.py, which ignores such columns the same way) and the values
-oracle for old writers."""
+"""One answer per operation (issue 33 item 4): a column's presence alone is never a changed
+value, its values are — a row is compared as the later version presents it (a column the
+earlier version lacks reads as null; one the later version lacks is no change):
+add_columns by writers without row versions, restores to before (or after)
+add_columns — checked against the snapshot oracle (tests/oracle.py, the same rule) and
+the values oracle for old writers."""
 
 from __future__ import annotations
 
@@ -28,20 +29,30 @@ def at(uri: str, version: int) -> list[tuple]:
 
 
 @pytest.mark.parametrize("release", ["0.32.1", "0.36.0", "0.38.3"])
-def test_add_columns_by_an_old_writer_gives_no_update(release):
-    """Each fixture's add_columns(y = id * 2) (version 5; 6 on 0.32.1): before, rows where
-    y is not null were update pairs (the absent column counted as a change)."""
+def test_add_columns_by_an_old_writer_gives_an_update_where_the_new_column_has_a_value(
+    release,
+):
+    """Each fixture's add_columns(y = id * 2) (version 5; 6 on 0.32.1), a writer without
+    row versions: the rows are compared as the new version presents them (y null before),
+    so a row is an update pair exactly where y holds a value — as pylance 14's
+    add_columns, which stamps every row — and a consumer (a replica) gets y's values."""
     uri = str(FIXTURES / f"pylance-{release}.lance")
     versions = [v["version"] for v in lance.dataset(uri).versions()]
     added = next(v for v in versions if "y" in lance.dataset(uri, version=v).schema.names)
     assert added in (5, 6)
-    assert at(uri, added) == values_events(uri, added) == []
+    got = at(uri, added)
+    assert got == values_events(uri, added)
+    rows = lance.dataset(uri, version=added).to_table(columns=["y"], with_row_id=True)
+    valued = sorted(r["_rowid"] for r in rows.to_pylist() if r["y"] is not None)
+    assert valued and sorted(pairs(got)) == valued
+    assert {kind for kind, _, _ in got} == {"update_preimage", "update_postimage"}
 
 
 def test_restores_across_add_columns(tmp_path):
-    """pylance 14: add_columns stamps every row (Lance's answer: an update pair each); a
-    restore to before it, and one back to after it, differ from the version before them
-    in column y and in the rows an update changed: only those rows are pairs."""
+    """pylance 14: add_columns stamps every row (Lance's answer: an update pair each). A
+    restore to before it lacks y: only the rows an update changed are pairs (as
+    drop_columns gives none); one back to after it brings y's values back: every row
+    where y holds a value is a pair, as the add_columns was."""
     uri = str(tmp_path / "t.lance")
     table = pa.table({"id": list(range(12)), "s": [f"s{i}" for i in range(12)]})
     lance.write_dataset(table, uri, enable_stable_row_ids=True, max_rows_per_file=5)
@@ -51,7 +62,7 @@ def test_restores_across_add_columns(tmp_path):
     lance.dataset(uri, version=1).restore()  # v5: y gone, s and row 9 back
     lance.dataset(uri, version=3).restore()  # v6: y back, s new again, row 9 back
     lance.dataset(uri).drop_columns(["y"])  # v7
-    expected_pairs = {2: list(range(12)), 3: [1, 7], 4: [], 5: [1, 7], 6: [1, 7], 7: []}
+    expected_pairs = {2: list(range(12)), 3: [1, 7], 4: [], 5: [1, 7], 6: list(range(12)), 7: []}
     events = lance_cdf.read_changes(uri, 2).read_all()
     for version, want in expected_pairs.items():
         got = feed_events_as_of(uri, events, version)

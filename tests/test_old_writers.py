@@ -65,10 +65,7 @@ def test_every_version_matches_the_values_oracle(old_table):
             version,
         )
         kinds |= {e[0] for e in want}
-    # 0.32.1 gives updated rows new row IDs: its only pairs were add_columns' and a
-    # restore's, where the column one version lacks was counted as a change (issue 33)
-    pairs = set() if release == "0.32.1" else {"update_preimage", "update_postimage"}
-    assert kinds == {"insert", "delete"} | pairs
+    assert kinds == {"insert", "delete", "update_preimage", "update_postimage"}
 
 
 def test_the_issue_reproduction_reports_the_update():
