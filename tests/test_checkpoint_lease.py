@@ -74,27 +74,13 @@ def test_a_second_publisher_on_a_checkpoint_is_refused_and_a_dead_ones_taken_ove
         # the holder dies: the next publisher takes the checkpoint over at once
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-        lance.dataset(uri).delete("id >= 40")  # version 3: 10 deletes (+10 tombstones)
+        lance.dataset(uri).delete("id >= 40 AND id < 50")  # version 3: 10 deletes (+10 tombstones)
         third = _publish(uri, ck, topic, kafka_broker, schema_registry)
         _wait(lambda: third.poll() is not None or _records(bootstrap, topic) >= 80,
               "the new holder to publish version 3")  # fmt: skip
         assert third.poll() is None, third.stderr.read()[-3000:]
         time.sleep(2)  # (not a timing assert: a duplicate would show in the count below)
-        n = _records(bootstrap, topic)
-        if n != 80:
-            c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                          "auto.offset.reset": "earliest"})
-            c.subscribe([topic])
-            got = []
-            while len(got) < n:
-                m = c.poll(5)
-                if m is None:
-                    break
-                got.append((m.partition(), m.offset(), dict(m.headers() or [])))
-            c.close()
-            print("DUMP", *got, sep="\n")
-            print("THIRD", third.stdout.read1(100000) if False else "")
-        assert n == 80
+        assert _records(bootstrap, topic) == 80
     finally:
         for proc in (first, second, third):
             if proc is not None and proc.poll() is None:
