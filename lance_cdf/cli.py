@@ -147,6 +147,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "parallelism; at most the topic's partition count)")  # fmt: skip
     pub.add_argument("--at-least-once", action="store_true",
                      help="do not skip, on a replay, records the topic already holds")  # fmt: skip
+    pub.add_argument("--transaction-topic", default=None, metavar="TOPIC",
+                     help="BEGIN/END records per commit version (default <topic>.transaction)")
+    pub.add_argument("--no-transaction-metadata", action="store_true",
+                     help="write no BEGIN/END records (a replica then records no source "
+                     "version it cannot prove complete)")  # fmt: skip
     pub.add_argument("--no-head-start", action="store_true",
                      help="do not publish the commits waiting at start from this process "
                      "while Spark starts; the query publishes everything")  # fmt: skip
@@ -329,7 +334,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         table_name=args.table_name,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         writers=args.writers, exactly_once=not args.at_least_once,
-        head_start=not args.no_head_start,
+        head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_metadata,
     )  # fmt: skip
 
 

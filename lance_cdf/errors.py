@@ -95,3 +95,9 @@ class AvroDecodeDeclined(FastPathDeclined):
 
 class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
+
+
+# -- issue 32: transaction metadata and whole-version replicas --
+class TransactionMetadataError(LanceCdfError):
+    """The transaction topic cannot be used as lance-cdf's (wrong shape, or it disagrees
+    with the change topic's records)."""
