@@ -218,6 +218,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
                      "then go through the key index (a 100,000-row batch into 10M rows "
                      "then costs O(replica))")  # fmt: skip
+    rep.add_argument("--transaction-topic", default=None, metavar="TOPIC",
+                     help="publish's BEGIN/END records (default <topic>.transaction): each "
+                     "replica commit then equals the source at one version")  # fmt: skip
+    rep.add_argument("--no-transaction-topic", action="store_true",
+                     help="apply records as they come; no source version is recorded")
+    rep.add_argument("--max-pending-records", type=int, default=200_000, metavar="N",
+                     help="records of unfinished versions held in memory; beyond, they are "
+                     "applied as a piece; status says the replica is inside a version")  # fmt: skip
     rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
@@ -354,6 +362,9 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option), compact_every=args.compact_every,
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_topic,
+        max_pending_records=args.max_pending_records,
     )  # fmt: skip
     print(f"replicating {args.topic} on {args.bootstrap_servers} -> {args.target}", flush=True)
     if args.metrics_port is not None:
@@ -401,17 +412,23 @@ def cmd_status(args: argparse.Namespace) -> int:
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
     if args.replica:
-        from lance_cdf.replicate.replica import ReplicaTable
+        from lance_cdf.replicate.replica import (
+            INSIDE_VERSION_PROPERTY,
+            ReplicaTable,
+            describe_position,
+            source_version_of,
+        )
 
-        held = ReplicaTable(args.replica, []).source_version()
+        position = ReplicaTable(args.replica, []).position()
+        held = source_version_of(position)
+        inside = position.get(INSIDE_VERSION_PROPERTY)
         report["replica_version"] = held
+        report["replica_inside_version"] = None if inside is None else int(inside)
         report["replica_lag"] = None if held is None else latest - held
-        lines.append(
-            f"replica     {args.replica}: "
-            + ("nothing applied yet" if held is None
-               else f"holds changes through source version {held} ({latest - held} "
-                    "versions behind; commits that change no rows publish nothing)")
+        lag = "" if held is None else (
+            f" ({latest - held} versions behind; commits that change no rows publish nothing)"
         )  # fmt: skip
+        lines.append(f"replica     {args.replica}: {describe_position(position)}{lag}")
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 

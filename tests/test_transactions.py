@@ -13,6 +13,7 @@ import threading
 import time
 import uuid
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import lance
 import numpy as np
@@ -180,3 +181,36 @@ def test_no_transaction_metadata_writes_no_transaction_topic(
     check_transactions(txns, counts, "lancecdf.t")
     meta = admin.list_topics(timeout=10).topics[f"{other}-tx"]
     assert len(meta.partitions) == 1
+
+
+def readme_example() -> str:
+    """The consumer example of README's "Transaction metadata" section."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    block = text.split("(`transaction_example.py`", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_readme_consumer_example_sees_each_version_complete(
+    tmp_path, kafka_broker, schema_registry
+):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
+    lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
+    lance.dataset(uri).delete("id < 3")
+    topic = f"example-{uuid.uuid4().hex[:8]}"
+    assert main(["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+                 "--schema-registry", schema_registry.url, "--starting-version", "1",
+                 "--available-now", "--master", "local[2]", "--topic", topic,
+                 "--checkpoint", str(tmp_path / "ck")]) == 0  # fmt: skip
+    script = tmp_path / "transaction_example.py"
+    script.write_text(readme_example())
+    env = {**os.environ, "BOOTSTRAP": kafka_broker.bootstrap_servers, "TOPIC": topic,
+           "REGISTRY": schema_registry.url, "GROUP": uuid.uuid4().hex}  # fmt: skip
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.splitlines()) == [
+        "version 1 complete: 10 events",
+        "version 2 complete: 5 events",
+        "version 3 complete: 3 events",
+    ]
