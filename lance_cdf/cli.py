@@ -184,6 +184,11 @@ def build_parser() -> argparse.ArgumentParser:
                      "parallelism; at most the topic's partition count)")  # fmt: skip
     pub.add_argument("--at-least-once", action="store_true",
                      help="do not skip, on a replay, records the topic already holds")  # fmt: skip
+    pub.add_argument("--transaction-topic", default=None, metavar="TOPIC",
+                     help="BEGIN/END records per commit version (default <topic>.transaction)")
+    pub.add_argument("--no-transaction-metadata", action="store_true",
+                     help="write no BEGIN/END records (a replica then records no source "
+                     "version it cannot prove complete)")  # fmt: skip
     pub.add_argument("--no-head-start", action="store_true",
                      help="do not publish the commits waiting at start from this process "
                      "while Spark starts; the query publishes everything")  # fmt: skip
@@ -250,6 +255,14 @@ def build_parser() -> argparse.ArgumentParser:
                      "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
                      "then go through the key index (a 100,000-row batch into 10M rows "
                      "then costs O(replica))")  # fmt: skip
+    rep.add_argument("--transaction-topic", default=None, metavar="TOPIC",
+                     help="publish's BEGIN/END records (default <topic>.transaction): each "
+                     "replica commit then equals the source at one version")  # fmt: skip
+    rep.add_argument("--no-transaction-topic", action="store_true",
+                     help="apply records as they come; no source version is recorded")
+    rep.add_argument("--max-pending-records", type=int, default=200_000, metavar="N",
+                     help="records of unfinished versions held in memory; beyond, they are "
+                     "applied as a piece; status says the replica is inside a version")  # fmt: skip
     rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
@@ -387,7 +400,8 @@ def cmd_publish(args: argparse.Namespace) -> int:
         table_name=args.table_name,
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         writers=args.writers, exactly_once=not args.at_least_once,
-        head_start=not args.no_head_start,
+        head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_metadata,
     )  # fmt: skip
 
 
@@ -421,6 +435,9 @@ def _replicate(args: argparse.Namespace) -> int:
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
         rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
+        transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_topic,
+        max_pending_records=args.max_pending_records,
     )  # fmt: skip
     print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.target)}", flush=True)  # fmt: skip
@@ -480,21 +497,27 @@ def cmd_status(args: argparse.Namespace) -> int:
             report["kafka"], line = kafka
             lines.append(f"kafka       {line}")
     if args.replica:
-        from lance_cdf.replicate.replica import ReplicaTable
+        from lance_cdf.replicate.replica import (
+            INSIDE_VERSION_PROPERTY,
+            ReplicaTable,
+            describe_position,
+            source_version_of,
+        )
 
         replica_options = (
             _options(args.replica_storage_option, "--replica-storage-option")
             if args.replica_storage_option else options
         )  # fmt: skip
-        held = ReplicaTable(args.replica, [], replica_options).source_version()
+        position = ReplicaTable(args.replica, [], replica_options).position()
+        held = source_version_of(position)
+        inside = position.get(INSIDE_VERSION_PROPERTY)
         report["replica_version"] = held
+        report["replica_inside_version"] = None if inside is None else int(inside)
         report["replica_lag"] = None if held is None else latest - held
-        lines.append(
-            f"replica     {redact_url(args.replica)}: "
-            + ("nothing applied yet" if held is None
-               else f"holds changes through source version {held} ({latest - held} "
-                    "versions behind; commits that change no rows publish nothing)")
+        lag = "" if held is None else (
+            f" ({latest - held} versions behind; commits that change no rows publish nothing)"
         )  # fmt: skip
+        lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 

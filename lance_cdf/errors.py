@@ -149,3 +149,9 @@ class DatabaseNotFoundError(TableNotFoundError):
 
 class TableNameError(TableNotFoundError):
     """No table, or more than one, of a database has the name given."""
+
+
+# -- issue 32: transaction metadata and whole-version replicas --
+class TransactionMetadataError(LanceCdfError):
+    """The transaction topic cannot be used as lance-cdf's (wrong shape, or it disagrees
+    with the change topic's records)."""

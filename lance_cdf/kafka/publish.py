@@ -51,6 +51,8 @@ def publish(
     writers: int | None = None,
     exactly_once: bool = True,
     head_start: bool = True,
+    transaction_topic: str | None = None,
+    transaction_metadata: bool = True,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -75,7 +77,18 @@ def publish(
     (per-partition high-water marks); False: plain at-least-once.
     `head_start`: publish the commits waiting at start from this process while Spark starts
     (kafka/headstart.py; exactly-once only, and only where the query's start is known
-    before it starts: a checkpoint's committed offset or a numeric starting version)."""
+    before it starts: a checkpoint's committed offset or a numeric starting version).
+    `transaction_metadata`: a BEGIN and an END record per commit version on
+    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py)."""
+    if transaction_metadata and snapshot and max_rows_per_trigger:
+        raise LanceCdfError(
+            "--snapshot with --max-rows-per-trigger splits the snapshot's version over "
+            "micro-batches, so its transaction metadata would count part of it; drop "
+            "--max-rows-per-trigger, or publish with --no-transaction-metadata"
+        )
+    txn = {"transactionMetadata": str(transaction_metadata).lower()}
+    if transaction_topic:
+        txn["transaction.topic"] = transaction_topic
     producer_config = dict(producer_config or {})
     # SIGTERM / SIGINT only set a flag: the main thread polls it between short
     # awaitTermination() calls and stops the query itself. A handler that called
@@ -91,7 +104,7 @@ def publish(
             starting_version, trigger_interval, available_now, key, tombstones,
             producer_config, registry_config, storage_options, max_rows_per_trigger, master,
             snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host, head_start, lease,
+            metrics_port, metrics_host, head_start, txn, lease,
         )  # fmt: skip
     finally:
         if lease is not None:
@@ -219,6 +232,7 @@ def _publish(
     metrics_port: int | None,
     metrics_host: str,
     head_start: bool,
+    transaction_options: dict[str, str],
     lease: Lease | None = None,
 ) -> int:
     started = time.monotonic()
@@ -229,6 +243,7 @@ def _publish(
         snapshot, drop_unchanged_updates, exactly_once, table_name,
     )  # fmt: skip
     _check_checkpoint(checkpoint, source_options, storage_options)
+    sink_options.update(transaction_options)
     early = None
     if exactly_once and head_start:
         from lance_cdf.kafka.headstart import start_offset
@@ -240,6 +255,12 @@ def _publish(
         check_broker(bootstrap_servers, producer_config)
         check_registry(schema_registry, registry_config)
         partitions = check_topic(bootstrap_servers, topic, producer_config)
+        if transaction_options["transactionMetadata"] == "true":  # before any record: a
+            # replicator finding records finds the topic that completes their versions
+            from lance_cdf.kafka.transactions import default_topic, ensure_topic
+
+            txn = transaction_options.get("transaction.topic") or default_topic(topic)
+            ensure_topic(bootstrap_servers, txn, producer_config)
         stages["checks"] = time.monotonic() - t
         if early is not None and not stopping.is_set():
             _head_start(source_options, sink_options, partitions, early, stages)

@@ -34,6 +34,7 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.kafka.outage import RideOut
+from lance_cdf.kafka.transactions import VersionCounts
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
 
 log = logging.getLogger("lance_cdf.kafka")
@@ -237,6 +238,9 @@ class KafkaChangePublisher:
         self._sent_last: dict[int, Position] = {}
         self._settled: dict[int, tuple[tuple[int, int], Position | None]] = {}
         self._marks_consumer: Consumer | None = None
+        # per commit version: its records per partition since `begin()`, sent or (on a
+        # replay) skipped, for the transaction metadata (kafka/transactions.py)
+        self.version_counts: dict[int, VersionCounts] = {}
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
         """Produce one record per change (plus tombstones) and wait for all acks."""
@@ -293,6 +297,7 @@ class KafkaChangePublisher:
                 ]
                 tombstones = np.array([meta["tombstone"] for _, _, meta in records], bool)
                 tombstones &= self.tombstones
+            self._count(events, partitions, tombstones)
             tombs = tombstones & send_tomb
             self._send(keys, values, headers, partitions, send_record, tombs, positions)
             if positions is not None and marks is not None:  # exactly once: see flush()
@@ -307,6 +312,22 @@ class KafkaChangePublisher:
                 "compatibility rules forbid; publish to a new topic or relax the subject's "
                 "compatibility."
             ) from exc
+
+    def _count(self, events: pa.Table, partitions: list[int], tombstones: np.ndarray) -> None:
+        """Add the batch's records (and tombstones) per (version, partition) to
+        `version_counts`, whether sent or skipped as already held."""
+        versions = pc.filter(events["_commit_version"], _record_rows(events)).to_numpy()
+        parts = np.asarray(partitions, np.int64)
+        # one 1-d key per (version, partition): partitions (and -1) below 2**20
+        pairs, inverse, events_n = np.unique(
+            versions.astype(np.int64) * (1 << 20) + parts + 1, return_inverse=True,
+            return_counts=True,
+        )
+        tombs = np.bincount(inverse.reshape(-1), weights=tombstones, minlength=len(pairs))
+        for pair, e, t in zip(pairs.tolist(), events_n.tolist(), tombs.tolist(), strict=True):
+            version, part = pair >> 20, (pair & ((1 << 20) - 1)) - 1
+            counts = self.version_counts.setdefault(version, VersionCounts(version))
+            counts.add(VersionCounts(version, {part: (e, e + int(t))}))
 
     def _send(
         self,
@@ -465,6 +486,7 @@ class KafkaChangePublisher:
         self.producer.flush(self.flush_timeout)
         self._failures.clear()
         self._sent_last.clear()
+        self.version_counts.clear()
 
     def flush(self) -> None:
         """Wait until every record sent is acknowledged; any failure raises (the micro-batch

@@ -8,6 +8,9 @@ work items the table their events are read from),
 (comma-separated key columns; default `_rowid`),
 `tombstones` (default true), `exactlyOnce` (default true; routed streams: a replayed
 micro-batch skips what each partition already holds, see `high_water_marks`), and
+`transactionMetadata` (default true: after every writer task of a micro-batch
+succeeded, the driver's commit writes a BEGIN and an END record per commit version to
+`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py),
 `kafka.<producer setting>` passed to the producer (SASL/SSL included),
 `registry.<setting>` to the registry client, `storage.<key>` the table's storage
 options (as for the source: the sink reads each commit's operation from the table's
@@ -38,7 +41,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -52,6 +55,9 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 from lance_cdf.streaming.handoff import check_work_columns
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
+
+if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer tasks)
+    from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -75,7 +81,14 @@ def close_publishers() -> None:
 
 @dataclass
 class Published(WriterCommitMessage):
-    records: int
+    records: int  # sent by this attempt
+    # per commit version: the task's records per Kafka partition, sent or already held
+    # (a replayed micro-batch counts what it skips): the transaction metadata's counts
+    versions: dict[int, VersionCounts] = field(default_factory=dict)
+
+
+# one TransactionWriter per sink setting, in the process running the driver's commits
+_TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
 
 
 def _options(raw: dict[str, Any]) -> dict[str, str]:
@@ -203,14 +216,55 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             events = restore_types(events, exact)
             operations = {v: feed.table.manifest(v).operation for v in versions}
             sent += publisher.send(events, operations, marks)  # acks are awaited once, below
-        if publisher is not None:
-            publisher.flush()  # every record acknowledged, or the micro-batch fails
-        return Published(sent)
+        if publisher is None:
+            return Published(sent)
+        publisher.flush()  # every record acknowledged, or the micro-batch fails
+        return Published(sent, dict(publisher.version_counts))
 
     def commit(  # noqa: N803 (Spark's name)
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
-        pass
+        """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
+        (kafka/transactions.py), written once however often the micro-batch runs."""
+        opts = {k.lower(): v for k, v in self.options.items()}
+        if opts.get("transactionmetadata", "true").lower() != "true":
+            return
+        with _archives_last():
+            from lance_cdf.kafka.transactions import merge
+
+        if not all(isinstance(m, Published) for m in messages):
+            raise LanceCdfError(
+                f"micro-batch {batchId}: a writer task returned no record counts, so its "
+                "versions' transaction metadata would be wrong; the micro-batch is not "
+                "committed (restart publish to retry it)"
+            )
+        versions = merge([m.versions for m in messages if isinstance(m, Published)])
+        if versions:
+            self._transaction_writer().write(versions)
+
+    def _transaction_writer(self) -> TransactionWriter:
+        with _archives_last():
+            from lance_cdf.kafka.transactions import TransactionWriter, default_topic
+
+        cache_key = tuple(sorted(self.options.items()))
+        writer = _TRANSACTION_WRITERS.get(cache_key)
+        if writer is None:
+            o = {k.lower(): v for k, v in self.options.items()}
+            producer = {
+                k[len("kafka.") :]: v for k, v in self.options.items()
+                if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+            }  # fmt: skip
+            registry = {
+                k[len("registry.") :]: v for k, v in self.options.items()
+                if k.lower().startswith("registry.")
+            }  # fmt: skip
+            name = TableName.of(o.get("table.name"), uri=o["table"])
+            topic = o.get("transaction.topic") or default_topic(o["topic"])
+            writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
+                o["kafka.bootstrap.servers"], topic,
+                o["schema.registry.url"], name.namespace, producer, registry,
+            )  # fmt: skip
+        return writer
 
     def abort(  # noqa: N803
         self, messages: list[WriterCommitMessage | None], batchId: int

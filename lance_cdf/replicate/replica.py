@@ -94,6 +94,45 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
+# Issue 32 (whole versions, replicate/wholeversions.py): the transaction topic's next
+# offset after the END of the recorded source version; per partition, where the records
+# after that version start; the first version after it when the replica holds part of
+# what follows (a piece of a version larger than the replicator's bound); and, without
+# transaction metadata (no source version recorded: completeness is not known), the
+# highest source version of any record applied.
+TRANSACTION_OFFSET_PROPERTY = "lance-cdf.transaction-offset"
+VERSION_OFFSETS_PROPERTY = "lance-cdf.version-offsets"
+INSIDE_VERSION_PROPERTY = "lance-cdf.inside-version"
+RECORDS_THROUGH_PROPERTY = "lance-cdf.records-through-version"
+
+
+def describe_position(position: dict[str, str]) -> str:
+    """What a recorded position says the replica holds, in words (for `status`)."""
+    version = source_version_of(position)
+    inside = position.get(INSIDE_VERSION_PROPERTY)
+    through = position.get(RECORDS_THROUGH_PROPERTY)
+    if version is None:
+        if inside is not None:
+            return (
+                f"holds part of source version {inside} and later (no whole version yet: "
+                "a version larger than the replicator's --max-pending-records)"
+            )
+        if through is not None:
+            return (
+                f"records through source version {through} applied, but no transaction "
+                "metadata was read, so no version is known to be complete"
+            )
+        return "nothing applied yet"
+    text = f"equals the source at version {version}"
+    if inside is not None:
+        text = (
+            f"holds source version {version} plus part of version {inside} and later "
+            f"(a version larger than the replicator's --max-pending-records, being applied "
+            "in pieces)"
+        )
+    return text
+
+
 def source_version_of(position: dict[str, str]) -> int | None:
     """The source version a recorded position reached (None: not recorded)."""
     value = position.get(SOURCE_VERSION_PROPERTY)
@@ -214,7 +253,10 @@ class ReplicaTable:
         position = self.position() if position is None else position
         if position.get(ORIGIN_PROPERTY) != "records":
             return None
-        version = source_version_of(position)
+        # the highest version of any record applied (a whole-version replica may hold
+        # records of a version it does not claim yet, a piece of a large one)
+        through = position.get(RECORDS_THROUGH_PROPERTY)
+        version = int(through) if through is not None else source_version_of(position)
         if version is None:
             return None
         max_rowid = position.get(MAX_ROWID_PROPERTY)

@@ -79,21 +79,28 @@ from lance_cdf.errors import (
     ReplicateError,
 )
 from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
 from lance_cdf.lease import Lease
 from lance_cdf.replicate.replica import (
+    INSIDE_VERSION_PROPERTY,
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
     ORIGIN_PROPERTY,
+    RECORDS_THROUGH_PROPERTY,
     SOURCE_ROWID,
     SOURCE_TABLE_PROPERTY,
     SOURCE_VERSION_PROPERTY,
     TOPIC_PROPERTY,
+    TRANSACTION_OFFSET_PROPERTY,
+    VERSION_OFFSETS_PROPERTY,
     ReplicaTable,
     crash_point,
     offsets_of,
     source_table_of,
+    source_version_of,
     topics_of,
 )
+from lance_cdf.replicate.wholeversions import Take, VersionGate
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -425,11 +432,20 @@ class Replicator:
         registry_outage_s: float = 120.0,
         rebuild: bool = False,
         lease_ttl_s: float = 30.0,
+        transaction_topic: str | None = None,
+        transaction_metadata: bool = True,
+        max_pending_records: int = 200_000,
     ):
         self.topic = topic
         self.target, self.storage_options = target, storage_options
         self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
         self.group_id = group_id or f"lance-cdf-replicate-{topic}"
+        # whole versions (wholeversions.py): the transaction topic read beside `topic`
+        # (None: records applied as they come, no source version recorded)
+        self.transaction_topic = (
+            (transaction_topic or default_topic(topic)) if transaction_metadata else None
+        )
+        self.max_pending_records = max_pending_records
         self.compact_every = compact_every
         self.key = list(key) if key else [SOURCE_ROWID]
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
@@ -472,6 +488,14 @@ class Replicator:
         # the source table this replica follows ({name, table, db} as records name it):
         # recorded in the replica, else taken from the first records applied
         self._source: dict[str, str | None] | None = None
+        self._consumer_config = config
+        # "versions" (through `_gate`) or "records"; None: decided at the first records
+        # after an assignment (the transaction topic exists once records do)
+        self._mode: str | None = None
+        self._gate: VersionGate | None = None
+        self._position: dict[str, str] = {}
+        self._through = 0  # the highest source version of any record applied
+        self._paused: set[int] = set()  # partitions paused by _pace
         self.counters = Counters()
         self._stop = threading.Event()
         self._applied: dict[int, int] = {}
@@ -495,6 +519,12 @@ class Replicator:
         self._assignments += 1
         self._partitions = [tp.partition for tp in partitions]
         position = self.replica.position()
+        self._position, self._mode = position, None
+        self._paused = set()  # (a new assignment starts unpaused)
+        through = position.get(RECORDS_THROUGH_PROPERTY)
+        self._through = int(through) if through is not None else (
+            source_version_of(position) or 0
+        )  # fmt: skip
         self._applied = offsets_of(position, self.topic)
         self._fresh = self.replica.fresh_bounds(position) if self.key == [SOURCE_ROWID] else None
         self.counters.source_version = max(
@@ -549,7 +579,7 @@ class Replicator:
                     lease.check()  # still ours (LeaseLostError: stop, apply nothing more)
                     if msgs:
                         last_data = time.monotonic()
-                        self._apply(msgs)
+                    self._take(msgs)
                     got = bool(msgs)
                     del msgs
                 if not got and idle_timeout is not None and self._idle(
@@ -563,6 +593,8 @@ class Replicator:
                 if self._assigned is not None:  # the last position, waited for
                     self._commit_offsets(self._applied, asynchronous=False)
                 self.consumer.close()
+                if self._gate is not None:
+                    self._gate.close()
                 if self.dlq is not None:
                     self.dlq.flush(30)
             finally:
@@ -825,8 +857,80 @@ class Replicator:
         log.warning("offset commit failed (the replica's position is kept): %s",
                     err or failed[0].error)  # fmt: skip
 
+    # -- whole versions -------------------------------------------------------------
+    def _take(self, msgs: list[Message]) -> None:
+        """Apply what may be applied of the records polled so far: all of them without
+        transaction metadata, else whole versions only (wholeversions.py)."""
+        if self._mode is None:
+            if not msgs:
+                return
+            self._mode = self._start_mode()
+        if self._mode == "records" or self._gate is None:
+            if msgs:
+                self._apply(msgs)
+            return
+        gate = self._gate
+        gate.add(msgs)
+        while not self._stop.is_set():
+            take = gate.take(self.max_batch_rows)
+            if take is None:
+                break
+            self._batch_partition = None  # (records of several polls)
+            self._apply(take.msgs, take)
+            gate.done(take)
+        self._pace(gate)
+
+    def _pace(self, gate: VersionGate) -> None:
+        """Pause the partitions that hold a batch's worth of waiting records while another
+        holds less: librdkafka hands a backlog over partition by partition (a whole fetch
+        of one first), and a version needs its records from every partition. Never all of
+        them, so the bound on waiting records (a piece) is still reached."""
+        ahead = {p for p, held in gate.pending.items() if len(held) >= self.max_batch_rows}
+        if len(ahead) >= len(self._partitions):
+            ahead = set()
+        if ahead == self._paused:
+            return
+        pause, resume = ahead - self._paused, self._paused - ahead
+        if pause:
+            self.consumer.pause([TopicPartition(self.topic, p) for p in sorted(pause)])
+        if resume:
+            self.consumer.resume([TopicPartition(self.topic, p) for p in sorted(resume)])
+        self._paused = ahead
+
+    def _start_mode(self) -> str:
+        """"versions" when the transaction topic exists (the gate positioned from the
+        replica), else "records"."""
+        txn = self.transaction_topic
+        found = None
+        if txn is not None:
+            found = self.consumer.list_topics(txn, timeout=10).topics.get(txn)
+        if txn is None or found is None or found.error is not None:
+            log.warning(
+                "no transaction topic%s: records are applied as they come and the replica "
+                "records no source version (it cannot tell a complete one); it records the "
+                "highest version applied as %s", f" {txn!r}" if txn else "",
+                RECORDS_THROUGH_PROPERTY,
+            )  # fmt: skip
+            return "records"
+        if self._gate is None:
+            self._gate = VersionGate(
+                self._consumer_config, self.topic, txn,
+                TransactionDecoder(self.decoder.registry), self.max_pending_records,
+            )  # fmt: skip
+        position = self._position
+        bounds = json.loads(position.get(VERSION_OFFSETS_PROPERTY, "{}")).get(self.topic)
+        self._gate.reset(
+            source_version_of(position) or 0,
+            int(position.get(TRANSACTION_OFFSET_PROPERTY, 0)),
+            {int(p): int(o) for p, o in bounds.items()} if bounds is not None
+            else dict(self._applied),
+            self._applied,
+        )  # fmt: skip
+        log.info("applying whole source versions (transaction topic %r)", txn)
+        return "versions"
+
     # -- one batch ------------------------------------------------------------------
-    def _apply(self, msgs: list[Message]) -> None:
+    def _apply(self, msgs: list[Message], take: Take | None = None) -> None:
         t0 = time.perf_counter()
         # `offsets` may be ranks (only their order within a partition is used below)
         parts, offsets, keep, next_offsets = self._positions(msgs)
@@ -841,11 +945,19 @@ class Replicator:
         )
         self.counters.registry_retries = self.decoder.outages
         t1 = time.perf_counter()
-        props = {
-            OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
-            SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
-            **self._identity(),
-        }
+        props = {OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}), **self._identity()}
+        if take is not None:  # whole versions: the last whole one, never a later one
+            held = take.version
+            if held:
+                props[SOURCE_VERSION_PROPERTY] = str(held)
+            props[TRANSACTION_OFFSET_PROPERTY] = str(take.transaction_offset)
+            props[VERSION_OFFSETS_PROPERTY] = json.dumps({self.topic: take.version_offsets})
+            if take.inside is not None:
+                props[INSIDE_VERSION_PROPERTY] = str(take.inside)
+        else:  # no transaction metadata: no version is known to be complete
+            held = max(self.counters.source_version, version)
+        self._through = max(self._through, version)
+        props[RECORDS_THROUGH_PROPERTY] = str(self._through)
         fresh = self._fresh
         if fresh is not None:
             top = pc.max(upserts[SOURCE_ROWID]).as_py() if upserts is not None else None
@@ -874,7 +986,7 @@ class Replicator:
         c.tombstones += tombstones
         c.upserts += 0 if upserts is None else upserts.num_rows
         c.deletes += 0 if deletes is None else deletes.num_rows
-        c.source_version = max(c.source_version, version)
+        c.source_version = held if take is not None else max(c.source_version, version)
         c.lag = self._lag(next_offsets)
         log.info(
             "batch %d: %d records (%d skipped), %d upserts, %d deletes, source version %d, "

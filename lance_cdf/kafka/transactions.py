@@ -1,0 +1,281 @@
+"""Transaction metadata: a `BEGIN` and an `END` record per published commit version on the
+transaction topic (`<topic>.transaction`, one partition), in Debezium's shape
+(`io.debezium.connector.common.TransactionMetadataValue`: `status`, `id`, `event_count`,
+`data_collections`, `ts_ms`; key `{id}`), Avro in the Confluent wire format.
+
+`id` is `<prefix>.<table>:<version>` (the records' namespace, e.g. `lancecdf.orders:42`);
+`data_collections` has the one table. lance-cdf adds two optional fields Debezium readers
+ignore: `lance_cdf_version` (the commit version, a number) and `lance_cdf_partitions`
+(per Kafka partition of the change topic: the version's change events there and its
+records, tombstones included), which let a consumer (the replicator) know where each
+version ends in each partition.
+
+Written exactly once by the Spark sink's driver-side commit, after every writer task of
+the micro-batch succeeded: the topic's last record says how far an earlier attempt got
+(`TransactionWriter.write`). A commit version with no change event (compaction, an index)
+gets no BEGIN/END: the sink only learns of versions from their events.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import fastavro
+from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from lance_cdf.avro.wire import WireWriter, split
+from lance_cdf.errors import PublishError, TransactionMetadataError
+
+SUFFIX = ".transaction"
+_NS = "io.debezium.connector.common"
+KEY_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "TransactionMetadataKey", "namespace": _NS,
+    "fields": [{"name": "id", "type": "string"}],
+}  # fmt: skip
+VALUE_SCHEMA: dict[str, Any] = {
+    "type": "record", "name": "TransactionMetadataValue", "namespace": _NS,
+    "fields": [
+        {"name": "status", "type": "string"},
+        {"name": "id", "type": "string"},
+        {"name": "event_count", "type": ["null", "long"], "default": None},
+        {"name": "data_collections", "default": None, "type": ["null", {
+            "type": "array", "items": {
+                "type": "record", "name": "DataCollection", "fields": [
+                    {"name": "data_collection", "type": "string"},
+                    {"name": "event_count", "type": "long"},
+                ]}}]},
+        {"name": "ts_ms", "type": "long"},
+        {"name": "lance_cdf_version", "type": ["null", "long"], "default": None},
+        {"name": "lance_cdf_partitions", "default": None, "type": ["null", {
+            "type": "array", "items": {
+                "type": "record", "name": "PartitionCount", "namespace": "lance_cdf",
+                "fields": [
+                    {"name": "partition", "type": "int"},
+                    {"name": "event_count", "type": "long"},
+                    {"name": "record_count", "type": "long"},
+                ]}}]},
+    ],
+}  # fmt: skip
+
+
+def default_topic(topic: str) -> str:
+    return topic + SUFFIX
+
+
+@dataclass
+class VersionCounts:
+    """One commit version's records on the change topic, per Kafka partition: (change
+    events, records with tombstones). Partition -1: the producer chose (unrouted)."""
+
+    version: int
+    partitions: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def events(self) -> int:
+        return sum(e for e, _ in self.partitions.values())
+
+    def add(self, other: VersionCounts) -> None:
+        for p, (e, r) in other.partitions.items():
+            e0, r0 = self.partitions.get(p, (0, 0))
+            self.partitions[p] = (e0 + e, r0 + r)
+
+
+@dataclass(frozen=True)
+class TransactionRecord:
+    """A decoded BEGIN or END record."""
+
+    status: str  # "BEGIN" | "END"
+    id: str
+    version: int
+    event_count: int | None
+    # partition -> (events, records); None: not known (unrouted publishing)
+    partitions: dict[int, tuple[int, int]] | None
+
+
+def merge(counts: list[dict[int, VersionCounts]]) -> list[VersionCounts]:
+    """Writer tasks' counts (each a version -> counts map) added up, by version."""
+    out: dict[int, VersionCounts] = {}
+    for task in counts:
+        for v, c in task.items():
+            out.setdefault(v, VersionCounts(v)).add(c)
+    return [out[v] for v in sorted(out)]
+
+
+def transaction_value(
+    status: str, namespace: str, counts: VersionCounts, ts_ms: int
+) -> dict[str, Any]:
+    """The value record (fastavro's dict) of a BEGIN or an END."""
+    end = status == "END"
+    routed = -1 not in counts.partitions
+    return {
+        "status": status,
+        "id": f"{namespace}:{counts.version}",
+        "event_count": counts.events if end else None,
+        "data_collections": [{"data_collection": namespace, "event_count": counts.events}]
+        if end else None,
+        "ts_ms": ts_ms,
+        "lance_cdf_version": counts.version,
+        "lance_cdf_partitions": [
+            {"partition": p, "event_count": e, "record_count": r}
+            for p, (e, r) in sorted(counts.partitions.items())
+        ] if end and routed else None,
+    }  # fmt: skip
+
+
+class TransactionDecoder:
+    """Wire-format transaction values -> `TransactionRecord` (writer schema from the registry)."""
+
+    def __init__(self, registry: SchemaRegistryClient):
+        self.registry = registry
+        self.parsed: dict[int, Any] = {}
+
+    def decode(self, payload: bytes) -> TransactionRecord:
+        schema_id, body = split(payload)
+        if schema_id not in self.parsed:
+            text = self.registry.get_schema(schema_id).schema_str
+            self.parsed[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
+        rec = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
+        if not isinstance(rec, dict) or rec.get("status") not in ("BEGIN", "END"):
+            raise TransactionMetadataError(
+                f"a transaction-topic record with schema id {schema_id} is not a BEGIN/END "
+                "record; point --transaction-topic at lance-cdf's transaction topic"
+            )
+        version = rec.get("lance_cdf_version")
+        if version is None:  # a writer without the extension: the id's number
+            version = int(str(rec["id"]).rsplit(":", 1)[-1])
+        parts = rec.get("lance_cdf_partitions")
+        return TransactionRecord(
+            rec["status"], rec["id"], int(version), rec.get("event_count"),
+            None if parts is None
+            else {int(p["partition"]): (int(p["event_count"]), int(p["record_count"]))
+                  for p in parts},
+        )  # fmt: skip
+
+
+def ensure_topic(bootstrap_servers: str, topic: str, config: dict[str, Any]) -> None:
+    """Create the transaction topic with one partition if it does not exist; refuse one
+    with more partitions (its last record must be the last one written)."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
+    found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+    if found is not None and found.error is None:
+        if len(found.partitions) != 1:
+            raise TransactionMetadataError(
+                f"transaction topic {topic!r} has {len(found.partitions)} partitions; it needs "
+                "exactly one (delete it, or name another with --transaction-topic)"
+            )
+        return
+    try:
+        admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
+    except Exception as exc:  # noqa: BLE001 (created meanwhile is fine)
+        err = exc.args[0] if exc.args else None
+        if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
+            raise PublishError(
+                f"could not create the transaction topic {topic!r}: {exc}; create it with one "
+                "partition, or publish with --no-transaction-metadata"
+            ) from None
+
+
+class TransactionWriter:
+    """Writes BEGIN/END records for whole micro-batches, exactly once."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        schema_registry: str,
+        namespace: str,
+        producer_config: dict[str, Any] | None = None,
+        registry_config: dict[str, Any] | None = None,
+        timeout: float = 60.0,
+    ):
+        self.topic, self.namespace, self.timeout = topic, namespace, timeout
+        shared = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
+        self._client = {"bootstrap.servers": bootstrap_servers, **{
+            k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
+        }}  # fmt: skip
+        registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        self.key_writer = WireWriter(registry, f"{topic}-key", KEY_SCHEMA)
+        self.value_writer = WireWriter(registry, f"{topic}-value", VALUE_SCHEMA)
+        self.decoder = TransactionDecoder(registry)
+        self._failures: list[str] = []
+        failures = self._failures
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append(str(err))
+
+        self.producer = Producer({
+            **self._client, "enable.idempotence": True, "acks": "all",
+            **(producer_config or {}), "on_delivery": on_delivery,
+        })  # fmt: skip
+        self._ready = False
+
+    def last(self) -> TransactionRecord | None:
+        """The topic's last record (None: empty)."""
+        from confluent_kafka import Consumer, TopicPartition
+
+        consumer = Consumer({**self._client, "group.id": "lance-cdf-transaction-writer",
+                             "enable.auto.commit": False, "fetch.wait.max.ms": 10})  # fmt: skip
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, 0), timeout=self.timeout
+            )
+            if high <= low:
+                return None
+            consumer.assign([TopicPartition(self.topic, 0, high - 1)])
+            deadline = time.monotonic() + self.timeout
+            while time.monotonic() < deadline:
+                m = consumer.poll(0.5)
+                if m is None or m.error() is not None:
+                    continue
+                value = m.value()
+                if value is not None:
+                    return self.decoder.decode(value)
+            raise PublishError(
+                f"could not read the last record of {self.topic!r} within {self.timeout:.0f}s; "
+                "the micro-batch fails and is retried"
+            )
+        finally:
+            consumer.close()
+
+    def write(self, versions: list[VersionCounts]) -> int:
+        """BEGIN and END of each version (ascending), skipping what the topic holds; the
+        number of records written. Raises when any is not acknowledged."""
+        if not versions:
+            return 0
+        if not self._ready:
+            ensure_topic(self._client["bootstrap.servers"], self.topic,
+                         {k: v for k, v in self._client.items() if k != "bootstrap.servers"})
+            self._ready = True  # fmt: skip
+        last = self.last()
+        now = int(time.time() * 1000)
+        sent = 0
+        for counts in sorted(versions, key=lambda c: c.version):
+            statuses = ["BEGIN", "END"]
+            if last is not None and counts.version <= last.version:
+                if counts.version < last.version or last.status == "END":
+                    continue
+                statuses = ["END"]  # an earlier attempt stopped between the two
+            key = self.key_writer.encode({"id": f"{self.namespace}:{counts.version}"})
+            for status in statuses:
+                value = self.value_writer.encode(
+                    transaction_value(status, self.namespace, counts, now)
+                )
+                self.producer.produce(self.topic, key=key, value=value, partition=0)
+                sent += 1
+        left = self.producer.flush(self.timeout)
+        failures, self._failures[:] = list(self._failures), []
+        if left or failures:
+            raise PublishError(
+                f"{left} transaction record(s) unacknowledged and {len(failures)} failed on "
+                f"{self.topic!r}{': ' + failures[0] if failures else ''}; the micro-batch "
+                "fails and is retried"
+            )
+        return sent

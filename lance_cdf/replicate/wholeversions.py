@@ -1,0 +1,271 @@
+"""Whole commit versions: which of the polled change records the replicator may apply now.
+
+The records of one source commit version are spread over the change topic's partitions;
+the transaction topic's END record of the version (kafka/transactions.py) says how many
+records it has in each partition. Records of a partition are in commit order, so version
+v's records in partition p are the next `record_count` records after the end of the
+version before it. `VersionGate` keeps the polled records in memory per partition and
+hands out the longest run of complete versions (at least one; at most about
+`max_records` records), so every replica commit is the source at exactly one version,
+the last one handed out.
+
+Records of a version whose END has not arrived, or whose records have not all been
+polled, wait. Memory is bounded by `max_pending` records: beyond that (a version larger
+than the bound, e.g. a 10M-row append) everything waiting is handed out as a *piece*: the
+replica then records the last whole version it holds and that it is inside the next
+one (`lance-cdf.inside-version`), until a later commit completes it.
+
+Nothing is guessed: the first and the last record of each version's range in each
+partition must carry that version (`lance-cdf.commit-version` header), and the record
+after the range a later one; a change topic whose records the transaction topic does not
+describe (records published without transaction metadata, offsets with holes) stops
+the replicator with `TransactionMetadataError` rather than applying a mix.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+from confluent_kafka import Consumer, TopicPartition
+
+from lance_cdf.errors import TransactionMetadataError
+from lance_cdf.kafka.publisher import VERSION_HEADER
+from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+
+log = logging.getLogger("lance_cdf.replicate")
+
+
+@dataclass(frozen=True)
+class Take:
+    """Records to apply in one replica commit, and what that commit records."""
+
+    msgs: list[Message]
+    version: int  # the whole source version the replica holds after the commit (0: none)
+    transaction_offset: int  # the transaction topic's next offset after that version's END
+    version_offsets: dict[int, int]  # per partition: where the records after `version` start
+    inside: int | None  # the first version after `version`, partly applied (None: none)
+    upto: dict[int, int]  # per partition: the next offset after the records handed out
+
+
+def _version_of(m: Message) -> int | None:
+    for header in m.headers() or []:
+        k, v = header[0], header[1]
+        if k == VERSION_HEADER and isinstance(v, bytes):
+            try:
+                return int(v)
+            except ValueError:
+                return None
+    return None
+
+
+class VersionGate:
+    """The polled, not yet applied records of `topic` and the END records of its
+    transaction topic; `take()` says what to apply next."""
+
+    def __init__(
+        self,
+        consumer_config: dict[str, Any],
+        topic: str,
+        transaction_topic: str,
+        decoder: TransactionDecoder,
+        max_pending: int,
+    ):
+        self.topic, self.transaction_topic = topic, transaction_topic
+        self.decoder, self.max_pending = decoder, max_pending
+        self.consumer = Consumer({
+            **consumer_config, "group.id": f"lance-cdf-replicate-{transaction_topic}",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "auto.offset.reset": "earliest",
+        })  # fmt: skip
+        self.version = 0
+        self.transaction_offset = 0
+        self.base: dict[int, int] = {}  # partition -> where the records after `version` start
+        self.applied: dict[int, int] = {}  # partition -> next offset applied
+        self.pending: dict[int, list[Message]] = {}  # partition -> records from `applied` on
+        self.ends: list[tuple[TransactionRecord, int]] = []  # (END, its offset), in order
+        self._read = 0  # the transaction topic's next offset to read
+
+    def reset(
+        self,
+        version: int,
+        transaction_offset: int,
+        version_offsets: dict[int, int],
+        applied: dict[int, int],
+    ) -> None:
+        """Start over from what the replica recorded (on every partition assignment)."""
+        self.version, self.transaction_offset = version, transaction_offset
+        self.base, self.applied = dict(version_offsets), dict(applied)
+        self.pending, self.ends = {}, []
+        self._read = transaction_offset
+        self.consumer.assign([TopicPartition(self.transaction_topic, 0, transaction_offset)])
+
+    def close(self) -> None:
+        self.consumer.close()
+
+    def waiting(self) -> int:
+        return sum(len(v) for v in self.pending.values())
+
+    def add(self, msgs: list[Message]) -> None:
+        """Polled records, in each partition's offset order (older ones, replays below what
+        is applied or held, are dropped)."""
+        if not msgs:
+            return
+        parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
+        offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
+        for p in np.unique(parts).tolist():
+            idx = np.flatnonzero(parts == p)
+            held = self.pending.setdefault(p, [])
+            start = self.applied.get(p)
+            if start is None:  # a partition the replica holds nothing of: from its first
+                start = self.applied[p] = int(offsets[idx[0]])
+                self.base.setdefault(p, start)
+            expected = start + len(held)
+            idx = idx[offsets[idx] >= expected]
+            if not idx.size:
+                continue
+            got = offsets[idx]
+            if got[0] != expected or (np.diff(got) != 1).any():
+                raise TransactionMetadataError(
+                    f"{self.topic!r} partition {p} has a hole near offset {expected} (a "
+                    "compacted or truncated topic): whole versions cannot be told apart; "
+                    "replicate with --no-transaction-topic"
+                )
+            held.extend(msgs[i] for i in idx.tolist())
+
+    def _poll_transactions(self) -> None:
+        while True:
+            # (a zero timeout never hands out what the fetcher holds: 10 ms does)
+            got = self.consumer.consume(10_000, 0.01)
+            if not got:
+                return
+            for m in got:
+                if m.error() is not None:
+                    continue
+                offset = m.offset()
+                if offset is None or offset < self._read:
+                    continue
+                self._read = offset + 1
+                value = m.value()
+                if value is None:
+                    continue
+                rec = self.decoder.decode(value)
+                if rec.status != "END" or rec.version <= self.version:
+                    continue
+                if rec.partitions is None:
+                    raise TransactionMetadataError(
+                        f"the END of {rec.id} on {self.transaction_topic!r} has no "
+                        "per-partition counts (published without lance-cdf's routing); "
+                        "replicate with --no-transaction-topic"
+                    )
+                if self.ends and rec.version <= self.ends[-1][0].version:
+                    continue  # (a duplicate END: at most once per version is used)
+                self.ends.append((rec, offset))
+
+    def _have(self, p: int) -> int:
+        return self.applied.get(p, 0) + len(self.pending.get(p, []))
+
+    def _check(self, version: int, start: int, end: int, p: int) -> None:
+        """Version `version`'s records in partition p are offsets [start, end)."""
+        held, first = self.pending.get(p, []), self.applied.get(p, 0)
+        looks = [(start, True), (end - 1, True), (end, False)]  # (offset, must be `version`)
+        for offset, same in looks:
+            i = offset - first
+            if not 0 <= i < len(held):
+                continue  # applied already (a piece), or not polled yet
+            found = _version_of(held[i])
+            if found is None or (found != version if same else found <= version):
+                raise TransactionMetadataError(
+                    f"{self.topic!r} partition {p} offset {offset} holds version {found}, "
+                    f"but {self.transaction_topic!r} puts version {version} at offsets "
+                    f"{start}-{end - 1}: the topics disagree (records published without "
+                    "transaction metadata?); replicate with --no-transaction-topic, or "
+                    "into a new replica from a topic published with it"
+                )
+
+    def take(self, max_records: int) -> Take | None:
+        """The next records to apply, or None: wait for more."""
+        self._poll_transactions()
+        cur = dict(self.base)
+        chosen = -1
+        count = 0
+        for i, (end, _) in enumerate(self.ends):
+            assert end.partitions is not None  # (_poll_transactions refuses others)
+            need: dict[int, int] = {}
+            for p, (_, records) in end.partitions.items():
+                if records:
+                    if p not in cur:  # its first records: not polled yet
+                        need = {}
+                        break
+                    need[p] = cur[p] + records
+            if len(need) != sum(1 for _, r in end.partitions.values() if r):
+                break
+            if any(self._have(p) < o for p, o in need.items()):
+                break
+            for p, o in need.items():
+                self._check(end.version, cur[p], o, p)
+                count += o - max(cur[p], self.applied.get(p, 0))
+            cur.update(need)
+            chosen = i
+            if count >= max_records:
+                break
+        if chosen >= 0:
+            end, offset = self.ends[chosen]
+            upto = {p: max(o, self.applied.get(p, o)) for p, o in cur.items()}
+            msgs = self._handout(cur)
+            self.ends = self.ends[chosen + 1 :]
+            # pieces applied earlier may reach past this version in some partition: the
+            # replica then still holds part of what follows
+            beyond = any(o > cur.get(p, o) for p, o in self.applied.items())
+            inside = (self.ends[0][0].version if self.ends else end.version + 1) if beyond else None
+            return Take(msgs, end.version, offset + 1, cur, inside, upto)
+        if self.waiting() > self.max_pending and self._caught_up():
+            inside = self.ends[0][0].version if self.ends else self.version + 1
+            upto = {p: self._have(p) for p in self.pending}
+            msgs = self._handout(upto)
+            log.warning(
+                "%d records of unfinished versions waiting (more than %d): applying them "
+                "as a piece of version %d; the replica holds source version %d plus part "
+                "of what follows until that version completes",
+                len(msgs), self.max_pending, inside, self.version,
+            )  # fmt: skip
+            return Take(
+                msgs, self.version, self.transaction_offset, dict(self.base), inside, upto
+            )
+        return None
+
+    def _caught_up(self) -> bool:
+        """Whether every END written so far has been read (so the waiting records are
+        really of unfinished versions, not of versions whose END is still on its way)."""
+        try:
+            _, high = self.consumer.get_watermark_offsets(
+                TopicPartition(self.transaction_topic, 0), timeout=10
+            )
+        except Exception:  # noqa: BLE001 (unknown: wait, the next batch asks again)
+            return False
+        return high is not None and self._read >= high
+
+    def _handout(self, upto: dict[int, int]) -> list[Message]:
+        out: list[Message] = []
+        for p, o in upto.items():
+            held, first = self.pending.get(p, []), self.applied.get(p, 0)
+            n = o - first
+            if n > 0:
+                out.extend(held[:n])
+        return out
+
+    def done(self, take: Take) -> None:
+        """`take` is committed to the replica."""
+        for p, upto in take.upto.items():
+            held, first = self.pending.get(p, []), self.applied.get(p, 0)
+            n = max(0, upto - first)
+            if n:
+                self.pending[p] = held[n:]
+                self.applied[p] = first + n
+        self.version, self.transaction_offset = take.version, take.transaction_offset
+        self.base = dict(take.version_offsets)

@@ -1,0 +1,216 @@
+"""Transaction metadata (issue 32): `lance-cdf publish` SIGKILLed at random points while
+commits keep coming, then finished with --available-now; the transaction topic then holds,
+for every commit version with events on the change topic, one BEGIN and one END whose
+counts (total, per table, per partition) equal the records on the change topic. Decoded with
+confluent-kafka's AvroDeserializer (fastavro, the registry's schema), not lance-cdf's code."""
+
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka.schema_registry.avro import AvroDeserializer
+from confluent_kafka.serialization import MessageField, SerializationContext
+from test_exactly_once import python_workers, writer
+
+from lance_cdf.cli import main
+
+pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in subprocesses
+
+PARTITIONS = 3
+
+
+def read_all(bootstrap, topic):
+    """Every record of every partition of `topic`, in partition order."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
+                  "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
+    meta = c.list_topics(topic, timeout=10).topics[topic]
+    ends = {}
+    for p in meta.partitions:
+        low, high = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        if high > low:
+            ends[p] = high
+    c.assign([TopicPartition(topic, p, 0) for p in ends])
+    out, deadline = [], time.monotonic() + 60
+    left = dict(ends)
+    while left and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is None or m.error():
+            continue
+        out.append(m)
+        if m.offset() + 1 >= left.get(m.partition(), 0):
+            left.pop(m.partition(), None)
+    c.close()
+    assert not left, f"partitions {left} not read to their end"
+    return out
+
+
+def change_counts(bootstrap, topic):
+    """version -> partition -> [events, records] as found on the change topic (headers)."""
+    counts = defaultdict(lambda: defaultdict(lambda: [0, 0]))
+    for m in read_all(bootstrap, topic):
+        h = dict(m.headers() or [])
+        c = counts[int(h["lance-cdf.commit-version"])][m.partition()]
+        c[1] += 1
+        if m.value() is not None:
+            c[0] += 1
+    return counts
+
+
+def transactions(bootstrap, topic, registry_url):
+    client = SchemaRegistryClient({"url": registry_url})
+    key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
+    out = []
+    for m in read_all(bootstrap, topic):
+        key = key_de(m.key(), SerializationContext(topic, MessageField.KEY))
+        value = value_de(m.value(), SerializationContext(topic, MessageField.VALUE))
+        assert key == {"id": value["id"]}
+        out.append(value)
+    return out
+
+
+def check_transactions(txns, counts, name):
+    """One BEGIN then one END per version with events, in version order, END's counts
+    equal to the change topic's records."""
+    assert Counter((t["id"], t["status"]) for t in txns) == Counter(
+        {(f"{name}:{v}", s): 1 for v in counts for s in ("BEGIN", "END")}
+    )
+    versions = [int(t["id"].rsplit(":", 1)[1]) for t in txns]
+    assert versions == sorted(versions)
+    for t in txns:
+        v = int(t["id"].rsplit(":", 1)[1])
+        if t["status"] == "BEGIN":
+            assert t["event_count"] is None and t["data_collections"] is None
+            continue
+        events = sum(e for e, _ in counts[v].values())
+        assert t["event_count"] == events
+        assert t["data_collections"] == [{"data_collection": name, "event_count": events}]
+        assert {
+            p["partition"]: [p["event_count"], p["record_count"]] for p in t["lance_cdf_partitions"]
+        } == dict(counts[v])
+
+
+def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
+    tmp_path, kafka_broker, schema_registry
+):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
+        enable_stable_row_ids=True, max_rows_per_file=50,
+    )  # fmt: skip
+    topic = f"txn-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
+            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
+            "--max-rows-per-trigger", "30", "--table-name", "shop.items"]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
+           "--master", "local[2,100]"]  # fmt: skip
+    rng = random.Random(32)
+    stop = threading.Event()
+    commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
+    commits.start()
+    proc = None
+    kills = {"worker": 0, "group": 0}
+    try:
+        while sum(kills.values()) < 6:
+            if proc is None or proc.poll() is not None:
+                proc = subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            time.sleep(rng.uniform(2, 6))
+            workers = python_workers(proc.pid)
+            if kills["group"] < 3 and (rng.random() < 0.5 or not workers):
+                os.killpg(proc.pid, signal.SIGKILL)  # driver (its commits), JVM, workers
+                proc.wait(30)
+                kills["group"] += 1
+            elif workers:
+                os.kill(rng.choice(workers), signal.SIGKILL)  # a task, or a commit's runner
+                kills["worker"] += 1
+    finally:
+        stop.set()
+        commits.join(60)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert kills["group"] >= 2
+    assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
+    counts = change_counts(kafka_broker.bootstrap_servers, topic)
+    assert len(counts) >= 20  # the writer's commits, with events
+    txns = transactions(kafka_broker.bootstrap_servers, f"{topic}.transaction", schema_registry.url)
+    check_transactions(txns, counts, "shop.items")
+
+
+def test_no_transaction_metadata_writes_no_transaction_topic(
+    tmp_path, kafka_broker, schema_registry
+):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
+    lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
+    topic = f"notxn-{uuid.uuid4().hex[:8]}"
+    common = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+              "--schema-registry", schema_registry.url, "--starting-version", "1",
+              "--available-now", "--master", "local[2]"]  # fmt: skip
+    assert main([*common, "--topic", topic, "--checkpoint", str(tmp_path / "a"),
+                 "--no-transaction-metadata"]) == 0  # fmt: skip
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    assert f"{topic}.transaction" not in admin.list_topics(timeout=10).topics
+    # the same table to another topic, with a named transaction topic: versions 1 and 2
+    other = f"{topic}-b"
+    assert main([*common, "--topic", other, "--checkpoint", str(tmp_path / "b"),
+                 "--transaction-topic", f"{other}-tx"]) == 0  # fmt: skip
+    counts = change_counts(kafka_broker.bootstrap_servers, other)
+    assert sorted(counts) == [1, 2]
+    txns = transactions(kafka_broker.bootstrap_servers, f"{other}-tx", schema_registry.url)
+    check_transactions(txns, counts, "lancecdf.t")
+    meta = admin.list_topics(timeout=10).topics[f"{other}-tx"]
+    assert len(meta.partitions) == 1
+
+
+def readme_example() -> str:
+    """The consumer example of README's "Transaction metadata" section."""
+    text = (Path(__file__).parent.parent / "README.md").read_text()
+    block = text.split("(`transaction_example.py`", 1)[1].split("```python\n", 1)[1]
+    return block.split("```", 1)[0]
+
+
+def test_readme_consumer_example_sees_each_version_complete(
+    tmp_path, kafka_broker, schema_registry
+):
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
+    lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
+    lance.dataset(uri).delete("id < 3")
+    topic = f"example-{uuid.uuid4().hex[:8]}"
+    assert main(["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+                 "--schema-registry", schema_registry.url, "--starting-version", "1",
+                 "--available-now", "--master", "local[2]", "--topic", topic,
+                 "--checkpoint", str(tmp_path / "ck")]) == 0  # fmt: skip
+    script = tmp_path / "transaction_example.py"
+    script.write_text(readme_example())
+    env = {**os.environ, "BOOTSTRAP": kafka_broker.bootstrap_servers, "TOPIC": topic,
+           "REGISTRY": schema_registry.url, "GROUP": uuid.uuid4().hex}  # fmt: skip
+    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert sorted(run.stdout.splitlines()) == [
+        "version 1 complete: 10 events",
+        "version 2 complete: 5 events",
+        "version 3 complete: 3 events",
+    ]
