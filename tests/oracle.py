@@ -87,7 +87,13 @@ def _common_differ(a: dict, b: dict, fields_a, fields_b) -> bool:
     """Whether the later row `b` differs from `a` in any of `b`'s fields (by field id; a
     field `a` lacks is null there)."""
     va, vb = _leaves(a, fields_a), _leaves(b, fields_b)
-    return any(va.get(i) != vb[i] for i in vb)
+    # a retyped column (cast: a new field id under the same name, the old id gone) is the
+    # same column: its values before are under the old id
+    ids_a = {f.name(): f.id() for f in fields_a}
+    ids_b = {f.id() for f in fields_b}
+    alias = {f.id(): ids_a[f.name()] for f in fields_b
+             if f.id() not in va and f.name() in ids_a and ids_a[f.name()] not in ids_b}  # fmt: skip
+    return any(va.get(alias.get(i, i)) != vb[i] for i in vb)
 
 
 def changed_values_without_version_bump(uri: str, version: int, storage_options=None) -> list[int]:
