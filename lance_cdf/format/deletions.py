@@ -85,7 +85,7 @@ def _decode(data: bytes, file_type: int) -> BitMap:
     `.arrow` files are read by pyarrow's IPC reader only. A hand decoder of pylance's
     layout (flatbuffers, zstd) stood beside it until issue 30: it saved ~4 us of ~40 per
     file, at most a few percent of a `read_changes` call or a followed micro-batch
-    (bench/bench_decoders.py, bench/results_decoders_1m.json), so it went."""
+    (bench/bench_decoders.py; figures in the history of BENCHMARKS.md in git), so it went."""
     if file_type == BITMAP:
         return BitMap.deserialize(data)
     values = _offsets_with_pyarrow(data)
