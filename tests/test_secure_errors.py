@@ -1,0 +1,86 @@
+"""A misconfigured client of the secured broker (SASL_SSL, SCRAM-SHA-512, a CA made per
+run) or registry (HTTPS + basic auth) is refused with one line naming the cause and the
+setting to fix, before Spark starts (issue 34, item 5).
+
+Oracles: the misconfiguration each test plants (a wrong password, a CA that did not sign
+the broker's certificate, the wrong security.protocol, a topic that does not exist); the
+message must name that cause and setting, and no other. The checks are called directly
+(in-process) and through `lance-cdf publish` / `replicate` as subprocesses: exit code
+non-zero, the cause in one line of stderr, no traceback, no secret."""
+
+import time
+import uuid
+
+import pytest
+
+from lance_cdf.devtools.tls import CertAuthority
+from lance_cdf.errors import PublishError
+from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
+
+AUTH = "refused the client's credentials"
+VERIFY = "TLS verification of the Kafka broker"
+EXPECTS_TLS = "expects another protocol on this port"
+NO_TLS = "does not speak TLS on this port"
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory) -> str:
+    """A CA that signed nothing the services present."""
+    return str(CertAuthority(tmp_path_factory.mktemp("other-ca")).ca_pem)
+
+
+def _raises(fn, *args, **kw) -> str:
+    t = time.monotonic()
+    with pytest.raises(PublishError) as info:
+        fn(*args, **kw)
+    message = str(info.value)
+    print(f"{time.monotonic() - t:.2f} s: {message}")  # the times are reported, not asserted
+    assert "\n" not in message
+    return message
+
+
+def test_broker_check_names_credentials_tls_and_protocol(
+    secure_kafka_broker, kafka_broker, other_ca
+):
+    kafka = secure_kafka_broker
+    good = kafka.client_config
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.password": "wrong"})
+    assert AUTH in m and "sasl.password" in m and "--producer-config-file" in m, m
+    assert "wrong" not in m.replace("wrong version", "")  # the planted password is not repeated
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.username": "nobody"},
+                flag="consumer")  # fmt: skip
+    assert AUTH in m and "--consumer-config-file" in m, m
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "ssl.ca.location": other_ca})
+    assert VERIFY in m and "ssl.ca.location" in m, m
+    for protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):  # a plaintext client, a TLS listener
+        m = _raises(check_broker, kafka.bootstrap_servers, {**good, "security.protocol": protocol})
+        assert EXPECTS_TLS in m and "security.protocol=SSL or SASL_SSL" in m, m
+    # TLS without SASL against the SASL_SSL listener
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "security.protocol": "SSL"})
+    assert "its listener expects SASL" in m and "security.protocol=SASL_SSL" in m, m
+    # a TLS client against a plaintext listener
+    m = _raises(check_broker, kafka_broker.bootstrap_servers,
+                {"security.protocol": "SSL", "ssl.ca.location": other_ca})  # fmt: skip
+    assert NO_TLS in m and "security.protocol" in m, m
+    check_broker(kafka.bootstrap_servers, good)  # and the right settings pass
+
+
+def test_topic_check_names_a_missing_topic_on_the_secured_broker(secure_kafka_broker):
+    kafka = secure_kafka_broker
+    topic = f"missing-{uuid.uuid4().hex[:8]}"
+    # the secured broker creates topics on first produce (Kafka's default): its partitions
+    assert check_topic(kafka.bootstrap_servers, topic, kafka.client_config) >= 1
+    m = _raises(check_topic, kafka.bootstrap_servers, topic,
+                {**kafka.client_config, "sasl.password": "wrong"})  # fmt: skip
+    assert AUTH in m, m
+
+
+def test_registry_check_names_401_and_tls_verification(secure_schema_registry, other_ca):
+    registry = secure_schema_registry
+    good = registry.client_config
+    m = _raises(check_registry, registry.url, {**good, "basic.auth.user.info": "nobody:wrong"})
+    assert "refused the credentials (HTTP 401)" in m and "basic.auth.user.info" in m, m
+    assert "nobody:wrong" not in m
+    m = _raises(check_registry, registry.url, {**good, "ssl.ca.location": other_ca})
+    assert "TLS verification of the schema registry" in m and "ssl.ca.location" in m, m
+    check_registry(registry.url, good)
