@@ -8,10 +8,14 @@ message must name that cause and setting, and no other. The checks are called di
 (in-process) and through `lance-cdf publish` / `replicate` as subprocesses: exit code
 non-zero, the cause in one line of stderr, no traceback, no secret."""
 
+import os
+import subprocess
+import sys
 import time
 import uuid
 
 import pytest
+from workload import Workload
 
 from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
@@ -84,3 +88,75 @@ def test_registry_check_names_401_and_tls_verification(secure_schema_registry, o
     m = _raises(check_registry, registry.url, {**good, "ssl.ca.location": other_ca})
     assert "TLS verification of the schema registry" in m and "ssl.ca.location" in m, m
     check_registry(registry.url, good)
+
+
+def _cli(command: str, kafka, registry, tmp_path, kafka_over: str = "", registry_over: str = ""):
+    """`lance-cdf COMMAND` against the secured services with every setting from files,
+    `kafka_over` / `registry_over` appended to them (a later key wins)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "T_KAFKA_PASSWORD": kafka.password}
+    client = tmp_path / f"{command}-client.properties"
+    client.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+        f"sasl.username={kafka.username}\nsasl.password=${{env:T_KAFKA_PASSWORD}}\n"
+        f"ssl.ca.location={kafka.ca_pem}\n{kafka_over}"
+    )
+    reg = tmp_path / f"{command}-registry.properties"
+    reg.write_text(
+        f"basic.auth.user.info={registry.username}:{registry.password}\n"
+        f"ssl.ca.location={registry.ca_pem}\n{registry_over}"
+    )
+    common = [
+        "--bootstrap-servers", kafka.bootstrap_servers, "--topic", f"t-{uuid.uuid4().hex[:8]}",
+        "--schema-registry", registry.url, "--registry-config-file", str(reg),
+    ]  # fmt: skip
+    if command == "publish":
+        src = str(tmp_path / "src.lance")
+        if not os.path.exists(src):
+            Workload(src, seed=5, rows=20)
+        args = [*common, "--table", src, "--checkpoint", str(tmp_path / "ck"),
+                "--available-now", "--producer-config-file", str(client)]  # fmt: skip
+    else:
+        args = [*common, "--target", str(tmp_path / "replica.lance"), "--idle-timeout", "2",
+                "--consumer-config-file", str(client)]  # fmt: skip
+    t = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "lance_cdf.cli", command, *args],
+        capture_output=True, env=env, timeout=180, text=True,
+    )  # fmt: skip
+    took = time.monotonic() - t
+    print(f"{command} {kafka_over or registry_over!r}: exit {run.returncode} after {took:.1f} s")
+    return run
+
+
+CASES = {  # the misconfiguration planted in the settings file -> what the one line names
+    "wrong password": ("sasl.password=not-the-password\n", "", [AUTH, "sasl.password"]),
+    "wrong CA": ("ssl.ca.location={other_ca}\n", "", [VERIFY, "ssl.ca.location"]),
+    "plaintext client": ("security.protocol=SASL_PLAINTEXT\n", "", [EXPECTS_TLS]),
+    "registry password": ("", "basic.auth.user.info=nobody:wrong\n", ["HTTP 401", "basic.auth"]),
+    "registry CA": ("", "ssl.ca.location={other_ca}\n", ["schema registry", "ssl.ca.location"]),
+}
+
+
+@pytest.mark.parametrize("command", ["publish", "replicate"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_names_the_cause_in_one_line(
+    command, case, tmp_path, secure_kafka_broker, secure_schema_registry, other_ca
+):
+    kafka_over, registry_over, expected = CASES[case]
+    kafka_over, registry_over = (s.format(other_ca=other_ca) for s in (kafka_over, registry_over))
+    run = _cli(command, secure_kafka_broker, secure_schema_registry, tmp_path, kafka_over,
+               registry_over)  # fmt: skip
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if all(e in line for e in expected)]
+    assert len(lines) == 1, run.stderr[-3000:]
+    flag = {"publish": "producer", "replicate": "consumer"}[command]
+    if "registry" not in case:
+        assert f"--{flag}-config-file" in lines[0], lines[0]
+    for secret in (
+        secure_kafka_broker.password,
+        secure_schema_registry.password,
+        "not-the-password",
+    ):
+        assert secret not in run.stdout + run.stderr
+    print(lines[0])
