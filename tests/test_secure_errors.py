@@ -17,6 +17,7 @@ import uuid
 import pytest
 from workload import Workload
 
+from lance_cdf.devtools.kafka import SecureKafkaBroker
 from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
@@ -90,7 +91,10 @@ def test_registry_check_names_401_and_tls_verification(secure_schema_registry, o
     check_registry(registry.url, good)
 
 
-def _cli(command: str, kafka, registry, tmp_path, kafka_over: str = "", registry_over: str = ""):
+def _cli(
+    command: str, kafka, registry, tmp_path, kafka_over: str = "", registry_over: str = "",
+    topic: str | None = None,
+):  # fmt: skip
     """`lance-cdf COMMAND` against the secured services with every setting from files,
     `kafka_over` / `registry_over` appended to them (a later key wins)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "T_KAFKA_PASSWORD": kafka.password}
@@ -106,7 +110,8 @@ def _cli(command: str, kafka, registry, tmp_path, kafka_over: str = "", registry
         f"ssl.ca.location={registry.ca_pem}\n{registry_over}"
     )
     common = [
-        "--bootstrap-servers", kafka.bootstrap_servers, "--topic", f"t-{uuid.uuid4().hex[:8]}",
+        "--bootstrap-servers", kafka.bootstrap_servers,
+        "--topic", topic or f"t-{uuid.uuid4().hex[:8]}",
         "--schema-registry", registry.url, "--registry-config-file", str(reg),
     ]  # fmt: skip
     if command == "publish":
@@ -160,3 +165,55 @@ def test_cli_names_the_cause_in_one_line(
     ):
         assert secret not in run.stdout + run.stderr
     print(lines[0])
+
+
+class _AclBroker(SecureKafkaBroker):
+    """The secured broker with Kafka's StandardAuthorizer: everything allowed where no ACL
+    says otherwise, `admin` (and the controller's own PLAINTEXT principal) super users."""
+
+    name = "kafka-acl"
+
+    def _listener_lines(self) -> list[str]:
+        return [
+            *super()._listener_lines(),
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users=User:admin;User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found=true",
+        ]
+
+
+def test_a_topic_the_user_may_not_use_is_named(tmp_path, secure_schema_registry):
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    broker = _AclBroker(tmp_path / "broker")
+    broker.start()
+    try:
+        topic = f"denied-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({
+            "bootstrap.servers": broker.bootstrap_servers, **broker.client_config,
+            "sasl.username": "admin", "sasl.password": broker._admin_password, "log_level": 0,
+        })  # fmt: skip
+        deny = AclBinding(
+            ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{broker.username}",
+            "*", AclOperation.ALL, AclPermissionType.DENY,
+        )  # fmt: skip
+        for future in admin.create_acls([deny]).values():
+            future.result(timeout=30)
+        allowed = f"allowed-{uuid.uuid4().hex[:8]}"
+        assert check_topic(broker.bootstrap_servers, allowed, broker.client_config) >= 1
+        m = _raises(check_topic, broker.bootstrap_servers, topic, broker.client_config)
+        assert "not authorized to use topic" in m and "Describe and Write" in m, m
+        run = _cli("publish", broker, secure_schema_registry, tmp_path, topic=topic)
+        assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+        lines = [line for line in run.stderr.splitlines() if "not authorized to use topic" in line]
+        assert len(lines) == 1, run.stderr[-3000:]
+        print(lines[0])
+    finally:
+        broker.close()
