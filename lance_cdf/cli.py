@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 from collections.abc import Iterable
 
@@ -18,6 +19,7 @@ EXAMPLES = """examples:
   lance-cdf changes file:///data/events.lance --from 5 --format parquet --output changes.parquet
   lance-cdf changes /data/events.lance --from 3 --to 9 --net --drop-unchanged-updates
   lance-cdf changes /data/events.lance --snapshot --from 7 --format jsonl
+  lance-cdf changes --database /data/lancedb sales.orders --from 2
 """
 
 
@@ -99,7 +101,14 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    changes.add_argument("uri", help="table path or URI (file://, s3://, gs://, az://)")
+    changes.add_argument(
+        "uri", help="table path or URI (file://, s3://, gs://, az://); with --database: the "
+        "table's name (e.g. sales.orders)",
+    )  # fmt: skip
+    changes.add_argument(
+        "--database", default=None, metavar="DIR",
+        help="a LanceDB database / Lance directory namespace (path or URI) holding the table",
+    )  # fmt: skip
     changes.add_argument(
         "--from", dest="start", type=int, default=None,
         help="first version (required, except with --snapshot: the version to snapshot, "
@@ -152,8 +161,9 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
-    pub.add_argument("--starting-version", default="latest",
-                     help="first version: a number, latest (default) or earliest")  # fmt: skip
+    pub.add_argument("--starting-version", default=None,
+                     help="first version of a new checkpoint: a number, latest (default) or "
+                     "earliest; with an existing checkpoint only its own start")  # fmt: skip
     pub.add_argument("--snapshot", action="store_true",
                      help="bootstrap: publish the table as it stands when the query first "
                      "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
@@ -244,7 +254,16 @@ def build_parser() -> argparse.ArgumentParser:
                      help="set undecodable records aside here (error in a header) and go on; "
                      "without it the replicator stops at such a record")  # fmt: skip
     rep.add_argument("--idle-timeout", type=_seconds, default=None, metavar="SECONDS",
-                     help="exit 0 once no record has arrived for this long")  # fmt: skip
+                     help="exit 0 once no record has arrived for this long (counted from "
+                     "start while the topic does not exist)")  # fmt: skip
+    rep.add_argument("--rebuild", action="store_true",
+                     help="a missing or empty replica is built from the beginning of the "
+                     "topic although the consumer group has committed offsets (without it "
+                     "that start is refused); the topic must still hold its history")  # fmt: skip
+    rep.add_argument("--lease-ttl", type=_seconds, default=30.0, metavar="SECONDS",
+                     help="one replicator per replica: its lease expires this long after its "
+                     "last renewal (every third of it) if it dies elsewhere, and is then "
+                     "taken over (default 30)")  # fmt: skip
     _client_settings(rep, "consumer", "the replica table")
     _metrics_flags(rep)
     rep.add_argument("--source-table", default=None, metavar="URI",
@@ -326,7 +345,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
     reader = read_changes(
         args.uri, args.start, args.end, columns=args.columns,
         storage_options=_options(args.storage_option), snapshot=args.snapshot, net=args.net,
-        drop_unchanged_updates=args.drop_unchanged_updates,
+        drop_unchanged_updates=args.drop_unchanged_updates, database=args.database,
     )  # fmt: skip
     if args.format == "parquet":
         if not args.output:
@@ -373,6 +392,18 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
+    # a stop (SIGTERM / SIGINT, to the process or its group) while starting up (imports,
+    # connection checks that may wait on a hung broker or registry) ends it quietly, exit
+    # 0; once running, Replicator.run's own handlers finish the batch in hand instead
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        return _replicate(args)
+    except KeyboardInterrupt:
+        print("stopped while starting: nothing applied", flush=True)
+        return 0
+
+
+def _replicate(args: argparse.Namespace) -> int:
     import logging
 
     from lance_cdf.clientconfig import redact_url, scrub_logging
@@ -389,6 +420,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
         storage_options=_options(args.storage_option), compact_every=args.compact_every,
         index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
     )  # fmt: skip
     print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.target)}", flush=True)  # fmt: skip
@@ -441,6 +473,12 @@ def cmd_status(args: argparse.Namespace) -> int:
             + ("no micro-batch completed yet" if done is None
                else f"delivered through version {done} (lag {latest - done} versions)")
         )  # fmt: skip
+        from lance_cdf.kafka.outage import describe_state
+
+        kafka = describe_state(args.checkpoint)
+        if kafka is not None:
+            report["kafka"], line = kafka
+            lines.append(f"kafka       {line}")
     if args.replica:
         from lance_cdf.replicate.replica import ReplicaTable
 

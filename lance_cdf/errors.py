@@ -104,3 +104,48 @@ class WorkItemError(LanceCdfError):
 # issue 34 (secrets from files and the environment)
 class ClientConfigError(LanceCdfError):
     """A client settings file, KEY=VALUE flag or ${env:NAME} reference cannot be read."""
+
+
+# issue 31 (replicator side): one writer per target, a replica that knows whose it is
+class LeaseHeldError(LanceCdfError):
+    """Another live writer holds the target's lease (`lance_cdf.lease`)."""
+
+
+class LeaseLostError(LanceCdfError):
+    """This writer's lease was taken over by another writer: it must stop writing."""
+
+
+class ForeignReplicaError(ReplicaError):
+    """The replica follows another topic or source table than the records offered to it."""
+
+
+class RegistryRefusedError(RegistryUnavailableError):
+    """The schema registry refused a schema fetch for a reason that is not the record's
+    (a wrong URL, missing credentials): never a reason to set records aside."""
+
+
+class ReplicaPositionError(ReplicaError):
+    """The replica's own position cannot be trusted to resume from: it is missing or empty
+    while the consumer group has moved on, or the topic no longer holds the history it
+    needs."""
+
+
+# -- issue 31 (publisher side): checkpoints know their table; Kafka outages --
+
+
+class CheckpointMismatchError(LanceCdfError):
+    """A checkpoint is of another table, or was started from another version than the one
+    given now."""
+
+
+class KafkaUnavailableError(PublishError):
+    """The broker did not answer for longer than the publisher rides out an outage."""
+
+
+# issue 33: tables addressed by name in a LanceDB database or Lance directory namespace
+class DatabaseNotFoundError(TableNotFoundError):
+    """The database (namespace root) directory does not exist."""
+
+
+class TableNameError(TableNotFoundError):
+    """No table, or more than one, of a database has the name given."""

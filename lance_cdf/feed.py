@@ -19,6 +19,7 @@ from lance_cdf.events import META_COLUMNS, event_schema, read_version_events
 from lance_cdf.format.table import TableLog
 from lance_cdf.modes import drop_unchanged_batches, net_changes, pair_safe_batches
 from lance_cdf.modes import drop_unchanged_updates as drop_unchanged_updates_of
+from lance_cdf.namespace import resolve_table
 from lance_cdf.plan import RowSet, VersionChanges, plan_version, resolve_range
 from lance_cdf.rows import RowReader
 from lance_cdf.snapshot import SnapshotFragment, read_snapshot, snapshot_fragments
@@ -347,6 +348,7 @@ def read_changes(
     snapshot: bool = False,
     net: bool = False,
     drop_unchanged_updates: bool = False,
+    database: str | None = None,
 ) -> pa.RecordBatchReader:
     """Row-level changes of versions `start_version`..`end_version` (inclusive).
 
@@ -360,7 +362,9 @@ def read_changes(
     then the changes of start_version+1..end_version. `net=True`: at most one
     event (an update: one pair) per row ID over the whole range (materialises
     the range in memory). `drop_unchanged_updates=True`: leave out update pairs
-    whose images are equal on every returned column.
+    whose images are equal on every returned column. `database`: `uri` is the name of a
+    table of this LanceDB database / Lance directory namespace (`sales.orders`; see
+    lance_cdf.namespace), read with the same `storage_options`.
 
     Args:
         uri: the table's path or URI (`file://`, `s3://`, `gs://`, `az://`).
@@ -374,6 +378,8 @@ def read_changes(
         snapshot: bootstrap, as above.
         net: net changes, as above.
         drop_unchanged_updates: leave out carry-over updates, as above.
+        database: a LanceDB database / Lance directory namespace root; `uri` is then a
+            table's name in it (`sales.orders`, `items`).
 
     Returns:
         A `pyarrow.RecordBatchReader` of the events, read lazily as it is consumed (with
@@ -382,7 +388,8 @@ def read_changes(
         a version's files can also come while the reader is read.
 
     Raises:
-        TableNotFoundError: `uri` holds no Lance table.
+        TableNotFoundError: `uri` holds no Lance table (or, with `database`, names no
+            table of it).
         StableRowIdsRequiredError: a version of the range has no stable row IDs.
         VersionNotFoundError: a version of the range, or the one before it, does not exist
             or was cleaned up; the message names the first start version that can be read.
@@ -391,6 +398,8 @@ def read_changes(
         LanceCdfError: any other bad input, e.g. `start_version` missing, an unknown
             column, a table column named like a metadata column.
     """
+    if database is not None:
+        uri = resolve_table(database, uri, storage_options)
     # Not the latest manifest: its size follows the table's history (a table whose commits
     # rewrote rows scattered everywhere has manifests of megabytes), not the range asked
     # for; the range's own manifests are checked for stable row IDs instead.

@@ -18,6 +18,8 @@ and commit times, so lag is computed when asked, never stale:
                                          and dead-letter writes that failed (replicate)
     lance_cdf_last_error_timestamp_seconds  unix time of the last failure (0: none)
     lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
+    lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
+    lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
     lance_cdf_pipeline_info{role,table,topic}  1
 """
 
@@ -55,6 +57,10 @@ class Progress:
     delivery_failures: int = 0
     last_error: float = 0.0  # unix time, 0 = never
     kafka_lag: int | None = None
+    # publish: how long Kafka has not answered (0: it answers) and the retries since the
+    # checkpoint's first outage (kafka/outage.py); None: not known
+    kafka_unavailable_s: float | None = None
+    kafka_retries: int | None = None
 
 
 class PipelineMetrics:
@@ -183,6 +189,17 @@ class PipelineMetrics:
             "unix time of the last failure (0: none)",
             value=p.last_error,
         )
+        if p.kafka_unavailable_s is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_kafka_unavailable_seconds",
+                "how long the broker has not answered the publisher (0: it answers)",
+                value=p.kafka_unavailable_s,
+            )
+        if p.kafka_retries is not None:
+            yield CounterMetricFamily(
+                "lance_cdf_kafka_retries", "requests to the broker repeated during outages",
+                value=p.kafka_retries,
+            )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",

@@ -256,6 +256,11 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
     changed = (known & (v_new != v_old)) | (~known & stamped)
     # a restore across add_columns drops or brings back a column without moving versions
     reshaped = old is not None and set(old.top_level_columns) != set(new.top_level_columns)
+    if reshaped and new.operation == "Restore":
+        # the restored versions go back (or forth) with a column's presence: a column one
+        # image lacks is never by itself a change, so values of the columns both versions
+        # have decide every moved row (lance_cdf.candidates), as drop_columns gives none
+        changed = np.zeros_like(changed)
     undecided = may_change & ~changed & (~known | reshaped)
     if undecided.any():
         cand_pre.append(gone.take(in_gone[undecided]))

@@ -23,20 +23,69 @@ def snapshot(uri: str, version: int, storage_options=None) -> dict[int, dict]:
 
 
 def snapshot_events(uri: str, version: int, storage_options=None) -> list[tuple]:
-    """Events of commit `version` as sorted (change_type, rowid, values) tuples."""
+    """Events of commit `version` as sorted (change_type, rowid, values) tuples.
+
+    A row present in both snapshots is updated when its last-updated version moved;
+    in a restore that adds or removes columns, when the values of the columns both
+    snapshots have differ (a column one side lacks is never by itself a change)."""
     before = snapshot(uri, version - 1, storage_options)
     after = snapshot(uri, version, storage_options)
+    by_values = _restore_reshaping(uri, version, storage_options)
     events = []
     for rid, row in after.items():
         if rid not in before:
             events.append(("insert", rid, _values(row)))
-        elif row["_row_last_updated_at_version"] != before[rid]["_row_last_updated_at_version"]:
+        elif (
+            _common_differ(before[rid], row, *by_values)
+            if by_values
+            else row["_row_last_updated_at_version"]
+            != before[rid]["_row_last_updated_at_version"]
+        ):
             events.append(("update_preimage", rid, _values(before[rid])))
             events.append(("update_postimage", rid, _values(row)))
     for rid, row in before.items():
         if rid not in after:
             events.append(("delete", rid, _values(row)))
     return sorted(events, key=_key)
+
+
+def _restore_reshaping(uri: str, version: int, storage_options=None):
+    """(fields before, fields after) when commit `version` is a restore whose top-level
+    columns differ from version-1's, else None (pylance's lance_schema fields)."""
+    if version < 2:
+        return None
+    ds = lance.dataset(uri, version=version, storage_options=storage_options)
+    prev = lance.dataset(uri, version=version - 1, storage_options=storage_options)
+    if set(ds.schema.names) == set(prev.schema.names):
+        return None
+    if type(ds.read_transaction(version).operation).__name__ != "Restore":
+        return None
+    return prev.lance_schema.fields(), ds.lance_schema.fields()
+
+
+def _leaves(row: dict, fields) -> dict:
+    """Lance field id -> value of every leaf field of `row` (struct subfields by their
+    own ids: a renamed column or subfield is the same field)."""
+    out: dict = {}
+
+    def walk(value, field):
+        kids = field.children()
+        if kids:
+            for kid in kids:
+                walk(value.get(kid.name()) if isinstance(value, dict) else None, kid)
+        else:
+            out[field.id()] = value
+
+    for field in fields:
+        if field.name() in row:
+            walk(row[field.name()], field)
+    return out
+
+
+def _common_differ(a: dict, b: dict, fields_a, fields_b) -> bool:
+    """Whether the values of the fields both rows have (by field id) differ."""
+    va, vb = _leaves(a, fields_a), _leaves(b, fields_b)
+    return any(va[i] != vb[i] for i in va.keys() & vb.keys())
 
 
 def changed_values_without_version_bump(uri: str, version: int, storage_options=None) -> list[int]:
@@ -282,9 +331,10 @@ def value_snapshot(uri: str, version: int) -> tuple[dict[int, dict], list[str]]:
 
 def values_events(uri: str, version: int, columns: list[str] | None = None) -> list[tuple]:
     """Events of commit `version` from values alone: a row ID that appears is an insert,
-    one that disappears a delete, one whose values differ in ANY user column of the two
-    versions (a column missing from one version counts as null there) an update pair.
-    Images are cut to `columns` (default: the union of both versions' columns)."""
+    one that disappears a delete, one whose values differ in any user column the two
+    versions share an update pair (a column one version lacks is never by itself a
+    change). Images are cut to `columns` (default: the union of both versions' columns,
+    a column missing from one version null there)."""
     before, cols_before = value_snapshot(uri, version - 1)
     after, cols_after = value_snapshot(uri, version)
     union = list(dict.fromkeys(cols_after + cols_before))
@@ -299,7 +349,7 @@ def values_events(uri: str, version: int, columns: list[str] | None = None) -> l
     for rid, row in after.items():
         if rid not in before:
             events.append(("insert", rid, cut(full(row))))
-        elif full(row) != full(before[rid]):
+        elif any(row[c] != before[rid][c] for c in set(cols_before) & set(cols_after)):
             events.append(("update_preimage", rid, cut(full(before[rid]))))
             events.append(("update_postimage", rid, cut(full(row))))
     for rid, row in before.items():

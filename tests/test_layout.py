@@ -24,6 +24,7 @@ ALLOWED = {
     "clientconfig": {"errors"},
     # the change feed, in flow order
     "format": {"errors", "cache"},
+    "namespace": {"format", "errors"},
     "plan": {"format", "errors", "cache"},
     "columns": {"errors"},
     "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache"},
@@ -33,25 +34,26 @@ ALLOWED = {
     "candidates": {"modes", "rows", "columns", "plan", "errors"},
     "feed": {
         "candidates", "modes", "snapshot", "events", "rows", "columns", "plan", "format",
-        "errors", "cache",
+        "namespace", "errors", "cache",
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache", "clientconfig"},
+    "lease": {"format", "errors"},
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
-        "errors",
+        "namespace", "errors",
     },
     "kafka": {
-        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "errors",
-        "",
+        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
+        "errors", "",
     },
-    "replicate": {"avro", "kafka", "internals", "clientconfig", "errors"},
+    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
-        "clientconfig", "errors",
+        "clientconfig", "lease", "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }

@@ -17,6 +17,7 @@ from oracle import feed_events, snapshot_events, values_events
 
 import lance_cdf
 from lance_cdf.candidates import UndecidableChangeError
+from lance_cdf.columns import BLOB, FIELD_ID
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.format._proto import table_pb2
@@ -64,7 +65,10 @@ def test_every_version_matches_the_values_oracle(old_table):
             version,
         )
         kinds |= {e[0] for e in want}
-    assert kinds == {"insert", "delete", "update_preimage", "update_postimage"}
+    # 0.32.1 gives updated rows new row IDs: its only pairs were add_columns' and a
+    # restore's, where the column one version lacks was counted as a change (issue 33)
+    pairs = set() if release == "0.32.1" else {"update_preimage", "update_postimage"}
+    assert kinds == {"insert", "delete"} | pairs
 
 
 def test_the_issue_reproduction_reports_the_update():
@@ -82,7 +86,9 @@ def test_restore_on_an_old_table_reports_reverted_rows():
     feed = ChangeFeed(uri)
     restore = next(v for v in _versions(uri) if feed.table.manifest(v).operation == "Restore")
     events = _feed(uri, restore)
-    assert sum(e[0] == "update_postimage" for e in events) > 20
+    # the restore goes back to before add_columns: rows whose only difference is column y
+    # are no event (issue 33); the rows the upsert at version 4 changed come back
+    assert sum(e[0] == "update_postimage" for e in events) >= 3
     assert events == values_events(uri, restore)
 
 
@@ -202,8 +208,10 @@ def test_undecidable_candidates_raise_naming_fragment_version_and_writer(tmp_pat
     feed = ChangeFeed(uri)
     plan = __import__("lance_cdf.plan", fromlist=["plan_version"]).plan_version(feed.table, 2)
     assert plan.num_candidates > 0
-    blob = pa.schema([pa.field("b", pa.large_binary(), metadata={"lance-encoding:blob": "true"})])
-    monkeypatch.setattr(feed.reader, "arrow_schema", lambda version: blob)
+    # a blob column as the tagged schemas carry it (lance_cdf.columns.annotate)
+    meta = {FIELD_ID: b"9", BLOB: b"1"}
+    blob = pa.schema([pa.field("b", pa.large_binary(), metadata=meta)])
+    monkeypatch.setattr(feed.reader, "tagged", lambda version, origin: blob)
     with pytest.raises(UndecidableChangeError) as err:
         feed.plan(2)
     msg = str(err.value)

@@ -13,8 +13,15 @@ import pyarrow as pa
 import pytest
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_publish_stops_cleanly_on_signal(sig, tmp_path, kafka_broker, schema_registry):
+@pytest.mark.parametrize(
+    "sig, group",
+    [
+        (signal.SIGTERM, False),
+        (signal.SIGINT, True),  # a terminal's Ctrl-C
+        (signal.SIGTERM, True),  # kill -TERM -- -PGID, systemd's stop (its whole cgroup)
+    ],
+)
+def test_publish_stops_cleanly_on_signal(sig, group, tmp_path, kafka_broker, schema_registry):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
     ck = tmp_path / "ck"
@@ -37,8 +44,8 @@ def test_publish_stops_cleanly_on_signal(sig, tmp_path, kafka_broker, schema_reg
         # keep the query busy: commits arrive while it is being stopped
         for i in range(3):
             lance.dataset(uri).update({"id": f"id + {i + 1}"}, where="id < 10")
-        # SIGINT goes to the whole group, as a terminal's Ctrl-C does
-        if sig == signal.SIGINT:
+        # to the whole group: Spark's JVM and its Python runners get it too
+        if group:
             os.killpg(proc.pid, sig)
         else:
             os.kill(proc.pid, sig)

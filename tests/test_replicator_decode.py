@@ -11,9 +11,11 @@ import fastavro
 import numpy as np
 import pyarrow as pa
 import pytest
+from confluent_kafka.schema_registry.error import SchemaRegistryError
 from test_avro_decode import COLUMNS, random_events
 
 from lance_cdf.avro.schema import change_records, envelope_schema
+from lance_cdf.errors import RegistryRefusedError
 from lance_cdf.replicate.replica import SOURCE_ROWID
 from lance_cdf.replicate.replicator import Counters, ReplicateError, Replicator, _Decoder
 
@@ -69,6 +71,7 @@ def replicator(schemas, key=None, dlq=True):
     rep.dlq = DeadLetters() if dlq else None
     rep.counters = Counters()
     rep._batch_partition = None
+    rep.target, rep._source = "r.lance", None  # the first source table seen is followed
     return rep
 
 
@@ -145,6 +148,39 @@ def test_without_dead_letter_topic_the_first_bad_record_stops_the_batch():
     where = f"partition {msgs[5].partition()} offset {msgs[5].offset()} "
     with pytest.raises(ReplicateError, match=where):
         replicator(schemas, dlq=False)._final_states(msgs)
+
+
+class RefusingRegistry(Registry):
+    """Answers every id with one registry error."""
+
+    def __init__(self, schemas, status, code):
+        super().__init__(schemas)
+        self.status, self.code = status, code
+
+    def get_schema(self, sid):
+        raise SchemaRegistryError(self.status, self.code, "refused")
+
+
+@pytest.mark.parametrize("vectorized", [True, False])
+def test_a_registry_refusal_is_no_dead_letter_an_unknown_id_is(vectorized):
+    """A registry that refuses the request (401: credentials; 404 without "schema not
+    found": a wrong URL) says nothing of the record: it stops the replicator, nothing is
+    set aside. Only "schema not found" (SR code 40403) makes a record a dead letter."""
+    schemas, msgs = batch(4, poison=False)
+    for status, code in ((401, 40101), (403, -1), (404, -1)):
+        rep = replicator(schemas)
+        rep.decoder = _Decoder(RefusingRegistry(schemas, status, code))
+        decode = rep._final_states_vectorized if vectorized else rep._final_states_fastavro
+        with pytest.raises(RegistryRefusedError, match=r"^the schema registry refused schema "
+                           r"id \d+ .*: not an answer about the record, so it is not set "
+                           r"aside. Check --schema-registry"):  # fmt: skip
+            decode(msgs)
+        assert rep.dlq.got == []
+    rep = replicator(schemas)
+    rep.decoder = _Decoder(RefusingRegistry(schemas, 404, 40403))
+    decode = rep._final_states_vectorized if vectorized else rep._final_states_fastavro
+    decode(msgs)
+    assert len(rep.dlq.got) == sum(m.value() is not None for m in msgs)  # (tombstones: none)
 
 
 def test_unsupported_schema_takes_the_fastavro_path():

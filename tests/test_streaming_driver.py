@@ -93,16 +93,16 @@ def test_start_positions(tmp_path):
     uri = make(tmp_path)
     lance.dataset(uri).delete("id = 1")  # v2
     lance.dataset(uri).delete("id = 2")  # v3
-    assert stream_reader(uri).initialOffset() == {"version": 3}  # latest: new commits only
-    assert stream_reader(uri, startingVersion="earliest").initialOffset() == {"version": 0}
-    assert stream_reader(uri, startingVersion=2).initialOffset() == {"version": 1}
-    assert stream_reader(uri, startingVersion=4).initialOffset() == {"version": 3}
+    assert stream_reader(uri).initialOffset()["version"] == 3  # latest: new commits only
+    assert stream_reader(uri, startingVersion="earliest").initialOffset()["version"] == 0
+    assert stream_reader(uri, startingVersion=2).initialOffset()["version"] == 1
+    assert stream_reader(uri, startingVersion=4).initialOffset()["version"] == 3
     with pytest.raises(VersionNotFoundError, match="version 5 .* does not exist yet"):
         stream_reader(uri, startingVersion=5)
     ts = lance_cdf.ChangeFeed(uri).table.manifest(2).timestamp
-    assert stream_reader(uri, startingTimestamp=ts.isoformat()).initialOffset() == {"version": 1}
+    assert stream_reader(uri, startingTimestamp=ts.isoformat()).initialOffset()["version"] == 1
     later = (ts + timedelta(days=1)).isoformat()
-    assert stream_reader(uri, startingTimestamp=later).initialOffset() == {"version": 3}
+    assert stream_reader(uri, startingTimestamp=later).initialOffset()["version"] == 3
     # a batch read of "latest" is the latest commit's changes
     assert resolve({"path": uri, "startingVersion": "latest"}, streaming=False).start == 3
     with pytest.raises(LanceCdfError, match="no version .* committed at or after"):
@@ -116,20 +116,20 @@ def test_admission_control_offsets(tmp_path):
     reader = stream_reader(uri, startingVersion=1, maxRowsPerTrigger=7, maxVersionsPerTrigger=5)
     assert reader.getDefaultReadLimit() == ReadMaxRows(7)
     start = reader.initialOffset()
-    assert reader.latestOffset(start, ReadMaxRows(7)) == {"version": 1}  # 10 > 7: alone
-    assert reader.latestOffset({"version": 1}, ReadMaxRows(7)) == {"version": 3}  # 6 + 1
-    assert reader.latestOffset({"version": 1}, ReadMaxRows(6)) == {"version": 2}
-    assert reader.latestOffset(start, ReadMaxFiles(2)) == {"version": 2}
-    assert reader.latestOffset(start, ReadAllAvailable()) == {"version": 3}
-    assert reader.latestOffset({"version": 3}, ReadAllAvailable()) == {"version": 3}
+    assert reader.latestOffset(start, ReadMaxRows(7))["version"] == 1  # 10 > 7: alone
+    assert reader.latestOffset({"version": 1}, ReadMaxRows(7))["version"] == 3  # 6 + 1
+    assert reader.latestOffset({"version": 1}, ReadMaxRows(6))["version"] == 2
+    assert reader.latestOffset(start, ReadMaxFiles(2))["version"] == 2
+    assert reader.latestOffset(start, ReadAllAvailable())["version"] == 3
+    assert reader.latestOffset({"version": 3}, ReadAllAvailable())["version"] == 3
     # options combine: at most 2 versions and at most 100 rows
     both = stream_reader(uri, startingVersion=1, maxRowsPerTrigger=100, maxVersionsPerTrigger=2)
-    assert both.latestOffset({"version": 0}, ReadMaxRows(100)) == {"version": 2}
-    assert reader.reportLatestOffset() == {"version": 3}
+    assert both.latestOffset({"version": 0}, ReadMaxRows(100))["version"] == 2
+    assert reader.reportLatestOffset()["version"] == 3
     # Trigger.AvailableNow: nothing after the version that was latest when it started
     reader.prepareForTriggerAvailableNow()
     lance.dataset(uri).delete("id = 8")  # v4
-    assert reader.latestOffset({"version": 3}, ReadAllAvailable()) == {"version": 3}
+    assert reader.latestOffset({"version": 3}, ReadAllAvailable())["version"] == 3
     assert stream_reader(uri, startingVersion=1).getDefaultReadLimit() == ReadAllAvailable()
 
 
@@ -172,14 +172,14 @@ def test_data_loss_fails_or_is_skipped_with_a_warning(tmp_path, caplog):
     )
     assert [v["version"] for v in lance.dataset(uri).versions()] == [1, 2, 7, 8]
     strict = stream_reader(uri, startingVersion=1)
-    assert strict.latestOffset({"version": 0}, ReadMaxFiles(2)) == {"version": 2}
+    assert strict.latestOffset({"version": 0}, ReadMaxFiles(2))["version"] == 2
     with pytest.raises(VersionNotFoundError, match=r"version\(s\) 3..7 of .* can no longer be"):
         strict.latestOffset({"version": 2}, ReadAllAvailable())
     with pytest.raises(VersionNotFoundError, match="failOnDataLoss=false"):
         strict.partitions({"version": 0}, {"version": 8})
     lenient = stream_reader(uri, startingVersion=1, failOnDataLoss="false")
     with caplog.at_level(logging.WARNING, logger="lance_cdf.streaming"):
-        assert lenient.latestOffset({"version": 2}, ReadMaxFiles(1)) == {"version": 8}
+        assert lenient.latestOffset({"version": 2}, ReadMaxFiles(1))["version"] == 8
     assert "version(s) 3..7" in caplog.text and "Skipping them" in caplog.text
     parts = lenient.partitions({"version": 0}, {"version": 8})
     assert [s[0] for p in parts for s in p.segments] == [1, 2, 8]
@@ -191,21 +191,21 @@ def test_schema_changes_are_caught_before_they_are_read(tmp_path):
     lance.dataset(uri).delete("id = 0")  # v2
     lance.dataset(uri).add_columns({"y": "id * 2"})  # v3
     # v2 is delivered first; the query stops at v3
-    assert reader.latestOffset({"version": 1}, ReadAllAvailable()) == {"version": 2}
+    assert reader.latestOffset({"version": 1}, ReadAllAvailable())["version"] == 2
     with pytest.raises(LanceCdfError, match=r"changed at version 3: new column\(s\) \['y'\]"):
         reader.latestOffset({"version": 2}, ReadAllAvailable())
     merging = stream_reader(uri, startingVersion=2, mergeSchema="true")
     assert "y" in merging.reading.read_schema.names  # a restart picks the new column up
     lance.dataset(uri).add_columns({"z": "id * 3"})  # v4
-    assert merging.latestOffset({"version": 3}, ReadAllAvailable()) == {"version": 4}
+    assert merging.latestOffset({"version": 3}, ReadAllAvailable())["version"] == 4
     assert "z" not in merging.reading.read_schema.names
     only_id = stream_reader(uri, columns="id")  # new columns do not matter to it
     lance.dataset(uri).add_columns({"w": "id * 4"})  # v5
-    assert only_id.latestOffset({"version": 4}, ReadAllAvailable()) == {"version": 5}
+    assert only_id.latestOffset({"version": 4}, ReadAllAvailable())["version"] == 5
     lance.dataset(uri).drop_columns(["s"])  # v6
     with pytest.raises(LanceCdfError, match=r"changed at version 6: dropped \['s'\]"):
         merging.latestOffset({"version": 5}, ReadAllAvailable())
-    assert only_id.latestOffset({"version": 5}, ReadAllAvailable()) == {"version": 6}
+    assert only_id.latestOffset({"version": 5}, ReadAllAvailable())["version"] == 6
     typed = stream_reader(uri)
     lance.dataset(uri).alter_columns({"path": "y", "data_type": pa.int32()})  # v7
     with pytest.raises(LanceCdfError, match=r"retyped \['y int64 -> int32'\]"):

@@ -115,6 +115,8 @@ def metrics_markdown() -> str:
     for role in ("publish", "replicate"):
         # only replicate's progress has a Kafka lag (cli.py's cmd_replicate sets it)
         progress = Progress(version=1, kafka_lag=0 if role == "replicate" else None)
+        if role == "publish":  # known once the writer tasks met an outage (kafka/outage.py)
+            progress.kafka_unavailable_s, progress.kafka_retries = 0.0, 0
         metrics = _Offline(role, lambda p=progress: p, table="t", topic="t")
         for family in metrics.collect():
             suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")

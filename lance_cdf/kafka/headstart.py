@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from lance_cdf.errors import LanceCdfError
 
@@ -50,9 +51,12 @@ class HeadStart:
         )
 
 
-def start_offset(checkpoint: str, starting_version: str, snapshot: bool) -> dict[str, int] | None:
-    """Where the query will start (the offset before its first version), or None where
-    that is only known once it starts."""
+def start_offset(
+    checkpoint: str, starting_version: str | None, snapshot: bool
+) -> dict[str, Any] | None:
+    """Where the query will start (the offset before its first version: the checkpoint's
+    own, with the table identity the reader checks), or None where that is only known once
+    it starts."""
     from lance_cdf.streaming.checkpoint import committed_offset
 
     if snapshot:
@@ -62,14 +66,14 @@ def start_offset(checkpoint: str, starting_version: str, snapshot: bool) -> dict
     except (LanceCdfError, OSError):
         return None  # a remote or unreadable checkpoint: Spark reads it
     if offset is not None:
-        return None if "snapshot" in offset else {"version": int(offset["version"])}
-    if str(starting_version).isdigit():
+        return None if "snapshot" in offset else offset
+    if starting_version is not None and starting_version.isdigit():
         return {"version": int(starting_version) - 1}
     return None
 
 
 def head_start(
-    source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, int]
+    source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, Any]
 ) -> HeadStart | None:
     """Publish the whole versions after `start`, up to `HEAD_START_EVENTS` events (None:
     nothing pending, or the first pending version alone is larger: the query publishes

@@ -8,6 +8,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
+from lance_cdf.kafka.outage import read_state
 from lance_cdf.metrics import Progress
 from lance_cdf.streaming.progress import source_versions
 
@@ -32,8 +33,11 @@ def planned_events(report: dict[str, Any]) -> int | None:
 class QueryFollower:
     """Accumulates the progress reports of a running StreamingQuery into `Progress`."""
 
-    def __init__(self, query: StreamingQuery, interval: float = 1.0):
+    def __init__(
+        self, query: StreamingQuery, interval: float = 1.0, checkpoint: str | None = None
+    ):
         self.query, self.interval = query, interval
+        self.checkpoint = checkpoint  # where the writer tasks leave Kafka's state
         self.state = Progress()
         self._last_batch = -1
         self._stop = threading.Event()
@@ -46,7 +50,13 @@ class QueryFollower:
 
     def progress(self) -> Progress:
         with self._lock:
-            return Progress(**vars(self.state))
+            out = Progress(**vars(self.state))
+        kafka = read_state(self.checkpoint)
+        if kafka is not None:
+            since = kafka.unavailable_since
+            out.kafka_unavailable_s = max(0.0, time.time() - since) if since else 0.0
+            out.kafka_retries = kafka.retries
+        return out
 
     def failed(self) -> None:
         """The query failed: its micro-batch was not delivered."""

@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.clientconfig import redact, redact_url, scrub
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic, first_failure
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
 
@@ -22,6 +24,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from pyspark.sql.streaming import StreamingQuery
 
     from lance_cdf.kafka.progress import QueryFollower
+    from lance_cdf.lease import Lease
 
 
 def publish(
@@ -30,7 +33,7 @@ def publish(
     topic: str,
     schema_registry: str,
     checkpoint: str,
-    starting_version: str = "latest",
+    starting_version: str | None = None,
     trigger_interval: str = "1 second",
     available_now: bool = False,
     key: str | None = None,
@@ -52,6 +55,9 @@ def publish(
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
 
+    `starting_version`: a number, "latest" or "earliest" (None: "latest"), for a new
+    checkpoint only: with an existing checkpoint it must be the one that checkpoint was
+    started with (or None), else CheckpointMismatchError (the checkpoint would ignore it).
     `snapshot`: first the table as it stands when the query first starts, as
     `op="r"` records, then the changes after it (the checkpoint remembers the
     snapshot's version and how far it got).
@@ -77,17 +83,41 @@ def publish(
     # ("reentrant call inside <_io.BufferedReader>", then Py4JNetworkError).
     stopping = threading.Event()
     previous = _on_signals(lambda *_: stopping.set())
+    lease = None
     try:
+        lease = checkpoint_lease(checkpoint, topic, storage_options)
         return _publish(
             stopping, table, bootstrap_servers, topic, schema_registry, checkpoint,
             starting_version, trigger_interval, available_now, key, tombstones,
             producer_config, registry_config, storage_options, max_rows_per_trigger, master,
             snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host, head_start,
+            metrics_port, metrics_host, head_start, lease,
         )  # fmt: skip
     finally:
+        if lease is not None:
+            lease.release()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+def checkpoint_lease(
+    checkpoint: str, topic: str, storage_options: dict[str, str] | None
+) -> Lease:
+    """One publisher per checkpoint: the lease `<checkpoint>/publisher.lease`
+    (lance_cdf/lease.py), taken before anything is read or sent, so a second `publish`
+    on the same checkpoint is refused (LeaseHeldError naming the holder) instead of both
+    sending the same versions; renewed from a thread, released on exit; a dead holder's
+    lease is taken over. A checkpoint on object storage (`s3a://` as Spark writes it)
+    takes the table's storage options."""
+    from lance_cdf.lease import Lease
+
+    location = checkpoint.removeprefix("file://")
+    if location.startswith("s3a://"):
+        location = "s3://" + location[len("s3a://"):]
+    lease = Lease.acquire(location, "publisher", storage_options,
+                          command=f"lance-cdf publish to {topic}", target=checkpoint)  # fmt: skip
+    lease.keep_alive()
+    return lease
 
 
 def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
@@ -129,6 +159,35 @@ def hand_off(work: DataFrame) -> DataFrame:
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 
 
+@contextmanager
+def _jvm_ignores_sigterm() -> Iterator[None]:
+    """Spark's JVM (and the Python runners it starts) launched with SIGTERM ignored, as
+    pyspark already launches it with SIGINT ignored. SIGTERM to publish's whole process
+    group (`kill -TERM -- -PGID`) or control group (systemd's default stop) otherwise kills
+    the JVM under the running query (exit 1, a Py4JNetworkError traceback): this way only
+    publish acts on it, stopping the query and then the JVM. A signal ignored at exec stays
+    ignored: HotSpot installs no shutdown handler for it (as for `nohup java`)."""
+    from pyspark import java_gateway
+
+    popen = java_gateway.Popen
+
+    def launch(*args: Any, **kwargs: Any) -> Any:
+        inner = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            if inner is not None:
+                inner()
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+        return popen(*args, **{**kwargs, "preexec_fn": preexec})
+
+    java_gateway.Popen = launch  # type: ignore[assignment,misc]
+    try:
+        yield
+    finally:
+        java_gateway.Popen = popen  # type: ignore[misc]
+
+
 def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
     if threading.current_thread() is not threading.main_thread():
         return {}  # signals are delivered to the main thread only
@@ -142,7 +201,7 @@ def _publish(
     topic: str,
     schema_registry: str,
     checkpoint: str,
-    starting_version: str,
+    starting_version: str | None,
     trigger_interval: str,
     available_now: bool,
     key: str | None,
@@ -160,6 +219,7 @@ def _publish(
     metrics_port: int | None,
     metrics_host: str,
     head_start: bool,
+    lease: Lease | None = None,
 ) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
@@ -168,6 +228,7 @@ def _publish(
         tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
         snapshot, drop_unchanged_updates, exactly_once, table_name,
     )  # fmt: skip
+    _check_checkpoint(checkpoint, source_options, storage_options)
     early = None
     if exactly_once and head_start:
         from lance_cdf.kafka.headstart import start_offset
@@ -216,8 +277,11 @@ def _publish(
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                 "spark.driver.host", "127.0.0.1"
             )
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
+            builder = builder.config("spark.driver.extraJavaOptions", _spark_log(checkpoint))
     t = time.monotonic()
-    spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    with _jvm_ignores_sigterm():
+        spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if own_session:
         _quiet_accumulators(spark)
@@ -259,20 +323,29 @@ def _publish(
         f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
         flush=True,
     )
-    follower = _serve_metrics(query, table, topic, storage_options, metrics_port, metrics_host)
+    follower = _serve_metrics(
+        query, table, topic, storage_options, metrics_port, metrics_host, checkpoint
+    )
 
-    error = None
+    error: BaseException | None = None
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
-            pass
+            if lease is not None:
+                lease.check()  # LeaseLostError: another publisher took the checkpoint over
+    except LeaseLostError as exc:
+        query.stop()  # the micro-batch in hand is not committed; the new holder sends it
+        error = exc
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
-    if stopping.is_set() and error is None:
+    if stopping.is_set():
         # Stopping interrupts the running micro-batch: it is not committed, so the next
-        # start sends it again from the checkpoint (see README, "When things fail").
+        # start sends it again from the checkpoint (see README, "When things fail"). A
+        # failure while stopping (the signal reached Spark's Python workers too) is the stop.
         query.stop()
-    error = error or query.exception()
+        error = None
+    else:
+        error = error or query.exception()
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -280,8 +353,55 @@ def _publish(
     if own_session:
         _quiet_stop(spark)
     if error is not None:
-        raise LanceCdfError(f"the publishing query failed: {error}") from None
+        raise LanceCdfError(_one_line(error, checkpoint)) from None
     return 0
+
+
+# a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text
+_OURS = re.compile(r"lance_cdf\.errors\.(\w+): ([^\n]+)")
+
+
+def _one_line(error: BaseException, checkpoint: str) -> str:
+    """A failed query's cause in one line (the message of the lance-cdf error inside Spark's
+    exception, else its first line), and where the whole text went: a log file beside the
+    checkpoint's (`<checkpoint>/lance-cdf-publish.log`, local ones; else a temporary file)."""
+    text = str(error)
+    ours = _OURS.findall(text)
+    cause = ours[-1][1].strip() if ours else (text.strip().splitlines() or ["(no message)"])[0]
+    log_path = _log_file(checkpoint)
+    try:
+        with open(log_path, "a") as f:
+            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: the publishing "
+                    f"query failed:\n{text}\n\n")  # fmt: skip
+    except OSError:
+        return cause
+    return f"{cause} (details: {log_path})"
+
+
+def _spark_log(checkpoint: str) -> str:
+    """The JVM option that sends Spark's own log (its ERROR lines carry Java and Python
+    tracebacks) to publish's log file instead of the terminal."""
+    log_path = _log_file(checkpoint)
+    config = os.path.join(os.path.dirname(log_path), "lance-cdf-log4j2.properties")
+    with open(config, "w") as f:
+        f.write(
+            "rootLogger.level = warn\nrootLogger.appenderRef.file.ref = file\n"
+            "appender.file.type = File\nappender.file.name = file\n"
+            f"appender.file.fileName = {log_path}\nappender.file.append = true\n"
+            "appender.file.layout.type = PatternLayout\n"
+            "appender.file.layout.pattern = %d{yyyy-MM-dd HH:mm:ss} %p %c{1}: %m%n%ex\n"
+        )
+    return f"-Dlog4j2.configurationFile=file:{config}"
+
+
+def _log_file(checkpoint: str) -> str:
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        import tempfile
+
+        return os.path.join(tempfile.gettempdir(), f"lance-cdf-publish-{os.getpid()}.log")
+    root = checkpoint.removeprefix("file://")
+    os.makedirs(root, exist_ok=True)
+    return os.path.join(root, "lance-cdf-publish.log")
 
 
 def _stream_options(
@@ -290,7 +410,7 @@ def _stream_options(
     topic: str,
     schema_registry: str,
     checkpoint: str,
-    starting_version: str,
+    starting_version: str | None,
     key: str | None,
     tombstones: bool,
     producer_config: dict[str, str],
@@ -304,8 +424,10 @@ def _stream_options(
 ) -> tuple[dict[str, str], dict[str, str]]:
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
-    source_options = {"path": table}
-    source_options["startingVersion"] = "snapshot" if snapshot else starting_version
+    # entryPoint: the source's error advice names publish's flags (streaming/advice.py)
+    source_options = {"path": table, "entryPoint": "publish"}
+    if snapshot or starting_version is not None:  # else the stream's default, latest
+        source_options["startingVersion"] = "snapshot" if snapshot else str(starting_version)
     if drop_unchanged_updates:
         source_options["dropUnchangedUpdates"] = "true"
     if max_rows_per_trigger:
@@ -328,11 +450,35 @@ def _stream_options(
     return source_options, sink_options
 
 
+def _check_checkpoint(
+    checkpoint: str, source_options: dict[str, str], storage_options: dict[str, str] | None
+) -> None:
+    """Before anything starts: a local checkpoint that has delivered something is of this
+    table, and `--starting-version` / `--snapshot`, if given, is the start it was made with
+    (the query checks the same when it starts: streaming/identity.py)."""
+    from lance_cdf.streaming.checkpoint import committed_offset
+
+    try:
+        offset = committed_offset(checkpoint)
+    except (LanceCdfError, OSError):
+        return  # remote or not lance-cdf's: the query checks (or refuses) it
+    if offset is None:
+        return
+    from lance_cdf.feed import ChangeFeed
+    from lance_cdf.streaming.advice import PUBLISH
+    from lance_cdf.streaming.identity import check_offset
+
+    table = source_options["path"]
+    given = source_options.get("startingVersion")
+    feed = ChangeFeed(table, storage_options or {}, check_latest=False)
+    check_offset(offset, feed, table, given, PUBLISH, f"checkpoint {checkpoint}")
+
+
 def _head_start(
     source_options: dict[str, str],
     sink_options: dict[str, str],
     partitions: int,
-    start: dict[str, int],
+    start: dict[str, Any],
     stages: dict[str, float],
 ) -> None:
     """Publish the commits waiting at `start` from this process (kafka/headstart.py); a
@@ -345,6 +491,8 @@ def _head_start(
             {**source_options, "kafkaPartitions": str(partitions)}, sink_options, start
         )
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
+        if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
+            raise  # the table's or the checkpoint's: the query would stop the same way
         print(f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
               "those commits", flush=True)  # fmt: skip
         return
@@ -387,6 +535,7 @@ def _serve_metrics(
     storage_options: dict[str, str] | None,
     port: int | None,
     host: str,
+    checkpoint: str,
 ) -> QueryFollower | None:
     """Follow the query's progress and serve it as Prometheus metrics (None: no port)."""
     if port is None:
@@ -394,7 +543,7 @@ def _serve_metrics(
     from lance_cdf.kafka.progress import QueryFollower
     from lance_cdf.metrics import PipelineMetrics
 
-    follower = QueryFollower(query).start()
+    follower = QueryFollower(query, checkpoint=checkpoint).start()
     metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)
     print(f"metrics at {metrics.serve(port, host)}", flush=True)
     return follower

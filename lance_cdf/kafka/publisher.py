@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
@@ -33,6 +33,7 @@ from lance_cdf.clientconfig import consumer_settings
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka.endpoints import PublishError
+from lance_cdf.kafka.outage import RideOut
 from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
 
 log = logging.getLogger("lance_cdf.kafka")
@@ -194,6 +195,7 @@ class KafkaChangePublisher:
         producer_config: dict[str, Any] | None = None,
         registry_config: dict[str, Any] | None = None,
         flush_timeout: float = 60.0,
+        checkpoint: str | None = None,
     ):
         self.topic = topic
         self.user_schema = user_schema
@@ -203,6 +205,8 @@ class KafkaChangePublisher:
         self.key_columns = key_columns
         self.tombstones = tombstones
         self.flush_timeout = flush_timeout
+        # a broker outage is ridden out (kafka/outage.py); its state goes to the checkpoint
+        self.ride_out = RideOut(bootstrap_servers, checkpoint)
         self.registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
         self.value_writer = WireWriter(
             self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
@@ -360,6 +364,14 @@ class KafkaChangePublisher:
             self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
 
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
+        """`_high_water_marks`, retried while the broker does not answer (kafka/outage.py)."""
+        return self.ride_out.call(
+            "reading the partitions' last records",
+            lambda: self._high_water_marks(partitions),
+            (KafkaException, PublishError),
+        )
+
+    def _high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
         """The position of the last record of each partition (None: none with a position).
         With one writer task per partition at a time, a partition holds a prefix of its
         records in order (the idempotent producer neither reorders nor leaves holes), so
@@ -455,9 +467,20 @@ class KafkaChangePublisher:
         self._sent_last.clear()
 
     def flush(self) -> None:
-        """Wait until every record sent is acknowledged; any failure or a timeout raises
-        (the micro-batch fails and Spark retries it)."""
+        """Wait until every record sent is acknowledged; any failure raises (the micro-batch
+        fails). Records still queued (not failed) after `flush_timeout` are waited for as
+        long as an outage is ridden out (kafka/outage.py): the idempotent producer delivers
+        them in order once the broker answers, or fails them after message.timeout.ms."""
         left = self.producer.flush(self.flush_timeout)
+        while left and not self._failures:
+            try:
+                self.ride_out.waiting(f"{left} record(s) not acknowledged")
+            except PublishError:  # past the budget: what the partitions hold is unknown
+                self._settled.clear()
+                raise
+            left = self.producer.flush(self.flush_timeout)
+        if not left:
+            self.ride_out.answered()
         failures, self._failures[:] = list(self._failures), []
         sent_last, self._sent_last = self._sent_last, {}
         if left or failures:

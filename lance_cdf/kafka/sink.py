@@ -150,6 +150,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 key_columns=key_cols or None,
                 tombstones=o.get("tombstones", "true").lower() == "true",
                 producer_config=producer, registry_config=registry,
+                checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
             )  # fmt: skip
         return publisher
 

@@ -68,6 +68,11 @@ SOURCE_ROWID = "_source_rowid"
 # record, and a key above the recorded row ID / version cannot be there yet (see
 # replicator.py). A replica created any other way is always looked up.
 ORIGIN_PROPERTY = "lance-cdf.replica-origin"
+# Whose replica it is (issue 31), recorded on the first apply and carried forward like the
+# offsets: the topic it follows, and the source table as its records name it (JSON of
+# `source.name` / `source.table` / `source.db`); records of another are refused.
+TOPIC_PROPERTY = "lance-cdf.topic"
+SOURCE_TABLE_PROPERTY = "lance-cdf.source-table"
 # Fault injection for the crash tests: the process exits hard at the named point.
 CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
 # A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
@@ -98,6 +103,20 @@ def source_version_of(position: dict[str, str]) -> int | None:
 def offsets_of(position: dict[str, str], topic: str) -> dict[int, int]:
     offsets = json.loads(position.get(OFFSETS_PROPERTY, "{}")).get(topic, {})
     return {int(p): int(o) for p, o in offsets.items()}
+
+
+def topics_of(position: dict[str, str]) -> set[str]:
+    """The topics a recorded position names (its topic, and those it holds offsets of)."""
+    topics = set(json.loads(position.get(OFFSETS_PROPERTY, "{}")))
+    if TOPIC_PROPERTY in position:
+        topics.add(position[TOPIC_PROPERTY])
+    return topics
+
+
+def source_table_of(position: dict[str, str]) -> dict[str, str | None] | None:
+    """The source table a recorded position names (None: not recorded)."""
+    value = position.get(SOURCE_TABLE_PROPERTY)
+    return None if value is None else dict(json.loads(value))
 
 
 class ReplicaTable:
@@ -566,8 +585,9 @@ class ReplicaTable:
                 except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
                     raise LanceCdfError(
                         f"column {f.name!r} arrives as {col.type} but the replica has {f.type}: "
-                        "the source retyped a column; rebuild the replica from a snapshot "
-                        f"({exc})"
+                        "the source retyped a column; publish it from a snapshot into a new "
+                        "topic (lance-cdf publish --snapshot) and replicate that into a new "
+                        f"--target ({exc})"
                     ) from exc
             else:
                 columns.append(pa.nulls(data.num_rows, f.type))

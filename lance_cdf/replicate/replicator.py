@@ -36,18 +36,27 @@ import gc
 import io
 import json
 import logging
+import os
 import signal
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
+from urllib.parse import urlparse
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
@@ -61,17 +70,29 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.errors import LanceCdfError, RegistryUnavailableError, ReplicateError
+from lance_cdf.errors import (
+    ForeignReplicaError,
+    LanceCdfError,
+    RegistryRefusedError,
+    RegistryUnavailableError,
+    ReplicaPositionError,
+    ReplicateError,
+)
 from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.lease import Lease
 from lance_cdf.replicate.replica import (
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
     ORIGIN_PROPERTY,
     SOURCE_ROWID,
+    SOURCE_TABLE_PROPERTY,
     SOURCE_VERSION_PROPERTY,
+    TOPIC_PROPERTY,
     ReplicaTable,
     crash_point,
     offsets_of,
+    source_table_of,
+    topics_of,
 )
 
 if TYPE_CHECKING:
@@ -80,6 +101,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lance_cdf.replicate")
 OPS = ("c", "u", "d", "r")
+# The replica's lease (one writer per replica) lives inside the replica table's
+# directory: it moves and is deleted with the table, needs no location or permissions
+# of its own, and Lance leaves a directory it does not know alone (reads, writes,
+# cleanup_old_versions).
+LEASE_DIR = "_lance_cdf"
+# How records name their source table (`source.name`, `source.table`, `source.db`).
+SOURCE_FIELDS = ("name", "table", "db")
 
 
 class FinalStates(NamedTuple):
@@ -152,6 +180,13 @@ class _Decoder:
             try:
                 return self.registry.get_schema(schema_id)
             except Exception as exc:  # noqa: BLE001 - sorted just below
+                if _registry_refused(exc):
+                    raise RegistryRefusedError(
+                        f"the schema registry refused schema id {schema_id} ({str(exc)[:200]})"
+                        ": not an answer about the record, so it is not set aside. Check "
+                        "--schema-registry (the URL, with its API path) and --registry-config "
+                        "(credentials), then start again; nothing of the batch was applied."
+                    ) from None
                 if not _registry_outage(exc):
                     raise
                 why: Exception = exc
@@ -196,6 +231,18 @@ class _Decoder:
         return self.batch[schema_id]
 
 
+def _registry_refused(exc: Exception) -> bool:
+    """Whether a failed schema fetch is a refusal that says nothing of the record (a
+    wrong URL or missing credentials: any 4xx but 429 other than "schema not found",
+    SR code 40403), which would otherwise send every record to the dead-letter topic."""
+    if not isinstance(exc, SchemaRegistryError):
+        return False
+    status = exc.http_status_code
+    return status is not None and 400 <= status < 500 and status != 429 and (
+        exc.error_code != 40403
+    )
+
+
 def _registry_outage(exc: Exception) -> bool:
     """Whether a failed schema fetch is the registry's outage rather than the record's
     fault: no answer (a transport error or timeout of the client's HTTP library, an
@@ -207,6 +254,63 @@ def _registry_outage(exc: Exception) -> bool:
         return True
     # httpx's (the client's) TransportError / TimeoutException, without importing it
     return any(c.__name__ in ("TransportError", "TimeoutException") for c in type(exc).__mro__)
+
+
+# the group coordinator is moving or loading: a committed-offsets request is asked again
+_COORDINATOR_MOVING = (
+    KafkaError.NOT_COORDINATOR,
+    KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+    KafkaError.COORDINATOR_NOT_AVAILABLE,
+    KafkaError._TIMED_OUT,
+)
+
+
+def _table_identity(source: dict[str, str | None]) -> dict[str, str | None]:
+    """A source table as records name it (`source.name`, `.table`, `.db`) -> its dotted
+    name and URI (None: not named). Records of releases before `source.db` carried the
+    URI in `source.table` and no name."""
+    name, table, db = (source.get(f) for f in SOURCE_FIELDS)
+    if name is None and db is None:
+        return {"table": None, "uri": table or None}
+    return {"table": f"{name}.{table}" if name else table, "uri": db or None}
+
+
+def _describe(source: dict[str, str | None]) -> str:
+    return f"{source.get('table') or '(unnamed)'} at {source.get('uri') or '(no URI)'}"
+
+
+def _distinct_sources(
+    source: pa.StructArray, good: np.ndarray
+) -> list[tuple[dict[str, str | None], int]]:
+    """The distinct source tables ({name, table, db}) of the good records of a decoded
+    batch, each with the index (among the good ones) of its first record: no Python per
+    record (a batch of one table, the rule: one comparison per column, ~0.3 ms per
+    100,000 records; else one Arrow group-by)."""
+    fields = {source.type.field(i).name for i in range(source.type.num_fields)}
+    n = int(good.sum())
+    if n == 0:
+        return []
+    mask = None if n == len(good) else pa.array(good)
+    columns = []
+    for f in SOURCE_FIELDS:
+        if f not in fields:
+            columns.append(pa.nulls(n, pa.string()))
+            continue
+        col = source.field(f)
+        columns.append((col if mask is None else col.filter(mask)).cast(pa.string()))
+    first = {f: c[0].as_py() for f, c in zip(SOURCE_FIELDS, columns, strict=True)}
+    if all(
+        c.null_count == n if first[f] is None
+        else c.null_count == 0 and pc.all(pc.equal(c, first[f])).as_py()
+        for f, c in zip(SOURCE_FIELDS, columns, strict=True)
+    ):  # fmt: skip
+        return [(first, 0)]
+    table = pa.Table.from_arrays([*columns, pa.array(np.arange(n))], [*SOURCE_FIELDS, "_i"])
+    groups = table.group_by(list(SOURCE_FIELDS), use_threads=False).aggregate([("_i", "min")])
+    return [
+        ({f: row[f] for f in SOURCE_FIELDS}, int(row["_i_min"]))
+        for row in groups.to_pylist()
+    ]
 
 
 def _offset(m: Message) -> int:
@@ -319,8 +423,13 @@ class Replicator:
         preload_index: bool = True,
         key_map: bool = True,
         registry_outage_s: float = 120.0,
+        rebuild: bool = False,
+        lease_ttl_s: float = 30.0,
     ):
         self.topic = topic
+        self.target, self.storage_options = target, storage_options
+        self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
+        self.group_id = group_id or f"lance-cdf-replicate-{topic}"
         self.compact_every = compact_every
         self.key = list(key) if key else [SOURCE_ROWID]
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
@@ -344,7 +453,7 @@ class Replicator:
             outage_s=registry_outage_s,
         )
         self.consumer = Consumer({
-            "group.id": group_id or f"lance-cdf-replicate-{topic}",
+            "group.id": self.group_id,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
             "isolation.level": "read_committed",
@@ -356,6 +465,13 @@ class Replicator:
             **config,
         })  # fmt: skip
         self.dlq = Producer({**config, "acks": "all"}) if dead_letter_topic else None
+        # for the topic's configuration (is it compacted?): the connection settings only
+        self._admin_config = {k: v for k, v in config.items()
+                              if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
+        self._lease: Lease | None = None
+        # the source table this replica follows ({name, table, db} as records name it):
+        # recorded in the replica, else taken from the first records applied
+        self._source: dict[str, str | None] | None = None
         self.counters = Counters()
         self._stop = threading.Event()
         self._applied: dict[int, int] = {}
@@ -385,8 +501,11 @@ class Replicator:
             self.counters.source_version, int(position.get(SOURCE_VERSION_PROPERTY, 0))
         )
         for tp in partitions:
-            if tp.partition in self._applied:
-                tp.offset = self._applied[tp.partition]
+            # the replica's own position, never the group's committed offsets (which a
+            # deleted or replaced replica does not hold): a partition the replica holds
+            # nothing of starts at the beginning (_check_start refused a start where that
+            # would not be the whole history)
+            tp.offset = self._applied.get(tp.partition, OFFSET_BEGINNING)
         consumer.assign(partitions)
 
     # -- running --------------------------------------------------------------------
@@ -402,6 +521,19 @@ class Replicator:
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: self.stop())
                         for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        started = time.monotonic()
+        try:
+            # one writer per replica, then whose replica it is and where it resumes:
+            # all refused before anything is applied
+            self._lease = lease = self._acquire_lease()
+            self._check_start()
+        except BaseException:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            if self._lease is not None:
+                self._release(self._lease)
+            self.consumer.close()
+            raise
         self.consumer.subscribe([self.topic], on_assign=self._on_assign)
         last_data = 0.0
         try:
@@ -414,27 +546,210 @@ class Replicator:
                     t0 = time.perf_counter()
                     msgs = self._poll_batch()
                     self.counters.poll_s += time.perf_counter() - t0
+                    lease.check()  # still ours (LeaseLostError: stop, apply nothing more)
                     if msgs:
                         last_data = time.monotonic()
                         self._apply(msgs)
                     got = bool(msgs)
                     del msgs
-                if (
-                    not got
-                    and idle_timeout is not None
-                    and self._assigned is not None  # a restart may wait for a rebalance
-                    and time.monotonic() - max(last_data, self._assigned) > idle_timeout
+                if not got and idle_timeout is not None and self._idle(
+                    idle_timeout, last_data, started
                 ):
                     break
         finally:
             for s, h in previous.items():
                 signal.signal(s, h)
-            if self._assigned is not None:  # the last position, waited for
-                self._commit_offsets(self._applied, asynchronous=False)
-            self.consumer.close()
-            if self.dlq is not None:
-                self.dlq.flush(30)
+            try:
+                if self._assigned is not None:  # the last position, waited for
+                    self._commit_offsets(self._applied, asynchronous=False)
+                self.consumer.close()
+                if self.dlq is not None:
+                    self.dlq.flush(30)
+            finally:
+                self._release(lease)
         return self.counters
+
+    def _idle(self, idle_timeout: float, last_data: float, started: float) -> bool:
+        """Whether `idle_timeout` has passed without a record: counted from the partition
+        assignment (a restart may wait for a rebalance), or from start while the topic
+        does not exist (it may never come)."""
+        now = time.monotonic()
+        if self._assigned is not None:
+            return now - max(last_data, self._assigned) > idle_timeout
+        if self._waiting_for_topic and now - started > idle_timeout:
+            log.warning(
+                "topic %r still does not exist %.0f s after start: --idle-timeout reached, "
+                "stopping (nothing applied)", self.topic, now - started,
+            )  # fmt: skip
+            return True
+        return False
+
+    # -- start-up: one writer, whose replica, where it resumes ------------------------
+    def _acquire_lease(self) -> Lease:
+        """The replica's lease (LeaseHeldError naming the holder when another replicator
+        writes it), renewed from a thread until `run` ends."""
+        location = f"{self.target.rstrip('/')}/{LEASE_DIR}"
+        lease = Lease.acquire(
+            location, "replica", self.storage_options, ttl_s=self.lease_ttl_s,
+            command=f"lance-cdf replicate --topic {self.topic} --group-id {self.group_id}",
+            target=self.target,
+        )  # fmt: skip
+        lease.keep_alive()
+        return lease
+
+    def _release(self, lease: Lease) -> None:
+        """Give the lease up; a local target directory that holds nothing after that (no
+        record applied: the lease's directory was all there was) is removed."""
+        lease.release()
+        parsed = urlparse(self.target)
+        if parsed.scheme in ("", "file"):
+            with contextlib.suppress(OSError):  # not empty, or gone: leave it
+                os.rmdir(parsed.path if parsed.scheme == "file" else self.target)
+
+    def _check_start(self) -> None:
+        """Refuse, before anything is applied, a replica of another topic, and a start
+        that would fill the replica from the middle of the topic: the replica holds no
+        position while the consumer group has committed offsets (a deleted or replaced
+        replica; `rebuild` accepts starting it from the beginning), or the topic no
+        longer holds the records from the replica's position on (retention)."""
+        position = self.replica.position()
+        others = topics_of(position) - {self.topic}
+        if others:
+            raise ForeignReplicaError(
+                f"the replica {self.target} follows topic {sorted(others)[0]!r}, not "
+                f"{self.topic!r}: a replica follows one topic. Replicate {self.topic!r} into "
+                "a new --target."
+            )
+        self._source = source_table_of(position)
+        applied = offsets_of(position, self.topic)
+        partitions = self._topic_partitions()
+        if partitions is None:  # no topic yet: nothing to resume from, nothing lost
+            self._waiting_for_topic = True
+            log.warning("topic %r does not exist yet; waiting for it (--idle-timeout, if given, "
+                        "counts from start)", self.topic)  # fmt: skip
+            return
+        if not applied and not self.rebuild:
+            moved = self._committed(partitions)
+            if moved:
+                what = "does not exist" if self.replica.open() is None else "holds no position"
+                raise ReplicaPositionError(
+                    f"the replica {self.target} {what}, but consumer group {self.group_id!r} "
+                    f"has consumed {sum(moved.values())} records of {self.topic!r}: the "
+                    "replica was deleted or replaced, and resuming from the group's offsets "
+                    "would fill it from the middle. To build it again from the beginning of "
+                    "the topic, run the same command with --rebuild."
+                )
+        if self.rebuild and applied:
+            log.info("--rebuild: the replica holds a position already; resuming from it")
+        self._check_history(applied, partitions)
+
+    def _committed(self, partitions: list[int]) -> dict[int, int]:
+        """The consumer group's committed offsets of the topic's partitions (those it has
+        committed); a coordinator that is moving or loading is asked again, for up to a
+        minute (the check is not skipped: a start it guards must not be guessed)."""
+        deadline, delay = time.monotonic() + 60, 0.2
+        while True:
+            try:
+                got = self.consumer.committed(
+                    [TopicPartition(self.topic, p) for p in partitions], timeout=10
+                )
+                return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+                if err is None or not (err.retriable() or err.code() in _COORDINATOR_MOVING):
+                    why: KafkaException = exc
+                    break
+                why = exc
+            if time.monotonic() > deadline:
+                break
+            log.info("consumer group %r: %s; asked again", self.group_id, why)
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+        raise LanceCdfError(
+            f"cannot read the committed offsets of consumer group {self.group_id!r} in "
+            f"{self.topic!r} ({why}); check the broker and start again"
+        ) from None
+
+    def _topic_partitions(self) -> list[int] | None:
+        """The topic's partitions (None: no such topic)."""
+        try:
+            meta = self.consumer.list_topics(self.topic, timeout=10)
+        except KafkaException as exc:
+            raise LanceCdfError(f"cannot read the partitions of {self.topic!r}: {exc}") from None
+        t = meta.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            return None
+        return sorted(t.partitions)
+
+    def _check_history(self, applied: dict[int, int], partitions: list[int]) -> None:
+        """Each partition must still hold every record from where the replica resumes
+        (its position, or the beginning): a low watermark above that means records were
+        deleted (retention) before being applied. Only a compacted topic may start
+        later than offset 0 for a new replica (it keeps the last record of every key)."""
+        for p in partitions:
+            start = applied.get(p, 0)
+            try:
+                low, _ = self.consumer.get_watermark_offsets(
+                    TopicPartition(self.topic, p), timeout=10
+                )
+            except KafkaException as exc:
+                raise LanceCdfError(
+                    f"cannot read the offsets of {self.topic!r} partition {p}: {exc}"
+                ) from None
+            if low <= start:
+                continue
+            policy = self._cleanup_policy()
+            if start == 0 and policy == "compact":
+                continue
+            held = ("holds nothing of it" if start == 0
+                    else f"resumes at offset {start}")  # fmt: skip
+            raise ReplicaPositionError(
+                f"the replica {self.target} cannot be built from topic {self.topic!r}: its "
+                f"partition {p} now starts at offset {low} (cleanup.policy={policy}: older "
+                f"records deleted) and the replica {held}, so it would lack changes. Publish "
+                "the source into a new topic from a snapshot (lance-cdf publish --snapshot) "
+                "and replicate that into a new --target."
+            )
+
+    def _cleanup_policy(self) -> str:
+        from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
+
+        resource = ConfigResource(ResourceType.TOPIC, self.topic)
+        try:
+            admin = AdminClient(self._admin_config)  # (held: its futures die with it)
+            configs = admin.describe_configs([resource])
+            entry = configs[resource].result(timeout=10).get("cleanup.policy")
+        except KafkaException as exc:
+            log.warning("cannot read the configuration of %r: %s", self.topic, exc)
+            return "unknown"
+        return "unknown" if entry is None or entry.value is None else str(entry.value)
+
+    # -- whose replica: the records' source table ---------------------------------------
+    def _check_sources(self, found: list[tuple[dict[str, str | None], Message]]) -> None:
+        """Each distinct source table of a batch's records (with its first record) must
+        be the one the replica follows; what the first records say of it becomes it.
+        Compared by the table's URI and name where both sides carry them (records of an
+        earlier release name the URI only; a publisher may not know the URI)."""
+        for raw, m in found:
+            source = _table_identity(raw)
+            known = self._source or {}
+            clash = [k for k, v in source.items() if v and known.get(k) and known[k] != v]
+            if clash:
+                raise ForeignReplicaError(
+                    f"the record at partition {m.partition()} offset {m.offset()} of "
+                    f"{self.topic!r} comes from source table {_describe(source)}, but the "
+                    f"replica {self.target} follows {_describe(known)}: a replica "
+                    "follows one table. Nothing of the batch was applied; publish each table "
+                    "into a topic of its own and replicate it into its own --target."
+                )
+            self._source = {k: known.get(k) or source.get(k) for k in ("table", "uri")}
+
+    def _identity(self) -> dict[str, str]:
+        """The properties that say whose replica it is (every commit carries them)."""
+        props = {TOPIC_PROPERTY: self.topic}
+        if self._source is not None:
+            props[SOURCE_TABLE_PROPERTY] = json.dumps(self._source, sort_keys=True)
+        return props
 
     def _poll_batch(self) -> list[Message]:
         batch: list[Message] = []
@@ -529,6 +844,7 @@ class Replicator:
         props = {
             OFFSETS_PROPERTY: json.dumps({self.topic: next_offsets}),
             SOURCE_VERSION_PROPERTY: str(max(self.counters.source_version, version)),
+            **self._identity(),
         }
         fresh = self._fresh
         if fresh is not None:
@@ -656,6 +972,9 @@ class Replicator:
                 return None
             source = env.field("source")
             kept = rows_idx[good]
+            self._check_sources(
+                [(s, msgs[kept[i]]) for s, i in _distinct_sources(source, good)]
+            )
             tables.append(table)
             op = env.field("op").to_numpy(zero_copy_only=False)[good]
             meta.append((
@@ -726,6 +1045,7 @@ class Replicator:
         meta: list[tuple[int, bool, int | None, int | None, int, bool]] = []
         schema_id: int | None = None
         tombstones = 0
+        sources: dict[tuple[Any, ...], Message] = {}  # distinct source tables, first record
         for m in msgs:
             value = m.value()
             if value is None:
@@ -743,6 +1063,7 @@ class Replicator:
                 if nulls:
                     raise ValueError(f"key column(s) {nulls} missing or null")
                 source = rec["source"]
+                sources.setdefault(tuple(source.get(f) for f in SOURCE_FIELDS), m)
                 meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
                              source["rowid"], op == "c"))  # fmt: skip
             except RegistryUnavailableError:
@@ -753,6 +1074,9 @@ class Replicator:
             images.append(image)
             kept.append(m)
             schema_id = sid if schema_id is None else max(schema_id, sid)
+        self._check_sources(
+            [(dict(zip(SOURCE_FIELDS, s, strict=True)), m) for s, m in sources.items()]
+        )
         if not images or schema_id is None:  # (no image: no schema id either)
             return FinalStates(None, None, tombstones, 0, None)
         rows, bad = self._to_arrow(images, self.decoder.rows[schema_id], kept)

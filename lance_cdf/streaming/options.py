@@ -6,12 +6,15 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.namespace import resolve_table
 
 STORAGE_PREFIX = "storage."
 KNOWN = {
     "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
     "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
     "netchanges", "dropunchangedupdates", "keyhash", "writerslots", "kafkapartitions",
+    "entrypoint",  # issue 31: "publish" words error advice in publish's flags (advice.py)
+    "database",
 }  # fmt: skip
 
 
@@ -127,6 +130,14 @@ class SourceOptions:
                 "writers: it is for streams (readStream) with keyHash and kafkaPartitions "
                 "set, without netChanges"
             )
+        storage_options = {
+            k[len(STORAGE_PREFIX) :]: str(v)
+            for k, v in raw.items()
+            if str(k).lower().startswith(STORAGE_PREFIX)
+        }
+        database = options.get("database")
+        if database:  # path is a table's name in that database (lance_cdf.namespace)
+            path = resolve_table(str(database), str(path), storage_options)
         return cls(
             path=str(path),
             starting=starting,
@@ -143,9 +154,5 @@ class SourceOptions:
             key_hash=_columns(options.get("keyhash")),
             writer_slots=_int(options, "writerSlots", 1),
             kafka_partitions=_int(options, "kafkaPartitions", 1),
-            storage_options={
-                k[len(STORAGE_PREFIX) :]: str(v)
-                for k, v in raw.items()
-                if str(k).lower().startswith(STORAGE_PREFIX)
-            },
+            storage_options=storage_options,
         )

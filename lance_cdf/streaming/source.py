@@ -74,8 +74,10 @@ from lance_cdf.keyhash import (
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.snapshot import SnapshotFragment
+from lance_cdf.streaming.advice import Advice, advice_for
 from lance_cdf.streaming.handoff import WorkItem, WriterSlot, table_digest, work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
+from lance_cdf.streaming.identity import check_offset, origin, stamp
 from lance_cdf.streaming.options import SourceOptions
 from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice, SourcePartition
 from lance_cdf.streaming.types import META_NAMES, arrow_target, spark_schema, to_spark
@@ -195,6 +197,9 @@ class Resolved:
     end: int  # a batch read's last version; a stream's "now" (the schema's version)
     user_schema: pa.Schema
     snapshot_version: int | None = None  # startingVersion=snapshot: V0
+    # the start this query was given (identity.origin), None if no option named one
+    given: str | None = None
+    advice: Advice = advice_for("spark")  # the entry point's words (option entryPoint)
 
 
 def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = None) -> Resolved:
@@ -202,6 +207,10 @@ def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = Non
     start to the end. `as_of` (the version `load()` saw) stands for "latest":
     a stream starts after it, a batch read without endingVersion ends at it."""
     opts = SourceOptions.parse(dict(options), streaming)
+    raw = {str(k).lower(): str(v) for k, v in options.items()}
+    named = "startingversion" in raw or "startingtimestamp" in raw
+    given = origin(opts.starting, opts.starting_timestamp_us) if named else None
+    advice = advice_for(raw.get("entrypoint", "spark").strip().lower())
     feed = _feed(opts)
     latest = feed.latest_version()
     if as_of is not None and as_of <= latest:
@@ -215,7 +224,8 @@ def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = Non
     start = _start_version(opts, feed, latest, streaming)
     if streaming:
         snap = latest if opts.starting == "snapshot" else None
-        return Resolved(opts, start, latest, _union(feed, start, latest, opts.columns), snap)
+        union = _union(feed, start, latest, opts.columns)
+        return Resolved(opts, start, latest, union, snap, given, advice)
     if start > latest and opts.starting_timestamp_us is not None:
         raise LanceCdfError(
             f"no version of {opts.path} was committed at or after startingTimestamp; the "
@@ -615,6 +625,10 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.present = set(feed.reader.arrow_schema(resolved.end).names)
         self.sizes: dict[int, tuple[int, int]] = {}  # version -> (events, changed rows)
         self.warned = 0  # highest skipped version warned about
+        self.given = resolved.given
+        self.origin = origin(self.opts.starting, self.opts.starting_timestamp_us)
+        self.advice = resolved.advice
+        self.checked_offsets: set[tuple[Any, ...]] = set()  # offsets made or checked here
 
     def __getstate__(self) -> dict[str, Any]:
         # executors get the reader pickled with every micro-batch: leave the caches behind
@@ -626,8 +640,31 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- offsets ----------------------------------------------------------
     def initialOffset(self) -> dict[str, Any]:
         if self.snapshot_version is not None:
-            return {"version": self.snapshot_version, "snapshot": {"fragment": 0, "offset": 0}}
-        return {"version": self.start - 1}
+            first = {"version": self.snapshot_version, "snapshot": {"fragment": 0, "offset": 0}}
+        else:
+            first = {"version": self.start - 1}
+        return self._stamp(first, self.origin)
+
+    def _stamp(self, offset: dict[str, Any], start: Any) -> dict[str, Any]:
+        """`offset` with the table's identity and the stream's start (identity.py)."""
+        out = stamp(offset, _feed(self.opts), self.opts.path, start)
+        self.checked_offsets.add(self._key(out))
+        return out
+
+    @staticmethod
+    def _key(offset: dict[str, Any]) -> tuple[Any, ...]:
+        table = offset.get("table")
+        commit = table.get("commit") if isinstance(table, dict) else None
+        return int(offset["version"]), commit, offset.get("from")
+
+    def _check(self, offset: dict[str, Any]) -> None:
+        """A stored offset (from the checkpoint) checked once against this table and the
+        start given now (identity.check_offset); the offsets made here need no check."""
+        key = self._key(offset)
+        if key in self.checked_offsets:
+            return
+        check_offset(offset, _feed(self.opts), self.opts.path, self.given, self.advice)
+        self.checked_offsets.add(key)
 
     def _fragments(self, version: int) -> list[SnapshotFragment]:
         fragments = self.fragments.get(version)
@@ -655,8 +692,9 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         rows = limit.max_rows if isinstance(limit, ReadMaxRows) else None
         i, k = advance(fragments, self._position(start, fragments), rows)
         if i >= len(fragments):
-            return {"version": version}
-        return {"version": version, "snapshot": {"fragment": i, "offset": k}}
+            return self._stamp({"version": version}, start.get("from"))
+        end = {"version": version, "snapshot": {"fragment": i, "offset": k}}
+        return self._stamp(end, start.get("from"))
 
     def prepareForTriggerAvailableNow(self) -> None:
         self.target = _feed(self.opts).latest_version()
@@ -672,17 +710,18 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"version": _feed(self.opts).latest_version()}
 
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
-        if "snapshot" in start:
-            return self._snapshot_offset(start, limit)
         feed = _feed(self.opts)
         done = int(start["version"])
         latest = feed.latest_version()
         if latest < done:
             raise LanceCdfError(
                 f"the checkpoint says versions up to {done} of {self.opts.path} were delivered, "
-                f"but its latest version is {latest}: the table was replaced. Start this stream "
-                "from a new checkpoint."
+                f"but its latest version is {latest}: it is another table's checkpoint, or "
+                f"the table was replaced. {self.advice.new_checkpoint.capitalize()}."
             )
+        self._check(start)
+        if "snapshot" in start:
+            return self._snapshot_offset(start, limit)
         if self.target is not None:
             latest = min(latest, self.target)
         if latest <= done:
@@ -718,7 +757,9 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if version == done + 1:
                 raise LanceCdfError(message)
             end = version - 1  # deliver what came before the change; stop at it next time
-        return {"version": end}
+        if end == done:
+            return start
+        return self._stamp({"version": end}, start.get("from"))
 
     def _size(self, version: int) -> tuple[int, int]:
         size = self.sizes.get(version)
@@ -740,11 +781,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             f"before this stream read them (versions still present: {spans(table.versions)})."
         )
         if self.opts.fail_on_data_loss:
-            raise VersionNotFoundError(
-                message + " Set failOnDataLoss=false to skip them, or restart from a new "
-                f"checkpoint; keep more versions ({KEEP_VERSIONS}) so "
-                "streams can catch up."
-            )
+            raise VersionNotFoundError(f"{message} {self.advice.skip_lost}")
         if gone[-1] > self.warned:
             log.warning("%s Skipping them (failOnDataLoss=false).", message)
             self.warned = gone[-1]
@@ -766,7 +803,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 return version, (
                     f"the schema of {self.opts.path} changed at version {version}: renamed "
                     f"{renamed}. This stream's columns were named when the query started; "
-                    "restart the query (same checkpoint) to continue under the new names."
+                    f"{self.advice.restart} to continue under the new names."
                 )
             retyped = [
                 f"{c} {fixed.field(c).type} -> {now.field(c).type}"
@@ -780,16 +817,15 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 )
                 return version, (
                     f"the schema of {self.opts.path} changed at version {version}: {what}. This "
-                    "stream's schema was fixed when the query started; restart the query (same "
-                    "checkpoint) to continue with the new schema."
+                    f"stream's schema was fixed when the query started; {self.advice.restart} "
+                    "to continue with the new schema."
                 )
             added = [c for c in now.names if c not in self.present and c not in fixed.names]
             if added and self.opts.columns is None:
                 if not self.opts.merge_schema:
                     return version, (
                         f"the schema of {self.opts.path} changed at version {version}: new "
-                        f"column(s) {added}. Restart the query (same checkpoint) to pick them "
-                        "up, or set mergeSchema=true to keep streaming without them."
+                        f"column(s) {added}. {self.advice.new_columns}"
                     )
                 log.warning(
                     "version %d of %s added column(s) %s; mergeSchema=true: streaming goes on "
@@ -807,6 +843,9 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._slices(start, end)
 
     def _slices(self, start: dict[str, Any], end: dict[str, Any]) -> list[SourcePartition]:
+        # a restarted query replays its last planned micro-batch from the checkpoint
+        self._check(start)
+        self._check(end)
         out: list[SourcePartition] = []
         if "snapshot" in start:
             version = int(start["version"])

@@ -1,0 +1,178 @@
+"""Kafka outages ridden out by `lance-cdf publish`'s writer tasks, and the state they leave.
+
+Spark's local mode does not retry a failed task, so a writer task that gave up at the
+first unanswered request stopped publish within seconds of a broker outage (issue 31). A
+writer task instead retries what it needs from the broker (the partitions' offsets and last
+records) with backoff, and waits for queued records to be acknowledged (the idempotent
+producer keeps them, in order, until `message.timeout.ms`), for up to `RIDE_OUT_S` seconds
+in all, logging once when Kafka stops answering and once when it answers again. Past that
+it raises `KafkaUnavailableError`: one line, the micro-batch is not committed, a rerun with
+the same checkpoint is exact.
+
+The state goes to `<checkpoint>/lance-cdf-kafka.json` (local checkpoints only: the
+writer tasks and `publish` share the machine), which the metrics endpoint
+(`lance_cdf_kafka_unavailable_seconds`, `lance_cdf_kafka_retries_total`) and `lance-cdf
+status --checkpoint` read.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TypeVar
+
+from lance_cdf.errors import KafkaUnavailableError
+
+log = logging.getLogger("lance_cdf.kafka")
+
+# librdkafka's default message.timeout.ms (300 s) is how long queued records are kept:
+# an outage is ridden out as long as that
+RIDE_OUT_S = 300.0
+BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # then 15 s between attempts
+STATE_FILE = "lance-cdf-kafka.json"
+
+T = TypeVar("T")
+
+
+@dataclass
+class KafkaState:
+    """What the writer tasks last saw of Kafka (unix times; 0: never)."""
+
+    unavailable_since: float = 0.0  # the current outage's start (0: Kafka answers)
+    retries: int = 0  # attempts repeated since the checkpoint's first outage
+    outages: int = 0
+    last_outage_s: float = 0.0  # how long the last outage that ended lasted
+    cause: str = ""  # the last error seen while Kafka did not answer
+    updated: float = 0.0
+
+
+def state_path(checkpoint: str | None) -> str | None:
+    if not checkpoint or ("://" in checkpoint and not checkpoint.startswith("file://")):
+        return None
+    return os.path.join(checkpoint.removeprefix("file://"), STATE_FILE)
+
+
+def read_state(checkpoint: str | None) -> KafkaState | None:
+    """The state the writer tasks left in a local checkpoint (None: none, or remote)."""
+    path = state_path(checkpoint)
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            raw = json.load(f)
+        return KafkaState(**{k: raw[k] for k in KafkaState.__dataclass_fields__ if k in raw})
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+class RideOut:
+    """One writer task's view of an outage: `call` retries, `waiting` / `answered` mark
+    time spent waiting for acknowledgements."""
+
+    def __init__(self, where: str, checkpoint: str | None, budget_s: float = RIDE_OUT_S):
+        self.where, self.budget_s = where, budget_s
+        self.path = state_path(checkpoint)
+        self.since: float | None = None  # monotonic start of the outage in hand
+        self.attempts = 0
+
+    def call(
+        self, what: str, attempt: Callable[[], T], transient: tuple[type[Exception], ...]
+    ) -> T:
+        """`attempt()`, repeated with backoff while it raises a `transient` error."""
+        while True:
+            try:
+                out = attempt()
+            except transient as exc:
+                self.waiting(f"{what}: {type(exc).__name__}: {exc}")
+                time.sleep(min(BACKOFF_S[min(self.attempts, len(BACKOFF_S)) - 1], self._left()))
+                continue
+            self.answered()
+            return out
+
+    def waiting(self, cause: str) -> None:
+        """Kafka did not answer (`cause`): the first time, log it; past the budget, raise."""
+        now = time.monotonic()
+        if self.since is None:
+            self.since, self.attempts = now, 0
+            log.warning("Kafka at %s does not answer (%s); retrying for up to %.0f s",
+                        self.where, cause, self.budget_s)  # fmt: skip
+            self._write(lambda s: _started(s, cause))
+        self.attempts += 1
+        self._write(lambda s: _retried(s, cause))
+        if now - self.since >= self.budget_s:
+            raise KafkaUnavailableError(
+                f"Kafka at {self.where} did not answer for {now - self.since:.0f} s ({cause}); "
+                "nothing is lost: rerun lance-cdf publish with the same --checkpoint once the "
+                "broker is back"
+            )
+
+    def answered(self) -> None:
+        if self.since is None:
+            return
+        took = time.monotonic() - self.since
+        log.warning("Kafka at %s answers again after %.0f s (%d retries)",
+                    self.where, took, self.attempts)  # fmt: skip
+        self.since = None
+        self._write(lambda s: _ended(s, took))
+
+    def _left(self) -> float:
+        return (
+            0.0 if self.since is None else max(0.1, self.budget_s - (time.monotonic() - self.since))
+        )
+
+    def _write(self, change: Callable[[KafkaState], None]) -> None:
+        """Read, change and replace the state file (atomically: tasks write it in turn)."""
+        if self.path is None:
+            return
+        try:
+            state = read_state(os.path.dirname(self.path)) or KafkaState()
+            change(state)
+            state.updated = time.time()
+            tmp = f"{self.path}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(asdict(state), f)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # the state is for reports: publishing goes on without it
+            log.debug("Kafka state not written to %s: %s", self.path, exc)
+
+
+def _started(state: KafkaState, cause: str) -> None:
+    if not state.unavailable_since:
+        state.unavailable_since = time.time()
+        state.outages += 1
+    state.cause = cause
+
+
+def _retried(state: KafkaState, cause: str) -> None:
+    state.retries += 1
+    state.cause = cause
+
+
+def _ended(state: KafkaState, took: float) -> None:
+    if state.unavailable_since:
+        state.last_outage_s = took
+    state.unavailable_since = 0.0
+
+
+def describe_state(checkpoint: str) -> tuple[dict[str, object], str] | None:
+    """`lance-cdf status`: the Kafka state a publisher left in its checkpoint, as JSON and
+    as one line (None: no outage was ever seen, or a remote checkpoint)."""
+    state = read_state(checkpoint)
+    if state is None:
+        return None
+    if state.unavailable_since:
+        since = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(state.unavailable_since))
+        line = (
+            f"not answering the publisher since {since} UTC ({state.retries} retries so far; "
+            f"{state.cause})"
+        )
+    else:
+        line = (
+            f"answering; {state.outages} outage(s) ridden out, the last one "
+            f"{state.last_outage_s:.0f} s ({state.retries} retries)"
+        )
+    return asdict(state), line

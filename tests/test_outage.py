@@ -1,0 +1,82 @@
+"""kafka/outage.py without a broker: what a writer task does while Kafka does not answer,
+and the state it leaves for metrics and `lance-cdf status`."""
+
+import json
+
+import pytest
+from confluent_kafka import KafkaException
+
+from lance_cdf.cli import main
+from lance_cdf.errors import KafkaUnavailableError
+from lance_cdf.kafka import outage
+from lance_cdf.kafka.outage import RideOut, describe_state, read_state
+
+
+def test_retries_until_kafka_answers_and_records_the_outage(tmp_path, monkeypatch, caplog):
+    monkeypatch.setattr(outage, "BACKOFF_S", (0.01,))
+    calls = []
+
+    def attempt():
+        calls.append(1)
+        if len(calls) < 4:
+            raise KafkaException("broker down")
+        return "marks"
+
+    ride = RideOut("127.0.0.1:9", str(tmp_path))
+    with caplog.at_level("WARNING", logger="lance_cdf.kafka"):
+        assert ride.call("reading offsets", attempt, (KafkaException,)) == "marks"
+    assert len(calls) == 4
+    # logged once when Kafka stopped answering, once when it answered again
+    assert [r.getMessage().split(" (")[0] for r in caplog.records] == [
+        "Kafka at 127.0.0.1:9 does not answer",
+        "Kafka at 127.0.0.1:9 answers again after 0 s",
+    ]
+    state = read_state(str(tmp_path))
+    assert state.outages == 1 and state.retries == 3 and state.unavailable_since == 0
+    assert "broker down" in state.cause
+    assert "1 outage(s) ridden out" in describe_state(str(tmp_path))[1]
+
+
+def test_an_outage_longer_than_the_budget_stops_with_one_line(tmp_path):
+    ride = RideOut("127.0.0.1:9", str(tmp_path), budget_s=0.0)
+
+    def attempt():
+        raise KafkaException("broker down")
+
+    with pytest.raises(KafkaUnavailableError) as err:
+        ride.call("reading offsets", attempt, (KafkaException,))
+    text = str(err.value)
+    assert "\n" not in text and text.startswith("Kafka at 127.0.0.1:9 did not answer for 0 s")
+    assert text.endswith("rerun lance-cdf publish with the same --checkpoint once the broker "
+                         "is back")  # fmt: skip
+    # still unavailable as far as the checkpoint knows: status says so
+    state = read_state(str(tmp_path))
+    assert state.unavailable_since > 0
+    assert "not answering the publisher since" in describe_state(str(tmp_path))[1]
+
+
+def test_other_errors_are_not_retried(tmp_path):
+    ride = RideOut("127.0.0.1:9", str(tmp_path))
+    with pytest.raises(ValueError):
+        ride.call("reading offsets", lambda: (_ for _ in ()).throw(ValueError("x")),
+                  (KafkaException,))  # fmt: skip
+    assert read_state(str(tmp_path)) is None
+
+
+def test_status_shows_the_kafka_state(tmp_path, capsys):
+    import lance
+    import pyarrow as pa
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1]}), uri, enable_stable_row_ids=True)
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    state = {"unavailable_since": 0, "retries": 7, "outages": 2, "last_outage_s": 131.0}
+    (ck / outage.STATE_FILE).write_text(json.dumps(state))
+    assert main(["status", "--table", uri, "--checkpoint", str(ck), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["kafka"]["retries"] == 7 and report["kafka"]["outages"] == 2
+    assert main(["status", "--table", uri, "--checkpoint", str(ck)]) == 0
+    assert "kafka       answering; 2 outage(s) ridden out, the last one 131 s (7 retries)" in (
+        capsys.readouterr().out
+    )
