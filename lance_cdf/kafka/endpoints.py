@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import re
+import threading
+import time
+from concurrent.futures import Future, wait
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException
@@ -12,26 +16,156 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from lance_cdf.clientconfig import redact_url, scrub
 from lance_cdf.errors import PublishError
 
+_BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
+
+
+class _Causes:
+    """librdkafka's `error_cb` and `logger` while a check waits: what it knows of why the
+    broker does not answer. Authentication and TLS failures, and a protocol that does not
+    match the listener's, are decisive (no retry can help); a refused connection is not
+    (the broker may be starting). Nothing here is printed but the one line of `message`."""
+
+    REPEATS = 2  # disconnects of one kind before they are taken as the listener's answer
+
+    def __init__(self, protocol: str) -> None:
+        self.protocol = protocol.upper()
+        self.decisive: tuple[str, str] | None = None  # (kind, librdkafka's text)
+        self.last = ""
+        self._seen: dict[str, int] = {}
+
+    def __call__(self, err: KafkaError) -> None:  # error_cb
+        code, text = err.code(), err.str()
+        if code != KafkaError._ALL_BROKERS_DOWN:  # says nothing of why
+            self.last = text
+        if code in (KafkaError._AUTHENTICATION, KafkaError.SASL_AUTHENTICATION_FAILED):
+            self._decide("auth", text)
+        elif code == KafkaError._SSL:
+            self._classify(text, tls_error=True)
+        elif code == KafkaError._TRANSPORT:
+            self._classify(text, tls_error=False)
+
+    def log(self, level: int, fmt: str, *args: Any) -> None:  # logger (logging.Logger.log)
+        if len(args) < 3 or str(args[0]) != "FAIL":  # (facility, client name, text)
+            return
+        text = _BROKER_PREFIX.sub("", str(args[-1]))  # "[proto://]host:port/id: "
+        self.last = text
+        if "Authentication" in text or "SASL authentication" in text:
+            self._decide("auth", text)
+        else:
+            self._classify(text, tls_error="SSL handshake failed" in text)
+
+    def _classify(self, text: str, tls_error: bool) -> None:
+        low = text.lower()
+        if tls_error and "verify failed" in low:
+            self._decide("verify", text)
+        elif "connecting to a plaintext" in low or "wrong version number" in low:
+            self._decide("no-tls", text)
+        elif tls_error:
+            self._decide("tls", text)
+        elif "connecting to a ssl listener" in low:
+            self._decide("expects-tls", text)
+        elif "in state APIVERSION_QUERY" in text and "SSL" not in self.protocol:
+            # a TLS listener closes on a plaintext ApiVersion request
+            self._count("expects-tls", text)
+        elif "SSL connection closed by peer" in text and "in state UP" in text:
+            if self.protocol == "SSL":  # TLS went through, the listener wants SASL next
+                self._count("needs-sasl", text)
+
+    def _count(self, kind: str, text: str) -> None:
+        self._seen[kind] = self._seen.get(kind, 0) + 1
+        if self._seen[kind] >= self.REPEATS:
+            self._decide(kind, text)
+
+    def _decide(self, kind: str, text: str) -> None:
+        if self.decisive is None:
+            self.decisive = (kind, text)
+
+    def message(self, bootstrap_servers: str, flag: str) -> str:
+        """One line naming the decisive cause and the setting to fix."""
+        assert self.decisive is not None
+        kind, text = self.decisive[0], scrub(self.decisive[1])
+        where = f"the Kafka broker at {redact_url(bootstrap_servers)}"
+        settings = f"--{flag}-config-file (or --{flag}-config)"
+        return {
+            "auth": f"{where} refused the client's credentials ({text}); check sasl.username, "
+            f"sasl.password and sasl.mechanism in {settings}.",
+            "verify": f"TLS verification of {where} failed ({text}); set ssl.ca.location in "
+            f"{settings} to the CA that signed the broker's certificate.",
+            "no-tls": f"{where} does not speak TLS on this port ({text}); set "
+            f"security.protocol to PLAINTEXT or SASL_PLAINTEXT in {settings}, or use the "
+            "broker's TLS listener.",
+            "tls": f"TLS with {where} failed ({text}); check the ssl.* settings in {settings}.",
+            "expects-tls": f"{where} expects another protocol on this port ({text}); for a "
+            f"TLS listener set security.protocol=SSL or SASL_SSL (and ssl.ca.location) in "
+            f"{settings}.",
+            "needs-sasl": f"{where} closes the connection once TLS is up ({text}): its "
+            f"listener expects SASL; set security.protocol=SASL_SSL, sasl.mechanism, "
+            f"sasl.username and sasl.password in {settings}.",
+        }[kind]
+
+
+def _admin(bootstrap_servers: str, config: dict[str, Any] | None, causes: _Causes) -> AdminClient:
+    settings: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
+    # librdkafka's own messages go to `causes` only (never to the terminal: they may
+    # name settings), at INFO so that each failed connection is seen with its reason
+    settings.update({"error_cb": causes, "logger": causes, "log_level": 6})
+    return AdminClient(settings)
+
+
+def _metadata(
+    admin: AdminClient,
+    causes: _Causes,
+    bootstrap_servers: str,
+    flag: str,
+    timeout: float,
+    topic: str | None = None,
+) -> Any:
+    """`admin.list_topics`, in short steps that serve `error_cb`: a decisive cause ends
+    the wait at once, named; running out of time names the address and the last error."""
+    deadline = time.monotonic() + timeout
+    while True:
+        step = max(0.05, min(0.5, deadline - time.monotonic()))
+        try:
+            return admin.list_topics(topic=topic, timeout=step)
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb
+            if causes.decisive is not None:
+                raise PublishError(causes.message(bootstrap_servers, flag)) from None
+            if time.monotonic() >= deadline:
+                last = scrub(causes.last or str(exc))
+                raise PublishError(
+                    f"cannot reach a Kafka broker at {redact_url(bootstrap_servers)} within "
+                    f"{timeout:.0f}s ({last}); check --bootstrap-servers and that the broker "
+                    "is running."
+                ) from None
+
 
 def check_broker(
-    bootstrap_servers: str, config: dict[str, Any] | None = None, timeout: float = 10
+    bootstrap_servers: str,
+    config: dict[str, Any] | None = None,
+    timeout: float = 10,
+    flag: str = "producer",
 ) -> None:
-    """Fail within `timeout` seconds, naming the address, if no broker answers."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
-    try:
-        admin.list_topics(timeout=timeout)
-    except KafkaException as exc:
-        raise PublishError(
-            f"cannot reach a Kafka broker at {bootstrap_servers} within {timeout:.0f}s ({exc}); "
-            "check --bootstrap-servers and that the broker is running."
-        ) from None
+    """Fail within `timeout` seconds if no broker answers, naming the address; at once,
+    naming the cause and the setting to fix, if the broker refuses the client
+    (credentials, TLS verification, protocol). `flag`: whose settings ("producer",
+    "consumer") the message points at."""
+    causes = _Causes(str((config or {}).get("security.protocol", "PLAINTEXT")))
+    _metadata(_admin(bootstrap_servers, config, causes), causes, bootstrap_servers, flag, timeout)
 
 
-def check_topic(bootstrap_servers: str, topic: str, config: dict[str, Any] | None = None) -> int:
+def check_topic(
+    bootstrap_servers: str,
+    topic: str,
+    config: dict[str, Any] | None = None,
+    flag: str = "producer",
+) -> int:
     """The topic's partition count (for a topic the first produce creates: the broker's
-    num.partitions); a clear error if it does not exist and will not be created."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **(config or {})})
-    meta = admin.list_topics(topic=topic, timeout=10)
+    num.partitions); a clear error if it does not exist and will not be created, or the
+    client may not use it."""
+    causes = _Causes(str((config or {}).get("security.protocol", "PLAINTEXT")))
+    admin = _admin(bootstrap_servers, config, causes)
+    meta = _metadata(admin, causes, bootstrap_servers, flag, 10, topic)
     found = meta.topics.get(topic)
     err = found.error if found is not None else None
     if err is None and found is not None:
@@ -52,15 +186,65 @@ def check_topic(bootstrap_servers: str, topic: str, config: dict[str, Any] | Non
             "create topics automatically; create it (kafka-topics --create) or enable "
             "auto.create.topics.enable."
         )
+    if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        raise PublishError(
+            f"the client is not authorized to use topic {topic!r} on "
+            f"{redact_url(bootstrap_servers)} ({err.str()}); grant its principal (sasl.username "
+            f"in --{flag}-config-file) Describe and Write on the topic (kafka-acls --add)."
+        )
     raise PublishError(f"topic {topic!r} on {bootstrap_servers} cannot be used: {err}")
 
 
 def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
+    """Fail, naming the cause and the setting to fix, if the registry refuses the
+    credentials (HTTP 401/403), its certificate does not verify, or it cannot be reached."""
     try:
         SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
     except Exception as exc:  # the client raises several types: all end here, named
-        raise PublishError(  # neither the URL's user-info nor a secret the client repeats
-            f"cannot reach the schema registry at {redact_url(url)} "
-            f"({type(exc).__name__}: {scrub(str(exc))}); check "
-            "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
-        ) from None
+        # neither the URL's user-info nor a secret the client repeats
+        raise PublishError(_registry_cause(redact_url(url), exc)) from None
+
+
+def _registry_cause(where: str, exc: Exception) -> str:
+    status = getattr(exc, "http_status_code", None)
+    text = scrub(str(exc))
+    settings = "--registry-config-file (or --registry-config)"
+    if status in (401, 403):
+        verb = "refused the credentials" if status == 401 else "denied the client access"
+        return (
+            f"the schema registry at {where} {verb} (HTTP {status}); check "
+            f"basic.auth.user.info (user:password) in {settings}, or the URL's user-info."
+        )
+    chain: list[BaseException] = []
+    seen: BaseException | None = exc
+    while seen is not None and len(chain) < 8:  # httpx wraps ssl's error
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any("CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e)
+           for e in chain):  # fmt: skip
+        return (
+            f"TLS verification of the schema registry at {where} failed (certificate verify "
+            f"failed); set ssl.ca.location in {settings} to the CA that signed its certificate."
+        )
+    if any("WRONG_VERSION_NUMBER" in str(e) or "wrong version number" in str(e) for e in chain):
+        return (
+            f"the schema registry at {where} does not speak TLS on this port ({text}); "
+            "use its http:// URL (or its TLS port) in --schema-registry."
+        )
+    return (
+        f"cannot reach the schema registry at {where} ({type(exc).__name__}: {text}); check "
+        "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
+    )
+
+
+def first_failure(checks: Future[Any], stopping: threading.Event, within: float = 12) -> None:
+    """Wait up to `within` seconds (or until `stopping`) for `checks` to end and raise
+    their error, if any: a caller that starts something slow next (publish: the JVM)
+    ends in seconds instead when a check fails. Checks still running are left running."""
+    deadline = time.monotonic() + within
+    while not stopping.is_set() and time.monotonic() < deadline:
+        done, _ = wait([checks], timeout=0.2)
+        if done:
+            if checks.exception() is not None:
+                checks.result()  # raises it
+            return

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from lance_cdf.clientconfig import redact, redact_url, scrub
 from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
-from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
+from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic, first_failure
 from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
@@ -262,17 +262,24 @@ def _publish(
             txn = transaction_options.get("transaction.topic") or default_topic(topic)
             ensure_topic(bootstrap_servers, txn, producer_config)
         stages["checks"] = time.monotonic() - t
+        return partitions
+
+    def after_checks() -> int:
+        partitions = checked.result()
         if early is not None and not stopping.is_set():
             _head_start(source_options, sink_options, partitions, early, stages)
         return partitions
 
-    # The broker, registry and topic checks run beside the JVM's start (they are network
-    # round trips, it is ~4 s of CPU); a failed check still stops publish before any query.
-    # So does the head start (kafka/headstart.py): the query starts once it has ended.
-    pool = ThreadPoolExecutor(2, thread_name_prefix="lance-cdf-start")
-    pending = pool.submit(checks)
+    # The broker, registry and topic checks end before the JVM starts (a refused client is
+    # named in seconds, issue 34; if they hang, the JVM starts after 12 s and a failed check
+    # still stops publish before any query). The head start (kafka/headstart.py) and the
+    # imports run beside the JVM's start: the query starts once the head start has ended.
+    pool = ThreadPoolExecutor(3, thread_name_prefix="lance-cdf-start")
+    checked = pool.submit(checks)
+    pending = pool.submit(after_checks)
     pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
     pool.shutdown(wait=False)
+    first_failure(checked, stopping)
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 

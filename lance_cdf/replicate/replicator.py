@@ -451,7 +451,7 @@ class Replicator:
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.dead_letter_topic = dead_letter_topic
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
-        check_broker(bootstrap_servers, consumer_config)
+        check_broker(bootstrap_servers, consumer_config, flag="consumer")
         check_registry(schema_registry, registry_config)
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,

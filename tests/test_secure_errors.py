@@ -1,0 +1,219 @@
+"""A misconfigured client of the secured broker (SASL_SSL, SCRAM-SHA-512, a CA made per
+run) or registry (HTTPS + basic auth) is refused with one line naming the cause and the
+setting to fix, before Spark starts (issue 34, item 5).
+
+Oracles: the misconfiguration each test plants (a wrong password, a CA that did not sign
+the broker's certificate, the wrong security.protocol, a topic that does not exist); the
+message must name that cause and setting, and no other. The checks are called directly
+(in-process) and through `lance-cdf publish` / `replicate` as subprocesses: exit code
+non-zero, the cause in one line of stderr, no traceback, no secret."""
+
+import os
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+from workload import Workload
+
+from lance_cdf.devtools.kafka import SecureKafkaBroker
+from lance_cdf.devtools.tls import CertAuthority
+from lance_cdf.errors import PublishError
+from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
+
+AUTH = "refused the client's credentials"
+VERIFY = "TLS verification of the Kafka broker"
+EXPECTS_TLS = "expects another protocol on this port"
+NO_TLS = "does not speak TLS on this port"
+
+
+@pytest.fixture(scope="module")
+def other_ca(tmp_path_factory) -> str:
+    """A CA that signed nothing the services present."""
+    return str(CertAuthority(tmp_path_factory.mktemp("other-ca")).ca_pem)
+
+
+def _raises(fn, *args, **kw) -> str:
+    t = time.monotonic()
+    with pytest.raises(PublishError) as info:
+        fn(*args, **kw)
+    message = str(info.value)
+    print(f"{time.monotonic() - t:.2f} s: {message}")  # the times are reported, not asserted
+    assert "\n" not in message
+    return message
+
+
+def test_broker_check_names_credentials_tls_and_protocol(
+    secure_kafka_broker, kafka_broker, other_ca
+):
+    kafka = secure_kafka_broker
+    good = kafka.client_config
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.password": "wrong"})
+    assert AUTH in m and "sasl.password" in m and "--producer-config-file" in m, m
+    assert "wrong" not in m.replace("wrong version", "")  # the planted password is not repeated
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.username": "nobody"},
+                flag="consumer")  # fmt: skip
+    assert AUTH in m and "--consumer-config-file" in m, m
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "ssl.ca.location": other_ca})
+    assert VERIFY in m and "ssl.ca.location" in m, m
+    for protocol in ("PLAINTEXT", "SASL_PLAINTEXT"):  # a plaintext client, a TLS listener
+        m = _raises(check_broker, kafka.bootstrap_servers, {**good, "security.protocol": protocol})
+        assert EXPECTS_TLS in m and "security.protocol=SSL or SASL_SSL" in m, m
+    # TLS without SASL against the SASL_SSL listener
+    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "security.protocol": "SSL"})
+    assert "its listener expects SASL" in m and "security.protocol=SASL_SSL" in m, m
+    # a TLS client against a plaintext listener
+    m = _raises(check_broker, kafka_broker.bootstrap_servers,
+                {"security.protocol": "SSL", "ssl.ca.location": other_ca})  # fmt: skip
+    assert NO_TLS in m and "security.protocol" in m, m
+    check_broker(kafka.bootstrap_servers, good)  # and the right settings pass
+
+
+def test_topic_check_names_a_missing_topic_on_the_secured_broker(secure_kafka_broker):
+    kafka = secure_kafka_broker
+    topic = f"missing-{uuid.uuid4().hex[:8]}"
+    # the secured broker creates topics on first produce (Kafka's default): its partitions
+    assert check_topic(kafka.bootstrap_servers, topic, kafka.client_config) >= 1
+    m = _raises(check_topic, kafka.bootstrap_servers, topic,
+                {**kafka.client_config, "sasl.password": "wrong"})  # fmt: skip
+    assert AUTH in m, m
+
+
+def test_registry_check_names_401_and_tls_verification(secure_schema_registry, other_ca):
+    registry = secure_schema_registry
+    good = registry.client_config
+    m = _raises(check_registry, registry.url, {**good, "basic.auth.user.info": "nobody:wrong"})
+    assert "refused the credentials (HTTP 401)" in m and "basic.auth.user.info" in m, m
+    assert "nobody:wrong" not in m
+    m = _raises(check_registry, registry.url, {**good, "ssl.ca.location": other_ca})
+    assert "TLS verification of the schema registry" in m and "ssl.ca.location" in m, m
+    check_registry(registry.url, good)
+
+
+def _cli(
+    command: str, kafka, registry, tmp_path, kafka_over: str = "", registry_over: str = "",
+    topic: str | None = None,
+):  # fmt: skip
+    """`lance-cdf COMMAND` against the secured services with every setting from files,
+    `kafka_over` / `registry_over` appended to them (a later key wins)."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "T_KAFKA_PASSWORD": kafka.password}
+    client = tmp_path / f"{command}-client.properties"
+    client.write_text(
+        "security.protocol=SASL_SSL\nsasl.mechanism=SCRAM-SHA-512\n"
+        f"sasl.username={kafka.username}\nsasl.password=${{env:T_KAFKA_PASSWORD}}\n"
+        f"ssl.ca.location={kafka.ca_pem}\n{kafka_over}"
+    )
+    reg = tmp_path / f"{command}-registry.properties"
+    reg.write_text(
+        f"basic.auth.user.info={registry.username}:{registry.password}\n"
+        f"ssl.ca.location={registry.ca_pem}\n{registry_over}"
+    )
+    common = [
+        "--bootstrap-servers", kafka.bootstrap_servers,
+        "--topic", topic or f"t-{uuid.uuid4().hex[:8]}",
+        "--schema-registry", registry.url, "--registry-config-file", str(reg),
+    ]  # fmt: skip
+    if command == "publish":
+        src = str(tmp_path / "src.lance")
+        if not os.path.exists(src):
+            Workload(src, seed=5, rows=20)
+        args = [*common, "--table", src, "--checkpoint", str(tmp_path / "ck"),
+                "--available-now", "--producer-config-file", str(client)]  # fmt: skip
+    else:
+        args = [*common, "--target", str(tmp_path / "replica.lance"), "--idle-timeout", "2",
+                "--consumer-config-file", str(client)]  # fmt: skip
+    t = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, "-m", "lance_cdf.cli", command, *args],
+        capture_output=True, env=env, timeout=180, text=True,
+    )  # fmt: skip
+    took = time.monotonic() - t
+    print(f"{command} {kafka_over or registry_over!r}: exit {run.returncode} after {took:.1f} s")
+    return run
+
+
+CASES = {  # the misconfiguration planted in the settings file -> what the one line names
+    "wrong password": ("sasl.password=not-the-password\n", "", [AUTH, "sasl.password"]),
+    "wrong CA": ("ssl.ca.location={other_ca}\n", "", [VERIFY, "ssl.ca.location"]),
+    "plaintext client": ("security.protocol=SASL_PLAINTEXT\n", "", [EXPECTS_TLS]),
+    "registry password": ("", "basic.auth.user.info=nobody:wrong\n", ["HTTP 401", "basic.auth"]),
+    "registry CA": ("", "ssl.ca.location={other_ca}\n", ["schema registry", "ssl.ca.location"]),
+}
+
+
+@pytest.mark.parametrize("command", ["publish", "replicate"])
+@pytest.mark.parametrize("case", list(CASES))
+def test_cli_names_the_cause_in_one_line(
+    command, case, tmp_path, secure_kafka_broker, secure_schema_registry, other_ca
+):
+    kafka_over, registry_over, expected = CASES[case]
+    kafka_over, registry_over = (s.format(other_ca=other_ca) for s in (kafka_over, registry_over))
+    run = _cli(command, secure_kafka_broker, secure_schema_registry, tmp_path, kafka_over,
+               registry_over)  # fmt: skip
+    assert run.returncode != 0, run.stdout + run.stderr
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    lines = [line for line in run.stderr.splitlines() if all(e in line for e in expected)]
+    assert len(lines) == 1, run.stderr[-3000:]
+    flag = {"publish": "producer", "replicate": "consumer"}[command]
+    if "registry" not in case:
+        assert f"--{flag}-config-file" in lines[0], lines[0]
+    for secret in (
+        secure_kafka_broker.password,
+        secure_schema_registry.password,
+        "not-the-password",
+    ):
+        assert secret not in run.stdout + run.stderr
+    print(lines[0])
+
+
+class _AclBroker(SecureKafkaBroker):
+    """The secured broker with Kafka's StandardAuthorizer: everything allowed where no ACL
+    says otherwise, `admin` (and the controller's own PLAINTEXT principal) super users."""
+
+    name = "kafka-acl"
+
+    def _listener_lines(self) -> list[str]:
+        return [
+            *super()._listener_lines(),
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users=User:admin;User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found=true",
+        ]
+
+
+def test_a_topic_the_user_may_not_use_is_named(tmp_path, secure_schema_registry):
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    broker = _AclBroker(tmp_path / "broker")
+    broker.start()
+    try:
+        topic = f"denied-{uuid.uuid4().hex[:8]}"
+        admin = AdminClient({
+            "bootstrap.servers": broker.bootstrap_servers, **broker.client_config,
+            "sasl.username": "admin", "sasl.password": broker._admin_password, "log_level": 0,
+        })  # fmt: skip
+        deny = AclBinding(
+            ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{broker.username}",
+            "*", AclOperation.ALL, AclPermissionType.DENY,
+        )  # fmt: skip
+        for future in admin.create_acls([deny]).values():
+            future.result(timeout=30)
+        allowed = f"allowed-{uuid.uuid4().hex[:8]}"
+        assert check_topic(broker.bootstrap_servers, allowed, broker.client_config) >= 1
+        m = _raises(check_topic, broker.bootstrap_servers, topic, broker.client_config)
+        assert "not authorized to use topic" in m and "Describe and Write" in m, m
+        run = _cli("publish", broker, secure_schema_registry, tmp_path, topic=topic)
+        assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
+        lines = [line for line in run.stderr.splitlines() if "not authorized to use topic" in line]
+        assert len(lines) == 1, run.stderr[-3000:]
+        print(lines[0])
+    finally:
+        broker.close()
