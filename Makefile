@@ -7,7 +7,7 @@ DEMO_SECONDS ?= 60
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv test test-unit test-integration demo proto provision bench lint docs clean
+.PHONY: venv test test-unit test-integration demo proto provision provision-demo bench lint docs clean
 
 $(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 venv: $(STAMP)
 
 # Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
-provision: $(STAMP)
+# `provision-demo`: what the demo needs (broker, registry); `provision` adds what only the
+# tests use (Kafka Connect, the Debezium JDBC sink, embedded PostgreSQL).
+provision-demo: $(STAMP)
 	$(PY) -m lance_cdf.devtools provision
+
+provision: provision-demo
 	$(PY) -m lance_cdf.devtools connect
 
 # CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
@@ -39,7 +43,7 @@ test-unit: $(STAMP)
 test-integration: provision
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
-demo: provision
+demo: provision-demo
 	$(PY) -m lance_cdf.demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)
 
 # Regenerate lance_cdf/format/_proto from protos/ (generated modules are committed).

@@ -7,6 +7,9 @@ import sys
 
 from lance_cdf.errors import LanceCdfError
 
+# the documentation's first page, in the repository (the site: `make docs`)
+DOCS = "docs/getting-started.md"
+
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
@@ -28,17 +31,21 @@ def main(argv: list[str] | None = None) -> int:
     if args.walkthrough:
         from lance_cdf.demo.walkthrough import main as walkthrough
 
-        return walkthrough(["--dir", args.dir])
+        code = walkthrough(["--dir", args.dir])
+        print(f"next: {DOCS} (getting started; `make docs` builds the site into site/)")
+        return code
     from lance_cdf.demo.pipeline import run
 
     try:
-        return run(args.dir, args.seconds, args.commit_interval, args.partitions)
+        code = run(args.dir, args.seconds, args.commit_interval, args.partitions)
     except KeyboardInterrupt:
         print("\ninterrupted: everything the demo started has been stopped", file=sys.stderr)
         return 130
     except LanceCdfError as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1
+    print(f"\nnext: {DOCS} (getting started; `make docs` builds the site into site/)")
+    return code
 
 
 if __name__ == "__main__":

@@ -291,6 +291,8 @@ def _publish(
         builder = builder.master(chosen)  # (spark-submit sets the gateway)
     if own_session:
         builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+        # publish prints its own progress lines; Spark's "[Stage N:>...]" bars are noise
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
         if (chosen or "").startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
             # a local master needs no port reachable from elsewhere: the driver's RPC and
             # block-manager ports listen on loopback only (Spark's default is the host's
