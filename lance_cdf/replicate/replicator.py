@@ -70,6 +70,7 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
+from lance_cdf.clientconfig import scrub
 from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
@@ -1274,7 +1275,7 @@ class Replicator:
 
     def _dead_letter(self, m: Message, exc: Exception) -> None:
         where = f"partition {m.partition()} offset {m.offset()} of {self.topic!r}"
-        error = f"{type(exc).__name__}: {exc}"
+        error = scrub(f"{type(exc).__name__}: {exc}")  # (a record header: no secret in it)
         if self.dlq is None or self.dead_letter_topic is None:  # (set together)
             raise ReplicateError(
                 f"cannot decode the record at {where}: {error}. Nothing of its batch was "
