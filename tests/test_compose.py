@@ -1,6 +1,6 @@
 """docker-compose.yml cannot run here (no Docker engine): validate it against the
 Compose Specification's JSON schema, and check what the schema cannot know (the
-services, ports, topics and sink settings the README documents) against the docs.
+services, ports, topics and sink settings the documentation describes) against the docs.
 
 The schema is `compose-spec.json` as the `check-jsonschema` package on PyPI ships it
 (with its Apache-2.0 licence, `builtin_schemas/vendor/licenses/LICENSE.compose-spec`)."""
@@ -109,9 +109,9 @@ def test_compose_names_the_documented_services_and_ports():
     assert "--topic source.cdf" in replicator["command"]  # the topic the publisher writes
     advertised = services["kafka"]["environment"]["KAFKA_ADVERTISED_LISTENERS"]
     assert "INTERNAL://kafka:29092" in advertised
-    readme = (ROOT / "README.md").read_text()
-    for port in ("9092", "8081"):
-        assert port in readme
+    docker = (ROOT / "docs/guides/replicate.md").read_text().split("## With Docker", 1)[1]
+    for port in ("localhost:9092", "localhost:8081"):
+        assert port in docker
     assert (ROOT / "Dockerfile").exists()
 
 
@@ -144,10 +144,10 @@ def test_compose_runs_lance_to_kafka_to_postgresql_with_debeziums_jdbc_sink():
             "http://schema-registry:8080/apis/registry/v2"
         )
         assert config[f"{side}.converter.apicurio.registry.as-confluent"] == "true"
-    # the README's sink configuration is the one the Debezium test runs
-    readme = (ROOT / "README.md").read_text()
-    assert "## Consume with Kafka Connect / Debezium" in readme
+    # the Debezium guide's sink configuration is the one the Debezium test runs
+    guide = (ROOT / "docs/guides/debezium.md").read_text()
+    assert guide.startswith("# Consume with Debezium / Kafka Connect")
     for line in ("connector.class=io.debezium.connector.jdbc.JdbcSinkConnector",
                  "primary.key.mode=record_key", "insert.mode=upsert", "delete.enabled=true",
                  "value.converter.apicurio.registry.as-confluent=true"):  # fmt: skip
-        assert line in readme
+        assert line in guide

@@ -74,10 +74,10 @@ def rows(ids, rng, text="plain"):
     )
 
 
-def readme_sink_config() -> dict[str, str]:
-    """The `pg-sink.properties` the README shows (the commented-out flattening lines
-    included, as `#key=value`)."""
-    text = (ROOT / "README.md").read_text()
+def guide_sink_config() -> dict[str, str]:
+    """The `pg-sink.properties` the Debezium guide shows (docs/guides/debezium.md; the
+    commented-out flattening lines included, as `#key=value`)."""
+    text = (ROOT / "docs/guides/debezium.md").read_text()
     block = text.split("`pg-sink.properties`", 1)[1].split("```properties\n", 1)[1]
     config = {}
     for line in block.split("```", 1)[0].splitlines():
@@ -88,8 +88,8 @@ def readme_sink_config() -> dict[str, str]:
 
 
 def sink_config(topic, table, postgres, registry, flatten: bool) -> dict[str, str]:
-    """The README's sink configuration, pointed at this test's services."""
-    config = {k: v for k, v in readme_sink_config().items() if not k.startswith("#")}
+    """The guide's sink configuration, pointed at this test's services."""
+    config = {k: v for k, v in guide_sink_config().items() if not k.startswith("#")}
     url = f"http://127.0.0.1:{registry.port}/apis/registry/v2"
     config.update(
         {
@@ -103,7 +103,7 @@ def sink_config(topic, table, postgres, registry, flatten: bool) -> dict[str, st
     del config["name"]
     if flatten:  # Debezium's SMT: the envelope's `after` as the record, deletes as tombstones
         config.update(
-            {k[1:]: v for k, v in readme_sink_config().items() if k.startswith("#transforms")}
+            {k[1:]: v for k, v in guide_sink_config().items() if k.startswith("#transforms")}
         )
         assert config["transforms.unwrap.type"] == "io.debezium.transforms.ExtractNewRecordState"
     return config

@@ -36,7 +36,8 @@ def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     done = subprocess.run(
-        [str(MKDOCS), "build", "--strict", "--quiet", "--site-dir", str(out)],
+        [str(MKDOCS), "build", "--strict", "--site-dir", str(out)],  # not --quiet: it hides
+        # the warnings --strict counts, and the build would pass with broken links
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-4000:]
@@ -197,7 +198,7 @@ def test_the_spark_examples_run_as_written(tmp_path, capsys, spark):
 
 @pytest.mark.integration
 def test_publish_and_replicate_run_as_written(tmp_path, capsys, kafka_broker, schema_registry):
-    """The two commands of Getting started (and the short README): the replica they leave
+    """The two commands of Getting started (and the README): the replica they leave
     equals the source table."""
     import lance
 
@@ -230,16 +231,19 @@ def test_the_python_api_reference_documents_returns_and_raises(site):
     assert page.count("Raises:") >= 3 and page.count("Returns:") >= 3
 
 
-# ------------------------------------------------------------------ the short README's tour
+# ------------------------------------------------------------------ the README's tour
 def _readme_blocks(language: str) -> list[str]:
-    text = (ROOT / "docs/README.short.md").read_text()
+    text = (ROOT / "README.md").read_text()
     return re.findall(rf"```{language}\n(.*?)```", text, flags=re.S)
 
 
-def test_the_short_readme_is_short_and_its_tour_is_the_tested_one():
-    """The draft README (≤ 200 lines) shows the tour's code exactly as the snippets the
-    tests run: the Python read, and publish + replicate."""
-    assert len((ROOT / "docs/README.short.md").read_text().splitlines()) <= 200
+def test_the_readme_is_short_and_its_tour_is_the_tested_one():
+    """README.md (≤ 200 lines) shows the tour's code exactly as the snippets the tests run:
+    the Python read, and publish + replicate; every page it links to exists."""
+    text = (ROOT / "README.md").read_text()
+    assert len(text.splitlines()) <= 200
+    linked = re.findall(r"\]\((docs/[^)#]+)", text)
+    assert linked and all((ROOT / page).is_file() for page in linked), linked
     python, spark = _readme_blocks("python")
     assert python == (SNIPPETS / "read_changes.py").read_text()
     assert _readme_blocks("bash")[1] == (SNIPPETS / "publish_replicate.sh").read_text()
@@ -247,10 +251,10 @@ def test_the_short_readme_is_short_and_its_tour_is_the_tested_one():
 
 
 @pytest.mark.integration
-def test_the_short_readme_spark_lines_run_as_written(tmp_path, capsys, spark):
+def test_the_readme_spark_lines_run_as_written(tmp_path, capsys, spark):
     ns = _run_python(["read_changes.py"], tmp_path, capsys)
     ns["spark"] = spark
-    exec(compile(_in(tmp_path, _readme_blocks("python")[1]), "README.short.md", "exec"), ns)
+    exec(compile(_in(tmp_path, _readme_blocks("python")[1]), "README.md", "exec"), ns)
     progress = ns["query"].lastProgress
     assert progress is not None
     end = progress["sources"][0]["endOffset"]
@@ -266,8 +270,6 @@ def test_every_block_a_user_runs_is_tested_or_marked_illustrative():
     `make` targets, or says on its first line that it is illustrative."""
     unmarked = []
     for page in sorted((ROOT / "docs").rglob("*.md")):
-        if page.name == "README.short.md":
-            continue  # its blocks are compared with the snippets above
         for _language, body in FENCE.findall(page.read_text()):
             lines = [line for line in body.splitlines() if line.strip()]
             if not lines or lines[0].startswith("--8<--"):

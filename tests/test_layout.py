@@ -123,26 +123,30 @@ def test_no_connectors_package_left():
     assert not (PACKAGE / "connectors").exists()
 
 
-def _readme_layout() -> str:
-    readme = (PACKAGE.parent / "README.md").read_text()
-    section = readme.split("\n## Layout\n", 1)[1]
+LAYOUT_PAGE = PACKAGE.parent / "docs/reference/internals.md"  # the site's "Layout" section
+
+
+def _documented_layout() -> str:
+    page = LAYOUT_PAGE.read_text()
+    section = page.split("\n## Layout\n", 1)[1]
     return section.split("```", 2)[1]
 
 
-def test_readme_layout_matches_the_tree():
-    """The README's Layout section names every part of the package, and nothing that is
-    not there (modules of subpackages: `name (...)` words after the package's line)."""
+def test_documented_layout_matches_the_tree():
+    """The Layout section of the docs (docs/reference/internals.md) names every part of the
+    package, and nothing that is not there (modules of subpackages: `name (...)` words
+    after the package's line)."""
     import re
 
-    layout = _readme_layout()
+    layout = _documented_layout()
     named = set(re.findall(r"^  ([a-z_]+)(?:\.py|/)", layout, re.M))
-    assert named == set(ALLOWED) - {""}, "README's Layout and the package's parts differ"
+    assert named == set(ALLOWED) - {""}, "the Layout page and the package's parts differ"
     files = set(re.findall(r"\b([a-z_]+\.(?:py|c))\b", layout))
     for name in files:
-        assert list(PACKAGE.rglob(name)), f"README's Layout names {name}, which does not exist"
+        assert list(PACKAGE.rglob(name)), f"the Layout page names {name}, which does not exist"
     entries = re.split(r"\n(?=  [a-z_])", layout)
     for sub in ("format", "streaming", "avro", "kafka", "replicate"):
         block = next(e for e in entries if e.startswith(f"  {sub}/"))
         modules = {p.stem for p in (PACKAGE / sub).glob("*.py") if p.stem != "__init__"}
         missing = sorted(m for m in modules if not re.search(rf"\b{m}\b", block))
-        assert not missing, f"README's Layout does not describe {sub}/{missing}"
+        assert not missing, f"the Layout page does not describe {sub}/{missing}"
