@@ -67,7 +67,7 @@ lint: $(STAMP)
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing
 # API reference or a snippet that is not there fails the build.
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet --site-dir site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir site
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info site
