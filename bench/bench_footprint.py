@@ -1,0 +1,349 @@
+"""The publisher's footprint (issue 32 item 3): memory of `lance-cdf publish`'s process tree.
+
+    python bench/bench_footprint.py --minutes 5 --variant after=.venv/bin/lance-cdf \
+        --variant before=/work/main/.venv/bin/lance-cdf --out bench/results_footprint.json
+
+Starts a real local broker and Apicurio registry (lance_cdf.devtools), a small table
+(--rows rows with a --dim float32 vector), then for each --variant LABEL=LANCE_CDF_BIN in
+turn (alternately, --rounds times): `lance-cdf publish` with defaults as a subprocess in its
+own session, a writer committing about once a second (append / update / delete in turn),
+and every --every seconds the memory of every process in publish's tree from
+/proc/PID/smaps_rollup: RSS, PSS (shared pages divided among the processes sharing them:
+the honest sum over forked workers, whose RSS double counts) and USS (private pages),
+grouped by role (JVM, publish, Python daemon, Python workers, other). Prints a table per
+variant and writes the series as JSON. Growth: a least-squares slope (MB/min) of the total
+PSS/RSS and of the JVM over the last two thirds of the window.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+ROLES = ("jvm", "publish", "py-daemon", "py-worker", "py-other", "other")
+
+
+def _children() -> dict[int, list[int]]:
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        kids.setdefault(ppid, []).append(int(name))
+    return kids
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
+def _rollup(pid: int) -> dict[str, int] | None:
+    """kB figures of /proc/PID/smaps_rollup: rss, pss, uss."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            text = f.read()
+    except OSError:
+        return None
+    kb: dict[str, int] = {}
+    for line in text.splitlines()[1:]:
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].endswith(":"):
+            kb[parts[0][:-1]] = int(parts[1])
+    return {
+        "rss": kb.get("Rss", 0),
+        "pss": kb.get("Pss", 0),
+        "uss": kb.get("Private_Clean", 0) + kb.get("Private_Dirty", 0),
+    }
+
+
+def _role(pid: int, root: int, parent_cmd: str, cmd: str) -> str:
+    if pid == root:
+        return "publish"
+    if "java" in cmd.split(" ", 1)[0]:
+        return "jvm"
+    if "pyspark.daemon" in cmd:
+        return "py-worker" if "pyspark.daemon" in parent_cmd else "py-daemon"
+    if "python" in cmd.split(" ", 1)[0]:
+        return "py-other"
+    return "other"
+
+
+def sample(root: int) -> dict:
+    kids = _children()
+    procs = []
+    stack = [(root, "")]
+    while stack:
+        pid, parent_cmd = stack.pop()
+        cmd = _cmdline(pid)
+        mem = _rollup(pid)
+        if mem is not None:
+            procs.append(
+                {"pid": pid, "role": _role(pid, root, parent_cmd, cmd), "cmd": cmd[:160], **mem}
+            )
+        stack.extend((k, cmd) for k in kids.get(pid, []))
+    by_role = {r: {"n": 0, "rss": 0, "pss": 0, "uss": 0} for r in ROLES}
+    for p in procs:
+        agg = by_role[p["role"]]
+        agg["n"] += 1
+        for k in ("rss", "pss", "uss"):
+            agg[k] += p[k]
+    total = {k: sum(p[k] for p in procs) for k in ("rss", "pss", "uss")}
+    return {"t": time.time(), "procs": procs, "by_role": by_role, "total": total, "n": len(procs)}
+
+
+def make_table(path: str, rows: int, dim: int) -> None:
+    rng = np.random.default_rng(0)
+    vec = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * dim, dtype=np.float32)), dim)
+    t = pa.table(
+        {
+            "id": pa.array(np.arange(rows, dtype=np.int64)),
+            "name": pa.array([f"r{i}" for i in range(rows)]),
+            "score": pa.array(rng.random(rows)),
+            "vec": vec,
+        }
+    )
+    lance.write_dataset(t, path, max_rows_per_file=1 << 20, enable_stable_row_ids=True)
+
+
+def writer(path: str, dim: int, stop: threading.Event, counts: dict) -> None:
+    rng = np.random.default_rng(1)
+    next_id = 10**9
+    i = 0
+    while not stop.is_set():
+        t = time.monotonic()
+        ds = lance.dataset(path)
+        kind = i % 3
+        if kind == 0:
+            n = 100
+            vec = pa.FixedSizeListArray.from_arrays(
+                pa.array(rng.random(n * dim, dtype=np.float32)), dim
+            )
+            ds.insert(
+                pa.table(
+                    {
+                        "id": pa.array(np.arange(next_id, next_id + n, dtype=np.int64)),
+                        "name": pa.array([f"n{j}" for j in range(n)]),
+                        "score": pa.array(rng.random(n)),
+                        "vec": vec,
+                    }
+                )
+            )
+            next_id += n
+        elif kind == 1:
+            lo = int(rng.integers(0, 10**5))
+            ds.update({"score": "score + 1.0"}, where=f"id >= {lo} AND id < {lo + 50}")
+        else:
+            lo = int(rng.integers(0, 10**5))
+            ds.delete(f"id >= {lo} AND id < {lo + 20}")
+        counts["commits"] = counts.get("commits", 0) + 1
+        i += 1
+        stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+
+
+def slope(ts: list[float], ys: list[float]) -> float:
+    """MB/min, least squares over the last two thirds."""
+    n = len(ts)
+    k = n // 3
+    if n - k < 3:
+        return float("nan")
+    x = np.array(ts[k:]) / 60.0
+    y = np.array(ys[k:]) / 1024.0
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def summarize(samples: list[dict]) -> dict:
+    steady = samples[len(samples) // 3 :] or samples
+    ts = [s["t"] - samples[0]["t"] for s in samples]
+    out: dict = {"roles": {}, "total": {}}
+    for role in ROLES:
+        rs = [s["by_role"][role] for s in steady]
+        if not any(r["n"] for r in rs):
+            continue
+        out["roles"][role] = {
+            "n_max": max(r["n"] for r in rs),
+            **{
+                f"{k}_mb": round(float(np.median([r[k] for r in rs])) / 1024, 1)
+                for k in ("rss", "pss", "uss")
+            },
+            **{f"{k}_max_mb": round(max(r[k] for r in rs) / 1024, 1) for k in ("rss", "pss")},
+        }
+    for k in ("rss", "pss", "uss"):
+        vals = [s["total"][k] for s in steady]
+        out["total"][f"{k}_mb"] = round(float(np.median(vals)) / 1024, 1)
+        out["total"][f"{k}_max_mb"] = round(max(vals) / 1024, 1)
+        out["total"][f"{k}_growth_mb_min"] = round(slope(ts, [s["total"][k] for s in samples]), 2)
+    out["total"]["jvm_rss_growth_mb_min"] = round(
+        slope(ts, [s["by_role"]["jvm"]["rss"] for s in samples]), 2
+    )
+    out["total"]["jvm_pss_growth_mb_min"] = round(
+        slope(ts, [s["by_role"]["jvm"]["pss"] for s in samples]), 2
+    )
+    out["n_max"] = max(s["n"] for s in steady)
+    return out
+
+
+def print_summary(label: str, summ: dict) -> None:
+    print(f"\n== {label}: median over the last two thirds (MB) ==")
+    print(f"{'role':10} {'n':>3} {'RSS':>8} {'PSS':>8} {'USS':>8}")
+    for role, r in summ["roles"].items():
+        print(
+            f"{role:10} {r['n_max']:>3} {r['rss_mb']:>8.1f} {r['pss_mb']:>8.1f} {r['uss_mb']:>8.1f}"
+        )
+    t = summ["total"]
+    print(
+        f"{'total':10} {summ['n_max']:>3} {t['rss_mb']:>8.1f} {t['pss_mb']:>8.1f}"
+        f" {t['uss_mb']:>8.1f}"
+    )
+    print(
+        f"growth MB/min (last 2/3): total RSS {t['rss_growth_mb_min']},"
+        f" PSS {t['pss_growth_mb_min']},"
+        f" JVM RSS {t['jvm_rss_growth_mb_min']}"
+    )
+
+
+def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> dict:
+    table = os.path.join(work, f"t-{label}-{uuid.uuid4().hex[:6]}")
+    shutil.copytree(args.base_table, table)
+    topic = f"fp-{label}-{uuid.uuid4().hex[:6]}"
+    ckpt = os.path.join(work, f"ck-{topic}")
+    log = open(os.path.join(work, f"{topic}.log"), "w")
+    cmd = [
+        binary,
+        "publish",
+        "--table",
+        table,
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        registry.url,
+        "--checkpoint",
+        ckpt,
+    ]
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    stop = threading.Event()
+    counts: dict = {}
+    w = threading.Thread(target=writer, args=(table, args.dim, stop, counts), daemon=True)
+    w.start()
+    samples: list[dict] = []
+    t0 = time.monotonic()
+    try:
+        while time.monotonic() - t0 < args.minutes * 60:
+            if proc.poll() is not None:
+                raise SystemExit(f"{label}: publish exited {proc.returncode}, see {log.name}")
+            samples.append(sample(proc.pid))
+            s = samples[-1]
+            print(
+                f"[{label}] {time.monotonic() - t0:6.0f}s n={s['n']:2} "
+                f"rss={s['total']['rss'] / 1024:7.1f} pss={s['total']['pss'] / 1024:7.1f} "
+                f"jvm={s['by_role']['jvm']['rss'] / 1024:6.1f} commits={counts.get('commits', 0)}",
+                flush=True,
+            )
+            time.sleep(args.every)
+    finally:
+        stop.set()
+        w.join()
+        last = samples[-1]["procs"] if samples else []
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        log.close()
+    summ = summarize(samples)
+    print_summary(label, summ)
+    print("processes at the last sample:")
+    for p in sorted(last, key=lambda p: p["role"]):
+        print(
+            f"  {p['pid']:>7} {p['role']:10} rss={p['rss'] / 1024:6.1f}"
+            f" pss={p['pss'] / 1024:6.1f}  {p['cmd'][:110]}"
+        )
+    return {
+        "label": label,
+        "binary": binary,
+        "command": cmd,
+        "commits": counts.get("commits", 0),
+        "summary": summ,
+        "last_processes": last,
+        "series": [
+            {
+                "t": round(s["t"] - samples[0]["t"], 1),
+                "n": s["n"],
+                "total": s["total"],
+                "by_role": s["by_role"],
+            }
+            for s in samples
+        ],
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--rows", type=int, default=50_000)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--minutes", type=float, default=5.0)
+    ap.add_argument("--every", type=float, default=10.0)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument(
+        "--variant",
+        action="append",
+        default=None,
+        help="LABEL=PATH_TO_lance-cdf (default: this checkout's)",
+    )
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    variants = [
+        v.split("=", 1)
+        for v in (args.variant or [f"this={shutil.which('lance-cdf') or 'lance-cdf'}"])
+    ]
+    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+
+    work = tempfile.mkdtemp(prefix="bench-footprint-")
+    args.base_table = os.path.join(work, "base")
+    make_table(args.base_table, args.rows, args.dim)
+    results: dict = {
+        "rows": args.rows,
+        "dim": args.dim,
+        "minutes": args.minutes,
+        "every": args.every,
+        "runs": [],
+    }
+    try:
+        with KafkaBroker() as kafka, SchemaRegistry() as registry:
+            for _ in range(args.rounds):
+                for label, binary in variants:
+                    results["runs"].append(run_variant(label, binary, kafka, registry, args, work))
+                    if args.out:
+                        with open(args.out, "w") as f:
+                            json.dump(results, f, indent=1)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
