@@ -300,8 +300,43 @@ def _publish(
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                 "spark.driver.host", "127.0.0.1"
             )
+        # The footprint of a long-running local publisher (issue 32; bench/bench_footprint.py:
+        # a 50k-row 128-d table, a commit a second, local[2], 13 processes once Spark has
+        # stopped the idle planner workers). With Spark's defaults the tree held 1.34 GB PSS /
+        # 1.86 GB RSS and the JVM grew ~17 MB/min (523 MB RSS at 4 min): Spark's status
+        # store keeps up to 1000 SQL executions, 1000 jobs and stages and 100,000 tasks even
+        # with the UI off, and every micro-batch adds one of each (~17 min to fill at one
+        # batch a second). A publisher needs none of that history (its progress is its own
+        # log): keep 50 of each, 1000 tasks, 50 DAG roots.
+        for key, value in (
+            ("spark.sql.ui.retainedExecutions", "50"),
+            ("spark.ui.retainedJobs", "50"),
+            ("spark.ui.retainedStages", "50"),
+            ("spark.ui.retainedTasks", "1000"),
+            ("spark.ui.dagGraph.retainedRootRDDs", "50"),
+            # Python workers: reused (the default, kept explicit: a fresh worker per task
+            # re-imports pyarrow + lance, ~1 s per micro-batch). Spark starts one daemon per
+            # worker module (6: lookup/create/plan-read/write-into data source, the writer
+            # tasks, the streaming sink's commit runner; ~46 MB RSS each) and forks workers
+            # from them; the planners' workers are used once at start and Spark stops idle
+            # workers after a minute; the tasks' workers (~245 MB RSS each) are bounded by
+            # the local master's cores, 2 by default (`--master local[N]` to change).
+            ("spark.python.worker.reuse", "true"),
+        ):
+            builder = builder.config(key, value)
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
-            builder = builder.config("spark.driver.extraJavaOptions", _spark_log(checkpoint))
+            java_options = _spark_log(checkpoint)
+            if (chosen or "").startswith("local"):
+                # A local driver is the executor too, but the rows pass through it in Arrow
+                # batches of one micro-batch; the Python workers hold the data. Measured at
+                # steady state: 83 MB of heap used, 374 MB committed, metaspace 140 MB
+                # (~20k classes, most of them generated code), ~300 threads. A 512 MB heap
+                # bounds what Spark's default 1 GB would let grow over hours, and the serial
+                # collector (one GC thread, no G1 regions / remembered sets) fits a 2-core
+                # machine; over 5 minutes the JVM's RSS stays ~500-525 MB either way.
+                builder = builder.config("spark.driver.memory", "512m")
+                java_options += " -XX:+UseSerialGC"
+            builder = builder.config("spark.driver.extraJavaOptions", java_options)
     t = time.monotonic()
     with _jvm_ignores_sigterm():
         spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
