@@ -325,18 +325,7 @@ def _publish(
         ):
             builder = builder.config(key, value)
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
-            java_options = _spark_log(checkpoint)
-            if (chosen or "").startswith("local"):
-                # A local driver is the executor too, but the rows pass through it in Arrow
-                # batches of one micro-batch; the Python workers hold the data. Measured at
-                # steady state: 83 MB of heap used, 374 MB committed, metaspace 140 MB
-                # (~20k classes, most of them generated code), ~300 threads. A 512 MB heap
-                # bounds what Spark's default 1 GB would let grow over hours, and the serial
-                # collector (one GC thread, no G1 regions / remembered sets) fits a 2-core
-                # machine; over 5 minutes the JVM's RSS stays ~500-525 MB either way.
-                builder = builder.config("spark.driver.memory", "512m")
-                java_options += " -XX:+UseSerialGC"
-            builder = builder.config("spark.driver.extraJavaOptions", java_options)
+            builder = builder.config("spark.driver.extraJavaOptions", _spark_log(checkpoint))
     t = time.monotonic()
     with _jvm_ignores_sigterm():
         spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
