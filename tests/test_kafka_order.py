@@ -3,7 +3,7 @@
 (overwrite; delete and re-insert; an update that changes the key)."""
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import lance
 import numpy as np
@@ -193,6 +193,19 @@ def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_
     assert len(works[0].parts) > 4  # the versions' slices
     shares = [pa.Table.from_batches(list(w.events())).to_pylist() for w in works]
     check_shares(uri, shares)
+    # each record's `_total_order`: its 1-based place among its version's records in the
+    # order read_changes yields them (an update pair: one record, at its postimage)
+    expected, seen = {}, Counter()
+    for e in lance_cdf.read_changes(uri, 1).read_all().to_pylist():
+        if e["_change_type"] != "update_preimage":
+            seen[e["_commit_version"]] += 1
+            expected[(e["_commit_version"], e["_rowid"], e["_change_type"])] = (
+                seen[e["_commit_version"]])  # fmt: skip
+    got = {
+        (r["_commit_version"], r["_rowid"], r["_change_type"]): r["_total_order"]
+        for rows in shares for r in rows if r["_change_type"] != "update_preimage"
+    }  # fmt: skip
+    assert got == expected
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
