@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.avro.schema import TOTAL_ORDER
+from lance_cdf.feed import ChangeFeed
 from lance_cdf.keyhash import (
     EVENT_ORDER,
     KEY_HASH,
@@ -30,7 +31,7 @@ from lance_cdf.keyhash import (
     WORK_SLOT,
 )
 from lance_cdf.streaming.handoff import WorkItem
-from lance_cdf.streaming.partitions import SourcePartition
+from lance_cdf.streaming.partitions import SnapshotSlice, SourcePartition
 from lance_cdf.streaming.source import work_reading
 
 
@@ -77,10 +78,30 @@ class SlotWork:
                 kept.append((batch.append_column(PARTITION_COLUMN, owned), index[mine]))
         if not kept:
             return
-        rank = _ranks(np.concatenate(keys) if keys else np.empty((0, 3), np.int64))
+        every = np.concatenate(keys) if keys else np.empty((0, 3), np.int64)
+        rank = _ranks(every)
+        for version, base in self._snapshot_bases().items():
+            rank[every[:, 0] == version] += base
         for batch, index in kept:
             total = np.where(index >= 0, rank[np.maximum(index, 0)], 0)
             yield batch.append_column(TOTAL_ORDER, pa.array(total, pa.int64()))
+
+
+    def _snapshot_bases(self) -> dict[int, int]:
+        """Per snapshot version of the micro-batch: its live rows before the micro-batch's
+        first slice of it (a snapshot spans micro-batches; its slices in one are
+        consecutive), so its records are numbered over the whole version."""
+        slices = [p for p in self.parts if isinstance(p, SnapshotSlice)]
+        if not slices:
+            return {}
+        feed = ChangeFeed(self.table, self.storage_options, check_latest=False)
+        out = {}
+        for version in sorted({s.version for s in slices}):
+            before, at = 0, {}
+            for f in feed.snapshot_fragments(version):
+                at[f.fragment_id], before = before, before + f.rows
+            out[version] = min(at[s.fragment_id] + s.offset for s in slices if s.version == version)
+        return out
 
 
 def _record_keys(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
