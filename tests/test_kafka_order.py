@@ -260,9 +260,10 @@ def test_handoff_numbers_a_snapshot_over_its_micro_batches(spark, tmp_path):
     assert len(items) > 4  # several micro-batches of two slots
     rows = [
         r for item in items
-        for r in pa.Table.from_batches(list(SlotWork(WorkItem.of(
+        for batch in SlotWork(WorkItem.of(
             item["_writer_slot"], item["_events"], item["_work"], bytes(item["_read_schema"])),
-            uri, {}).events())).to_pylist()
+            uri, {}).events()
+        for r in batch.to_pylist()
     ]  # fmt: skip
     live = lance.dataset(uri).count_rows()
     assert len(rows) == live
