@@ -7,6 +7,7 @@ import io
 import fastavro
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from lance_cdf.avro import encode as encoder
@@ -358,3 +359,27 @@ def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
             assert any(v is None for _, v, *_ in pub.producer.sent)  # tombstones
     assert sent[True, False] == sent[False, False]
     assert sent[True, True] == sent[False, True]
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_transaction_block_is_byte_identical_and_decodes(seed):
+    """With `_total_order` (kafka/work.py numbers the records) each value ends with the
+    `transaction` block; without it, with null (as before the field existed)."""
+    rng = np.random.default_rng(seed)
+    events = random_events(rng, 40)
+    schema = user_schema_of(events)
+    records = pc.invert(pc.equal(events["_change_type"], "update_preimage")).to_numpy(
+        zero_copy_only=False)  # fmt: skip
+    total = np.where(records, np.cumsum(records) * 3 + 1, 0)  # any positive number per record
+    numbered = events.append_column("_total_order", pa.array(total, pa.int64()))
+    assert check_identical(numbered, schema, ["i64"]) == int(records.sum())
+    out = encode_changes(numbered, schema, OPS, "tbl", None, "0.9", NOW_MS)
+    parsed = fastavro.parse_schema(envelope_schema(schema, "tbl"))
+    versions = numbered["_commit_version"].to_numpy()[records]
+    for body, order, version in zip(out.values.to_pylist(), total[records], versions, strict=True):
+        block = fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)["transaction"]
+        assert block == {"id": f"lancecdf.tbl:{version}", "total_order": order,
+                         "data_collection_order": order}  # fmt: skip
+    plain = encode_changes(events, schema, OPS, "tbl", None, "0.9", NOW_MS)
+    body = plain.values.to_pylist()[0]
+    assert fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)["transaction"] is None

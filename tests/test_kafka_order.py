@@ -3,7 +3,7 @@
 (overwrite; delete and re-insert; an update that changes the key)."""
 
 import uuid
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 import lance
 import numpy as np
@@ -193,6 +193,19 @@ def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_
     assert len(works[0].parts) > 4  # the versions' slices
     shares = [pa.Table.from_batches(list(w.events())).to_pylist() for w in works]
     check_shares(uri, shares)
+    # each record's `_total_order`: its 1-based place among its version's records in the
+    # order read_changes yields them (an update pair: one record, at its postimage)
+    expected, seen = {}, Counter()
+    for e in lance_cdf.read_changes(uri, 1).read_all().to_pylist():
+        if e["_change_type"] != "update_preimage":
+            seen[e["_commit_version"]] += 1
+            expected[(e["_commit_version"], e["_rowid"], e["_change_type"])] = (
+                seen[e["_commit_version"]])  # fmt: skip
+    got = {
+        (r["_commit_version"], r["_rowid"], r["_change_type"]): r["_total_order"]
+        for rows in shares for r in rows if r["_change_type"] != "update_preimage"
+    }  # fmt: skip
+    assert got == expected
 
 
 @pytest.mark.parametrize("mechanism", MECHANISMS)
@@ -224,3 +237,34 @@ def test_a_writer_task_with_an_empty_share(
                            mechanism)  # fmt: skip
     got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, 2)
     assert got == expected_by_key(uri)  # one key, one partition: two tasks had nothing
+
+
+def test_handoff_numbers_a_snapshot_over_its_micro_batches(spark, tmp_path):
+    """A snapshot read spans micro-batches (maxRowsPerTrigger): its records' `_total_order`
+    counts over the whole version (1..N once each), not from 1 in each micro-batch."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(50), "s": ["a"] * 50}), uri,
+                        enable_stable_row_ids=True, max_rows_per_file=17)  # fmt: skip
+    lance.dataset(uri).delete("id % 7 = 0")  # live rows, not physical ones, count
+    q = (
+        spark.readStream.format("lance-cdf").option("path", uri)
+        .option("startingVersion", "snapshot").option("maxRowsPerTrigger", 10)
+        .option("rowsPerPartition", 4).option("keyHash", "id").option("writerSlots", 2)
+        .option("kafkaPartitions", PARTITIONS).load()
+        .writeStream.format("memory").queryName("snapshot_items").trigger(availableNow=True)
+        .start()
+    )  # fmt: skip
+    q.awaitTermination(300)
+    assert q.exception() is None
+    items = spark.sql("SELECT * FROM snapshot_items").collect()
+    assert len(items) > 4  # several micro-batches of two slots
+    rows = [
+        r for item in items
+        for batch in SlotWork(WorkItem.of(
+            item["_writer_slot"], item["_events"], item["_work"], bytes(item["_read_schema"])),
+            uri, {}).events()
+        for r in batch.to_pylist()
+    ]  # fmt: skip
+    live = lance.dataset(uri).count_rows()
+    assert len(rows) == live
+    assert sorted(r["_total_order"] for r in rows) == list(range(1, live + 1))

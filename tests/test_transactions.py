@@ -103,6 +103,27 @@ def check_transactions(txns, counts, name):
         } == dict(counts[v])
 
 
+def check_blocks(bootstrap, topic, registry_url, txns, name):
+    """Every change event's `transaction` block (decoded with fastavro and the registry's
+    schema): id that of its version's BEGIN/END, and the version's blocks numbered
+    1..N exactly once each, N = END's event_count; data_collection_order = total_order."""
+    value_de = AvroDeserializer(SchemaRegistryClient({"url": registry_url}))
+    orders = defaultdict(list)
+    for m in read_all(bootstrap, topic):
+        if m.value() is None:
+            continue  # a tombstone
+        value = value_de(m.value(), SerializationContext(topic, MessageField.VALUE))
+        block = value["transaction"]
+        version = value["source"]["commit_version"]
+        assert block["id"] == f"{name}:{version}"
+        assert block["data_collection_order"] == block["total_order"]
+        orders[version].append(block["total_order"])
+    ends = {int(t["id"].rsplit(":", 1)[1]): t["event_count"] for t in txns if t["status"] == "END"}
+    assert set(orders) == set(ends)
+    for version, n in ends.items():
+        assert sorted(orders[version]) == list(range(1, n + 1)), version
+
+
 def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
     tmp_path, kafka_broker, schema_registry
 ):
@@ -155,6 +176,7 @@ def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
     assert len(counts) >= 20  # the writer's commits, with events
     txns = transactions(kafka_broker.bootstrap_servers, f"{topic}.transaction", schema_registry.url)
     check_transactions(txns, counts, "shop.items")
+    check_blocks(kafka_broker.bootstrap_servers, topic, schema_registry.url, txns, "shop.items")
 
 
 def test_no_transaction_metadata_writes_no_transaction_topic(
@@ -179,6 +201,7 @@ def test_no_transaction_metadata_writes_no_transaction_topic(
     assert sorted(counts) == [1, 2]
     txns = transactions(kafka_broker.bootstrap_servers, f"{other}-tx", schema_registry.url)
     check_transactions(txns, counts, "lancecdf.t")
+    check_blocks(kafka_broker.bootstrap_servers, other, schema_registry.url, txns, "lancecdf.t")
     meta = admin.list_topics(timeout=10).topics[f"{other}-tx"]
     assert len(meta.partitions) == 1
 

@@ -29,7 +29,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TableName
+from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TOTAL_ORDER, TableName
 from lance_cdf.errors import AvroEncodeDeclined
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
@@ -424,6 +424,31 @@ def _commit_millis(arr: pa.Array) -> np.ndarray:
     raise AvroEncodeDeclined(f"commit timestamp of type {t}")
 
 
+def _padded_strings(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Avro strings (length + UTF-8) side by side, zero-padded, and their lengths."""
+    encoded = [_string_bytes(t) for t in texts]
+    out = np.zeros((len(encoded), max((len(b) for b in encoded), default=1)), np.uint8)
+    for i, b in enumerate(encoded):
+        out[i, : len(b)] = np.frombuffer(b, np.uint8)
+    return out, np.array([len(b) for b in encoded], np.int64)
+
+
+def _transaction_parts(
+    events: pa.Table, rows: np.ndarray, versions: np.ndarray, inverse: np.ndarray, namespace: str
+) -> list[Part]:
+    """The envelope's `transaction` block: null, or (with `_total_order`, kafka/work.py)
+    id `<namespace>:<version>` (the BEGIN/END id), `total_order` and
+    `data_collection_order` (the same: one table per topic)."""
+    if TOTAL_ORDER not in events.column_names:
+        return [_const(b"\x00", len(rows))]
+    total = _long_values(_column(events, TOTAL_ORDER))[rows]
+    if len(total) and total.min() < 1:
+        raise AvroEncodeDeclined("a record without its total order")  # fastavro path refuses
+    ids, id_lens = _padded_strings([f"{namespace}:{v}" for v in versions.tolist()])
+    order = _zigzag_varint(total)
+    return [_const(b"\x02", len(rows)), Padded(ids[inverse], id_lens[inverse]), order, order]
+
+
 def encode_changes(
     events: pa.Table,
     user_schema: pa.Schema,
@@ -484,10 +509,11 @@ def encode_changes(
         name_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
     name_lens = np.array([len(b) for b in names], np.int64)
     operation = Padded(name_bytes[inverse], name_lens[inverse])
+    table = TableName.of(table_name)
+    transaction = _transaction_parts(events, rows, unique, inverse, table.namespace)
 
     rowid = _long_values(_column(events, "_rowid"))[rows]
     commit_ms = _commit_millis(_column(events, "_commit_timestamp"))[rows]
-    table = TableName.of(table_name)
     true, false = (_string_bytes(SNAPSHOT_VALUES[b]) for b in (True, False))
     snapshot = np.zeros((n, max(len(true), len(false))), np.uint8)
     is_snap = snap[rows]
@@ -512,6 +538,7 @@ def encode_changes(
         operation,
         _zigzag_varint(rowid),
         _const(varint_bytes(now_ms), n),
+        *transaction,
     ]
     if key_columns:
         key_fields = [user_schema.field(c) for c in key_columns]

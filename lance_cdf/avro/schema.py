@@ -77,6 +77,11 @@ DEFAULT_PREFIX = "lancecdf"
 _RESERVED = ("Envelope", "Value", "Key")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
+# The event column with each record's 1-based place among its commit version's records
+# in commit order (the hand-off writer task numbers them: kafka/work.py): the envelope's
+# `transaction` block (`total_order`, `data_collection_order`); without it the block is null.
+TOTAL_ORDER = "_total_order"
+
 
 def load_avsc(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS / f"{name}.avsc").read_text())
@@ -299,6 +304,15 @@ def _millis(ts: Any) -> int:
 ChangeRecord = tuple[dict[str, Any], dict[str, Any], dict[str, bool]]
 
 
+def _block(namespace: str, version: int, total: int | None) -> dict[str, Any] | None:
+    """The `transaction` block of a record (None without its total order)."""
+    if total is None:
+        return None
+    if total < 1:
+        raise LanceCdfError(f"version {version}: a record without its total order ({total})")
+    return {"id": f"{namespace}:{version}", "total_order": total, "data_collection_order": total}
+
+
 def change_records(
     events: pa.Table,
     user_columns: list[str],
@@ -353,6 +367,7 @@ def change_records(
             "op": OPS[kind],
             "source": source,
             "ts_ms": now_ms,
+            "transaction": _block(table.namespace, commit_version, row.get(TOTAL_ORDER)),
         }
         out.append((key, value, {"tombstone": kind == "delete"}))
     return out

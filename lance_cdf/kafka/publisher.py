@@ -27,7 +27,13 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf import __version__
 from lance_cdf.avro.encode import AvroEncodeDeclined, EncodedChanges, can_encode, encode_changes
-from lance_cdf.avro.schema import TableName, change_records, envelope_schema, key_schema
+from lance_cdf.avro.schema import (
+    TOTAL_ORDER,
+    TableName,
+    change_records,
+    envelope_schema,
+    key_schema,
+)
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.clientconfig import consumer_settings
 from lance_cdf.errors import LanceCdfError
@@ -559,7 +565,10 @@ class KafkaChangePublisher:
 
 def user_schema_of(events_schema: pa.Schema) -> pa.Schema:
     return pa.schema(
-        [f for f in events_schema if f.name not in META_COLUMNS + [PARTITION_COLUMN, EVENT_ORDER]]
+        [
+            f for f in events_schema
+            if f.name not in META_COLUMNS + [PARTITION_COLUMN, EVENT_ORDER, TOTAL_ORDER]
+        ]  # fmt: skip
     )
 
 
