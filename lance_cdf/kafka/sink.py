@@ -134,6 +134,23 @@ def _archives_last() -> Iterator[None]:
         sys.path[:] = saved
 
 
+
+def client_options(
+    options: dict[str, str],
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """The sink's options lower-cased, its producer settings (`kafka.*` but the bootstrap
+    servers) and its registry client settings (`registry.*`), prefixes stripped."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    producer = {
+        k[len("kafka.") :]: v for k, v in options.items()
+        if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+    }  # fmt: skip
+    registry = {
+        k[len("registry.") :]: v for k, v in options.items()
+        if k.lower().startswith("registry.")
+    }  # fmt: skip
+    return lowered, producer, registry
+
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     routed = False
     handoff = False
@@ -144,15 +161,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def _publisher(self, user_schema: pa.Schema) -> KafkaChangePublisher:
         from lance_cdf.kafka.publisher import KafkaChangePublisher
 
-        o = {k.lower(): v for k, v in self.options.items()}
-        producer = {
-            k[len("kafka.") :]: v for k, v in self.options.items()
-            if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-        }  # fmt: skip
-        registry = {
-            k[len("registry.") :]: v for k, v in self.options.items()
-            if k.lower().startswith("registry.")
-        }  # fmt: skip
+        o, producer, registry = client_options(self.options)
         key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
         cache_key = (tuple(sorted(self.options.items())), user_schema)
         publisher = _PUBLISHERS.get(cache_key)
@@ -249,15 +258,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         cache_key = tuple(sorted(self.options.items()))
         writer = _TRANSACTION_WRITERS.get(cache_key)
         if writer is None:
-            o = {k.lower(): v for k, v in self.options.items()}
-            producer = {
-                k[len("kafka.") :]: v for k, v in self.options.items()
-                if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-            }  # fmt: skip
-            registry = {
-                k[len("registry.") :]: v for k, v in self.options.items()
-                if k.lower().startswith("registry.")
-            }  # fmt: skip
+            o, producer, registry = client_options(self.options)
             name = TableName.of(o.get("table.name"), uri=o["table"])
             topic = o.get("transaction.topic") or default_topic(o["topic"])
             writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
