@@ -377,8 +377,10 @@ def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
         _replicate_cmd(kafka_broker, schema_registry, topic, dst),
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # once the first batch is committed (the directory alone exists from start: the
+    # replicator's lease lives in it)
     deadline = time.monotonic() + 60
-    while not os.path.exists(dst) and time.monotonic() < deadline:
+    while not os.path.exists(os.path.join(dst, "_versions")) and time.monotonic() < deadline:
         time.sleep(0.2)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
