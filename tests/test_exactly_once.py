@@ -81,6 +81,45 @@ def writer(uri, stop, commits=60):
         time.sleep(0.5)
 
 
+def publish_under_kills(cmd, env, uri, rng, kills_total, group_most, group_p, pause,
+                        commits=60, restart_at=None, restart=None):  # fmt: skip
+    """Run `cmd` (a `lance-cdf publish`) while `writer` commits to `uri`, SIGKILLing, at
+    random pauses of `pause` (min, max) seconds, its whole process group (at most
+    `group_most` times, with probability `group_p`) or one of its Python workers, restarting
+    it after each group kill, until `kills_total` kills; `restart()` (a broker restart) once
+    `restart_at` kills are done. Returns the kills by kind; the publisher is dead after."""
+    stop = threading.Event()
+    thread = threading.Thread(target=writer, args=(uri, stop, commits), daemon=True)
+    thread.start()
+    proc = None
+    kills = {"worker": 0, "group": 0}
+    try:
+        while sum(kills.values()) < kills_total:
+            if proc is None or proc.poll() is not None:
+                proc = subprocess.Popen(
+                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    start_new_session=True,
+                )  # fmt: skip
+            time.sleep(rng.uniform(*pause))
+            if restart is not None and sum(kills.values()) == restart_at:
+                restart()  # same ports and data; producers reconnect
+            workers = python_workers(proc.pid)
+            if kills["group"] < group_most and (rng.random() < group_p or not workers):
+                os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and workers at once
+                proc.wait(30)
+                kills["group"] += 1
+            elif workers:
+                os.kill(rng.choice(workers), signal.SIGKILL)  # one task or runner
+                kills["worker"] += 1
+    finally:
+        stop.set()
+        thread.join(60)
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    return kills
+
+
 def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
     tmp_path, kafka_broker, schema_registry
 ):
@@ -107,36 +146,10 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
         "--master",
         "local[2,100]",
     ]  # fmt: skip  (local[N,F]: a failed task is retried)
-    rng = random.Random(20)
-    stop = threading.Event()
-    commits = threading.Thread(target=writer, args=(uri, stop), daemon=True)
-    commits.start()
-    proc = None
-    kills = {"worker": 0, "group": 0}
-    try:
-        while sum(kills.values()) < 12:
-            if proc is None or proc.poll() is not None:
-                proc = subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )  # fmt: skip
-            time.sleep(rng.uniform(1, 5))
-            if sum(kills.values()) == 6:
-                kafka_broker.restart()  # same ports and data; producers reconnect
-            workers = python_workers(proc.pid)
-            if kills["group"] < 3 and (rng.random() < 0.25 or not workers):
-                os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and workers at once
-                proc.wait(30)
-                kills["group"] += 1
-            elif workers:
-                os.kill(rng.choice(workers), signal.SIGKILL)  # one writer or reader task
-                kills["worker"] += 1
-    finally:
-        stop.set()
-        commits.join(30)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    kills = publish_under_kills(
+        cmd, env, uri, random.Random(20), kills_total=12, group_most=3, group_p=0.25,
+        pause=(1, 5), restart_at=6, restart=kafka_broker.restart,
+    )  # fmt: skip
     assert kills["group"] >= 1 and kills["worker"] >= 6
     assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
     want = expected_by_key(uri)

@@ -244,12 +244,11 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     HTTPS registry: the position reader reads the topic back through the same settings
     (settings files, ${env:NAME})."""
     import random
-    import threading
 
     import numpy as np
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient, NewTopic
-    from test_exactly_once import python_workers, writer
+    from test_exactly_once import publish_under_kills
     from test_kafka_order import consume_by_key, expected_by_key
 
     from lance_cdf.cli import main
@@ -286,36 +285,10 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
     cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
            "--master", "local[2,100]"]  # fmt: skip  (local[N,F]: a failed task is retried)
-    rng = random.Random(34)
-    stop = threading.Event()
-    commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
-    commits.start()
-    proc = None
-    kills = {"worker": 0, "group": 0}
-    try:
-        while sum(kills.values()) < 5:
-            if proc is None or proc.poll() is not None:
-                proc = subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )  # fmt: skip
-            time.sleep(rng.uniform(2, 6))
-            if sum(kills.values()) == 3:
-                kafka.restart()  # same ports, data and credentials
-            workers = python_workers(proc.pid)
-            if kills["group"] < 2 and (rng.random() < 0.3 or not workers):
-                os.killpg(proc.pid, signal.SIGKILL)  # driver, JVM and workers at once
-                proc.wait(30)
-                kills["group"] += 1
-            elif workers:
-                os.kill(rng.choice(workers), signal.SIGKILL)  # one writer or reader task
-                kills["worker"] += 1
-    finally:
-        stop.set()
-        commits.join(60)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    kills = publish_under_kills(
+        cmd, env, uri, random.Random(34), kills_total=5, group_most=2, group_p=0.3,
+        pause=(2, 6), commits=30, restart_at=3, restart=kafka.restart,
+    )  # fmt: skip
     assert kills["group"] >= 1 and kills["worker"] >= 1, kills
     for k, v in secrets_env.items():
         monkeypatch.setenv(k, v)

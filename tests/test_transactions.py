@@ -6,10 +6,8 @@ confluent-kafka's AvroDeserializer (fastavro, the registry's schema), not lance-
 
 import os
 import random
-import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections import Counter, defaultdict
@@ -24,7 +22,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
-from test_exactly_once import python_workers, writer
+from test_exactly_once import publish_under_kills
 
 from lance_cdf.cli import main
 
@@ -142,34 +140,10 @@ def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
            "--master", "local[2,100]"]  # fmt: skip
-    rng = random.Random(32)
-    stop = threading.Event()
-    commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
-    commits.start()
-    proc = None
-    kills = {"worker": 0, "group": 0}
-    try:
-        while sum(kills.values()) < 6:
-            if proc is None or proc.poll() is not None:
-                proc = subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                    start_new_session=True,
-                )  # fmt: skip
-            time.sleep(rng.uniform(2, 6))
-            workers = python_workers(proc.pid)
-            if kills["group"] < 3 and (rng.random() < 0.5 or not workers):
-                os.killpg(proc.pid, signal.SIGKILL)  # driver (its commits), JVM, workers
-                proc.wait(30)
-                kills["group"] += 1
-            elif workers:
-                os.kill(rng.choice(workers), signal.SIGKILL)  # a task, or a commit's runner
-                kills["worker"] += 1
-    finally:
-        stop.set()
-        commits.join(60)
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+    kills = publish_under_kills(
+        cmd, env, uri, random.Random(32), kills_total=6, group_most=3, group_p=0.5,
+        pause=(2, 6), commits=30,
+    )  # fmt: skip
     assert kills["group"] >= 2
     assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
     counts = change_counts(kafka_broker.bootstrap_servers, topic)
