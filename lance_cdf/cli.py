@@ -1,4 +1,10 @@
-"""The `lance-cdf` command line."""
+"""The `lance-cdf` command line: `changes`, `publish`, `replicate`, `status`, `demo`, `devtools`.
+
+Each subcommand is one `cmd_*` function taking the parsed arguments and returning the exit
+status: 0 on success or a clean stop (SIGTERM / SIGINT), 2 for a `LanceCdfError` (printed as
+one line, `lance-cdf: error: ...`, with secrets scrubbed) or a missing optional extra. The flags
+are listed, from this parser, in the documentation's CLI reference (docs/reference/cli.md).
+"""
 
 from __future__ import annotations
 
@@ -80,6 +86,8 @@ def _metrics_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `argparse` parser of every subcommand and flag (also what the documentation's CLI
+    reference is generated from)."""
     parser = argparse.ArgumentParser(
         prog="lance-cdf",
         description="Row-level change data feed for Lance tables (insert / update / delete "
@@ -351,6 +359,11 @@ def _options(pairs: Iterable[str], flag: str = "--storage-option") -> dict[str, 
 
 
 def cmd_changes(args: argparse.Namespace) -> int:
+    """`lance-cdf changes URI --from V [--to W]`: print or write (table, JSON lines, Parquet)
+    the change events of versions V+1..W of a table, by URI or by name in `--database`.
+
+    Returns 0. Raises `LanceCdfError` (exit 2) for a missing `--from` or `--output`, and
+    whatever `read_changes` raises (unknown table or version, no stable row IDs, ...)."""
     from lance_cdf.feed import read_changes
 
     if args.start is None and not args.snapshot:
@@ -386,6 +399,13 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 
 def cmd_publish(args: argparse.Namespace) -> int:
+    """`lance-cdf publish`: stream a table's changes to a Kafka topic until stopped (or, with
+    `--available-now`, until caught up), exactly once, through `kafka.publish.publish`.
+
+    Returns 0 after a clean stop or catch-up; a failed query ends with one line naming the
+    cause (Spark's text in `<checkpoint>/lance-cdf-publish.log`) and a non-zero status.
+    Raises `LanceCdfError` (exit 2) for refused settings, an unreachable or refusing broker /
+    registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
     from lance_cdf.kafka.publish import publish
 
     return publish(
@@ -406,6 +426,13 @@ def cmd_publish(args: argparse.Namespace) -> int:
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
+    """`lance-cdf replicate`: apply a topic's change records to a replica Lance table, whole
+    source versions at a time, until stopped (or `--idle-timeout` passes with nothing new).
+
+    Returns 0 after a clean stop, also during start-up (nothing applied then). Raises
+    `LanceCdfError` (exit 2) for a replica of another topic or table (`ForeignReplicaError`),
+    a position the topic no longer holds (`ReplicaPositionError`), a replica leased by
+    another replicator (`LeaseHeldError`), or an unreachable broker / registry."""
     # a stop (SIGTERM / SIGINT, to the process or its group) while starting up (imports,
     # connection checks that may wait on a hung broker or registry) ends it quietly, exit
     # 0; once running, Replicator.run's own handlers finish the batch in hand instead
@@ -466,6 +493,11 @@ def _replicate(args: argparse.Namespace) -> int:
 
 
 def cmd_status(args: argparse.Namespace) -> int:
+    """`lance-cdf status --table T [--checkpoint C] [--replica R]`: where a pipeline stands —
+    the table's latest version, the publisher's committed version and lag, the replica's
+    source version — as text or `--json`.
+
+    Returns 0. Raises `LanceCdfError` (exit 2) for a table or replica that cannot be read."""
     import datetime as dt
 
     from lance_cdf.clientconfig import redact_url
@@ -533,6 +565,8 @@ EXTRAS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the `lance-cdf` command with `argv` (default: `sys.argv[1:]`) and return its exit
+    status; `LanceCdfError`s and missing extras become one line on stderr and status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

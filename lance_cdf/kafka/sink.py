@@ -101,6 +101,18 @@ def _options(raw: dict[str, Any]) -> dict[str, str]:
 
 
 class LanceCdfKafkaSink(DataSource):
+    """The Spark sink `writeStream.format("lance-cdf-kafka")`: a `lance-cdf` stream's events
+    (or its work items) to a Kafka topic as Avro change records in Debezium's envelope,
+    registered in a schema registry; options in this module's docstring (`table`, `topic`,
+    `kafka.bootstrap.servers`, `schema.registry.url`, `kafka.<setting>`, `registry.<setting>`,
+    `storage.<key>`, `key`, `tombstones`, `exactlyOnce`, `transactionMetadata`).
+
+    A micro-batch commits only after every record is acknowledged; a replayed one skips
+    what each partition already holds (exactly once per record). Raises `LanceCdfError`
+    for a missing required option and `WorkItemError` for a `_work` column that is not
+    lance-cdf's; a task fails (and Spark retries it) when the broker does not acknowledge.
+    """
+
     @classmethod
     def name(cls) -> str:
         return "lance-cdf-kafka"
@@ -152,6 +164,9 @@ def client_options(
     return lowered, producer, registry
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    """The sink's writer: `write` runs in each Spark task (produce, wait for every
+    acknowledgement), `commit` on the driver (transaction metadata after all tasks)."""
+
     routed = False
     handoff = False
 
@@ -317,4 +332,5 @@ def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
 
 
 def register(spark: SparkSession) -> None:
+    """Make `format("lance-cdf-kafka")` available in this Spark session."""
     spark.dataSource.register(LanceCdfKafkaSink)

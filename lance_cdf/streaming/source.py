@@ -515,7 +515,21 @@ def snapshot_lost(path: str, version: int, why: Exception) -> str:
 
 
 class LanceCdfDataSource(DataSource):
-    """`spark.read/readStream.format("lance-cdf")`."""
+    """The Spark source `format("lance-cdf")`: `spark.read` for a version range,
+    `spark.readStream` for a stream whose offsets are table versions.
+
+    Rows are the change events of `read_changes` — the table's columns plus `_change_type`,
+    `_commit_version`, `_commit_timestamp`, `_rowid` — with the options of the Spark
+    options reference (`path`, `startingVersion`, `endingVersion`, `columns`,
+    `maxVersionsPerTrigger`, `netChanges`, `storage.<key>`, ...). Registered by
+    `lance_cdf.streaming.register(spark)`, or found without a call on PySpark >= 4.0.
+
+    Raises (at `load()`, as a `LanceCdfError` inside Spark's error): unknown options or
+    bad values, a table that does not exist or lacks stable row IDs, a version that is not
+    there or was cleaned up; in a running stream, versions cleaned up before they were read
+    (unless `failOnDataLoss=false`), a column added mid-stream (unless `mergeSchema=true`)
+    and a checkpoint of another table (`CheckpointMismatchError`).
+    """
 
     @classmethod
     def name(cls) -> str:
@@ -588,6 +602,9 @@ def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> 
 
 
 class LanceCdfBatchReader(DataSourceReader):
+    """`spark.read.format("lance-cdf")`: the events of a fixed version range, each commit's
+    rows read in slices of `rowsPerPartition` changed rows, one Spark task per slice."""
+
     def __init__(self, resolved: Resolved, schema: StructType):
         self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
         self.start, self.end = resolved.start, resolved.end
@@ -612,6 +629,10 @@ class LanceCdfBatchReader(DataSourceReader):
 
 
 class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """`spark.readStream.format("lance-cdf")`: offsets are `{"version": N}` (plus the
+    snapshot position while a snapshot is delivered, and the checkpoint's identity);
+    honours `maxVersionsPerTrigger` / `maxRowsPerTrigger` and `Trigger.AvailableNow`."""
+
     def __init__(self, resolved: Resolved, schema: StructType):
         self.opts = resolved.opts
         self.reading = _Reading(resolved.opts, resolved.user_schema, schema)
