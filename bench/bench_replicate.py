@@ -47,6 +47,11 @@ from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 import lance_cdf  # noqa: E402
 from lance_cdf.feed import ChangeFeed  # noqa: E402
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of  # noqa: E402
+from lance_cdf.kafka.transactions import (  # noqa: E402
+    TransactionWriter,
+    VersionCounts,
+    default_topic,
+)
 from lance_cdf.replicate.replica import (  # noqa: E402
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
@@ -57,13 +62,21 @@ from lance_cdf.replicate.replica import (  # noqa: E402
 )
 from lance_cdf.replicate.replicator import Replicator  # noqa: E402
 
+# with transaction metadata (the default of `lance-cdf publish`) the replicator applies
+# whole source versions; --no-transaction-metadata measures its records-as-they-come mode
+MARKERS = True
+
 
 def publish(kafka, registry, uri, topic, version) -> int:
     feed = ChangeFeed(uri)
     events = lance_cdf.read_changes(uri, version, version).read_all()
     pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
                                user_schema_of(events.schema), uri)  # fmt: skip
-    return pub.publish(events, {version: feed.table.manifest(version).operation})
+    sent = pub.publish(events, {version: feed.table.manifest(version).operation})
+    if MARKERS:  # BEGIN/END as publish's driver commit writes them (one-partition topic)
+        TransactionWriter(kafka.bootstrap_servers, default_topic(topic), registry.url,
+                          topic).write([VersionCounts(version, {0: (events.num_rows, sent)})])
+    return sent
 
 
 def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple[float, object]:
@@ -82,8 +95,8 @@ def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple
     # that wait)
     apply, done = rep._apply, [0.0]
 
-    def timed_apply(msgs):
-        apply(msgs)
+    def timed_apply(msgs, *take):
+        apply(msgs, *take)
         done[0] = time.perf_counter()
 
     rep._apply = timed_apply
@@ -241,11 +254,11 @@ def latency(
 
     phases: list[dict] = []  # per batch: where its time went (deltas of the counters)
 
-    def timed_apply(msgs):
+    def timed_apply(msgs, *take):
         c, t = rep.counters, rep.replica.timings
         before = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         start = time.time()
-        apply(msgs)
+        apply(msgs, *take)
         applied.append((start, time.time(), max(m.timestamp()[1] for m in msgs)))
         after = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         phases.append({k: after[k] - before[k] for k in after} | {"records": len(msgs)})
@@ -328,12 +341,17 @@ def main() -> None:
         help="the latency run's replicator without the in-memory key map",
     )
     ap.add_argument("--skip-latency", action="store_true", help="only the throughput workloads")
+    ap.add_argument("--no-transaction-metadata", action="store_true",
+                    help="publish the throughput workloads' records without BEGIN/END markers "
+                    "(the replicator then applies records as they come)")  # fmt: skip
     ap.add_argument(
         "--profile", default=None, help="cProfile the replicator runs into PREFIX.<topic>.prof"
     )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    global MARKERS
+    MARKERS = not args.no_transaction_metadata
     from pyspark.sql import SparkSession
 
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
