@@ -436,17 +436,18 @@ def _one_line(error: BaseException, checkpoint: str) -> str:
 # Memory Tracking, a commit a second, 3 min): with the JVM's defaults it held 495-576 MB RSS
 # = heap 135-280 MB committed (G1 keeps the heap it grew to; ~60 MB live), metaspace 125 MB
 # (20k classes), G1's own structures 44-49 MB, JIT code 46 MB, 300 threads' stacks 31 MB,
-# symbols 35 MB. The serial collector (no G1 structures, a heap shrunk to what is live;
-# its pauses on a heap that size are milliseconds) and the client compiler only (C1: code
-# 28 MB instead of 46, no C2 compiler arenas) brought the JVM to 402 MB RSS (NMT committed
-# 375 MB against 521-628). A publisher's JVM moves bytes between the Python processes: C2's
-# peak speed buys it nothing measurable at a commit a second (the latency figures in
-# docs/benchmarks.md are with these options). -Xms64m: the initial heap is otherwise 1/64 of
-# the host's memory (377 MB on 24 GB: the serial collector's young 116 + old 258 MB, of
-# which 59 MB old was live after 4 minutes), and every page the collector touches in it
-# stays resident: the JVM grew ~16 MB/min toward that size; from 64 MB the heap grows to
-# what is live. The heap limit (Spark's driver memory, 1 GB by default) is unchanged: a
-# large snapshot batch still fits.
+# symbols 35 MB. The serial collector (no G1 structures; its pauses on a heap this size are
+# milliseconds) and the client compiler only (C1: code 28 MB instead of 46, no C2 compiler
+# arenas): with these options the JVM held 386-397 MB RSS against 522 MB with the defaults
+# in the same run (alternated, 4 minutes each; docs/benchmarks.md "Publisher footprint").
+# A publisher's JVM moves bytes between the Python processes: C2's peak speed buys it
+# nothing measurable at a commit a second (the latency figures in docs/benchmarks.md are
+# with these options; a large backfill's throughput with C1 only was not measured).
+# -Xms64m: the initial heap is otherwise 1/64 of the host's memory (377 MB on 24 GB: the
+# serial collector's young 116 + old 258 MB, of which 59 MB old was live after 4 minutes),
+# and every page the collector touches in it stays resident: the JVM grew ~16 MB/min toward
+# that size; from 64 MB the heap grows to what is live. The heap limit (Spark's driver
+# memory, 1 GB by default) is unchanged: a large snapshot batch still fits.
 LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m"
 
 # The Python data-source planners Spark runs in the driver when the query starts (look the
