@@ -173,10 +173,31 @@ class ReplicaWatcher(threading.Thread):
                 continue
             now = time.time()
             seen = ds.version
-            tx = ds.read_transaction(ds.version)
+            try:
+                tx = ds.read_transaction(ds.version)
+            except TypeError:  # pylance 14 cannot decode a compaction's transaction on an
+                continue  # indexed table (RewrittenIndex): not a commit with a position
             props = (tx.transaction_properties or {}) if tx is not None else {}
             if SOURCE_VERSION_PROPERTY in props:
                 self.recorded.append((now, int(props[SOURCE_VERSION_PROPERTY])))
+
+
+def replica_commits(target: str) -> list[tuple[float, int]]:
+    """(commit time, recorded source version) of every replica version that recorded one,
+    from the replica's manifests (exact, unlike polling)."""
+    from lance_cdf.replicate.replica import SOURCE_VERSION_PROPERTY
+
+    ds = lance.dataset(target)
+    out = []
+    for v in ds.versions():
+        try:
+            tx = ds.read_transaction(v["version"])
+        except TypeError:  # a compaction pylance cannot decode (see ReplicaWatcher)
+            continue
+        props = (tx.transaction_properties or {}) if tx is not None else {}
+        if SOURCE_VERSION_PROPERTY in props:
+            out.append((v["timestamp"].timestamp(), int(props[SOURCE_VERSION_PROPERTY])))
+    return sorted(out)
 
 
 def replica_times(recorded: list[tuple[float, int]], versions: list[int]) -> dict[int, float]:
@@ -288,10 +309,14 @@ def main() -> None:
     ap.add_argument("--out", default=None)
     ap.add_argument("--chart", default=None)
     ap.add_argument("--reanalyze", default=None, help="a .raw.json of an earlier run")
+    ap.add_argument("--replica-copy", default=None, help="with --reanalyze: its replica")
     args = ap.parse_args()
     if args.reanalyze:
         with open(args.reanalyze) as f:
-            analyze(json.load(f), args)
+            raw = json.load(f)
+        if args.replica_copy:  # a copy of the replica taken during the run
+            raw["replica_commits"] = replica_commits(args.replica_copy)
+        analyze(raw, args)
         return
     phases = [(p.split("=")[0], float(p.split("=")[1])) for p in (args.phase or ["quiet=30"])]
     from confluent_kafka.admin import AdminClient, NewTopic
@@ -328,6 +353,7 @@ def main() -> None:
             # publish makes: a measurement only)
             env["PYSPARK_SUBMIT_ARGS"] = (
                 f"--conf spark.eventLog.enabled=true --conf spark.eventLog.dir=file://{events}"
+                " --conf spark.eventLog.compress=false"
                 " pyspark-shell"
             )
             pub_log = open(os.path.join(work, "publish.log"), "w")
@@ -416,8 +442,14 @@ def main() -> None:
             except OSError as exc:
                 print(f"no Spark progress events: {exc}", flush=True)
                 progress = []
+            try:
+                committed = replica_commits(target)
+            except (OSError, ValueError) as exc:
+                print(f"replica versions not read: {exc}", flush=True)
+                committed = []
             raw = {
                 "results": results,
+                "replica_commits": committed,
                 "commits": commits,
                 "first": {str(v): x for v, x in consumer.first.items()},
                 "end": {str(v): x for v, x in consumer.end.items()},
@@ -448,7 +480,9 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
     commits = [tuple(c) for c in raw["commits"]]
     first_at = {int(v): tuple(x) for v, x in raw["first"].items()}
     end_at = {int(v): tuple(x) for v, x in raw["end"].items()}
-    recorded = [tuple(r) for r in raw["recorded"]]
+    # the replica's own commit times where known (the poller's otherwise)
+    recorded = [tuple(r) for r in (raw.get("replica_commits") or raw["recorded"])]
+    results["replica_times_from"] = "manifests" if raw.get("replica_commits") else "polling"
     series, bounds, t0, progress = raw["series"], raw["bounds"], raw["t0"], raw["progress"]
     rtimes = replica_times(recorded, [v for v, _, _ in commits])
     results["phase_results"] = []
