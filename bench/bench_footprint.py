@@ -222,6 +222,19 @@ def print_summary(label: str, summ: dict) -> None:
     )
 
 
+def _native_memory(procs: list[dict]) -> str | None:
+    """The JVM's `jcmd VM.native_memory summary` (with -XX:NativeMemoryTracking=summary)."""
+    for p in procs:
+        if p["role"] == "jvm":
+            out = subprocess.run(
+                ["jcmd", str(p["pid"]), "VM.native_memory", "summary"],
+                capture_output=True, text=True, timeout=30,
+            )  # fmt: skip
+            if "Native Memory Tracking" in out.stdout:
+                return out.stdout
+    return None
+
+
 def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> dict:
     table = os.path.join(work, f"t-{label}-{uuid.uuid4().hex[:6]}")
     shutil.copytree(args.base_table, table)
@@ -242,7 +255,11 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         "--checkpoint",
         ckpt,
     ]
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = dict(os.environ)
+    env.update(args.env.get(label, {}))
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     stop = threading.Event()
     counts: dict = {}
     w = threading.Thread(target=writer, args=(table, args.dim, stop, counts), daemon=True)
@@ -266,6 +283,7 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         stop.set()
         w.join()
         last = samples[-1]["procs"] if samples else []
+        nmt = _native_memory(last)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(60)
@@ -288,6 +306,8 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         "commits": counts.get("commits", 0),
         "summary": summ,
         "last_processes": last,
+        "env": args.env.get(label, {}),
+        "jvm_native_memory": nmt,
         "series": [
             {
                 "t": round(s["t"] - samples[0]["t"], 1),
@@ -315,8 +335,20 @@ def main() -> None:
         default=None,
         help="LABEL=PATH_TO_lance-cdf (default: this checkout's)",
     )
+    ap.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        help="LABEL:KEY=VALUE, an environment variable for that variant's publish",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    envs: dict[str, dict[str, str]] = {}
+    for item in args.env:
+        label, kv = item.split(":", 1)
+        key, value = kv.split("=", 1)
+        envs.setdefault(label, {})[key] = value
+    args.env = envs
     variants = [
         v.split("=", 1)
         for v in (args.variant or [f"this={shutil.which('lance-cdf') or 'lance-cdf'}"])

@@ -6,7 +6,9 @@ and commit times, so lag is computed when asked, never stale:
 
     lance_cdf_source_latest_version      latest version of the source table
     lance_cdf_published_version          publish: changes up to it are in Kafka
-    lance_cdf_applied_version            replicate: changes up to it are in the replica
+    lance_cdf_applied_version            replicate: the replica equals the source at it
+                                         (without transaction metadata: the highest
+                                         version of any record applied, not known complete)
     lance_cdf_lag_versions               latest - published/applied
     lance_cdf_lag_seconds                age of the oldest version not yet published/applied
                                          (now - its commit time; 0 when caught up)
@@ -154,10 +156,14 @@ class PipelineMetrics:
                 value=latest,
             )  # fmt: skip
         if p.version is not None:
-            yield GaugeMetricFamily(
-                f"lance_cdf_{done}_version", f"the changes up to this source version are {done}",
-                value=p.version,
-            )  # fmt: skip
+            meaning = f"the changes up to this source version are {done}"
+            if self.role == "replicate":  # whole versions only with transaction metadata
+                meaning = (
+                    "the replica equals the source at this version (without transaction "
+                    "metadata: the highest source version of any record applied, versions "
+                    "up to it possibly incomplete)"
+                )
+            yield GaugeMetricFamily(f"lance_cdf_{done}_version", meaning, value=p.version)
         if latest is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_lag_versions", f"latest source version - {done} version",

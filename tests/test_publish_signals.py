@@ -94,3 +94,73 @@ def test_source_runner_exits_quietly_only_when_spark_hangs_up(main, second, quie
     assert ("Traceback" not in done.stderr) == quiet, done.stderr
     if not quiet and "ValueError" in second:
         assert "a reader error" in done.stderr
+
+
+# run once at the query's start (write_into_data_source runs at every micro-batch)
+PLANNERS = ("lookup_data_sources", "create_data_source", "plan_data_source_read")
+
+
+def _tree(root: int) -> list[str]:
+    """The command lines of `root`'s descendants (from /proc)."""
+    kids: dict[int, list[int]] = {}
+    for name in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{name}/stat") as f:
+                kids.setdefault(int(f.read().rsplit(")", 1)[1].split()[1]), []).append(int(name))
+        except (OSError, ValueError, IndexError):
+            continue
+    out, stack = [], list(kids.get(root, []))
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                out.append(f.read().replace(b"\0", b" ").decode(errors="replace"))
+        except OSError:
+            continue
+        stack.extend(kids.get(pid, []))
+    return out
+
+
+def test_local_publisher_stops_planner_daemons(tmp_path, kafka_broker, schema_registry):
+    """A local publisher's JVM runs with the footprint options, the data-source planners'
+    Python daemons are gone once the query runs, and micro-batches still run after."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
+    ck = tmp_path / "ck"
+    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
+            "--topic", f"fp-{uuid.uuid4().hex[:8]}", "--schema-registry", schema_registry.url,
+            "--checkpoint", str(ck), "--starting-version", "1",
+            "--trigger-interval", "200 milliseconds"]  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lance_cdf.cli", *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and proc.poll() is None:
+            if (ck / "commits" / "0").exists():
+                break
+            time.sleep(0.1)
+        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
+        started = [c for c in _tree(proc.pid) if "pyspark.daemon" in c]
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            tree = _tree(proc.pid)
+            if not any(p in c for c in tree for p in PLANNERS):
+                break
+            time.sleep(0.5)
+        assert not any(p in c for c in tree for p in PLANNERS), (started, tree)
+        jvm = [c for c in tree if "SparkSubmit" in c]
+        assert len(jvm) == 1 and "-XX:+UseSerialGC" in jvm[0], jvm
+        lance.dataset(uri).update({"id": "id + 100"}, where="id < 10")
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not (ck / "commits" / "1").exists():
+            time.sleep(0.1)
+        assert (ck / "commits" / "1").exists(), proc.stderr.read().decode()[-3000:]
+        os.kill(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, err.decode()[-3000:]

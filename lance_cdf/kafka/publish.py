@@ -325,7 +325,10 @@ def _publish(
         ):
             builder = builder.config(key, value)
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
-            builder = builder.config("spark.driver.extraJavaOptions", _spark_log(checkpoint))
+            options = _spark_log(checkpoint)
+            if (chosen or "").startswith("local"):
+                options = f"{options} {LOCAL_JVM_OPTIONS}"
+            builder = builder.config("spark.driver.extraJavaOptions", options)
     t = time.monotonic()
     with _jvm_ignores_sigterm():
         spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
@@ -375,9 +378,13 @@ def _publish(
     )
 
     error: BaseException | None = None
+    trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
+            if trim and query.lastProgress is not None:  # the query has planned and run
+                trim = False
+                _stop_planner_daemons(spark)
             if lease is not None:
                 lease.check()  # LeaseLostError: another publisher took the checkpoint over
     except LeaseLostError as exc:
@@ -423,6 +430,74 @@ def _one_line(error: BaseException, checkpoint: str) -> str:
     except OSError:
         return cause
     return f"{cause} (details: {log_path})"
+
+
+# The JVM of a local publisher (issue 32; bench/bench_footprint.py with the driver's Native
+# Memory Tracking, a commit a second, 3 min): with the JVM's defaults it held 495-576 MB RSS
+# = heap 135-280 MB committed (G1 keeps the heap it grew to; ~60 MB live), metaspace 125 MB
+# (20k classes), G1's own structures 44-49 MB, JIT code 46 MB, 300 threads' stacks 31 MB,
+# symbols 35 MB. The serial collector (no G1 structures; its pauses on a heap this size are
+# milliseconds) and the client compiler only (C1: code 28 MB instead of 46, no C2 compiler
+# arenas): with these options the JVM held 386-397 MB RSS against 522 MB with the defaults
+# in the same run (alternated, 4 minutes each; docs/benchmarks.md "Publisher footprint").
+# A publisher's JVM moves bytes between the Python processes: C2's peak speed buys it
+# nothing measurable at a commit a second (the latency figures in docs/benchmarks.md are
+# with these options; a large backfill's throughput with C1 only was not measured).
+# -Xms64m: the initial heap is otherwise 1/64 of the host's memory (377 MB on 24 GB: the
+# serial collector's young 116 + old 258 MB, of which 59 MB old was live after 4 minutes),
+# and every page the collector touches in it stays resident: the JVM grew ~16 MB/min toward
+# that size; from 64 MB the heap grows to what is live. The heap limit (Spark's driver
+# memory, 1 GB by default) is unchanged: a large snapshot batch still fits.
+LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m"
+
+# The Python data-source planners Spark runs in the driver when the query starts (look the
+# source up, create it, plan the read): each gets its own pyspark.daemon (~46 MB RSS) that
+# stays for the life of the application (their workers, ~190 MB each, Spark stops after a
+# minute idle); a running query does not use them again. (The writer-creating module,
+# write_into_data_source, runs at every micro-batch: kept.)
+_PLANNER_MODULES = frozenset(
+    {
+        "pyspark.sql.worker.lookup_data_sources",
+        "pyspark.sql.worker.create_data_source",
+        "pyspark.sql.worker.plan_data_source_read",
+    }
+)
+
+
+def _stop_planner_daemons(spark: SparkSession) -> int:
+    """Stop the planners' Python daemons (and workers) once the query runs (3 processes,
+    ~140 MB RSS, of a local publisher); the number stopped. Spark keeps one worker factory
+    per worker module in the private `SparkEnv.pythonWorkers` map and offers no call to
+    stop one: this removes the planners' factories and stops them, so a later planning (a
+    restarted query) starts a fresh daemon as on the first. Best effort: on a Spark
+    without that map nothing is stopped (a debug log line)."""
+    try:
+        # no method of SparkEnv is called through py4j: its reflection of SparkEnv's
+        # methods fails (a signature names a protobuf class Spark does not ship)
+        jvm = spark._jvm
+        env = spark.sparkContext._jsc.sc().env()
+        field = jvm.java.lang.Class.forName("org.apache.spark.SparkEnv").getDeclaredField(  # type: ignore[union-attr]
+            "pythonWorkers"
+        )
+        field.setAccessible(True)
+        workers = field.get(env)
+        keys = []
+        it = workers.keysIterator()
+        while it.hasNext():
+            keys.append(it.next())
+        stopped = 0
+        for key in keys:
+            if str(key.workerModule()) in _PLANNER_MODULES:
+                factory = workers.remove(key)
+                if factory.isDefined():
+                    factory.get().stop()
+                    stopped += 1
+        return stopped
+    except Exception as exc:  # py4j errors: a Spark whose internals differ
+        import logging
+
+        logging.getLogger("lance_cdf.kafka").debug("planner daemons not stopped: %s", exc)
+        return 0
 
 
 def _spark_log(checkpoint: str) -> str:
