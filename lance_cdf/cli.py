@@ -429,6 +429,14 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
             "--database publishes every table to --topic-prefix PREFIX.<table>: give "
             "--topic-prefix, and leave out --table and --topic"
         )
+    import re
+
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in args.topic_prefix.split(".")):
+        raise LanceCdfError(
+            f"--topic-prefix {args.topic_prefix!r} also names the Avro records "
+            "(PREFIX.<table>.Envelope): use dot-separated parts of letters, digits and _, "
+            "not starting with a digit, e.g. shop or cdf.prod"
+        )
     return Database(args.database, args.topic_prefix, args.include, args.exclude)
 
 

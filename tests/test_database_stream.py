@@ -141,3 +141,44 @@ def test_work_item_name_round_trip_and_refusals():
     document["name"] = 7
     with pytest.raises(WorkItemError, match="qualified name"):
         WorkItem.of(values[0], values[1], json.dumps(document), values[3])
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--database", "/d"], "give --topic-prefix"),
+        (["--database", "/d", "--topic-prefix", "p", "--topic", "t"], "leave out --table"),
+        (["--table", "/t", "--topic", "t", "--include", "a"], "or --database"),
+        (["--database", "/d", "--topic-prefix", "a-b"], "names the Avro records"),
+    ],
+)
+def test_publish_flags_one_table_or_a_database(flags, says, capsys):
+    from lance_cdf.cli import main
+
+    common = ["--bootstrap-servers", "127.0.0.1:1", "--schema-registry", "http://127.0.0.1:1",
+              "--checkpoint", "/nonexistent/ck"]  # fmt: skip
+    assert main(["publish", *flags, *common]) == 2
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()) == 1
+
+
+def test_clients_per_process_are_bounded_and_flushed_when_evicted():
+    from lance_cdf.kafka import sink
+
+    class Client:
+        def __init__(self):
+            self.flushed = self.closed = False
+            self.producer = self
+
+        def flush(self, timeout):
+            self.flushed = True
+            return 0
+
+        def close(self):
+            self.closed = True
+
+    cache = {i: Client() for i in range(sink.MAX_CLIENTS)}
+    first = cache[0]
+    sink._evict(cache)  # room for one more: the least recently used goes, flushed first
+    assert len(cache) == sink.MAX_CLIENTS - 1 and 0 not in cache
+    assert first.flushed and first.closed

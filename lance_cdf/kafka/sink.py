@@ -79,6 +79,21 @@ if TYPE_CHECKING:
 _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
 
+# Clients kept per process at most (least recently used first out): a database publisher
+# writes to a topic per table, and each publisher holds a producer and a consumer (threads,
+# buffers). An evicted one is flushed first; its successor re-reads the topic's marks.
+MAX_CLIENTS = 32
+
+
+def _evict(cache: dict[Any, Any]) -> None:
+    while len(cache) >= MAX_CLIENTS:
+        oldest = cache.pop(next(iter(cache)))
+        oldest.producer.flush(60)  # nothing of it still in flight
+        close = getattr(oldest, "close", None)
+        if close is not None:
+            close()
+
+
 def close_publishers() -> None:
     """Close and forget this process's publishers (the driver's, after a head start)."""
     while _PUBLISHERS:
@@ -175,8 +190,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         o, producer, registry = client_options(options)
         key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
         cache_key = (tuple(sorted(options.items())), user_schema)
-        publisher = _PUBLISHERS.get(cache_key)
-        if publisher is None:
+        publisher = _PUBLISHERS.pop(cache_key, None)
+        if publisher is not None:
+            _PUBLISHERS[cache_key] = publisher  # the most recently used last
+        else:
+            _evict(_PUBLISHERS)
             publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
                 o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
                 table_name=name, key_columns=key_cols or None,
@@ -338,8 +356,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             from lance_cdf.kafka.transactions import TransactionWriter, default_topic
 
         cache_key = tuple(sorted(options.items()))
-        writer = _TRANSACTION_WRITERS.get(cache_key)
-        if writer is None:
+        writer = _TRANSACTION_WRITERS.pop(cache_key, None)
+        if writer is not None:
+            _TRANSACTION_WRITERS[cache_key] = writer  # the most recently used last
+        else:
+            _evict(_TRANSACTION_WRITERS)
             o, producer, registry = client_options(options)
             topic = o.get("transaction.topic") or default_topic(o["topic"])
             writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
