@@ -14,9 +14,13 @@ import os
 import signal
 import sys
 from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
 from lance_cdf import __version__, malloc
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    from lance_cdf.kafka.publish import Database
 
 EXAMPLES = """examples:
   lance-cdf changes /data/events.lance --from 3 --to 9
@@ -163,9 +167,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     pub.add_argument(
-        "--table", required=True, help="table path or URI (file://, s3://, gs://, az://)"
+        "--table", default=None, help="table path or URI (file://, s3://, gs://, az://)"
     )
     _kafka_endpoint(pub)
+    _database_flags(pub)
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
@@ -305,7 +310,10 @@ def build_parser() -> argparse.ArgumentParser:
         "/data/ck/events --replica /data/replica.lance",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    status.add_argument("--table", required=True, help="source table path or URI")
+    status.add_argument("--table", default=None, help="source table path or URI")
+    status.add_argument("--database", default=None, metavar="URI",
+                        help="a database publisher's database (publish --database): every "
+                        "table it follows, with its lag, and the tables it skips")  # fmt: skip
     status.add_argument("--checkpoint", default=None, metavar="DIR",
                         help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
     status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
@@ -398,6 +406,53 @@ def cmd_changes(args: argparse.Namespace) -> int:
     return 0
 
 
+def _database_flags(pub: argparse.ArgumentParser) -> None:
+    """publish --database (issue 35): every matching table of a database, one topic each."""
+    for action in pub._actions:  # --topic: or --topic-prefix with --database
+        if action.dest == "topic":
+            action.required = False
+    group = pub.add_argument_group("a whole database (instead of --table and --topic)")
+    group.add_argument("--database", default=None, metavar="URI",
+                       help="a LanceDB database / Lance directory namespace: publish every "
+                       "table (new ones within 10 s), each to PREFIX.<qualified name>")  # fmt: skip
+    group.add_argument("--topic-prefix", default=None, metavar="PREFIX",
+                       help="with --database: table sales.orders goes to topic "
+                       "PREFIX.sales.orders (records PREFIX.sales.orders.Envelope)")  # fmt: skip
+    group.add_argument("--include", default=None, metavar="REGEX",
+                       help="with --database: only tables whose whole qualified name matches")
+    group.add_argument("--exclude", default=None, metavar="REGEX",
+                       help="with --database: leave out tables whose whole qualified name "
+                       "matches")  # fmt: skip
+
+
+def _publish_target(args: argparse.Namespace) -> Database | None:
+    """The table and topic, or the database (publish.Database); one line if mixed."""
+    from lance_cdf.kafka.publish import Database
+
+    if args.database is None:
+        if args.table is None or args.topic is None or args.topic_prefix or args.include \
+                or args.exclude:  # fmt: skip
+            raise LanceCdfError(
+                "publish needs --table and --topic (one table), or --database and "
+                "--topic-prefix (--include / --exclude: which of its tables)"
+            )
+        return None
+    if args.table is not None or args.topic is not None or not args.topic_prefix:
+        raise LanceCdfError(
+            "--database publishes every table to --topic-prefix PREFIX.<table>: give "
+            "--topic-prefix, and leave out --table and --topic"
+        )
+    import re
+
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in args.topic_prefix.split(".")):
+        raise LanceCdfError(
+            f"--topic-prefix {args.topic_prefix!r} also names the Avro records "
+            "(PREFIX.<table>.Envelope): use dot-separated parts of letters, digits and _, "
+            "not starting with a digit, e.g. shop or cdf.prod"
+        )
+    return Database(args.database, args.topic_prefix, args.include, args.exclude)
+
+
 def cmd_publish(args: argparse.Namespace) -> int:
     """`lance-cdf publish`: stream a table's changes to a Kafka topic until stopped (or, with
     `--available-now`, until caught up), exactly once, through `kafka.publish.publish`.
@@ -408,8 +463,10 @@ def cmd_publish(args: argparse.Namespace) -> int:
     registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
     from lance_cdf.kafka.publish import publish
 
+    database = _publish_target(args)
     return publish(
-        args.table, args.bootstrap_servers, args.topic, _registry_url(args), args.checkpoint,
+        args.table or "", args.bootstrap_servers, args.topic or "", _registry_url(args),
+        args.checkpoint,
         starting_version=args.starting_version, trigger_interval=args.trigger_interval,
         available_now=args.available_now, key=args.key, tombstones=not args.no_tombstones,
         producer_config=_settings(args, "producer_config"),
@@ -421,7 +478,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         metrics_port=args.metrics_port, metrics_host=args.metrics_host,
         writers=args.writers, exactly_once=not args.at_least_once,
         head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
-        transaction_metadata=not args.no_transaction_metadata,
+        transaction_metadata=not args.no_transaction_metadata, database=database,
     )  # fmt: skip
 
 
@@ -503,6 +560,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     from lance_cdf.clientconfig import redact_url
     from lance_cdf.feed import ChangeFeed
 
+    if (args.table is None) == (args.database is None):
+        raise LanceCdfError("status needs --table (one table) or --database (and --checkpoint)")
+    if args.database is not None:
+        return _database_status(args)
+
     options = _options(args.storage_option)
     feed = ChangeFeed(args.table, options)
     latest = feed.latest_version()
@@ -551,6 +613,49 @@ def cmd_status(args: argparse.Namespace) -> int:
         )  # fmt: skip
         lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
     print(json.dumps(report) if args.json else "\n".join(lines))
+    return 0
+
+
+def _database_status(args: argparse.Namespace) -> int:
+    """`lance-cdf status --database D --checkpoint C`: each table a database publisher
+    follows, its latest version and how far the checkpoint delivered it; the skipped ones."""
+    from lance_cdf.clientconfig import redact_url
+    from lance_cdf.feed import ChangeFeed
+    from lance_cdf.namespace import list_tables
+    from lance_cdf.streaming.checkpoint import committed_tables
+    from lance_cdf.streaming.database import read_report
+
+    if not args.checkpoint or args.replica:
+        raise LanceCdfError("status --database takes --checkpoint (the publisher's), no --replica")
+    options = _options(args.storage_option)
+    delivered = committed_tables(args.checkpoint) or {}
+    root = args.checkpoint.removeprefix("file://")
+    report = read_report(os.path.join(root, "database-tables.json")) or {}
+    followed: dict[str, str] = dict(report.get("followed") or {})
+    skipped: dict[str, str] = dict(report.get("skipped") or {})
+    uris = {ref.qualified_name: ref.uri for ref in list_tables(args.database, options)}
+    tables: dict[str, dict[str, object]] = {}
+    lines = [f"database    {redact_url(args.database)} (checkpoint {redact_url(args.checkpoint)})"]
+    for name in sorted(set(followed) | set(delivered)):
+        done = delivered.get(name)
+        uri = uris.get(name)
+        if uri is None:
+            tables[name] = {"gone": True, "checkpoint_version": done}
+            lines.append(f"table       {name}: gone from the database")
+            continue
+        latest = ChangeFeed(uri, options).latest_version()
+        lag = None if done is None else latest - done
+        tables[name] = {"latest_version": latest, "checkpoint_version": done,
+                        "checkpoint_lag": lag}  # fmt: skip
+        lines.append(
+            f"table       {name}: latest version {latest}, "
+            + ("no micro-batch delivered it yet" if done is None
+               else f"delivered through version {done} (lag {lag} versions)")
+        )  # fmt: skip
+    for name, why in sorted(skipped.items()):
+        lines.append(f"skipped     {name}: {why}")
+    document = {"database": redact_url(args.database), "tables": tables, "skipped": skipped}
+    print(json.dumps(document) if args.json else "\n".join(lines))
     return 0
 
 

@@ -23,6 +23,10 @@ and commit times, so lag is computed when asked, never stale:
     lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
     lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
     lance_cdf_pipeline_info{role,table,topic}  1
+
+A database publisher (`publish --database`) gives the source and lag gauges once per
+followed table, with a `table` label (its qualified name; only the tables followed, so the
+label's values are bounded by the database), and the counters once for the publisher.
 """
 
 from __future__ import annotations
@@ -75,12 +79,17 @@ class PipelineMetrics:
         table: str | None = None,
         storage_options: dict[str, str] | None = None,
         topic: str = "",
+        tables: Callable[[], dict[str, tuple[str, int | None]]] | None = None,
     ):
+        """`tables`: a database publisher's followed tables, qualified name -> (URI, the
+        version published through), read on every scrape."""
         if role not in ("publish", "replicate"):
             raise LanceCdfError(f"unknown pipeline role {role!r}: publish or replicate")
         self.role, self.progress, self.table, self.topic = role, progress, table, topic
         self.storage_options = dict(storage_options or {})
         self._log: TableLog | None = None  # the source table's TableLog, opened on the first scrape
+        self.tables = tables
+        self._logs: dict[str, TableLog] = {}  # a database's: per followed table URI
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
         self.registry = CollectorRegistry(auto_describe=True)
@@ -111,15 +120,24 @@ class PipelineMetrics:
             self.server = None
 
     # -- the source table -----------------------------------------------------------
-    def _source(self, version: int | None) -> tuple[int | None, float | None]:
-        """(latest version, commit time of the first version after `version`)."""
-        if self.table is None:
+    def _source(
+        self, version: int | None, table: str | None = None
+    ) -> tuple[int | None, float | None]:
+        """(latest version, commit time of the first version after `version`) of the
+        pipeline's table, or of the database's table at URI `table`."""
+        if table is None and self.table is None:
             return None, None
         from lance_cdf.format.table import TableLog
 
-        if self._log is None:
-            self._log = TableLog(self.table, self.storage_options)
-        log = self._log
+        if table is not None:
+            log = self._logs.get(table)
+            if log is None:
+                log = self._logs[table] = TableLog(table, self.storage_options)
+        else:
+            if self._log is None:
+                assert self.table is not None
+                self._log = TableLog(self.table, self.storage_options)
+            log = self._log
         versions = log.refresh()
         latest = versions[-1]
         done = version or 0
@@ -148,8 +166,10 @@ class PipelineMetrics:
             [], {"role": self.role, "table": redact_url(self.table or ""), "topic": self.topic}
         )
         yield info
-        latest, oldest_pending = self._source(p.version)
         done = "published" if self.role == "publish" else "applied"
+        if self.tables is not None:
+            yield from self._table_gauges(self.tables(), done, now)
+        latest, oldest_pending = self._source(p.version)
         if latest is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_source_latest_version", "latest version of the source table",
@@ -211,3 +231,40 @@ class PipelineMetrics:
                 "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",
                 value=p.kafka_lag,
             )  # fmt: skip
+
+    def _table_gauges(
+        self, tables: dict[str, tuple[str, int | None]], done: str, now: float
+    ) -> Iterator[Metric]:
+        """The source and lag gauges per followed table of a database, labelled `table`."""
+        for uri in [u for u in self._logs if u not in {u for u, _ in tables.values()}]:
+            del self._logs[uri]  # a table no longer followed: its label goes too
+        latest_g = GaugeMetricFamily(
+            "lance_cdf_source_latest_version", "latest version of the source table",
+            labels=["table"],
+        )  # fmt: skip
+        done_g = GaugeMetricFamily(
+            f"lance_cdf_{done}_version", f"the changes up to this source version are {done}",
+            labels=["table"],
+        )  # fmt: skip
+        lag_g = GaugeMetricFamily(
+            "lance_cdf_lag_versions", f"latest source version - {done} version", labels=["table"]
+        )
+        age_g = GaugeMetricFamily(
+            "lance_cdf_lag_seconds",
+            f"seconds since the oldest source version not yet {done} was committed",
+            labels=["table"],
+        )
+        for name, (uri, version) in sorted(tables.items()):
+            try:
+                latest, oldest_pending = self._source(version, uri)
+            except (LanceCdfError, OSError):
+                continue  # dropped since: left out until the publisher lets it go
+            if latest is None:
+                continue
+            latest_g.add_metric([name], latest)
+            if version is not None:
+                done_g.add_metric([name], version)
+            lag_g.add_metric([name], max(0, latest - (version or 0)))
+            age = 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
+            age_g.add_metric([name], age)
+        yield from (latest_g, done_g, lag_g, age_g)

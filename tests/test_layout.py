@@ -46,14 +46,14 @@ ALLOWED = {
     },
     "kafka": {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
-        "errors", "",
+        "namespace", "errors", "",
     },
     "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
-        "clientconfig", "lease", "errors",
+        "clientconfig", "lease", "namespace", "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }

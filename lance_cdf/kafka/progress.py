@@ -84,11 +84,12 @@ class QueryFollower:
                     continue
                 self._last_batch = batch
                 versions = source_versions(p)
-                if versions is None:
-                    continue
                 rows = planned_events(p)
+                if versions is None and rows is None:
+                    continue  # (a database stream's offsets hold no one version: rows only)
                 if rows is None:
                     rows = int(p.get("numInputRows") or 0)
                 self.state.batches += 1
                 self.state.events += rows
-                self.state.version = versions.delivered
+                if versions is not None:
+                    self.state.version = versions.delivered

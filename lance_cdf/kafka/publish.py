@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
@@ -53,6 +54,7 @@ def publish(
     head_start: bool = True,
     transaction_topic: str | None = None,
     transaction_metadata: bool = True,
+    database: Database | None = None,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -79,7 +81,14 @@ def publish(
     (kafka/headstart.py; exactly-once only, and only where the query's start is known
     before it starts: a checkpoint's committed offset or a numeric starting version).
     `transaction_metadata`: a BEGIN and an END record per commit version on
-    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py)."""
+    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
+    `database`: every matching table of a database instead (`table` and `topic` unused:
+    each table to `<topic_prefix>.<qualified name>`; streaming/database.py)."""
+    if database is not None and (transaction_topic or table_name):
+        raise LanceCdfError(
+            "--database names each table's topic, transaction topic and records itself: "
+            "leave out --transaction-topic and --table-name"
+        )
     if transaction_metadata and snapshot and max_rows_per_trigger:
         raise LanceCdfError(
             "--snapshot with --max-rows-per-trigger splits the snapshot's version over "
@@ -98,19 +107,36 @@ def publish(
     previous = _on_signals(lambda *_: stopping.set())
     lease = None
     try:
-        lease = checkpoint_lease(checkpoint, topic, storage_options)
+        shown = database.topic("*") if database is not None else topic
+        lease = checkpoint_lease(checkpoint, shown, storage_options)
+        if database is not None:
+            head_start = False  # (kafka/headstart.py follows one table)
         return _publish(
             stopping, table, bootstrap_servers, topic, schema_registry, checkpoint,
             starting_version, trigger_interval, available_now, key, tombstones,
             producer_config, registry_config, storage_options, max_rows_per_trigger, master,
             snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host, head_start, txn, lease,
+            metrics_port, metrics_host, head_start, txn, lease, database,
         )  # fmt: skip
     finally:
         if lease is not None:
             lease.release()
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+@dataclass(frozen=True)
+class Database:
+    """`lance-cdf publish --database`: the database, which of its tables (regexes over
+    qualified names, `re.fullmatch`), and the prefix of their topics."""
+
+    uri: str
+    topic_prefix: str
+    include: str | None = None
+    exclude: str | None = None
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
 
 
 def checkpoint_lease(
@@ -234,6 +260,7 @@ def _publish(
     head_start: bool,
     transaction_options: dict[str, str],
     lease: Lease | None = None,
+    database: Database | None = None,
 ) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
@@ -242,7 +269,10 @@ def _publish(
         tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
         snapshot, drop_unchanged_updates, exactly_once, table_name,
     )  # fmt: skip
-    _check_checkpoint(checkpoint, source_options, storage_options)
+    if database is not None:
+        _database_options(database, source_options, sink_options, checkpoint)
+    else:
+        _check_checkpoint(checkpoint, source_options, storage_options)
     sink_options.update(transaction_options)
     early = None
     if exactly_once and head_start:
@@ -254,6 +284,9 @@ def _publish(
         t = time.monotonic()
         check_broker(bootstrap_servers, producer_config)
         check_registry(schema_registry, registry_config)
+        if database is not None:  # each table's topic is made on first use (kafka/database.py)
+            stages["checks"] = time.monotonic() - t
+            return writers or 2
         partitions = check_topic(bootstrap_servers, topic, producer_config)
         if transaction_options["transactionMetadata"] == "true":  # before any record: a
             # replicator finding records finds the topic that completes their versions
@@ -351,6 +384,10 @@ def _publish(
     register(spark)
     spark_sink.register(spark)
     tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
+    if database is not None:  # new topics get as many partitions as there are writers
+        tasks = writers or spark.sparkContext.defaultParallelism
+        partitions = tasks
+        sink_options["topic.partitions"] = str(partitions)
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     t = time.monotonic()
@@ -366,15 +403,18 @@ def _publish(
     query = writer.trigger(**trigger).start()
     stages["query start"] = time.monotonic() - t
     took = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
+    shown = f"{redact_url(table)} -> {topic}"
+    if database is not None:
+        shown = f"the tables of {redact_url(database.uri)} -> {database.topic('<table>')}"
     print(
-        f"publishing {redact_url(table)} -> {topic} on {redact_url(bootstrap_servers)} with "
+        f"publishing {shown} on {redact_url(bootstrap_servers)} with "
         f"{tasks} writer(s) over {partitions} partition(s) (checkpoint "
         f"{redact_url(checkpoint)}; producer settings "
         f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
         flush=True,
     )
     follower = _serve_metrics(
-        query, table, topic, storage_options, metrics_port, metrics_host, checkpoint
+        query, table, topic, storage_options, metrics_port, metrics_host, checkpoint, database
     )
 
     error: BaseException | None = None
@@ -572,6 +612,34 @@ def _stream_options(
     return source_options, sink_options
 
 
+def report_path(checkpoint: str) -> str | None:
+    """Where a database publisher's stream lists the tables it follows and skips (a local
+    checkpoint's `database-tables.json`; None on object storage)."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    return os.path.join(checkpoint.removeprefix("file://"), "database-tables.json")
+
+
+def _database_options(
+    database: Database,
+    source_options: dict[str, str],
+    sink_options: dict[str, str],
+    checkpoint: str,
+) -> None:
+    """The source and sink options of a database publisher (streaming/database.py,
+    kafka/database.py) in place of a table's."""
+    del source_options["path"]
+    source_options["database"] = database.uri
+    for key, value in (("include", database.include), ("exclude", database.exclude),
+                       ("report", report_path(checkpoint))):  # fmt: skip
+        if value:
+            source_options[key] = value
+    for key in ("table", "topic", "table.name"):
+        sink_options.pop(key, None)
+    sink_options["database"] = database.uri
+    sink_options["topic.prefix"] = database.topic_prefix
+
+
 def _check_checkpoint(
     checkpoint: str, source_options: dict[str, str], storage_options: dict[str, str] | None
 ) -> None:
@@ -658,14 +726,38 @@ def _serve_metrics(
     port: int | None,
     host: str,
     checkpoint: str,
+    database: Database | None = None,
 ) -> QueryFollower | None:
-    """Follow the query's progress and serve it as Prometheus metrics (None: no port)."""
+    """Follow the query's progress and serve it as Prometheus metrics (None: no port); a
+    database publisher's per followed table (`database_tables`)."""
     if port is None:
         return None
     from lance_cdf.kafka.progress import QueryFollower
     from lance_cdf.metrics import PipelineMetrics
 
     follower = QueryFollower(query, checkpoint=checkpoint).start()
+    if database is not None:
+        metrics = PipelineMetrics(
+            "publish", follower.progress, None, storage_options, database.topic("*"),
+            tables=lambda: database_tables(checkpoint),
+        )  # fmt: skip
+        print(f"metrics at {metrics.serve(port, host)}", flush=True)
+        return follower
     metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)
     print(f"metrics at {metrics.serve(port, host)}", flush=True)
     return follower
+
+
+def database_tables(checkpoint: str) -> dict[str, tuple[str, int | None]]:
+    """A database publisher's followed tables (its stream's report) and the version each
+    is published through (the checkpoint's last committed offsets): name -> (URI, version)."""
+    from lance_cdf.streaming.checkpoint import committed_tables
+    from lance_cdf.streaming.database import read_report
+
+    path = report_path(checkpoint)
+    followed = ((read_report(path) if path else None) or {}).get("followed") or {}
+    try:
+        delivered = committed_tables(checkpoint) or {}
+    except (LanceCdfError, OSError):
+        delivered = {}
+    return {str(n): (str(uri), delivered.get(n)) for n, uri in followed.items()}

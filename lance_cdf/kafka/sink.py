@@ -34,6 +34,12 @@ items instead of events (streaming/handoff.py): each writer task reads its slot'
 of the micro-batch itself from the table (kafka/work.py) with the sink's `table` and
 `storage.<key>` options; the items hold no option of the source. A `_work` column that is
 not exactly lance-cdf's is refused with `WorkItemError`.
+
+Database mode (option `database`, instead of `table` and `topic`; with `topic.prefix` and
+`topic.partitions`): the work items of a database stream name their table, and each table
+goes to its own topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`,
+`source.table` its qualified name and its own transaction topic, every guarantee per table
+(kafka/database.py).
 """
 
 from __future__ import annotations
@@ -73,6 +79,21 @@ if TYPE_CHECKING:
 _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
 
+# Clients kept per process at most (least recently used first out): a database publisher
+# writes to a topic per table, and each publisher holds a producer and a consumer (threads,
+# buffers). An evicted one is flushed first; its successor re-reads the topic's marks.
+MAX_CLIENTS = 32
+
+
+def _evict(cache: dict[Any, Any]) -> None:
+    while len(cache) >= MAX_CLIENTS:
+        oldest = cache.pop(next(iter(cache)))
+        oldest.producer.flush(60)  # nothing of it still in flight
+        close = getattr(oldest, "close", None)
+        if close is not None:
+            close()
+
+
 def close_publishers() -> None:
     """Close and forget this process's publishers (the driver's, after a head start)."""
     while _PUBLISHERS:
@@ -85,6 +106,8 @@ class Published(WriterCommitMessage):
     # per commit version: the task's records per Kafka partition, sent or already held
     # (a replayed micro-batch counts what it skips): the transaction metadata's counts
     versions: dict[int, VersionCounts] = field(default_factory=dict)
+    # database mode: the same per table (qualified name)
+    tables: dict[str, dict[int, VersionCounts]] = field(default_factory=dict)
 
 
 # one TransactionWriter per sink setting, in the process running the driver's commits
@@ -94,7 +117,8 @@ _TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
 def _options(raw: dict[str, Any]) -> dict[str, str]:
     opts = {str(k): str(v) for k, v in raw.items()}
     lower = {k.lower(): v for k, v in opts.items()}
-    for required in ("kafka.bootstrap.servers", "topic", "schema.registry.url", "table"):
+    table = ("database", "topic.prefix") if lower.get("database") else ("topic", "table")
+    for required in ("kafka.bootstrap.servers", "schema.registry.url", *table):
         if not lower.get(required):
             raise LanceCdfError(f'the lance-cdf-kafka sink needs option "{required}"')
     return opts
@@ -173,45 +197,108 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def __init__(self, options: dict[str, str]):
         self.options = options
 
-    def _publisher(self, user_schema: pa.Schema) -> KafkaChangePublisher:
+    def _publisher(
+        self, user_schema: pa.Schema, options: dict[str, str], name: TableName
+    ) -> KafkaChangePublisher:
         from lance_cdf.kafka.publisher import KafkaChangePublisher
 
-        o, producer, registry = client_options(self.options)
+        o, producer, registry = client_options(options)
         key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
-        cache_key = (tuple(sorted(self.options.items())), user_schema)
-        publisher = _PUBLISHERS.get(cache_key)
-        if publisher is None:
+        cache_key = (tuple(sorted(options.items())), user_schema)
+        publisher = _PUBLISHERS.pop(cache_key, None)
+        if publisher is not None:
+            _PUBLISHERS[cache_key] = publisher  # the most recently used last
+        else:
+            _evict(_PUBLISHERS)
             publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
                 o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
-                table_name=TableName.of(o.get("table.name"), uri=o["table"]),
-                key_columns=key_cols or None,
+                table_name=name, key_columns=key_cols or None,
                 tombstones=o.get("tombstones", "true").lower() == "true",
                 producer_config=producer, registry_config=registry,
                 checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
             )  # fmt: skip
         return publisher
 
+    def _storage(self) -> dict[str, str]:
+        return {
+            k[len("storage.") :]: v for k, v in self.options.items()
+            if k.lower().startswith("storage.")
+        }  # fmt: skip
+
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        opts = {k.lower(): v for k, v in self.options.items()}
+        if opts.get("database"):
+            return self._write_database(iterator, opts)
+        table = opts["table"]
+        storage = self._storage()
+        if self.handoff:  # option writerSlots: the task reads its slot's share itself
+            from lance_cdf.kafka.work import handed_off
+
+            iterator = handed_off(iterator, table, storage)
+        name = TableName.of(opts.get("table.name"), uri=table)
+        return self._write(iterator, self.options, name, table, storage)
+
+    def _write_database(
+        self, iterator: Iterator[pa.RecordBatch], opts: dict[str, str]
+    ) -> Published:
+        """Database mode: each table's work items as a single-table sink would write them,
+        to the table's own topic (kafka/database.py)."""
+        import logging
+
+        from lance_cdf.kafka.database import is_gone, table_topic, table_works, with_partitions
+
+        database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
+        _, producer, _ = client_options(self.options)
+        txn = opts.get("transactionmetadata", "true").lower() == "true"
+        out = Published(0)
+        for name, work in table_works(iterator, database, storage).items():
+            if work.uri is None:
+                logging.getLogger("lance_cdf.kafka").warning(
+                    "table %s is gone from the database: its work is let go", name
+                )
+                continue
+            topic = f"{prefix}.{name}"
+            partitions = table_topic(
+                opts["kafka.bootstrap.servers"], topic, int(opts.get("topic.partitions", "1")),
+                producer, f"{topic}.transaction" if txn else None,
+            )  # fmt: skip
+            works = with_partitions(work.works, partitions)
+            options = {**self.options, "topic": topic, "table": work.uri}
+            events = (batch for w in works for batch in w.events())
+            try:
+                done = self._write(events, options, TableName(prefix, name, work.uri), work.uri,
+                                   storage)  # fmt: skip
+            except Exception:
+                if is_gone(database, name, storage):  # dropped while being read: let go
+                    logging.getLogger("lance_cdf.kafka").warning(
+                        "table %s was dropped while being published: let go", name
+                    )
+                    continue
+                raise
+            out.records += done.records
+            out.tables[name] = done.versions
+        return out
+
+    def _write(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        options: dict[str, str],
+        name: TableName,
+        table: str,
+        storage: dict[str, str],
+    ) -> Published:
+        """The events of one table to its topic (`options`: the sink's, for that table)."""
         from lance_cdf.feed import ChangeFeed
 
         with _archives_last():
             from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
 
-        opts = {k.lower(): v for k, v in self.options.items()}
-        table = opts["table"]
-        storage = {
-            k[len("storage.") :]: v for k, v in self.options.items()
-            if k.lower().startswith("storage.")
-        }  # fmt: skip
+        opts = {k.lower(): v for k, v in options.items()}
         feed: ChangeFeed | None = None
         publisher: KafkaChangePublisher | None = None
         sent = 0
         exact = None
         owned: list[int] = []
-        if self.handoff:  # option writerSlots: the task reads its slot's share itself
-            from lance_cdf.kafka.work import handed_off
-
-            iterator = handed_off(iterator, table, storage)
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
@@ -233,7 +320,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 feed = ChangeFeed(table, storage, check_latest=False)
                 exact = table_types(user_schema_of(events.schema), feed, max(versions))
                 with _archives_last():  # the registry client looks its version up
-                    publisher = self._publisher(exact)
+                    publisher = self._publisher(exact, options, name)
                 publisher.begin()  # a retried task starts clean
                 if exactly_once:  # how far an earlier attempt got, per owned partition
                     marks = publisher.high_water_marks(owned)
@@ -262,19 +349,34 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 "versions' transaction metadata would be wrong; the micro-batch is not "
                 "committed (restart publish to retry it)"
             )
-        versions = merge([m.versions for m in messages if isinstance(m, Published)])
+        published = [m for m in messages if isinstance(m, Published)]
+        if opts.get("database"):  # per table, to its own transaction topic
+            prefix = opts["topic.prefix"]
+            for table in sorted({t for m in published for t in m.tables}):
+                versions = merge([m.tables[table] for m in published if table in m.tables])
+                if versions:
+                    name = TableName(prefix, table)
+                    topic = f"{prefix}.{table}"
+                    options = {**self.options, "topic": topic, "table": table}
+                    self._transaction_writer(options, name).write(versions)
+            return
+        versions = merge([m.versions for m in published])
         if versions:
-            self._transaction_writer().write(versions)
+            o = {k.lower(): v for k, v in self.options.items()}
+            name = TableName.of(o.get("table.name"), uri=o["table"])
+            self._transaction_writer(self.options, name).write(versions)
 
-    def _transaction_writer(self) -> TransactionWriter:
+    def _transaction_writer(self, options: dict[str, str], name: TableName) -> TransactionWriter:
         with _archives_last():
             from lance_cdf.kafka.transactions import TransactionWriter, default_topic
 
-        cache_key = tuple(sorted(self.options.items()))
-        writer = _TRANSACTION_WRITERS.get(cache_key)
-        if writer is None:
-            o, producer, registry = client_options(self.options)
-            name = TableName.of(o.get("table.name"), uri=o["table"])
+        cache_key = tuple(sorted(options.items()))
+        writer = _TRANSACTION_WRITERS.pop(cache_key, None)
+        if writer is not None:
+            _TRANSACTION_WRITERS[cache_key] = writer  # the most recently used last
+        else:
+            _evict(_TRANSACTION_WRITERS)
+            o, producer, registry = client_options(options)
             topic = o.get("transaction.topic") or default_topic(o["topic"])
             writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
                 o["kafka.bootstrap.servers"], topic,

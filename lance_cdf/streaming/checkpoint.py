@@ -40,8 +40,8 @@ def committed_offset(checkpoint: str) -> dict[str, Any] | None:
             offset = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(offset, dict) and "version" in offset:
-            return offset
+        if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
+            return offset  # (a database stream's: `{"tables": {name: offset}}`, database.py)
     raise LanceCdfError(
         f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset in "
         f"offsets/{committed[-1]})"
@@ -52,4 +52,24 @@ def checkpoint_version(checkpoint: str) -> int | None:
     """The source version a lance-cdf query has delivered through, or None if it has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""
     offset = committed_offset(checkpoint)
+    if offset is not None and "tables" in offset:
+        raise LanceCdfError(
+            f"checkpoint {checkpoint!r} is a database publisher's (publish --database): "
+            "give lance-cdf status --database instead of --table"
+        )
     return None if offset is None else int(offset["version"])
+
+
+def committed_tables(checkpoint: str) -> dict[str, int] | None:
+    """Per table of a database stream's checkpoint (publish --database), the version it has
+    delivered through; None if the query has not completed a micro-batch yet."""
+    offset = committed_offset(checkpoint)
+    if offset is None:
+        return None
+    tables = offset.get("tables")
+    if not isinstance(tables, dict):
+        raise LanceCdfError(
+            f"checkpoint {checkpoint!r} is a single table's, not a database publisher's: "
+            "give lance-cdf status --table instead of --database"
+        )
+    return {str(name): int(o["version"]) for name, o in tables.items()}

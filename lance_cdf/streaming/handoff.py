@@ -9,7 +9,8 @@ A work item is plain data in four columns, never code:
   Spark counts the work items as the input rows, `publish.hand_off` observes this);
 - `_work` (string): JSON, `{"format": 1, "table": digest, "slots": n, "kafkaPartitions":
   p, "keyHash": [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts":
-  [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them;
+  [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them,
+  and in a database stream (streaming/database.py) `"name"`: the table's qualified name;
 - `_read_schema` (binary): the Arrow schema (IPC) of the columns the events carry, with
   their Lance field ids, as fixed when the query started (`load()`).
 
@@ -48,6 +49,7 @@ _KEYS = {
     "format", "table", "slots", "kafkaPartitions", "keyHash", "dropUnchangedUpdates",
     "failOnDataLoss", "parts",
 }  # fmt: skip
+_NAMED = _KEYS | {"name"}  # a database stream's items name their table
 _FIX = (
     'write only the stream of readStream.format("lance-cdf") with option writerSlots to this sink'
 )
@@ -105,6 +107,7 @@ class WorkItem:
     parts: tuple[SourcePartition, ...]
     read_schema: pa.Schema
     table: str  # table_digest() of the source's path: the sink checks its own against it
+    name: str | None = None  # a database stream's: the table's qualified name (sales.orders)
 
     def to_batch(self) -> pa.RecordBatch:
         """The item as one row of `work_struct()`."""
@@ -114,6 +117,8 @@ class WorkItem:
             "keyHash": list(self.key_hash), "dropUnchangedUpdates": self.drop_unchanged_updates,
             "failOnDataLoss": self.fail_on_data_loss, "parts": [part_json(p) for p in self.parts],
         }  # fmt: skip
+        if self.name is not None:
+            document["name"] = self.name
         return pa.RecordBatch.from_arrays(
             [
                 pa.array([self.slot], pa.int32()),
@@ -139,7 +144,8 @@ class WorkItem:
                 "run the same lance-cdf release on the driver and the executors"
             )
         try:
-            return cls._of(slot, planned, fields(document, WORK_COLUMN, _KEYS), schema)
+            keys = _NAMED if isinstance(document, dict) and "name" in document else _KEYS
+            return cls._of(slot, planned, fields(document, WORK_COLUMN, keys), schema)
         except WorkItemError as exc:
             raise _foreign(exc) from None
 
@@ -169,6 +175,9 @@ class WorkItem:
         table = document["table"]
         if not isinstance(table, str) or len(table) != 16:
             raise WorkItemError(f"table is {table!r}, not a table digest")
+        name = document.get("name")
+        if name is not None and (not isinstance(name, str) or not name):
+            raise WorkItemError(f"name is {name!r}, not a table's qualified name")
         unknown = [c for c in key_hash if c != "_rowid" and c not in read_schema.names]
         if unknown:
             raise WorkItemError(f"keyHash names {unknown}, not columns of {WORK_SCHEMA}")
@@ -183,6 +192,7 @@ class WorkItem:
             parts=tuple(part_of(p, f"parts[{i}]") for i, p in enumerate(parts)),
             read_schema=read_schema,
             table=table,
+            name=name,
         )
 
 

@@ -100,6 +100,13 @@ def _feed(opts: SourceOptions) -> ChangeFeed:
     return feed
 
 
+def forget_feed(path: str, storage_options: dict[str, str]) -> None:
+    """Drop this process's feed of a table: a database stream lets the table go, or takes it
+    up anew (a table created again at the same path is another table: its manifests are not
+    the cached ones)."""
+    _FEEDS.pop((path, tuple(sorted(storage_options.items()))), None)
+
+
 # -- versions -------------------------------------------------------------------
 
 
@@ -540,6 +547,11 @@ class LanceCdfDataSource(DataSource):
         # (a stream rejects it); otherwise the stream's schema is declared, and a batch
         # read returns the declared columns (see README: they differ only when no start
         # is given and columns were dropped before the latest version).
+        from lance_cdf.streaming.database import DatabaseOptions, is_database_stream
+
+        if is_database_stream(self.options):  # every table of a database (database.py)
+            DatabaseOptions.parse(self.options)
+            return work_struct()
         batch = "endingversion" in {str(k).lower() for k in self.options}
         resolved = resolve(self.options, streaming=not batch)
         # pickled with this instance: what "latest" means for the reader created next
@@ -551,8 +563,12 @@ class LanceCdfDataSource(DataSource):
         as_of = getattr(self, "_as_of", None)
         return LanceCdfBatchReader(resolve(self.options, False, as_of), schema)
 
-    def streamReader(self, schema: StructType) -> LanceCdfStreamReader:
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         quiet_when_spark_hangs_up()
+        from lance_cdf.streaming.database import DatabaseReader, is_database_stream
+
+        if is_database_stream(self.options):
+            return DatabaseReader(self.options)
         as_of = getattr(self, "_as_of", None)
         resolved = resolve(self.options, True, as_of)
         if resolved.opts.writer_slots:

@@ -1,0 +1,214 @@
+"""One publisher for a whole database (issue 35 item 4): `lance-cdf publish --database`
+following --tables tables.
+
+    python bench/bench_database.py --tables 200 --idle-seconds 60 --load-seconds 120 \
+        --out bench/results_database.json
+
+Starts a real local broker and Apicurio registry (lance_cdf.devtools) and a LanceDB
+database of --tables small tables with stable row IDs (a tenth in a child namespace),
+creates each table's topic (2 partitions), and runs `lance-cdf publish --database` with its
+defaults (local[2], a trigger a second) as a subprocess. Once it follows every table:
+
+- idle: the CPU time of publish's whole process tree (driver, JVM, Python workers; from
+  /proc/PID/stat) over --idle-seconds with no commit, as a percentage of one core;
+- load: one commit a second (an update of one row) to a random table for --load-seconds;
+  a consumer assigned to every table topic's partitions notes when each commit's first
+  record arrives: commit → first record in Kafka, p50 / p99 / max (a commit whose record
+  never arrived counts as missing);
+- memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup).
+
+Writes the numbers as JSON (--out) and prints them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+
+import numpy as np
+import pyarrow as pa
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from bench_footprint import _children, sample  # noqa: E402  (the process-tree sampler)
+
+STABLE = {"new_table_enable_stable_row_ids": "true"}
+
+
+def tree_cpu(root: int) -> float:
+    """CPU seconds (user + system) of `root` and every descendant alive now."""
+    kids = _children()
+    total, stack = 0.0, [root]
+    tick = os.sysconf("SC_CLK_TCK")
+    while stack:
+        pid = stack.pop()
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / tick
+        except (OSError, IndexError, ValueError):
+            pass
+        stack.extend(kids.get(pid, []))
+    return total
+
+
+def make_database(root: str, n: int) -> dict[str, str]:
+    """n tables of 20 rows (id, s), a tenth in namespace `ns`: qualified name -> path."""
+    import lancedb
+
+    db = lancedb.connect(root)
+    db.create_namespace(["ns"])
+    out = {}
+    for i in range(n):
+        ids = np.arange(20)
+        data = pa.table({"id": ids, "s": [f"a{j}" for j in ids]})
+        if i % 10 == 0:
+            t = db.create_table(f"t{i}", data, namespace_path=["ns"], storage_options=STABLE)
+            out[f"ns.t{i}"] = t.uri.removeprefix("file://")
+        else:
+            t = db.create_table(f"t{i}", data, storage_options=STABLE)
+            out[f"t{i}"] = t.uri.removeprefix("file://")
+    return out
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    return float(np.percentile(values, q)) if values else None
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap.add_argument("--tables", type=int, default=200)
+    ap.add_argument("--idle-seconds", type=float, default=60)
+    ap.add_argument("--load-seconds", type=float, default=120)
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+
+    import lance
+    from confluent_kafka import OFFSET_END, Consumer, TopicPartition
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+
+    work = tempfile.mkdtemp(prefix="bench-database-")
+    root, checkpoint = os.path.join(work, "db"), os.path.join(work, "ck")
+    prefix = f"bench{uuid.uuid4().hex[:6]}"
+    result: dict = {"tables": args.tables, "idle_seconds": args.idle_seconds,
+                    "load_seconds": args.load_seconds}  # fmt: skip
+    proc = None
+    try:
+        with KafkaBroker() as kafka, SchemaRegistry() as registry:
+            t = time.monotonic()
+            paths = make_database(root, args.tables)
+            result["create_tables_s"] = round(time.monotonic() - t, 1)
+            topics = {name: f"{prefix}.{name}" for name in paths}
+            admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+            for _topic, future in admin.create_topics(
+                [NewTopic(tp, 2, 1) for tp in topics.values()]
+            ).items():
+                future.result(60)
+            cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", root,
+                   "--topic-prefix", prefix, "--bootstrap-servers", kafka.bootstrap_servers,
+                   "--schema-registry", registry.url, "--checkpoint", checkpoint]  # fmt: skip
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            log = open(os.path.join(work, "publish.log"), "w")
+            started = time.monotonic()
+            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+            report = os.path.join(checkpoint, "database-tables.json")
+            while True:
+                if proc.poll() is not None:
+                    raise SystemExit(f"publish exited; see {log.name}")
+                try:
+                    with open(report) as f:
+                        if len(json.load(f)["followed"]) == args.tables:
+                            break
+                except (OSError, ValueError, KeyError):
+                    pass
+                time.sleep(1)
+            result["follows_all_after_s"] = round(time.monotonic() - started, 1)
+            time.sleep(20)  # start-up work (idle planner workers) settles
+
+            cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
+            time.sleep(args.idle_seconds)
+            idle = (tree_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
+            result["idle_cpu_percent_of_one_core"] = round(100 * idle, 1)
+            mem = sample(proc.pid)
+            result["idle_memory_mb"] = {k: round(v / 1024) for k, v in mem["total"].items()}
+            result["idle_processes"] = mem["n"]
+
+            consumer = Consumer(
+                {"bootstrap.servers": kafka.bootstrap_servers, "group.id": uuid.uuid4().hex,
+                 "enable.auto.commit": False}
+            )  # fmt: skip
+            consumer.assign(
+                [TopicPartition(tp, p, OFFSET_END) for tp in topics.values() for p in (0, 1)]
+            )
+            arrived: dict[tuple[str, int], float] = {}
+            stop = threading.Event()
+
+            def consume() -> None:
+                while not stop.is_set():
+                    m = consumer.poll(0.2)
+                    if m is None or m.error():
+                        continue
+                    h = dict(m.headers() or [])
+                    version = h.get("lance-cdf.commit-version")
+                    if version is not None:
+                        arrived.setdefault((m.topic(), int(version)), time.time())
+
+            reader = threading.Thread(target=consume, daemon=True)
+            reader.start()
+            time.sleep(5)  # the assignment takes effect
+            rng = random.Random(35)
+            commits: dict[tuple[str, int], float] = {}
+            cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
+            while time.monotonic() - t0 < args.load_seconds:
+                tick = time.monotonic()
+                name = rng.choice(sorted(paths))
+                ds = lance.dataset(paths[name])
+                ds.update({"s": f"'u{ds.version}'"}, where=f"id = {rng.randrange(20)}")
+                done = time.time()
+                commits[(topics[name], lance.dataset(paths[name]).version)] = done
+                time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+            load_cpu = (tree_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
+            time.sleep(15)  # the last commits' records
+            stop.set()
+            reader.join(5)
+            consumer.close()
+            latencies = [arrived[k] - c for k, c in commits.items() if k in arrived]
+            result["load"] = {
+                "commits": len(commits),
+                "missing": len(commits) - len(latencies),
+                "latency_s_p50": percentile(latencies, 50),
+                "latency_s_p99": percentile(latencies, 99),
+                "latency_s_max": max(latencies) if latencies else None,
+                "cpu_percent_of_one_core": round(100 * load_cpu, 1),
+            }
+            mem = sample(proc.pid)
+            result["load_memory_mb"] = {k: round(v / 1024) for k, v in mem["total"].items()}
+            result["load_processes"] = mem["n"]
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(120)
+            proc = None
+    finally:
+        if proc is not None and proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(result, indent=1))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
