@@ -48,12 +48,12 @@ ALLOWED = {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
         "errors", "",
     },
-    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "errors"},
+    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "namespace", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
-        "clientconfig", "lease", "errors",
+        "clientconfig", "lease", "namespace", "errors",
     },
     "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
 }
