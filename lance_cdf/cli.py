@@ -535,6 +535,11 @@ def _replicate_database(args: argparse.Namespace) -> int:
               f"{c.deletes} deletes, source version {c.source_version}", flush=True)  # fmt: skip
     for name in replicator.gone:
         print(f"let go {name}: its topic was deleted", flush=True)
+    if replicator.refused:
+        raise LanceCdfError(
+            f"{len(replicator.refused)} table(s) not replicated (the others were): "
+            + "; ".join(sorted(replicator.refused.values()))
+        )
     return 0
 
 

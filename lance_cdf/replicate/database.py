@@ -13,8 +13,11 @@ Each table is applied by a `Replicator` of its own (replicator.py) that shares t
 consumer, the schema decoder and the dead-letter producer: its lease, identity checks,
 whole source versions (its transaction topic's records are handed to its gate) and
 exactly-once position in its own replica's commits are those of a single-topic replica.
-A table whose start or batch fails stops the whole replicator (nothing half-applied;
-every replica resumes from its own position).
+A table whose start is refused (its replica follows another topic or table, is leased by
+another replicator, or holds a position its topic does not: a topic deleted and created
+again) is reported with that error and left out (`refused`; the command exits non-zero
+naming it), the other tables go on; a batch that fails stops the whole replicator (nothing
+half-applied; every replica resumes from its own position).
 """
 
 from __future__ import annotations
@@ -30,7 +33,13 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.errors import LanceCdfError, ReplicateError
+from lance_cdf.errors import (
+    ForeignReplicaError,
+    LanceCdfError,
+    LeaseHeldError,
+    ReplicaPositionError,
+    ReplicateError,
+)
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
 from lance_cdf.namespace import table_location
@@ -170,6 +179,7 @@ class DatabaseReplicator:
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
         self._by_transaction_topic: dict[str, TableReplica] = {}
         self.gone: list[str] = []  # qualified names of tables whose topic disappeared
+        self.refused: dict[str, str] = {}  # topic -> why its table's start was refused
         self._stop = threading.Event()
         self._changed = time.monotonic()  # the last table picked up
 
@@ -198,8 +208,10 @@ class DatabaseReplicator:
             table.missing += 1
             if table.missing >= GONE_AFTER:
                 self._let_go(table)
+        for topic in [t for t in self.refused if t not in found]:
+            del self.refused[topic]  # (deleted: taken up again if it comes back)
         for topic, table_topic in found.items():
-            if topic not in self.tables:
+            if topic not in self.tables and topic not in self.refused:
                 self._take_up(table_topic)
 
     def _take_up(self, table: TableTopic) -> None:
@@ -208,7 +220,13 @@ class DatabaseReplicator:
             self.bootstrap_servers, table.topic, self.schema_registry, target,
             shared=self.shared, **self.options,
         )  # fmt: skip
-        replicator.start()  # (refused: stops everything, before anything is applied)
+        try:
+            replicator.start()
+        except (ForeignReplicaError, ReplicaPositionError, LeaseHeldError) as exc:
+            self.refused[table.topic] = f"{table.qualified_name}: {exc}"
+            log.error("table %s not replicated, the others go on: %s", table.qualified_name, exc)
+            self._changed = time.monotonic()
+            return
         try:
             partitions = replicator.topic_partitions()
             if partitions is None:  # (deleted since the listing: the next one says so)
@@ -255,14 +273,14 @@ class DatabaseReplicator:
     def run(self, idle_timeout: float | None = None) -> dict[str, Counters]:
         """Apply batches until stop() / SIGTERM / SIGINT, or until no record has arrived
         (and no table appeared) for `idle_timeout` seconds. Each table's batch in progress
-        is finished before returning."""
+        is finished before returning. Returns each table's counters; the tables left out
+        are in `refused` (topic -> why)."""
         previous: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread():
             previous = {s: signal.signal(s, lambda *_: self.stop())
                         for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
         last_data = time.monotonic()
         next_refresh = 0.0
-        finished: dict[str, Counters] = {}
         try:
             while not self._stop.is_set():
                 if time.monotonic() >= next_refresh:
