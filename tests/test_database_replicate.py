@@ -198,6 +198,12 @@ def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, sch
                             storage_options=STABLE)  # fmt: skip
             publish_all(src, prefix, kafka_broker, schema_registry, ck, only="sales.returns")
             wait_for(lambda: caught_up(src, dst, "sales.returns"), 60, "the new table")
+            # a second replicator of the same database: every table's lease is held
+            second = subprocess.run([*cmd, "--idle-timeout", "2"], capture_output=True,
+                                    text=True, timeout=120, env=env)  # fmt: skip
+            assert second.returncode == 2, second.stderr[-3000:]
+            assert "4 table(s) not replicated" in second.stderr
+            assert second.stderr.count("is being written by") >= 4
             admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
             gone = [f"{prefix}.users", f"{prefix}.users.transaction"]
             for f in admin.delete_topics(gone).values():
