@@ -37,10 +37,10 @@ def _csv(value: str) -> list[str]:
     return [c.strip() for c in value.split(",") if c.strip()]
 
 
-def _kafka_endpoint(parser: argparse.ArgumentParser) -> None:
+def _kafka_endpoint(parser: argparse.ArgumentParser, topic_required: bool = True) -> None:
     """The broker, topic and schema registry publish writes to and replicate reads from."""
     parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
-    parser.add_argument("--topic", required=True)
+    parser.add_argument("--topic", required=topic_required)
     parser.add_argument("--schema-registry", required=True, metavar="URL",
                         help="Confluent-compatible registry URL")  # fmt: skip
 
@@ -235,13 +235,32 @@ def build_parser() -> argparse.ArgumentParser:
         "/data/replica.lance --key id",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _kafka_endpoint(rep)
-    rep.add_argument("--target", required=True, help="replica table path or URI")
+    _kafka_endpoint(rep, topic_required=False)
+    rep.add_argument("--target", default=None,
+                     help="replica table path or URI (with --topic)")  # fmt: skip
+    # issue 35: a whole database (replicate/database.py)
+    rep.add_argument("--database-target", default=None, metavar="URI",
+                     help="instead of --topic/--target: replicate every topic PREFIX.<table> "
+                     "(see --topic-prefix) into the table of that qualified name (sales.orders: "
+                     "table orders of namespace sales) of this LanceDB database / Lance "
+                     "directory namespace, with one consumer; new topics are picked up, "
+                     "deleted ones let go")  # fmt: skip
+    rep.add_argument("--topic-prefix", default=None, metavar="P",
+                     help="with --database-target: the publisher's --topic-prefix")
+    rep.add_argument("--include", default=None, metavar="REGEX",
+                     help="with --database-target: only tables whose qualified name matches")
+    rep.add_argument("--exclude", default=None, metavar="REGEX",
+                     help="with --database-target: not the tables whose qualified name "
+                     "matches")  # fmt: skip
+    rep.add_argument("--refresh-interval", type=_seconds, default=5.0, metavar="SECONDS",
+                     help="with --database-target: how often the topic list is read for new "
+                     "and deleted topics (default 5)")  # fmt: skip
     rep.add_argument("--key", type=_csv, default=None,
                      help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
                      "source's stable row ID kept as a column)")  # fmt: skip
     rep.add_argument("--group-id", default=None,
-                     help="consumer group (default lance-cdf-replicate-TOPIC)")  # fmt: skip
+                     help="consumer group (default lance-cdf-replicate-TOPIC; with "
+                     "--database-target lance-cdf-replicate-db-PREFIX)")  # fmt: skip
     rep.add_argument("--max-batch-rows", type=int, default=100_000,
                      help="records per batch (one Lance commit); bigger batches: fewer "
                      "commits and files, more throughput, more latency")  # fmt: skip
@@ -310,10 +329,15 @@ def build_parser() -> argparse.ArgumentParser:
         "/data/ck/events --replica /data/replica.lance",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    status.add_argument("--table", default=None, help="source table path or URI")
+    status.add_argument("--table", default=None,
+                        help="source table path or URI (required unless --database or "
+                        "--database-target)")  # fmt: skip
     status.add_argument("--database", default=None, metavar="URI",
                         help="a database publisher's database (publish --database): every "
                         "table it follows, with its lag, and the tables it skips")  # fmt: skip
+    status.add_argument("--database-target", default=None, metavar="URI",
+                        help="instead: every replica table of a `replicate --database-target` "
+                        "database, one line each (the source version it holds)")  # fmt: skip
     status.add_argument("--checkpoint", default=None, metavar="DIR",
                         help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
     status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
@@ -509,6 +533,13 @@ def _replicate(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     scrub_logging()  # the registry client's request log names its URL, user-info included
+    if args.database_target is not None or args.topic_prefix is not None:
+        return _replicate_database(args)
+    if args.topic is None or args.target is None:
+        raise LanceCdfError(
+            "replicate needs --topic and --target (one table), or --database-target and "
+            "--topic-prefix (every table of a database)"
+        )
     replicator = Replicator(
         args.bootstrap_servers, args.topic, _registry_url(args), args.target, key=args.key,
         group_id=args.group_id, max_batch_rows=args.max_batch_rows,
@@ -549,10 +580,60 @@ def _replicate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replicate_database(args: argparse.Namespace) -> int:
+    """`lance-cdf replicate --database-target URI --topic-prefix P` (replicate/database.py)."""
+    from lance_cdf.clientconfig import redact_url
+    from lance_cdf.replicate.database import DatabaseReplicator
+
+    if args.database_target is None or args.topic_prefix is None:
+        raise LanceCdfError("--database-target and --topic-prefix go together")
+    used = [flag for flag, value in (
+        ("--topic", args.topic), ("--target", args.target), ("--key", args.key),
+        ("--transaction-topic", args.transaction_topic), ("--source-table", args.source_table),
+        ("--metrics-port", args.metrics_port),
+    ) if value is not None]  # fmt: skip
+    if used:
+        raise LanceCdfError(
+            f"{', '.join(used)} cannot be used with --database-target (each table's topic, "
+            "transaction topic and replica follow from its name; replicas are keyed by "
+            "_source_rowid)"
+        )
+    replicator = DatabaseReplicator(
+        args.bootstrap_servers, args.topic_prefix, _registry_url(args), args.database_target,
+        include=args.include, exclude=args.exclude, group_id=args.group_id,
+        refresh_s=args.refresh_interval, max_batch_rows=args.max_batch_rows,
+        max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
+        consumer_config=_settings(args, "consumer_config"),
+        registry_config=_settings(args, "registry_config"),
+        storage_options=_options(args.storage_option), compact_every=args.compact_every,
+        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
+        preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
+        transaction_metadata=not args.no_transaction_topic,
+        max_pending_records=args.max_pending_records,
+    )  # fmt: skip
+    print(f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
+          f"{redact_url(args.database_target)}", flush=True)  # fmt: skip
+    counters = replicator.run(idle_timeout=args.idle_timeout)
+    for name, c in sorted(counters.items()):
+        print(f"stopped {name}: {c.batches} batches, {c.records} records, {c.upserts} upserts, "
+              f"{c.deletes} deletes, source version {c.source_version}", flush=True)  # fmt: skip
+    for name in replicator.gone:
+        print(f"let go {name}: its topic was deleted", flush=True)
+    if replicator.refused:
+        raise LanceCdfError(
+            f"{len(replicator.refused)} table(s) not replicated (the others were): "
+            + "; ".join(sorted(replicator.refused.values()))
+        )
+    return 0
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     """`lance-cdf status --table T [--checkpoint C] [--replica R]`: where a pipeline stands —
     the table's latest version, the publisher's committed version and lag, the replica's
-    source version — as text or `--json`.
+    source version — as text or `--json`; `--database D --checkpoint C`: the same for every
+    table a database publisher follows (and those it skips); `--database-target URI`: the
+    source version each replica table of a database replicator holds.
 
     Returns 0. Raises `LanceCdfError` (exit 2) for a table or replica that cannot be read."""
     import datetime as dt
@@ -560,8 +641,12 @@ def cmd_status(args: argparse.Namespace) -> int:
     from lance_cdf.clientconfig import redact_url
     from lance_cdf.feed import ChangeFeed
 
+    if args.database_target is not None:
+        return _status_database(args)
     if (args.table is None) == (args.database is None):
-        raise LanceCdfError("status needs --table (one table) or --database (and --checkpoint)")
+        raise LanceCdfError(
+            "status needs --table (one table), --database (and --checkpoint) or --database-target"
+        )
     if args.database is not None:
         return _database_status(args)
 
@@ -656,6 +741,40 @@ def _database_status(args: argparse.Namespace) -> int:
         lines.append(f"skipped     {name}: {why}")
     document = {"database": redact_url(args.database), "tables": tables, "skipped": skipped}
     print(json.dumps(document) if args.json else "\n".join(lines))
+    return 0
+
+
+def _status_database(args: argparse.Namespace) -> int:
+    """`lance-cdf status --database-target URI`: each replica table of the database (by
+    qualified name), the topic it follows and the source version it holds."""
+    from lance_cdf.clientconfig import redact_url
+    from lance_cdf.namespace import list_tables
+    from lance_cdf.replicate.replica import (
+        INSIDE_VERSION_PROPERTY,
+        TOPIC_PROPERTY,
+        ReplicaTable,
+        describe_position,
+        source_version_of,
+    )
+
+    options = _options(args.replica_storage_option or args.storage_option)
+    refs = list_tables(args.database_target, options)
+    replicas: list[dict[str, object]] = []
+    width = max([len(r.qualified_name) for r in refs] or [0])
+    lines = [f"database    {redact_url(args.database_target)}: {len(refs)} replica tables"]
+    for ref in refs:
+        position = ReplicaTable(ref.uri, [], options).position()
+        inside = position.get(INSIDE_VERSION_PROPERTY)
+        replicas.append({
+            "table": ref.qualified_name, "uri": redact_url(ref.uri),
+            "topic": position.get(TOPIC_PROPERTY), "source_version": source_version_of(position),
+            "inside_version": None if inside is None else int(inside),
+        })  # fmt: skip
+        topic = position.get(TOPIC_PROPERTY)
+        lines.append(f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
+                     + (f" (topic {topic})" if topic else ""))  # fmt: skip
+    report = {"database_target": redact_url(args.database_target), "replicas": replicas}
+    print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
 
 

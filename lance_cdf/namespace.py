@@ -13,6 +13,7 @@ or by their `$`-joined object id.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import posixpath
 from dataclasses import dataclass
@@ -149,3 +150,62 @@ def _is_table_dir(fs: FileSystem, ref: TableRef) -> bool:
     declared but without versions yet, is a table, as pylance's DirectoryNamespace lists
     it: reading its changes finds no version.)"""
     return not fs.exists(f"{ref.identifier[0]}{SUFFIX}/{DEREGISTERED}")
+
+
+def table_location(
+    root: str, identifier: tuple[str, ...], storage_options: dict[str, str] | None = None
+) -> str:
+    """The URI of table `identifier` (namespace levels, then the name) of the database at
+    `root`, declared there first when it does not exist yet: its namespace levels created
+    and the table registered as the Lance directory namespace does it (pylance's
+    `DirectoryNamespace`: a root table at `<name>.lance`, a namespaced one registered in
+    `__manifest` at `<hash>_<ns>$<name>`), so LanceDB and `list_tables` find it under
+    its qualified name. The directory gets its first version from whoever writes it."""
+    from lance.namespace import DirectoryNamespace
+    from lance_namespace import (
+        CreateNamespaceRequest,
+        DeclareTableRequest,
+        DescribeTableRequest,
+        NamespaceExistsRequest,
+    )
+    from lance_namespace.errors import (
+        NamespaceAlreadyExistsError,
+        NamespaceNotFoundError,
+        TableAlreadyExistsError,
+        TableNotFoundError,
+    )
+
+    if not identifier or not all(identifier):
+        raise TableNameError(f"table identifier {identifier!r} has an empty level")
+    path = local_path(root)
+    if path is not None:
+        os.makedirs(path, exist_ok=True)
+    props = {"root": root, **{f"storage.{k}": v for k, v in (storage_options or {}).items()}}
+    ns = DirectoryNamespace(**props)
+    ident = list(identifier)
+    try:
+        return _location(ns.describe_table(DescribeTableRequest(id=ident)).location, root)
+    except TableNotFoundError:
+        pass
+    for depth in range(1, len(ident)):  # the namespace levels, outermost first
+        level = ident[:depth]
+        try:
+            ns.namespace_exists(NamespaceExistsRequest(id=level))
+        except NamespaceNotFoundError:
+            with contextlib.suppress(NamespaceAlreadyExistsError):  # (made meanwhile)
+                ns.create_namespace(CreateNamespaceRequest(id=level))
+    try:
+        declared = ns.declare_table(DeclareTableRequest(id=ident)).location
+    except TableAlreadyExistsError:  # (declared meanwhile)
+        declared = ns.describe_table(DescribeTableRequest(id=ident)).location
+    return _location(declared, root)
+
+
+def _location(location: str | None, root: str) -> str:
+    """A location the namespace answered (a `file://` URI for a local root) as lance-cdf
+    names tables of `root`: a path for a local root."""
+    if not location:
+        raise LanceCdfError(f"the namespace at {root} gave no location for a table")
+    if local_path(root) is not None and location.startswith("file://"):
+        return location[len("file://") :]
+    return location

@@ -48,7 +48,7 @@ ALLOWED = {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
         "namespace", "errors", "",
     },
-    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "errors"},
+    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "namespace", "errors"},
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {

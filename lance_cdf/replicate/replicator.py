@@ -329,6 +329,18 @@ def _offset(m: Message) -> int:
     return offset
 
 
+@dataclass
+class SharedClients:
+    """Kafka and registry clients a database replicator (database.py) shares among its
+    tables' `Replicator`s: the one consumer (its group, assigned partitions of every
+    table's topics; polled by the caller), the schema decoder and the dead-letter producer."""
+
+    consumer: Consumer
+    group_id: str
+    decoder: _Decoder
+    dlq: Producer | None = None
+
+
 class _Positions(NamedTuple):
     """Where a batch's records lie (`Replicator._positions`)."""
 
@@ -348,6 +360,11 @@ def _gc_paused() -> Iterator[None]:
     finally:
         if was:
             gc.enable()
+
+
+# shared by a database replicator's tables (database.py)
+SchemaDecoder = _Decoder
+gc_paused = _gc_paused
 
 
 def _batch_decoder(envelope: dict[str, Any]) -> BatchDecoder | None:
@@ -436,11 +453,15 @@ class Replicator:
         transaction_topic: str | None = None,
         transaction_metadata: bool = True,
         max_pending_records: int = 200_000,
+        shared: SharedClients | None = None,
     ):
         self.topic = topic
+        self.shared = shared
         self.target, self.storage_options = target, storage_options
         self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
-        self.group_id = group_id or f"lance-cdf-replicate-{topic}"
+        self.group_id = shared.group_id if shared is not None else (
+            group_id or f"lance-cdf-replicate-{topic}"
+        )  # fmt: skip
         # whole versions (wholeversions.py): the transaction topic read beside `topic`
         # (None: records applied as they come, no source version recorded)
         self.transaction_topic = (
@@ -452,14 +473,15 @@ class Replicator:
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.dead_letter_topic = dead_letter_topic
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
-        check_broker(bootstrap_servers, consumer_config, flag="consumer")
-        check_registry(schema_registry, registry_config)
+        if shared is None:  # (a shared consumer's owner checked them)
+            check_broker(bootstrap_servers, consumer_config, flag="consumer")
+            check_registry(schema_registry, registry_config)
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,
             prewarm=preload_index, key_map=key_map,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
-        self.decoder = _Decoder(
+        self.decoder = shared.decoder if shared is not None else _Decoder(
             # a request timeout (the client has none: a hung registry would hang the
             # replicator for good), and no retries of its own: an outage is retried, and
             # logged, by _Decoder._schema
@@ -469,7 +491,7 @@ class Replicator:
             ),  # fmt: skip
             outage_s=registry_outage_s,
         )
-        self.consumer = Consumer({
+        self.consumer = shared.consumer if shared is not None else Consumer({
             "group.id": self.group_id,
             "enable.auto.commit": False,
             "auto.offset.reset": "earliest",
@@ -481,7 +503,8 @@ class Replicator:
             "on_commit": self._on_commit,
             **config,
         })  # fmt: skip
-        self.dlq = Producer({**config, "acks": "all"}) if dead_letter_topic else None
+        dlq = Producer({**config, "acks": "all"}) if dead_letter_topic and not shared else None
+        self.dlq = shared.dlq if shared is not None else dlq
         # for the topic's configuration (is it compacted?): the connection settings only
         self._admin_config = {k: v for k, v in config.items()
                               if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
@@ -516,6 +539,11 @@ class Replicator:
 
     # -- position -------------------------------------------------------------------
     def _on_assign(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        consumer.assign(self.positioned(partitions))
+
+    def positioned(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        """The topic's partitions (about to be assigned) at the replica's position; the
+        replicator's state reset to it."""
         self._assigned = time.monotonic()
         self._assignments += 1
         self._partitions = [tp.partition for tp in partitions]
@@ -537,7 +565,7 @@ class Replicator:
             # nothing of starts at the beginning (_check_start refused a start where that
             # would not be the whole history)
             tp.offset = self._applied.get(tp.partition, OFFSET_BEGINNING)
-        consumer.assign(partitions)
+        return partitions
 
     # -- running --------------------------------------------------------------------
     def stop(self) -> None:
@@ -554,15 +582,10 @@ class Replicator:
                         for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
         started = time.monotonic()
         try:
-            # one writer per replica, then whose replica it is and where it resumes:
-            # all refused before anything is applied
-            self._lease = lease = self._acquire_lease()
-            self._check_start()
+            lease = self.start()
         except BaseException:
             for s, h in previous.items():
                 signal.signal(s, h)
-            if self._lease is not None:
-                self._release(self._lease)
             self.consumer.close()
             raise
         self.consumer.subscribe([self.topic], on_assign=self._on_assign)
@@ -601,6 +624,59 @@ class Replicator:
             finally:
                 self._release(lease)
         return self.counters
+
+    def start(self) -> Lease:
+        """One writer per replica (its lease, renewed from a thread), then whose replica it
+        is and where it resumes: all refused before anything is applied."""
+        try:
+            self._lease = lease = self._acquire_lease()
+            self._check_start()
+        except BaseException:
+            if self._lease is not None:
+                self._release(self._lease)
+            raise
+        return lease
+
+    def finish(self, commit: bool = True) -> None:
+        """(A shared consumer's replicator) the last position committed to the consumer
+        group (`commit`: the topic still exists), the transaction partition let go and
+        the lease given up."""
+        try:
+            if commit and self._assigned is not None:
+                self._commit_offsets(self._applied, asynchronous=False)
+            if self._gate is not None:
+                self._gate.close()
+        finally:
+            if self._lease is not None:
+                self._release(self._lease)
+
+    # (a shared consumer's replicator: its owner polls, these take what it polled)
+    def take(self, msgs: list[Message]) -> None:
+        """Apply what may be applied of the topic's records polled so far (`_take`), the
+        lease checked first (LeaseLostError: nothing more is applied)."""
+        if self._lease is not None:
+            self._lease.check()
+        self._take(msgs)
+
+    def feed_transactions(self, msgs: list[Message]) -> bool:
+        """Records of the transaction topic polled by the shared consumer, for the gate;
+        False: no gate reads them (yet)."""
+        if self._gate is None:
+            return False
+        self._gate.feed(msgs)
+        return True
+
+    def added_partitions(self, partitions: list[int]) -> list[TopicPartition]:
+        """Partitions the topic gained since assigned (of `partitions`, its partitions
+        now), at the replica's position (from the beginning: they are new)."""
+        new = sorted(set(partitions) - set(self._partitions))
+        self._partitions = sorted([*self._partitions, *new])
+        return [TopicPartition(self.topic, p, self._applied.get(p, OFFSET_BEGINNING))
+                for p in new]  # fmt: skip
+
+    def topic_partitions(self) -> list[int] | None:
+        """The topic's partitions (None: no such topic)."""
+        return self._topic_partitions()
 
     def _idle(self, idle_timeout: float, last_data: float, started: float) -> bool:
         """Whether `idle_timeout` has passed without a record: counted from the partition
@@ -722,13 +798,19 @@ class Replicator:
         for p in partitions:
             start = applied.get(p, 0)
             try:
-                low, _ = self.consumer.get_watermark_offsets(
+                low, high = self.consumer.get_watermark_offsets(
                     TopicPartition(self.topic, p), timeout=10
                 )
             except KafkaException as exc:
                 raise LanceCdfError(
                     f"cannot read the offsets of {self.topic!r} partition {p}: {exc}"
                 ) from None
+            if high < start:  # fewer records than applied: not the topic the replica read
+                raise ReplicaPositionError(
+                    f"the replica {self.target} applied {self.topic!r} partition {p} up to "
+                    f"offset {start}, but the partition ends at offset {high}: the topic was "
+                    "deleted and created again since. Replicate it into a new --target."
+                )
             if low <= start:
                 continue
             policy = self._cleanup_policy()
@@ -917,6 +999,7 @@ class Replicator:
             self._gate = VersionGate(
                 self._consumer_config, self.topic, txn,
                 TransactionDecoder(self.decoder.registry), self.max_pending_records,
+                consumer=self.consumer if self.shared is not None else None,
             )  # fmt: skip
         position = self._position
         bounds = json.loads(position.get(VERSION_OFFSETS_PROPERTY, "{}")).get(self.topic)
@@ -990,8 +1073,9 @@ class Replicator:
         c.source_version = held if take is not None else max(c.source_version, version)
         c.lag = self._lag(next_offsets)
         log.info(
-            "batch %d: %d records (%d skipped), %d upserts, %d deletes, source version %d, "
-            "lag %d", c.batches, len(msgs), skipped,
+            "%sbatch %d: %d records (%d skipped), %d upserts, %d deletes, source version %d, "
+            "lag %d", f"{self.topic}: " if self.shared is not None else "", c.batches,
+            len(msgs), skipped,
             0 if upserts is None else upserts.num_rows,
             0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
         )  # fmt: skip

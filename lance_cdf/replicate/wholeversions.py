@@ -75,14 +75,21 @@ class VersionGate:
         transaction_topic: str,
         decoder: TransactionDecoder,
         max_pending: int,
+        consumer: Consumer | None = None,
     ):
         self.topic, self.transaction_topic = topic, transaction_topic
         self.decoder, self.max_pending = decoder, max_pending
-        self.consumer = Consumer({
+        # a consumer of its own; or, given (a database replicator's, database.py, shared by
+        # every table), one that the caller polls: it hands the transaction topic's
+        # records over with `feed`, and this gate only (un)assigns its partition
+        self.shared = consumer is not None
+        self.consumer = consumer if consumer is not None else Consumer({
             **consumer_config, "group.id": f"lance-cdf-replicate-{transaction_topic}",
             "enable.auto.commit": False, "isolation.level": "read_committed",
             "auto.offset.reset": "earliest",
         })  # fmt: skip
+        self._fed: list[Message] = []  # (shared consumer) polled, not yet read
+        self._assigned = False
         self.version = 0
         self.transaction_offset = 0
         self.base: dict[int, int] = {}  # partition -> where the records after `version` start
@@ -103,10 +110,26 @@ class VersionGate:
         self.base, self.applied = dict(version_offsets), dict(applied)
         self.pending, self.ends = {}, []
         self._read = transaction_offset
-        self.consumer.assign([TopicPartition(self.transaction_topic, 0, transaction_offset)])
+        at = TopicPartition(self.transaction_topic, 0, transaction_offset)
+        if not self.shared:
+            self.consumer.assign([at])
+            return
+        self._fed = []
+        if self._assigned:
+            self.consumer.incremental_unassign([TopicPartition(self.transaction_topic, 0)])
+        self.consumer.incremental_assign([at])
+        self._assigned = True
+
+    def feed(self, msgs: list[Message]) -> None:
+        """Records of the transaction topic polled by the shared consumer."""
+        self._fed.extend(msgs)
 
     def close(self) -> None:
-        self.consumer.close()
+        if not self.shared:
+            self.consumer.close()
+        elif self._assigned:
+            self._assigned = False
+            self.consumer.incremental_unassign([TopicPartition(self.transaction_topic, 0)])
 
     def waiting(self) -> int:
         return sum(len(v) for v in self.pending.values())
@@ -140,8 +163,11 @@ class VersionGate:
 
     def _poll_transactions(self) -> None:
         while True:
-            # (a zero timeout never hands out what the fetcher holds: 10 ms does)
-            got = self.consumer.consume(10_000, 0.01)
+            if self.shared:
+                got, self._fed = self._fed, []
+            else:
+                # (a zero timeout never hands out what the fetcher holds: 10 ms does)
+                got = self.consumer.consume(10_000, 0.01)
             if not got:
                 return
             for m in got:

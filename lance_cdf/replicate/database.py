@@ -1,0 +1,372 @@
+"""Replicate a whole database: every table's topic into a replica database, one consumer.
+
+`lance-cdf publish --database` writes each table of a database to topic
+`<prefix>.<qualified name>` (`sales.orders`, a root table `orders`) and its transaction
+metadata to `<that topic>.transaction`. `DatabaseReplicator` follows all of them with one
+Kafka consumer (manual assignment, refreshed from the broker's topic list every
+`refresh_s` seconds: a topic created later is picked up without a restart, one that
+disappears is reported and let go), and applies each topic to the table of the same
+qualified name in the target database (created as the Lance directory namespace / LanceDB
+lays tables out, namespace levels kept: namespace.table_location).
+
+Each table is applied by a `Replicator` of its own (replicator.py) that shares the
+consumer, the schema decoder and the dead-letter producer: its lease, identity checks,
+whole source versions (its transaction topic's records are handed to its gate) and
+exactly-once position in its own replica's commits are those of a single-topic replica.
+A table whose start is refused (its replica follows another topic or table, is leased by
+another replicator, or holds a position its topic does not: a topic deleted and created
+again) is reported with that error and left out (`refused`; the command exits non-zero
+naming it), the other tables go on; a batch that fails stops the whole replicator (nothing
+half-applied; every replica resumes from its own position).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.schema_registry import SchemaRegistryClient
+
+from lance_cdf.errors import (
+    ForeignReplicaError,
+    LanceCdfError,
+    LeaseHeldError,
+    ReplicaPositionError,
+    ReplicateError,
+)
+from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
+from lance_cdf.namespace import table_location
+from lance_cdf.replicate.replicator import (
+    Counters,
+    Replicator,
+    SchemaDecoder,
+    SharedClients,
+    gc_paused,
+)
+
+if TYPE_CHECKING:
+    from confluent_kafka import Message
+
+log = logging.getLogger("lance_cdf.replicate")
+
+# a topic missing from this many topic listings in a row is let go (one listing may be
+# served by a broker that has not heard of a topic yet)
+GONE_AFTER = 2
+
+
+@dataclass(frozen=True)
+class TableTopic:
+    """A topic of the database's tables: which table it holds."""
+
+    topic: str
+    qualified_name: str  # namespace levels and table name joined by "."
+    identifier: tuple[str, ...]  # namespace levels, then the table name
+
+
+def table_topics(
+    topics: list[str],
+    prefix: str,
+    include: re.Pattern[str] | None = None,
+    exclude: re.Pattern[str] | None = None,
+) -> list[TableTopic]:
+    """The topics of `topics` that hold a table: `<prefix>.<qualified name>`, not a
+    transaction topic (`*.transaction`) nor Kafka's own (`__*`), the qualified name fully
+    matching `include` (if given) and not `exclude`; sorted by topic."""
+    out = []
+    head = prefix + "."
+    for topic in sorted(topics):
+        if not topic.startswith(head) or topic.endswith(TRANSACTION_SUFFIX):
+            continue
+        name = topic[len(head) :]
+        identifier = tuple(name.split("."))
+        if not all(identifier):
+            continue
+        if include is not None and not include.fullmatch(name):
+            continue
+        if exclude is not None and exclude.fullmatch(name):
+            continue
+        out.append(TableTopic(topic, name, identifier))
+    return out
+
+
+@dataclass
+class TableReplica:
+    """One table being replicated: its topic, replica location and replicator."""
+
+    table: TableTopic
+    target: str
+    replicator: Replicator
+    partitions: list[TopicPartition]
+    missing: int = 0  # topic listings in a row without the topic
+
+
+class DatabaseReplicator:
+    """Apply every table topic `<topic_prefix>.<qualified name>` (matching `include` /
+    not `exclude`, regexes over qualified names) to the table of that name in the
+    database at `target`. `options` go to each table's `Replicator` (key, batch sizes,
+    compaction, lease TTL, ...). Run with `run()`; `stop()` (or SIGTERM / Ctrl-C when run
+    in the main thread) ends it after the current batch."""
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic_prefix: str,
+        schema_registry: str,
+        target: str,
+        include: str | None = None,
+        exclude: str | None = None,
+        group_id: str | None = None,
+        refresh_s: float = 5.0,
+        max_batch_rows: int = 100_000,
+        max_batch_interval: float = 1.0,
+        dead_letter_topic: str | None = None,
+        consumer_config: dict[str, Any] | None = None,
+        registry_config: dict[str, Any] | None = None,
+        storage_options: dict[str, str] | None = None,
+        registry_outage_s: float = 120.0,
+        **options: Any,
+    ):
+        if not topic_prefix or topic_prefix != topic_prefix.strip("."):
+            raise ReplicateError(
+                f"--topic-prefix {topic_prefix!r} is empty or starts / ends with a dot; give "
+                "the publisher's --topic-prefix (topics are PREFIX.namespace.table)"
+            )
+        try:
+            self.include = re.compile(include) if include else None
+            self.exclude = re.compile(exclude) if exclude else None
+        except re.error as exc:
+            raise ReplicateError(f"--include / --exclude is not a regex: {exc}") from None
+        self.bootstrap_servers, self.schema_registry = bootstrap_servers, schema_registry
+        self.topic_prefix, self.target = topic_prefix, target
+        self.storage_options = storage_options
+        self.refresh_s = refresh_s
+        self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
+        self.group_id = group_id or f"lance-cdf-replicate-db-{topic_prefix}"
+        self.registry_config = registry_config
+        config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
+        check_broker(bootstrap_servers, consumer_config, flag="consumer")
+        check_registry(schema_registry, registry_config)
+        self.options = {
+            **options, "max_batch_rows": max_batch_rows,
+            "max_batch_interval": max_batch_interval, "dead_letter_topic": dead_letter_topic,
+            "consumer_config": consumer_config, "registry_config": registry_config,
+            "storage_options": storage_options,
+        }  # fmt: skip
+        self.consumer = Consumer({
+            "group.id": self.group_id,
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "max.partition.fetch.bytes": 16 << 20,
+            "fetch.max.bytes": 64 << 20,
+            "on_commit": _on_commit,
+            **config,
+        })  # fmt: skip
+        self.shared = SharedClients(
+            self.consumer, self.group_id,
+            SchemaDecoder(SchemaRegistryClient({"url": schema_registry, "timeout": 10,
+                                           "max.retries": 0, **(registry_config or {})}),
+                     outage_s=registry_outage_s),
+            Producer({**config, "acks": "all"}) if dead_letter_topic else None,
+        )  # fmt: skip
+        self.tables: dict[str, TableReplica] = {}  # topic -> its table
+        self._by_transaction_topic: dict[str, TableReplica] = {}
+        self.gone: list[str] = []  # qualified names of tables whose topic disappeared
+        self.refused: dict[str, str] = {}  # topic -> why its table's start was refused
+        self._stop = threading.Event()
+        self._changed = time.monotonic()  # the last table picked up
+
+    # -- tables -----------------------------------------------------------------------
+    def refresh(self) -> None:
+        """Pick up the topics that appeared, let go of those that disappeared."""
+        try:
+            meta = self.consumer.list_topics(timeout=10)
+        except KafkaException as exc:
+            log.warning("cannot list the topics (%s); asked again in %.0f s", exc,
+                        self.refresh_s)  # fmt: skip
+            return
+        listed = [t for t, m in meta.topics.items() if m.error is None and m.partitions]
+        found = {t.topic: t for t in table_topics(listed, self.topic_prefix,
+                                                  self.include, self.exclude)}  # fmt: skip
+        for topic, table in list(self.tables.items()):
+            if topic in found:
+                table.missing = 0
+                added = table.replicator.added_partitions(sorted(meta.topics[topic].partitions))
+                if added:  # (a topic's partitions can be increased, never decreased)
+                    log.info("table %s: topic %r gained partitions %s",
+                             table.table.qualified_name, topic, [tp.partition for tp in added])
+                    self.consumer.incremental_assign(added)
+                    table.partitions.extend(added)
+                continue
+            table.missing += 1
+            if table.missing >= GONE_AFTER:
+                self._let_go(table)
+        for topic in [t for t in self.refused if t not in found]:
+            del self.refused[topic]  # (deleted: taken up again if it comes back)
+        for topic, table_topic in found.items():
+            if topic not in self.tables and topic not in self.refused:
+                self._take_up(table_topic)
+
+    def _take_up(self, table: TableTopic) -> None:
+        target = table_location(self.target, table.identifier, self.storage_options)
+        replicator = Replicator(
+            self.bootstrap_servers, table.topic, self.schema_registry, target,
+            shared=self.shared, **self.options,
+        )  # fmt: skip
+        try:
+            replicator.start()
+        except (ForeignReplicaError, ReplicaPositionError, LeaseHeldError) as exc:
+            self.refused[table.topic] = f"{table.qualified_name}: {exc}"
+            log.error("table %s not replicated, the others go on: %s", table.qualified_name, exc)
+            self._changed = time.monotonic()
+            return
+        try:
+            partitions = replicator.topic_partitions()
+            if partitions is None:  # (deleted since the listing: the next one says so)
+                replicator.finish(commit=False)
+                return
+            tps = replicator.positioned([TopicPartition(table.topic, p) for p in partitions])
+            self.consumer.incremental_assign(tps)
+        except BaseException:
+            replicator.finish(commit=False)
+            raise
+        entry = TableReplica(table, target, replicator, tps)
+        self.tables[table.topic] = entry
+        if replicator.transaction_topic is not None:
+            self._by_transaction_topic[replicator.transaction_topic] = entry
+        self._changed = time.monotonic()
+        log.info("table %s: topic %r -> replica %s", table.qualified_name, table.topic, target)
+
+    def _let_go(self, entry: TableReplica) -> None:
+        topic = entry.table.topic
+        log.warning(
+            "table %s: topic %r no longer exists; its replica %s is let go as it stands "
+            "(source version %d); the other tables go on", entry.table.qualified_name,
+            topic, entry.target, entry.replicator.counters.source_version,
+        )  # fmt: skip
+        del self.tables[topic]
+        self._by_transaction_topic.pop(entry.replicator.transaction_topic or "", None)
+        self.gone.append(entry.table.qualified_name)
+        try:
+            self.consumer.incremental_unassign(
+                [TopicPartition(topic, tp.partition) for tp in entry.partitions]
+            )
+        finally:
+            entry.replicator.finish(commit=False)
+
+    # -- running ----------------------------------------------------------------------
+    def stop(self) -> None:
+        self._stop.set()
+
+    @property
+    def counters(self) -> dict[str, Counters]:
+        """Each table's progress (by qualified name)."""
+        return {t.table.qualified_name: t.replicator.counters for t in self.tables.values()}
+
+    def run(self, idle_timeout: float | None = None) -> dict[str, Counters]:
+        """Apply batches until stop() / SIGTERM / SIGINT, or until no record has arrived
+        (and no table appeared) for `idle_timeout` seconds. Each table's batch in progress
+        is finished before returning. Returns each table's counters; the tables left out
+        are in `refused` (topic -> why)."""
+        previous: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread():
+            previous = {s: signal.signal(s, lambda *_: self.stop())
+                        for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        last_data = time.monotonic()
+        next_refresh = 0.0
+        try:
+            while not self._stop.is_set():
+                if time.monotonic() >= next_refresh:
+                    self.refresh()
+                    next_refresh = time.monotonic() + self.refresh_s
+                with gc_paused():
+                    msgs = self._poll_batch()
+                    got = bool(msgs)
+                    self._dispatch(msgs)
+                    del msgs
+                if got:
+                    last_data = time.monotonic()
+                elif idle_timeout is not None and (
+                    time.monotonic() - max(last_data, self._changed) > idle_timeout
+                ):
+                    break
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            finished = self.counters
+            try:
+                for entry in list(self.tables.values()):
+                    entry.replicator.finish()
+            finally:
+                self.tables.clear()
+                self.consumer.close()
+                if self.shared.dlq is not None:
+                    self.shared.dlq.flush(30)
+        return finished
+
+    def _poll_batch(self) -> list[Message]:
+        batch: list[Message] = []
+        deadline = time.monotonic() + self.max_batch_interval
+        while len(batch) < self.max_batch_rows and not self._stop.is_set():
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            for m in self.consumer.consume(min(100_000, self.max_batch_rows - len(batch)), left):
+                err = m.error()
+                if err is None:
+                    batch.append(m)
+                elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                    continue  # a deleted topic: the next refresh lets its table go
+                elif err.code() != KafkaError._PARTITION_EOF:
+                    raise LanceCdfError(f"Kafka error while consuming {m.topic()!r}: {err}")
+        return batch
+
+    def _dispatch(self, msgs: list[Message]) -> None:
+        """Each table's records to its replicator, its transaction records to its gate;
+        every table that got any applies what it may."""
+        data: dict[str, list[Message]] = {}
+        for m in msgs:  # (runs of one partition: a dict lookup per record)
+            topic = m.topic()
+            if topic is not None:
+                data.setdefault(topic, []).append(m)
+        touched: dict[str, TableReplica] = {}
+        for topic, got in data.items():
+            entry = self.tables.get(topic)
+            if entry is not None:
+                touched[topic] = entry
+                continue
+            owner = self._by_transaction_topic.get(topic)
+            if owner is not None and owner.replicator.feed_transactions(got):
+                touched[owner.table.topic] = owner
+        for topic, entry in touched.items():
+            entry.replicator.take(data.get(topic, []))  # (its lease checked first)
+
+
+def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:
+    """Offset commit results: a failure is logged (every replica holds its own position;
+    the group's offsets only follow it for tools that watch the group)."""
+    failed = [tp for tp in partitions if tp.error is not None]
+    if err is not None or failed:
+        log.warning("offset commit failed (the replicas' positions are kept): %s",
+                    err or failed[0].error)  # fmt: skip
+
+
+def replicate_database(
+    bootstrap_servers: str,
+    topic_prefix: str,
+    schema_registry: str,
+    target: str,
+    idle_timeout: float | None = None,
+    **options: Any,
+) -> dict[str, Counters]:
+    """Run a `DatabaseReplicator` until stopped (or idle for `idle_timeout` seconds)."""
+    return DatabaseReplicator(
+        bootstrap_servers, topic_prefix, schema_registry, target, **options
+    ).run(idle_timeout)
