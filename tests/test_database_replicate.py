@@ -287,3 +287,38 @@ def test_a_topic_created_again_is_refused(tmp_path, kafka_broker, schema_registr
     with pytest.raises(ReplicaPositionError, match="deleted and created again"):
         replicate()
     assert lance.dataset(dst).count_rows() == 20  # nothing applied
+
+
+def test_publish_database_then_replicate_database_gives_an_equal_database(
+    tmp_path, kafka_broker, schema_registry
+):
+    """The two database commands together, as a user runs them: `publish --database` (one
+    Spark application for every table) then `replicate --database-target` (one consumer);
+    every replica table, opened by its qualified name, equals its source table."""
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    db = lancedb.connect(src)
+    db.create_namespace(["sales"])
+    for i, (name, ns) in enumerate(TABLES):
+        db.create_table(name, rows(0, 60, f"t{i}"), namespace_path=ns, storage_options=STABLE)
+    for i in range(2):
+        write_round(db, i)
+    prefix = f"e2e{uuid.uuid4().hex[:6]}"
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    publish = subprocess.run(
+        [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", src, "--topic-prefix",
+         prefix, "--bootstrap-servers", kafka_broker.bootstrap_servers, "--schema-registry",
+         schema_registry.url, "--checkpoint", str(tmp_path / "ck"), "--starting-version", "1",
+         "--available-now"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert publish.returncode == 0, publish.stderr[-3000:]
+    replicate = subprocess.run(
+        replicate_cmd(kafka_broker, schema_registry, prefix, dst, "--idle-timeout", "8"),
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert replicate.returncode == 0, replicate.stderr[-3000:]
+    names = [qualified(name, ns) for name, ns in TABLES]
+    assert sorted(r.qualified_name for r in list_tables(dst)) == sorted(names)
+    for name in names:
+        latest = lance.dataset(resolve_table(src, name)).version
+        assert replica_equals_source(src, dst, name) == latest, name
