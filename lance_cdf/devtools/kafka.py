@@ -129,6 +129,11 @@ class KafkaBroker(JavaService):
         """The librdkafka settings a client needs besides bootstrap.servers (none here)."""
         return {}
 
+    @property
+    def java_client_config(self) -> dict[str, str]:
+        """The same for a Java client (Kafka Connect's worker, producer, consumer, admin)."""
+        return {}
+
     def _command(self) -> list[str]:
         return self._java("-XX:+ExitOnOutOfMemoryError", "kafka.Kafka", str(self.properties))
 
@@ -177,6 +182,18 @@ class SecureKafkaBroker(KafkaBroker):
             "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
             "sasl.username": self.username, "sasl.password": self.password,
             "ssl.ca.location": str(self.ca_pem),
+        }  # fmt: skip
+
+    @property
+    def java_client_config(self) -> dict[str, str]:
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{self.username}" password="{self.password}";'
+        )
+        return {
+            "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
+            "sasl.jaas.config": jaas,
+            "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_pem),
         }  # fmt: skip
 
     def _listener_lines(self) -> list[str]:
