@@ -32,6 +32,7 @@ import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
 from lance_cdf.errors import TransactionMetadataError
+from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
 from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
 
@@ -78,6 +79,7 @@ class VersionGate:
     ):
         self.topic, self.transaction_topic = topic, transaction_topic
         self.decoder, self.max_pending = decoder, max_pending
+        self.consumer_config = consumer_config
         self.consumer = Consumer({
             **consumer_config, "group.id": f"lance-cdf-replicate-{transaction_topic}",
             "enable.auto.commit": False, "isolation.level": "read_committed",
@@ -145,7 +147,14 @@ class VersionGate:
             if not got:
                 return
             for m in got:
-                if m.error() is not None:
+                err = m.error()
+                if err is not None and err.code() in DENIED:  # no END would ever come
+                    raise denied(
+                        "topic", self.transaction_topic, "Describe and Read",
+                        str(self.consumer_config.get("bootstrap.servers", "")), "consumer", err,
+                        "--transaction-topic (or --no-transaction-topic)",
+                    )  # fmt: skip
+                if err is not None:
                     continue
                 offset = m.offset()
                 if offset is None or offset < self._read:
