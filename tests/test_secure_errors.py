@@ -17,6 +17,7 @@ import uuid
 import pytest
 from workload import Workload
 
+from lance_cdf.devtools.__main__ import _properties
 from lance_cdf.devtools.kafka import SecureKafkaBroker
 from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
@@ -167,21 +168,6 @@ def test_cli_names_the_cause_in_one_line(
     print(lines[0])
 
 
-class _AclBroker(SecureKafkaBroker):
-    """The secured broker with Kafka's StandardAuthorizer: everything allowed where no ACL
-    says otherwise, `admin` (and the controller's own PLAINTEXT principal) super users."""
-
-    name = "kafka-acl"
-
-    def _listener_lines(self) -> list[str]:
-        return [
-            *super()._listener_lines(),
-            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users=User:admin;User:ANONYMOUS",
-            "allow.everyone.if.no.acl.found=true",
-        ]
-
-
 def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_registry):
     """One broker with ACLs for the user, a topic (or group) per denial; each command is
     refused with one line naming the topic or group, the permission and the setting, and
@@ -196,31 +182,32 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
         ResourceType,
     )
 
-    broker = _AclBroker(tmp_path / "broker")
+    broker = SecureKafkaBroker(tmp_path / "broker", authorizer=True)  # as `devtools up --secure`
     broker.start()
     try:
-        admin = AdminClient({
-            "bootstrap.servers": broker.bootstrap_servers, **broker.client_config,
-            "sasl.username": "admin", "sasl.password": broker._admin_password, "log_level": 0,
-        })  # fmt: skip
+        config = {"bootstrap.servers": broker.bootstrap_servers, **broker.admin_client_config}
+        admin = AdminClient({**config, "log_level": 0})
         run = uuid.uuid4().hex[:8]
         denied, txn, unread, grouped = (f"{n}-{run}" for n in ("denied", "txn", "unread", "grp"))
         group = f"lance-cdf-replicate-{grouped}"  # replicate's default group of `grouped`
-
-        def acl(kind, name, op, permission):
-            return AclBinding(kind, name, ResourcePatternType.LITERAL, f"User:{broker.username}",
-                              "*", op, permission)  # fmt: skip
-
-        T, G, DENY, ALLOW = ResourceType.TOPIC, ResourceType.GROUP, *(
-            AclPermissionType.DENY, AclPermissionType.ALLOW)  # fmt: skip
-        acls = [
-            acl(T, denied, AclOperation.ALL, DENY),  # no use at all
-            acl(T, f"{txn}.transaction", AclOperation.ALL, DENY),  # the topic is fine
-            acl(T, unread, AclOperation.DESCRIBE, ALLOW),  # may see it, not read it
-            acl(T, unread, AclOperation.READ, DENY),
-            acl(G, group, AclOperation.ALL, DENY),
-        ]
-        for future in admin.create_acls(acls).values():
+        # the denials an outsider makes with `python -m lance_cdf.devtools deny`
+        admin_file = _properties(tmp_path / "admin.properties", config)
+        deny = subprocess.run(
+            [sys.executable, "-m", "lance_cdf.devtools", "deny", "--admin-config-file",
+             str(admin_file), "--topic", denied, "--topic", f"{txn}.transaction",
+             "--group", group],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert deny.returncode == 0, deny.stderr
+        assert broker._admin_password not in deny.stdout + deny.stderr
+        principal = f"User:{broker.username}"
+        allow_describe, deny_read = (  # may see `unread`, not read it
+            AclBinding(ResourceType.TOPIC, unread, ResourcePatternType.LITERAL, principal, "*",
+                       op, permission)
+            for op, permission in ((AclOperation.DESCRIBE, AclPermissionType.ALLOW),
+                                   (AclOperation.READ, AclPermissionType.DENY))
+        )  # fmt: skip
+        for future in admin.create_acls([allow_describe, deny_read]).values():
             future.result(timeout=30)
         created = admin.create_topics([NewTopic(t, 1) for t in (txn, unread, grouped)])
         for future in created.values():
