@@ -247,6 +247,8 @@ def check_consumer_access(
         "bootstrap.servers": bootstrap_servers, **(config or {}), "group.id": group,
         "enable.auto.commit": False, "enable.partition.eof": True,
         "allow.auto.create.topics": False,
+        # one record answers the Read check: no prefetch of a long topic's backlog
+        "queued.min.messages": 1, "queued.max.messages.kbytes": 64,
         "error_cb": causes, "logger": causes, "log_level": 6,
     })  # fmt: skip
     try:
