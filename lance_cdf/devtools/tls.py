@@ -3,7 +3,9 @@
 
 `CertAuthority(dir).issue("kafka")` writes `ca.pem` (the truststore librdkafka and the
 schema-registry client read), and per server a PEM chain + key and a PKCS#12 keystore
-(what the Kafka broker reads). Nothing is reused across runs."""
+(what the Kafka broker reads). `java_truststore(ca.pem, dir)` makes the PKCS#12
+truststore a Java HTTP client needs (Apicurio's converter in Kafka Connect: the JDK reads
+no PEM truststore). Nothing is reused across runs."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,4 +110,33 @@ class CertAuthority:
         return ServerCert(cert_pem, key_pem, keystore, password)
 
 
-__all__ = ["CertAuthority", "ServerCert"]
+@dataclass(frozen=True)
+class JavaTruststore:
+    path: Path  # PKCS#12 holding the CA as a trusted certificate entry
+    password: str
+
+
+def java_truststore(
+    ca_pem: str | os.PathLike[str], directory: str | os.PathLike[str]
+) -> JavaTruststore:
+    """A PKCS#12 truststore with `ca_pem` as its one trusted entry, made with the JDK's
+    `keytool` (a store from Python's `cryptography` lacks the attribute Java needs to take
+    a certificate as trusted). The store password goes through the environment, not argv."""
+    from lance_cdf.devtools.process import java_executable
+
+    keytool = Path(java_executable()).with_name("keytool")
+    path = Path(directory) / "truststore.p12"
+    path.unlink(missing_ok=True)
+    password = secrets.token_urlsafe(16)
+    done = subprocess.run(
+        [str(keytool), "-importcert", "-noprompt", "-alias", "ca", "-file", str(ca_pem),
+         "-keystore", str(path), "-storetype", "PKCS12", "-storepass:env", "TRUSTSTORE_PASSWORD"],
+        env={**os.environ, "TRUSTSTORE_PASSWORD": password},
+        capture_output=True, text=True, stdin=subprocess.DEVNULL,
+    )  # fmt: skip
+    if done.returncode != 0:
+        raise RuntimeError(f"keytool -importcert failed: {(done.stdout + done.stderr)[-2000:]}")
+    return JavaTruststore(path, password)
+
+
+__all__ = ["CertAuthority", "JavaTruststore", "ServerCert", "java_truststore"]

@@ -9,12 +9,19 @@ import time
 from concurrent.futures import Future, wait
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    ConsumerGroupTopicPartitions,
+    KafkaError,
+    KafkaException,
+    TopicPartition,
+)
 from confluent_kafka.admin import AdminClient, ConfigResource
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.clientconfig import redact_url, scrub
-from lance_cdf.errors import PublishError
+from lance_cdf.errors import KafkaAuthorizationError, PublishError
 
 _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
 
@@ -187,12 +194,107 @@ def check_topic(
             "auto.create.topics.enable."
         )
     if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        raise PublishError(
-            f"the client is not authorized to use topic {topic!r} on "
-            f"{redact_url(bootstrap_servers)} ({err.str()}); grant its principal (sasl.username "
-            f"in --{flag}-config-file) Describe and Write on the topic (kafka-acls --add)."
-        )
+        raise denied("topic", topic, "Describe and Write", bootstrap_servers, flag, err, "--topic")
     raise PublishError(f"topic {topic!r} on {bootstrap_servers} cannot be used: {err}")
+
+
+DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
+
+
+def denied(
+    kind: str, name: str, operations: str, bootstrap_servers: str, flag: str, cause: object,
+    other: str,
+) -> KafkaAuthorizationError:  # fmt: skip
+    """The one line for an ACL that denies the client `operations` on `kind` `name`
+    ("topic", "consumer group"); `other`: the flag that names another one."""
+    text = cause.str() if isinstance(cause, KafkaError) else str(cause)
+    return KafkaAuthorizationError(
+        f"the client is not authorized to use {kind} {name!r} on "
+        f"{redact_url(bootstrap_servers)} ({scrub(text)}); grant its principal (sasl.username "
+        f"in --{flag}-config-file) {operations} on the {kind} (kafka-acls --add), or name "
+        f"another with {other}."
+    )
+
+
+def _kafka_error(exc: KafkaException) -> KafkaError | None:
+    err = exc.args[0] if exc.args else None
+    return err if isinstance(err, KafkaError) else None
+
+
+def check_consumer_access(
+    bootstrap_servers: str,
+    topic: str,
+    group: str,
+    config: dict[str, Any] | None = None,
+    transaction_topic: str | None = None,
+    timeout: float = 10,
+) -> None:
+    """What `replicate` needs of the broker's ACLs, asked before anything is applied:
+    Describe and Read on `topic` and `transaction_topic` (those that exist; Read is tried
+    with one fetch from the start of a partition) and the consumer group's offsets. A
+    denial raises `KafkaAuthorizationError` naming it; a check that cannot finish within
+    `timeout` is left to the run (which names a denial just the same)."""
+    causes = _Causes(str((config or {}).get("security.protocol", "PLAINTEXT")))
+    admin = _admin(bootstrap_servers, config, causes)
+    deadline = time.monotonic() + timeout
+    names = {topic: "--topic"}
+    if transaction_topic:
+        names[transaction_topic] = "--transaction-topic (or --no-transaction-topic)"
+    # a consumer's metadata requests never create a topic (an admin client's do, on a
+    # broker with auto.create.topics.enable: a transaction topic made here would hold
+    # the replicator waiting for versions no publisher writes)
+    consumer = Consumer({
+        "bootstrap.servers": bootstrap_servers, **(config or {}), "group.id": group,
+        "enable.auto.commit": False, "enable.partition.eof": True,
+        "allow.auto.create.topics": False,
+        # one record answers the Read check: no prefetch of a long topic's backlog
+        "queued.min.messages": 1, "queued.max.messages.kbytes": 64,
+        "error_cb": causes, "logger": causes, "log_level": 6,
+    })  # fmt: skip
+    try:
+        first: list[TopicPartition] = []  # one partition of each topic that exists
+        for name, other in names.items():
+            try:
+                found = consumer.list_topics(name, timeout=timeout).topics.get(name)
+            except KafkaException:
+                return  # the broker did answer check_broker: left to the run
+            err = found.error if found is not None else None
+            if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                raise denied("topic", name, "Describe and Read", bootstrap_servers, "consumer",
+                             err, other)  # fmt: skip
+            if found is not None and err is None and found.partitions:
+                first.append(TopicPartition(name, min(found.partitions), OFFSET_BEGINNING))
+        # the group's offsets (FindCoordinator, OffsetFetch: Describe on the group); the
+        # admin API answers a denial at once, where the consumer's committed() retries it
+        asked = admin.list_consumer_group_offsets(
+            [ConsumerGroupTopicPartitions(group)], request_timeout=max(1.0, timeout / 2)
+        )
+        try:
+            for future in asked.values():
+                future.result(timeout=max(1.0, timeout / 2))
+        except KafkaException as exc:
+            err = _kafka_error(exc)
+            if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise denied("consumer group", group, "Read", bootstrap_servers, "consumer",
+                             err, "--group-id") from None  # fmt: skip
+        except Exception:  # noqa: BLE001 (not an authorization answer: left to the run)
+            pass
+        answered: set[str] = set()  # a record or the partition's end: Read is allowed
+        consumer.assign(first)
+        while len(answered) < len(first) and time.monotonic() < deadline:
+            for m in consumer.consume(len(first), 0.2):
+                err = m.error()
+                if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise denied("consumer group", group, "Read", bootstrap_servers, "consumer",
+                                 err, "--group-id")  # fmt: skip
+                if err is not None and err.code() in DENIED:
+                    name = m.topic() or topic
+                    raise denied("topic", name, "Describe and Read", bootstrap_servers,
+                                 "consumer", err, names.get(name, "--topic"))  # fmt: skip
+                if err is None or err.code() == KafkaError._PARTITION_EOF:
+                    answered.add(m.topic() or "")
+    finally:
+        consumer.close()
 
 
 def check_registry(url: str, config: dict[str, Any] | None = None) -> None:

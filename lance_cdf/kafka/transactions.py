@@ -163,7 +163,13 @@ def ensure_topic(bootstrap_servers: str, topic: str, config: dict[str, Any]) -> 
     from confluent_kafka.admin import AdminClient, NewTopic
 
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
+    from lance_cdf.kafka.endpoints import DENIED, denied
+
+    other = "--transaction-topic (or --no-transaction-metadata)"
     found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+    if found is not None and found.error is not None and found.error.code() in DENIED:
+        raise denied("topic", topic, "Describe and Write", bootstrap_servers, "producer",
+                     found.error, other)  # fmt: skip
     if found is not None and found.error is None:
         if len(found.partitions) != 1:
             raise TransactionMetadataError(
@@ -175,6 +181,11 @@ def ensure_topic(bootstrap_servers: str, topic: str, config: dict[str, Any]) -> 
         admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
     except Exception as exc:  # noqa: BLE001 (created meanwhile is fine)
         err = exc.args[0] if exc.args else None
+        if isinstance(err, KafkaError) and err.code() in (
+            *DENIED, KafkaError.CLUSTER_AUTHORIZATION_FAILED
+        ):
+            raise denied("topic", topic, "Create, Describe and Write", bootstrap_servers,
+                         "producer", err, other) from None  # fmt: skip
         if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
             raise PublishError(
                 f"could not create the transaction topic {topic!r}: {exc}; create it with one "

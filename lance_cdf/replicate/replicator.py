@@ -79,7 +79,13 @@ from lance_cdf.errors import (
     ReplicaPositionError,
     ReplicateError,
 )
-from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.kafka.endpoints import (
+    DENIED,
+    check_broker,
+    check_consumer_access,
+    check_registry,
+    denied,
+)
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
 from lance_cdf.lease import Lease
 from lance_cdf.replicate.replica import (
@@ -473,9 +479,15 @@ class Replicator:
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.dead_letter_topic = dead_letter_topic
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
-        if shared is None:  # (a shared consumer's owner checked them)
+        if shared is None:  # (a shared consumer's owner checked the broker and registry;
+            # a denial on one table's topics is named by the poll loop)
             check_broker(bootstrap_servers, consumer_config, flag="consumer")
             check_registry(schema_registry, registry_config)
+            # the topics' and the group's ACLs, named before anything is applied
+            check_consumer_access(
+                bootstrap_servers, topic, self.group_id, consumer_config, self.transaction_topic
+            )
+        self._bootstrap_servers = bootstrap_servers
         self.replica = ReplicaTable(
             target, self.key, storage_options, keep_row_ids=keep_row_ids,
             prewarm=preload_index, key_map=key_map,
@@ -882,6 +894,12 @@ class Replicator:
                     if not self._waiting_for_topic:  # the publisher has not created it yet
                         log.warning("topic %r does not exist yet; waiting for it", self.topic)
                     self._waiting_for_topic = True
+                elif err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise denied("consumer group", self.group_id, "Read",
+                                 self._bootstrap_servers, "consumer", err, "--group-id")
+                elif err.code() in DENIED:
+                    raise denied("topic", self.topic, "Describe and Read",
+                                 self._bootstrap_servers, "consumer", err, "--topic")
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise LanceCdfError(f"Kafka error while consuming {self.topic!r}: {err}")
         if assignments == self._assignments and len(self._partitions) == 1:
@@ -987,6 +1005,11 @@ class Replicator:
         found = None
         if txn is not None:
             found = self.consumer.list_topics(txn, timeout=10).topics.get(txn)
+            if found is not None and found.error is not None and found.error.code() in DENIED:
+                # not "no transaction topic": applying records as they come would be a guess
+                raise denied("topic", txn, "Describe and Read", self._bootstrap_servers,
+                             "consumer", found.error,
+                             "--transaction-topic (or --no-transaction-topic)")  # fmt: skip
         if txn is None or found is None or found.error is not None:
             log.warning(
                 "no transaction topic%s: records are applied as they come and the replica "

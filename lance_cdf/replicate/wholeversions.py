@@ -32,6 +32,7 @@ import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
 from lance_cdf.errors import TransactionMetadataError
+from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
 from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
 
@@ -79,6 +80,7 @@ class VersionGate:
     ):
         self.topic, self.transaction_topic = topic, transaction_topic
         self.decoder, self.max_pending = decoder, max_pending
+        self.consumer_config = consumer_config
         # a consumer of its own; or, given (a database replicator's, database.py, shared by
         # every table), one that the caller polls: it hands the transaction topic's
         # records over with `feed`, and this gate only (un)assigns its partition
@@ -171,7 +173,14 @@ class VersionGate:
             if not got:
                 return
             for m in got:
-                if m.error() is not None:
+                err = m.error()
+                if err is not None and err.code() in DENIED:  # no END would ever come
+                    raise denied(
+                        "topic", self.transaction_topic, "Describe and Read",
+                        str(self.consumer_config.get("bootstrap.servers", "")), "consumer", err,
+                        "--transaction-topic (or --no-transaction-topic)",
+                    )  # fmt: skip
+                if err is not None:
                     continue
                 offset = m.offset()
                 if offset is None or offset < self._read:
