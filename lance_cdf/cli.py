@@ -14,7 +14,7 @@ import os
 import signal
 import sys
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lance_cdf import __version__, malloc
 from lance_cdf.errors import LanceCdfError
@@ -542,17 +542,7 @@ def _replicate(args: argparse.Namespace) -> int:
         )
     replicator = Replicator(
         args.bootstrap_servers, args.topic, _registry_url(args), args.target, key=args.key,
-        group_id=args.group_id, max_batch_rows=args.max_batch_rows,
-        max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
-        consumer_config=_settings(args, "consumer_config"),
-        registry_config=_settings(args, "registry_config"),
-        storage_options=_options(args.storage_option), compact_every=args.compact_every,
-        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
-        preload_index=not args.no_index_preload, key_map=not args.no_key_map,
-        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
-        transaction_topic=args.transaction_topic,
-        transaction_metadata=not args.no_transaction_topic,
-        max_pending_records=args.max_pending_records,
+        group_id=args.group_id, transaction_topic=args.transaction_topic, **_applying(args),
     )  # fmt: skip
     print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.target)}", flush=True)  # fmt: skip
@@ -601,16 +591,7 @@ def _replicate_database(args: argparse.Namespace) -> int:
     replicator = DatabaseReplicator(
         args.bootstrap_servers, args.topic_prefix, _registry_url(args), args.database_target,
         include=args.include, exclude=args.exclude, group_id=args.group_id,
-        refresh_s=args.refresh_interval, max_batch_rows=args.max_batch_rows,
-        max_batch_interval=args.max_batch_interval, dead_letter_topic=args.dead_letter_topic,
-        consumer_config=_settings(args, "consumer_config"),
-        registry_config=_settings(args, "registry_config"),
-        storage_options=_options(args.storage_option), compact_every=args.compact_every,
-        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
-        preload_index=not args.no_index_preload, key_map=not args.no_key_map,
-        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
-        transaction_metadata=not args.no_transaction_topic,
-        max_pending_records=args.max_pending_records,
+        refresh_s=args.refresh_interval, **_applying(args),
     )  # fmt: skip
     print(f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.database_target)}", flush=True)  # fmt: skip
@@ -626,6 +607,22 @@ def _replicate_database(args: argparse.Namespace) -> int:
             + "; ".join(sorted(replicator.refused.values()))
         )
     return 0
+
+
+def _applying(args: argparse.Namespace) -> dict[str, Any]:
+    """How records are applied: the settings a single-table and a database replicator share."""
+    return dict(
+        max_batch_rows=args.max_batch_rows, max_batch_interval=args.max_batch_interval,
+        dead_letter_topic=args.dead_letter_topic,
+        consumer_config=_settings(args, "consumer_config"),
+        registry_config=_settings(args, "registry_config"),
+        storage_options=_options(args.storage_option), compact_every=args.compact_every,
+        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
+        preload_index=not args.no_index_preload, key_map=not args.no_key_map,
+        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
+        transaction_metadata=not args.no_transaction_topic,
+        max_pending_records=args.max_pending_records,
+    )  # fmt: skip
 
 
 def cmd_status(args: argparse.Namespace) -> int:
