@@ -182,3 +182,32 @@ def test_clients_per_process_are_bounded_and_flushed_when_evicted():
     sink._evict(cache)  # room for one more: the least recently used goes, flushed first
     assert len(cache) == sink.MAX_CLIENTS - 1 and 0 not in cache
     assert first.flushed and first.closed
+
+
+def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_path):
+    """LanceDB drops a root table's directory and creates a new table of that name at the same
+    path: its versions 1, 2, ... are not the old table's. A writer process that read the old
+    table (its feed, with cached manifests, kept from an earlier micro-batch) must read the
+    new table's items from the new table's manifests: the events equal its read_changes."""
+    from lance_cdf.streaming import source
+
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    db.create_table("items", rows(0, 10), storage_options=STABLE).add(rows(10, 20))
+    r = reader(root, startingVersion="1")
+    o0 = r.initialOffset()
+    o1 = r.latestOffset(o0, ReadAllAvailable())
+    assert list(events_by_table(r, o0, o1, root)) == ["items"]
+    held = dict(source._FEEDS)  # what a writer process holds after that micro-batch
+    db.drop_table("items")
+    r.listed_at -= 60
+    o2 = r.latestOffset(o1, ReadAllAvailable())
+    assert "items" not in o2["tables"]
+    new = db.create_table("items", rows(50, 53), storage_options=STABLE)
+    new.update(where="id = 51", values={"s": "z"})
+    new.add(rows(60, 62))
+    r.listed_at -= 60
+    o3 = r.latestOffset(o2, ReadAllAvailable())
+    o4 = r.latestOffset(o3, ReadAllAvailable())
+    source._FEEDS.update(held)  # the writer process still holds the old table's feed
+    assert events_by_table(r, o3, o4, root) == {"items": oracle(new.uri.removeprefix("file://"))}

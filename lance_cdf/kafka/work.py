@@ -32,7 +32,7 @@ from lance_cdf.keyhash import (
 )
 from lance_cdf.streaming.handoff import WorkItem
 from lance_cdf.streaming.partitions import SnapshotSlice, SourcePartition
-from lance_cdf.streaming.source import work_reading
+from lance_cdf.streaming.source import forget_feed, work_reading
 
 
 @dataclass(frozen=True)
@@ -57,6 +57,13 @@ class SlotWork:
         its share, so the numbering is dense over the version and the same in every slot
         and on every replay; the share is held until all parts are read (the sink holds it
         anyway, to put it in commit order), plus 24 bytes per event for the numbering."""
+        if self.item.name is not None:
+            # a database stream's table: read from its manifests as they are now, not from a
+            # feed this process kept from an earlier micro-batch. A table dropped and created
+            # again at the same path (LanceDB reuses `<name>.lance`) is another table whose
+            # versions 1, 2, ... are not the cached ones; the driver takes it up afresh, and
+            # a writer process must too (it cannot tell the take-up from the work item)
+            forget_feed(self.table, self.storage_options)
         reading = work_reading(self.item, self.table, self.storage_options)
         slot, slots, partitions = self.item.slot, self.item.slots, self.item.kafka_partitions
         kept: list[tuple[pa.RecordBatch, np.ndarray]] = []  # share, its records' indices
