@@ -121,12 +121,16 @@ def _cli(
             Workload(src, seed=5, rows=20)
         args = [*common, "--table", src, "--checkpoint", str(tmp_path / "ck"),
                 "--available-now", "--producer-config-file", str(client)]  # fmt: skip
+    elif command == "replicate-database":  # `topic` is then the topic prefix
+        common[2:4] = ["--topic-prefix", topic or "p"]
+        args = [*common, "--database-target", str(tmp_path / "replicas"), "--idle-timeout", "2",
+                "--consumer-config-file", str(client)]  # fmt: skip
     else:
         args = [*common, "--target", str(tmp_path / "replica.lance"), "--idle-timeout", "2",
                 "--consumer-config-file", str(client)]  # fmt: skip
     t = time.monotonic()
     run = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", command, *args],
+        [sys.executable, "-m", "lance_cdf.cli", command.split("-")[0], *args],
         capture_output=True, env=env, timeout=180, text=True,
     )  # fmt: skip
     took = time.monotonic() - t
@@ -209,7 +213,15 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
         )  # fmt: skip
         for future in admin.create_acls([allow_describe, deny_read]).values():
             future.result(timeout=30)
-        created = admin.create_topics([NewTopic(t, 1) for t in (txn, unread, grouped)])
+        # a database replicator's table topic `<prefix>.items`, seen but not readable
+        db_acls = [AclBinding(b.restype, f"{unread}.items", b.resource_pattern_type, principal,
+                              "*", b.operation, b.permission_type)
+                   for b in (allow_describe, deny_read)]  # fmt: skip
+        for future in admin.create_acls(db_acls).values():
+            future.result(timeout=30)
+        created = admin.create_topics(
+            [NewTopic(t, 1) for t in (txn, unread, grouped, f"{unread}.items")]
+        )
         for future in created.values():
             future.result(timeout=30)
         allowed = f"allowed-{run}"
@@ -224,6 +236,8 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
             ("replicate", txn, [f"topic '{txn}.transaction'", "Read", "--transaction-topic"]),
             ("replicate", unread, [f"topic {unread!r}", "Describe and Read", "--topic"]),
             ("replicate", grouped, [f"consumer group {group!r}", "Read", "--group-id"]),
+            ("replicate-database", unread,
+             [f"topic '{unread}.items'", "Describe and Read", "--exclude"]),
         ]
         for i, (command, topic, expected) in enumerate(cases):
             work = tmp_path / f"case{i}"
@@ -232,10 +246,12 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
             assert run_.returncode != 0 and "Traceback" not in run_.stderr, run_.stderr[-3000:]
             lines = [line for line in run_.stderr.splitlines() if "not authorized to use" in line]
             assert len(lines) == 1, (command, topic, run_.stderr[-3000:])
-            flag = {"publish": "producer", "replicate": "consumer"}[command]
+            flag = "producer" if command == "publish" else "consumer"
             assert all(e in lines[0] for e in [*expected, f"--{flag}-config-file"]), lines[0]
             assert broker.password not in run_.stdout + run_.stderr
             assert not (work / "replica.lance").exists()  # replicate: nothing applied
+            # replicate --database-target: the table is declared (reserved), no version written
+            assert not (work / "replicas" / "items.lance" / "_versions").exists()
             print(lines[0])
     finally:
         broker.close()

@@ -40,7 +40,7 @@ from lance_cdf.errors import (
     ReplicaPositionError,
     ReplicateError,
 )
-from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.kafka.endpoints import DENIED, check_broker, check_registry, denied
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
 from lance_cdf.namespace import table_location
 from lance_cdf.replicate.replicator import (
@@ -324,6 +324,12 @@ class DatabaseReplicator:
                     batch.append(m)
                 elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     continue  # a deleted topic: the next refresh lets its table go
+                elif err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                    raise denied("consumer group", self.group_id, "Read",
+                                 self.bootstrap_servers, "consumer", err, "--group-id")
+                elif err.code() in DENIED:
+                    raise denied("topic", str(m.topic()), "Describe and Read",
+                                 self.bootstrap_servers, "consumer", err, "--exclude")
                 elif err.code() != KafkaError._PARTITION_EOF:
                     raise LanceCdfError(f"Kafka error while consuming {m.topic()!r}: {err}")
         return batch
