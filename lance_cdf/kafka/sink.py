@@ -358,13 +358,33 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     name = TableName(prefix, table)
                     topic = f"{prefix}.{table}"
                     options = {**self.options, "topic": topic, "table": table}
-                    self._transaction_writer(options, name).write(versions)
+                    self._write_markers(self._transaction_writer(options, name), versions)
             return
         versions = merge([m.versions for m in published])
         if versions:
             o = {k.lower(): v for k, v in self.options.items()}
             name = TableName.of(o.get("table.name"), uri=o["table"])
-            self._transaction_writer(self.options, name).write(versions)
+            self._write_markers(self._transaction_writer(self.options, name), versions)
+
+    def _write_markers(self, writer: TransactionWriter, versions: list[VersionCounts]) -> None:
+        """`writer.write(versions)`, a broker outage ridden out as the writer tasks ride it
+        out (kafka/outage.py: up to RIDE_OUT_S, then one line): a failed commit would stop
+        the query. A retry first waits until no record of the failed attempt is queued, so
+        the topic's last record is what it reads (no BEGIN/END written twice)."""
+        from confluent_kafka import KafkaException
+
+        from lance_cdf.errors import PublishError
+        from lance_cdf.kafka.outage import RideOut
+
+        o = {k.lower(): v for k, v in self.options.items()}
+        ride_out = RideOut(o["kafka.bootstrap.servers"], o.get("checkpointlocation"))
+
+        def attempt() -> int:
+            if writer.producer.flush(10):
+                raise PublishError("transaction records of an earlier attempt still queued")
+            return writer.write(versions)
+
+        ride_out.call("writing transaction metadata", attempt, (KafkaException, PublishError))
 
     def _transaction_writer(self, options: dict[str, str], name: TableName) -> TransactionWriter:
         with _archives_last():
