@@ -35,12 +35,11 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.errors import (
     ForeignReplicaError,
-    LanceCdfError,
     LeaseHeldError,
     ReplicaPositionError,
     ReplicateError,
 )
-from lance_cdf.kafka.endpoints import DENIED, check_broker, check_registry, denied
+from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
 from lance_cdf.namespace import table_location
 from lance_cdf.replicate.replicator import (
@@ -48,6 +47,7 @@ from lance_cdf.replicate.replicator import (
     Replicator,
     SchemaDecoder,
     SharedClients,
+    consume_error,
     gc_paused,
 )
 
@@ -324,14 +324,9 @@ class DatabaseReplicator:
                     batch.append(m)
                 elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                     continue  # a deleted topic: the next refresh lets its table go
-                elif err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    raise denied("consumer group", self.group_id, "Read",
-                                 self.bootstrap_servers, "consumer", err, "--group-id")
-                elif err.code() in DENIED:
-                    raise denied("topic", str(m.topic()), "Describe and Read",
-                                 self.bootstrap_servers, "consumer", err, "--exclude")
                 elif err.code() != KafkaError._PARTITION_EOF:
-                    raise LanceCdfError(f"Kafka error while consuming {m.topic()!r}: {err}")
+                    raise consume_error(err, str(m.topic()), self.group_id,
+                                        self.bootstrap_servers, "--exclude")  # fmt: skip
         return batch
 
     def _dispatch(self, msgs: list[Message]) -> None:

@@ -417,6 +417,21 @@ def _aligned(table: pa.Table, schema: pa.Schema) -> pa.Table | None:
     return pa.Table.from_arrays(columns, schema=schema)
 
 
+def consume_error(
+    err: KafkaError, topic: str, group_id: str, bootstrap_servers: str, topic_flag: str
+) -> LanceCdfError:
+    """What a consumer's error while polling `topic` stops the replicator with: an ACL
+    denial on the group or the topic named in one line (`topic_flag`: the flag that names
+    another topic), anything else as Kafka said it."""
+    if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+        return denied("consumer group", group_id, "Read", bootstrap_servers, "consumer", err,
+                      "--group-id")  # fmt: skip
+    if err.code() in DENIED:
+        return denied("topic", topic, "Describe and Read", bootstrap_servers, "consumer", err,
+                      topic_flag)  # fmt: skip
+    return LanceCdfError(f"Kafka error while consuming {topic!r}: {err}")
+
+
 class Replicator:
     """Consume `topic` (records published by `lance-cdf publish`) and apply them to the
     Lance table at `target`.
@@ -894,14 +909,9 @@ class Replicator:
                     if not self._waiting_for_topic:  # the publisher has not created it yet
                         log.warning("topic %r does not exist yet; waiting for it", self.topic)
                     self._waiting_for_topic = True
-                elif err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    raise denied("consumer group", self.group_id, "Read",
-                                 self._bootstrap_servers, "consumer", err, "--group-id")
-                elif err.code() in DENIED:
-                    raise denied("topic", self.topic, "Describe and Read",
-                                 self._bootstrap_servers, "consumer", err, "--topic")
                 elif err.code() != KafkaError._PARTITION_EOF:
-                    raise LanceCdfError(f"Kafka error while consuming {self.topic!r}: {err}")
+                    raise consume_error(err, self.topic, self.group_id,
+                                        self._bootstrap_servers, "--topic")  # fmt: skip
         if assignments == self._assignments and len(self._partitions) == 1:
             self._batch_partition = self._partitions[0]
         return batch
