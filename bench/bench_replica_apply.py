@@ -30,8 +30,11 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
                    them, then cached), every key looked up;
   * replica_keep   `replica` with `keep_row_ids=True` (updated rows keep their replica
                    row IDs; Lance then resolves them against the whole table at commit).
-Each method runs on its own copy of the base replica (the index differs), interleaved;
-after every apply the replica is restored to its base version, so each apply sees the
+Each method runs on its own copy of the base replica (the index differs), interleaved.
+Every commit records the properties the replicator writes in each batch's commit of a
+keyed replica, whole source versions (position, owner, source version; `--bare-props`:
+only the offsets, as the bench did before issues 31 and 32).
+After every apply the replica is restored to its base version, so each apply sees the
 same table (the key map of `replica` is reset to the one built at the base version: a
 restore is a commit the map was not told about, which the replicator would rebuild it
 after). Each time is the median of --repeat applies. Replicas are built once under
@@ -54,7 +57,18 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.replicate.replica import KEY_INDEX_ZONE_ROWS, ReplicaTable, key_index_config
+from lance_cdf.replicate.replica import (
+    KEY_INDEX_ZONE_ROWS,
+    OFFSETS_PROPERTY,
+    RECORDS_THROUGH_PROPERTY,
+    SOURCE_TABLE_PROPERTY,
+    SOURCE_VERSION_PROPERTY,
+    TOPIC_PROPERTY,
+    TRANSACTION_OFFSET_PROPERTY,
+    VERSION_OFFSETS_PROPERTY,
+    ReplicaTable,
+    key_index_config,
+)  # fmt: skip
 
 KEY = "id"
 
@@ -120,14 +134,31 @@ def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table, np.ndarray]:
     return rows, pa.table({KEY: pa.array(dele.astype(np.int64))}), fresh
 
 
-def merge_insert(path: str, rows: pa.Table, deletes: pa.Table, use_index: bool) -> None:
+def commit_props(r: int, bare: bool) -> dict[str, str]:
+    """What the replicator records in the commit of batch r (replicator.py `_apply`): the
+    offsets it read up to, whose replica it is, the source version it equals, and where
+    the transaction topic and each partition stand after that version."""
+    offsets = json.dumps({"bench": {str(p): 1000 * r + p for p in range(4)}})
+    if bare:
+        return {OFFSETS_PROPERTY: offsets}
+    return {
+        OFFSETS_PROPERTY: offsets, TOPIC_PROPERTY: "bench",
+        SOURCE_TABLE_PROPERTY: json.dumps({"table": "bench", "uri": "/data/bench.lance"}),
+        SOURCE_VERSION_PROPERTY: str(r + 2), TRANSACTION_OFFSET_PROPERTY: str(2 * r + 2),
+        VERSION_OFFSETS_PROPERTY: json.dumps({"bench": {str(p): 1000 * r + p for p in range(4)}}),
+        RECORDS_THROUGH_PROPERTY: str(r + 2),
+    }  # fmt: skip
+
+
+def merge_insert(path: str, rows: pa.Table, deletes: pa.Table, use_index: bool,
+                 props: dict[str, str]) -> None:  # fmt: skip
     ds = lance.dataset(path)
     tx, _ = (ds.merge_insert(KEY).when_matched_delete().use_index(use_index)
              .execute_uncommitted(deletes))  # fmt: skip
     ds = lance.LanceDataset.commit(path, tx, read_version=ds.version)
     builder = ds.merge_insert(KEY).when_matched_update_all().when_not_matched_insert_all()
     tx, _ = builder.use_index(use_index).execute_uncommitted(rows)
-    tx.transaction_properties = {"lance-cdf.offsets": "{}"}
+    tx.transaction_properties = props
     lance.LanceDataset.commit(path, tx, read_version=ds.version)
 
 
@@ -148,6 +179,11 @@ def main() -> None:
     ap.add_argument("--methods", nargs="+", default=["merge_insert", "replica_index", "replica"])
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
+    ap.add_argument(
+        "--bare-props",
+        action="store_true",
+        help="record only the offsets in each commit (not the replicator's set)",
+    )
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
     results: dict = {"runs": []}
@@ -164,7 +200,12 @@ def main() -> None:
                                         prewarm=m != "replica_prev", key_map=m == "replica")
                         for m in args.methods}  # fmt: skip
             base_maps = {}
-            row = {"replica_rows": n, "batch_rows": b, "build_s": sum(built.values())}
+            row = {
+                "replica_rows": n,
+                "batch_rows": b,
+                "build_s": sum(built.values()),
+                "props": "bare" if args.bare_props else "replicator",
+            }
             for m, replica in replicas.items():  # the replicator preloads once, at start
                 if m != "replica_prev":
                     ds = replica._with_key_index(replica.open())
@@ -178,6 +219,7 @@ def main() -> None:
                     base_maps[m] = copy.deepcopy(km)
             for r in range(args.repeat):
                 rows, deletes, fresh = batch(n, b, seed=r + 1)
+                props = commit_props(r, args.bare_props)
                 for m in args.methods:
                     replica, path = replicas[m], paths[m]
                     if m in base_maps:  # the table holds the base rows (restored)
@@ -186,9 +228,9 @@ def main() -> None:
                     t0 = time.perf_counter()
                     if m.startswith("replica"):
                         new = fresh if m in ("replica", "replica_index", "replica_keep") else None
-                        replica.apply(rows, deletes, {"lance-cdf.offsets": "{}"}, fresh=new)
+                        replica.apply(rows, deletes, props, fresh=new)
                     else:
-                        merge_insert(path, rows, deletes, use_index=m == "merge_index")
+                        merge_insert(path, rows, deletes, m == "merge_index", props)
                     times[m].append(time.perf_counter() - t0)
                     if m in base_maps:
                         assert replica.map_builds == 1, "the key map was rebuilt in a timed apply"
