@@ -10,7 +10,8 @@ qualified name in the target database (created as the Lance directory namespace 
 lays tables out, namespace levels kept: namespace.table_location).
 
 Each table is applied by a `Replicator` of its own (replicator.py) that shares the
-consumer, the schema decoder and the dead-letter producer: its lease, identity checks,
+consumer, the schema decoder, the dead-letter producer and the one thread that renews every
+table's lease (lease.LeaseKeeper): its lease, identity checks,
 whole source versions (its transaction topic's records are handed to its gate) and
 exactly-once position in its own replica's commits are those of a single-topic replica.
 A table whose start is refused (its replica follows another topic or table, is leased by
@@ -43,6 +44,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
+from lance_cdf.lease import LeaseKeeper
 from lance_cdf.namespace import list_tables, table_location
 from lance_cdf.replicate.replicator import (
     Counters,
@@ -177,6 +179,7 @@ class DatabaseReplicator:
                                            "max.retries": 0, **(registry_config or {})}),
                      outage_s=registry_outage_s),
             Producer({**config, "acks": "all"}) if dead_letter_topic else None,
+            LeaseKeeper(),
         )  # fmt: skip
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
         self._by_transaction_topic: dict[str, TableReplica] = {}
@@ -329,6 +332,8 @@ class DatabaseReplicator:
                     entry.replicator.finish()
             finally:
                 self.tables.clear()
+                if self.shared.leases is not None:
+                    self.shared.leases.close()
                 self.consumer.close()
                 if self.shared.dlq is not None:
                     self.shared.dlq.flush(30)
