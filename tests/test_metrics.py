@@ -240,6 +240,8 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     """`replicate --database-target --metrics-port` (refused before): the applied
     version, Kafka lag and, with --source-database, the source and lag gauges per replica
     table (label `table`, only the tables replicated), the counters summed over them."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
     from lance_cdf.namespace import table_location
 
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
@@ -255,11 +257,16 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     for uri in uris.values():
         kinds = lance_cdf.read_changes(uri, 1).read_all()["_change_type"].to_pylist()
         sent += sum(k != "update_preimage" for k in kinds) + kinds.count("delete")
+    # a dead-letter topic under the prefix is not taken for a table (no label "dead-letters")
+    dead_letters = f"{prefix}.dead-letters"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(dead_letters, 1, 1)])[dead_letters].result(30)
     port = free_port()
     cmd = [
         sys.executable, "-m", "lance_cdf.cli", "replicate",
         "--bootstrap-servers", kafka_broker.bootstrap_servers,
         "--schema-registry", schema_registry.url, "--database-target", dst,
+        "--dead-letter-topic", dead_letters,
         "--topic-prefix", prefix, "--no-transaction-topic", "--max-batch-rows", "100",
         "--max-batch-interval", "0.3", "--refresh-interval", "1",
         "--metrics-port", str(port), "--source-database", src,

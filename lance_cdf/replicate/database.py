@@ -154,6 +154,7 @@ class DatabaseReplicator:
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.group_id = group_id or f"lance-cdf-replicate-db-{topic_prefix}"
         self.registry_config = registry_config
+        self.dead_letter_topic = dead_letter_topic  # (never a table's, also under the prefix)
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
         check_broker(bootstrap_servers, consumer_config, flag="consumer")
         check_registry(schema_registry, registry_config)
@@ -198,7 +199,8 @@ class DatabaseReplicator:
             log.warning("cannot list the topics (%s); asked again in %.0f s", exc,
                         self.refresh_s)  # fmt: skip
             return
-        listed = [t for t, m in meta.topics.items() if m.error is None and m.partitions]
+        listed = [t for t, m in meta.topics.items()
+                  if m.error is None and m.partitions and t != self.dead_letter_topic]  # fmt: skip
         found = {t.topic: t for t in table_topics(listed, self.topic_prefix,
                                                   self.include, self.exclude)}  # fmt: skip
         for topic, table in list(self.tables.items()):
