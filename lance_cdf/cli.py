@@ -21,6 +21,7 @@ from lance_cdf.errors import LanceCdfError
 
 if TYPE_CHECKING:
     from lance_cdf.kafka.publish import Database
+    from lance_cdf.replicate.database import DatabaseReplicator
 
 EXAMPLES = """examples:
   lance-cdf changes /data/events.lance --from 3 --to 9
@@ -314,9 +315,13 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--source-table", default=None, metavar="URI",
                      help="the published table (read-only): its latest version and commit "
                      "times give the lag metrics in versions and seconds")  # fmt: skip
+    rep.add_argument("--source-database", default=None, metavar="URI",
+                     help="with --database-target: the published database (read-only): its "
+                     "tables' latest versions and commit times give each replica table's "
+                     "lag metrics")  # fmt: skip
     rep.add_argument("--source-storage-option", action="append", default=[],
-                     metavar="KEY=VALUE", help="storage option for --source-table "
-                     "(repeatable)")  # fmt: skip
+                     metavar="KEY=VALUE", help="storage option for --source-table / "
+                     "--source-database (repeatable)")  # fmt: skip
     rep.set_defaults(func=cmd_replicate)
 
     status = sub.add_parser(
@@ -535,10 +540,11 @@ def _replicate(args: argparse.Namespace) -> int:
     scrub_logging()  # the registry client's request log names its URL, user-info included
     if args.database_target is not None or args.topic_prefix is not None:
         return _replicate_database(args)
-    if args.topic is None or args.target is None:
+    if args.topic is None or args.target is None or args.source_database is not None:
         raise LanceCdfError(
-            "replicate needs --topic and --target (one table), or --database-target and "
-            "--topic-prefix (every table of a database)"
+            "replicate needs --topic and --target (one table, --source-table its source), "
+            "or --database-target and --topic-prefix (every table of a database, "
+            "--source-database its source)"
         )
     replicator = Replicator(
         args.bootstrap_servers, args.topic, _registry_url(args), args.target, key=args.key,
@@ -580,7 +586,6 @@ def _replicate_database(args: argparse.Namespace) -> int:
     used = [flag for flag, value in (
         ("--topic", args.topic), ("--target", args.target), ("--key", args.key),
         ("--transaction-topic", args.transaction_topic), ("--source-table", args.source_table),
-        ("--metrics-port", args.metrics_port),
     ) if value is not None]  # fmt: skip
     if used:
         raise LanceCdfError(
@@ -595,6 +600,8 @@ def _replicate_database(args: argparse.Namespace) -> int:
     )  # fmt: skip
     print(f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
           f"{redact_url(args.database_target)}", flush=True)  # fmt: skip
+    if args.metrics_port is not None:
+        _serve_database_metrics(replicator, args)
     counters = replicator.run(idle_timeout=args.idle_timeout)
     for name, c in sorted(counters.items()):
         print(f"stopped {name}: {c.batches} batches, {c.records} records, {c.upserts} upserts, "
@@ -607,6 +614,33 @@ def _replicate_database(args: argparse.Namespace) -> int:
             + "; ".join(sorted(replicator.refused.values()))
         )
     return 0
+
+
+def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Namespace) -> None:
+    """A database replicator's metrics: the counters summed over its tables, the applied
+    version and Kafka lag per replica table (`table` label: the tables replicated now), and
+    with --source-database each table's source and lag gauges."""
+    from lance_cdf.metrics import PipelineMetrics, Progress
+    from lance_cdf.replicate.database import SourceTables
+
+    options = _options(args.source_storage_option, "--source-storage-option")
+    sources = SourceTables(args.source_database, options) if args.source_database else None
+
+    def progress() -> Progress:
+        c = replicator.totals()
+        return Progress(events=c.records, batches=c.batches, dead_letters=c.dead_letters,
+                        delivery_failures=c.delivery_failures, last_error=c.last_error)  # fmt: skip
+
+    def tables() -> dict[str, tuple[str | None, int | None]]:
+        held = replicator.table_positions()
+        uris = sources.uris(sorted(held)) if sources is not None else {}
+        return {name: (uris.get(name), version) for name, (version, _) in held.items()}
+
+    metrics = PipelineMetrics(
+        "replicate", progress, None, options, f"{args.topic_prefix}.*", tables=tables,
+        kafka_lags=lambda: {name: lag for name, (_, lag) in replicator.table_positions().items()},
+    )  # fmt: skip
+    print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
 
 
 def _applying(args: argparse.Namespace) -> dict[str, Any]:

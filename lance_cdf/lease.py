@@ -22,7 +22,8 @@ must agree to well within the TTL (30 s by default).
 
 A lease cannot fence storage writes: a holder that stops renewing (a stopped process)
 and comes back after its TTL may write once more before `renew` tells it the lease is
-lost. `keep_alive` renews from a thread so that long work does not let it lapse.
+lost. `keep_alive` renews from a thread so that long work does not let it lapse; a
+`LeaseKeeper` renews many leases (a database replicator's) from one thread.
 """
 
 from __future__ import annotations
@@ -274,7 +275,8 @@ class Lease:
         self._lock = threading.Lock()  # renew from a keep-alive thread vs release
         self._lost: LeaseLostError | None = None
         self._renewed = time.monotonic()
-        self._keeper: threading.Thread | None = None
+        self._keeper: threading.Thread | None = None  # its own keep-alive thread
+        self._shared: LeaseKeeper | None = None  # or the keeper it was handed to
         self._stop = threading.Event()
 
     @property
@@ -376,29 +378,50 @@ class Lease:
             with self._lock:
                 self._renew()
 
-    def keep_alive(self) -> None:
-        """Renew from a daemon thread every ttl/3 until release(); failures to reach the
-        storage are logged and retried; a lost lease is kept for `check`."""
-        if self._keeper is not None:
+    def keep_alive(self, keeper: LeaseKeeper | None = None) -> None:
+        """Renew every ttl/3 until release(), from a daemon thread of its own or from
+        `keeper`'s (one thread for many leases); failures to reach the storage are logged
+        and retried; a lost lease is kept for `check`."""
+        if self._keeper is not None or self._shared is not None:
+            return
+        if keeper is not None:
+            self._shared = keeper
+            keeper.add(self)
             return
 
         def loop() -> None:
-            while not self._stop.wait(self._state.ttl_s / 3):
-                try:
-                    self.renew()
-                except LeaseLostError as exc:
-                    log.error("%s", exc)
-                    return
-                except Exception as exc:  # noqa: BLE001 - retried; `check` sees the lapse
-                    log.warning("could not renew the lease %s (%s); retrying",
-                                self._store.where, exc)  # fmt: skip
+            while not self._stop.wait(self._state.ttl_s / 3) and self.keep():
+                pass
 
         self._keeper = threading.Thread(target=loop, name="lance-cdf-lease", daemon=True)
         self._keeper.start()
 
+    @property
+    def ttl_s(self) -> float:
+        return self._state.ttl_s
+
+    def keep(self) -> bool:
+        """One keep-alive renewal: False once there is nothing more to keep (released, or
+        lost: logged, and kept for `check`); a failure to reach the storage is logged and
+        True (retried at the next turn)."""
+        with self._lock:  # (release sets _stop first, then waits for this lock)
+            if self._stop.is_set():
+                return False
+            try:
+                self._renew()
+            except LeaseLostError as exc:
+                log.error("%s", exc)
+                return False
+            except Exception as exc:  # noqa: BLE001 - retried; `check` sees the lapse
+                log.warning("could not renew the lease %s (%s); retrying",
+                            self._store.where, exc)  # fmt: skip
+        return True
+
     def release(self) -> None:
         """Give the lease up (a no-op if it was lost or released already)."""
         self._stop.set()
+        if self._shared is not None:
+            self._shared.remove(self)
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(timeout=30)
         with self._lock:
@@ -428,3 +451,65 @@ class Lease:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:  # fmt: skip
         self.release()
+
+
+class LeaseKeeper:
+    """One daemon thread renewing many leases (a database replicator's: one per replica
+    table), each every ttl/3 as `Lease.keep_alive` does with a thread per lease: the same
+    renewals, retries and lost-lease reports, without a thread per table. Renewals are
+    made one after another, so a slow store delays the others (`Lease.check` renews in
+    place a lease not renewed for a whole TTL). Started on the first `add`; `close` ends it."""
+
+    def __init__(self) -> None:
+        self._due: dict[Lease, float] = {}  # lease -> monotonic time of its next renewal
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def add(self, lease: Lease) -> None:
+        with self._cond:
+            if self._closed:
+                raise LanceCdfError("this lease keeper was closed; keep the lease alive anew")
+            self._due[lease] = time.monotonic() + lease.ttl_s / 3
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="lance-cdf-leases",
+                                                daemon=True)  # fmt: skip
+                self._thread.start()
+            self._cond.notify()
+
+    def remove(self, lease: Lease) -> None:
+        with self._cond:
+            self._due.pop(lease, None)
+
+    def __len__(self) -> int:
+        return len(self._due)
+
+    def close(self) -> None:
+        """Stop renewing (the leases stay held until released or expired)."""
+        with self._cond:
+            self._closed = True
+            self._due.clear()
+            self._cond.notify()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                if self._closed:
+                    return
+                now = time.monotonic()
+                due = [lease for lease, at in self._due.items() if at <= now]
+                if not due:
+                    soonest = min(self._due.values(), default=now + 60.0)
+                    self._cond.wait(soonest - now)
+                    continue
+            for lease in due:  # (outside the lock: add / remove do not wait on a renewal)
+                kept = lease.keep()
+                with self._cond:
+                    if lease not in self._due:
+                        continue  # released meanwhile
+                    if kept:
+                        self._due[lease] = time.monotonic() + lease.ttl_s / 3
+                    else:
+                        del self._due[lease]

@@ -26,7 +26,10 @@ and commit times, so lag is computed when asked, never stale:
 
 A database publisher (`publish --database`) gives the source and lag gauges once per
 followed table, with a `table` label (its qualified name; only the tables followed, so the
-label's values are bounded by the database), and the counters once for the publisher.
+label's values are bounded by the database), and the counters once for the publisher. A
+database replicator (`replicate --database-target`) gives `lance_cdf_applied_version` and
+`lance_cdf_kafka_lag_records` per replica table (the source and lag gauges too, given the
+source database), and the counters summed over its tables.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from __future__ import annotations
 import collections
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 from wsgiref.simple_server import WSGIServer
@@ -79,16 +82,18 @@ class PipelineMetrics:
         table: str | None = None,
         storage_options: dict[str, str] | None = None,
         topic: str = "",
-        tables: Callable[[], dict[str, tuple[str, int | None]]] | None = None,
+        tables: Callable[[], Mapping[str, tuple[str | None, int | None]]] | None = None,
+        kafka_lags: Callable[[], Mapping[str, int]] | None = None,
     ):
-        """`tables`: a database publisher's followed tables, qualified name -> (URI, the
-        version published through), read on every scrape."""
+        """`tables`: a database pipeline's tables, qualified name -> (the source table's
+        URI, None where not known; the version published / applied through), read on every
+        scrape; `kafka_lags`: a database replicator's records not yet consumed, per table."""
         if role not in ("publish", "replicate"):
             raise LanceCdfError(f"unknown pipeline role {role!r}: publish or replicate")
         self.role, self.progress, self.table, self.topic = role, progress, table, topic
         self.storage_options = dict(storage_options or {})
         self._log: TableLog | None = None  # the source table's TableLog, opened on the first scrape
-        self.tables = tables
+        self.tables, self.kafka_lags = tables, kafka_lags
         self._logs: dict[str, TableLog] = {}  # a database's: per followed table URI
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
@@ -231,13 +236,22 @@ class PipelineMetrics:
                 "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",
                 value=p.kafka_lag,
             )  # fmt: skip
+        if self.kafka_lags is not None:
+            lags = GaugeMetricFamily(
+                "lance_cdf_kafka_lag_records", "records in the table's topic not yet consumed",
+                labels=["table"],
+            )  # fmt: skip
+            for name, lag in sorted(self.kafka_lags().items()):
+                lags.add_metric([name], lag)
+            yield lags
 
     def _table_gauges(
-        self, tables: dict[str, tuple[str, int | None]], done: str, now: float
+        self, tables: Mapping[str, tuple[str | None, int | None]], done: str, now: float
     ) -> Iterator[Metric]:
-        """The source and lag gauges per followed table of a database, labelled `table`."""
-        for uri in [u for u in self._logs if u not in {u for u, _ in tables.values()}]:
-            del self._logs[uri]  # a table no longer followed: its label goes too
+        """The source and lag gauges per followed table of a database, labelled `table`
+        (a table whose source is not known: its published / applied version only)."""
+        for gone in [u for u in self._logs if u not in {u for u, _ in tables.values()}]:
+            del self._logs[gone]  # a table no longer followed: its label goes too
         latest_g = GaugeMetricFamily(
             "lance_cdf_source_latest_version", "latest version of the source table",
             labels=["table"],
@@ -255,6 +269,10 @@ class PipelineMetrics:
             labels=["table"],
         )
         for name, (uri, version) in sorted(tables.items()):
+            if uri is None:
+                if version is not None:
+                    done_g.add_metric([name], version)
+                continue
             try:
                 latest, oldest_pending = self._source(version, uri)
             except (LanceCdfError, OSError):

@@ -55,7 +55,7 @@ ALLOWED = {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
         "clientconfig", "lease", "namespace", "errors",
     },
-    "demo": {"devtools", "feed", "render", "streaming", "replicate", "errors"},
+    "demo": {"devtools", "feed", "render", "streaming", "replicate", "namespace", "errors"},
 }
 
 

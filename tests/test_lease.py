@@ -3,22 +3,24 @@
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 
 import pytest
 
 from lance_cdf.errors import LeaseHeldError, LeaseLostError
-from lance_cdf.lease import Lease
+from lance_cdf.lease import Lease, LeaseKeeper
 
 pytest_plugins = ["s3_services"]
 
 HOLD = """
 import sys, time
-from lance_cdf.lease import Lease
+from lance_cdf.lease import Lease, LeaseKeeper
 opts = dict(a.split("=", 1) for a in sys.argv[3:])
 lease = Lease.acquire(sys.argv[1], "replica", opts or None, ttl_s=float(sys.argv[2]),
                       command="holder-process")
@@ -111,6 +113,55 @@ def test_local_keep_alive_renews_and_release_removes(tmp_path):
         Lease.acquire(location, "replica", ttl_s=0.6)
     lease.release()
     assert not os.path.exists(os.path.join(location, "replica.lease"))
+
+
+def _lease_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("lance-cdf-lease")]
+
+
+@pytest.mark.unit
+def test_one_keeper_thread_renews_many_leases(tmp_path, caplog):
+    """A database replicator's leases (one per replica table) kept alive by one thread:
+    each renewed as its own thread would (held past several TTLs, refused to others); one
+    released or lost leaves the others kept; closed, the thread ends."""
+    before = _lease_threads()
+    keeper = LeaseKeeper()
+    locations = [str(tmp_path / f"t{i}" / "_lance_cdf") for i in range(5)]
+    leases = [Lease.acquire(loc, "replica", ttl_s=0.6) for loc in locations]
+    for lease in leases:
+        lease.keep_alive(keeper)
+    assert _lease_threads() == [*before, "lance-cdf-leases"]  # one thread, not five
+    time.sleep(1.5)  # several TTLs: renewed meanwhile
+    for lease, loc in zip(leases, locations, strict=True):
+        lease.check()
+        with pytest.raises(LeaseHeldError):
+            Lease.acquire(loc, "replica", ttl_s=0.6)
+    leases[0].release()  # given up: no longer renewed, free at once
+    assert len(keeper) == 4
+    Lease.acquire(locations[0], "replica").release()
+    # lease 1 now names another writer (its file replaced at once, as a takeover writes
+    # it): the keeper reports it lost and lets it go, the others are still kept
+    thief = Lease.acquire(str(tmp_path / "other"), "replica", command="another writer")
+    with caplog.at_level("ERROR", logger="lance_cdf.lease"):
+        stolen = os.path.join(locations[1], "replica.lease")
+        shutil.copy(os.path.join(tmp_path, "other", "replica.lease"), stolen + ".new")
+        os.replace(stolen + ".new", stolen)
+        time.sleep(1.0)
+    assert "lost the lease" in caplog.text and "'another writer'" in caplog.text
+    with pytest.raises(LeaseLostError):
+        leases[1].check()
+    assert len(keeper) == 3
+    time.sleep(0.8)
+    for lease in leases[2:]:
+        lease.check()
+    keeper.close()
+    assert _lease_threads() == before
+    for lease in leases[1:]:
+        lease.release()
+    thief.release()
+    assert os.path.exists(stolen)  # (not ours: left alone)
+    assert not any(os.path.exists(os.path.join(loc, "replica.lease"))
+                   for loc in locations if loc != locations[1])  # fmt: skip
 
 
 @pytest.mark.unit

@@ -225,3 +225,79 @@ def test_publish_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry):
     finally:
         _stop(proc)
         log.close()
+
+
+def scrape_tables(url: str) -> dict[tuple[str, str], float]:
+    """(sample name, its `table` label) -> value, for the samples that carry one."""
+    with urllib.request.urlopen(url, timeout=10) as r:
+        text = r.read().decode()
+    return {(s.name, s.labels["table"]): s.value
+            for f in text_string_to_metric_families(text) for s in f.samples
+            if "table" in s.labels and s.name != "lance_cdf_pipeline_info"}  # fmt: skip
+
+
+def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_registry):
+    """`replicate --database-target --metrics-port` (refused before): the applied
+    version, Kafka lag and, with --source-database, the source and lag gauges per replica
+    table (label `table`, only the tables replicated), the counters summed over them."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from lance_cdf.namespace import table_location
+
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    prefix = f"mdb{uuid.uuid4().hex[:6]}"
+    names = {"items": ("items",), "sales.orders": ("sales", "orders")}
+    uris = {name: table_location(src, ident) for name, ident in names.items()}
+    loads = {name: Workload(uri, seed=5 + i, rows=80) for i, (name, uri) in enumerate(uris.items())}
+    for w in loads.values():
+        w.step("update")
+    published = {name: publish(kafka_broker, schema_registry, uri, f"{prefix}.{name}", 1)
+                 for name, uri in uris.items()}  # fmt: skip
+    sent = 0
+    for uri in uris.values():
+        kinds = lance_cdf.read_changes(uri, 1).read_all()["_change_type"].to_pylist()
+        sent += sum(k != "update_preimage" for k in kinds) + kinds.count("delete")
+    # a dead-letter topic under the prefix is not taken for a table (no label "dead-letters")
+    dead_letters = f"{prefix}.dead-letters"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(dead_letters, 1, 1)])[dead_letters].result(30)
+    port = free_port()
+    cmd = [
+        sys.executable, "-m", "lance_cdf.cli", "replicate",
+        "--bootstrap-servers", kafka_broker.bootstrap_servers,
+        "--schema-registry", schema_registry.url, "--database-target", dst,
+        "--dead-letter-topic", dead_letters,
+        "--topic-prefix", prefix, "--no-transaction-topic", "--max-batch-rows", "100",
+        "--max-batch-interval", "0.3", "--refresh-interval", "1",
+        "--metrics-port", str(port), "--source-database", src,
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    url = f"http://127.0.0.1:{port}/metrics"
+    try:
+        applied = lambda m: {  # noqa: E731
+            t: v for (n, t), v in scrape_tables(url).items() if n == "lance_cdf_applied_version"}
+        scrape_until(url, lambda m: applied(m) == published and m["lance_cdf_events_total"] >= sent,
+                     proc)  # fmt: skip
+        m, by_table = scrape(url), scrape_tables(url)
+        assert m["lance_cdf_events_total"] == sent  # summed over both tables
+        assert {t for _, t in by_table} == set(names)  # only the tables replicated
+        for name in names:
+            assert by_table["lance_cdf_source_latest_version", name] == published[name]
+            assert by_table["lance_cdf_lag_versions", name] == 0
+            assert by_table["lance_cdf_lag_seconds", name] == 0
+            assert by_table["lance_cdf_kafka_lag_records", name] == 0
+        # one table moves on: its lag shows, the other's does not
+        for op in CHANGING[1:3]:
+            loads["sales.orders"].step(op)
+        latest = lance.dataset(uris["sales.orders"]).version
+        by_table = scrape_tables(url)
+        assert by_table["lance_cdf_lag_versions", "sales.orders"] == latest - published[
+            "sales.orders"]  # fmt: skip
+        assert by_table["lance_cdf_lag_seconds", "sales.orders"] > 0
+        assert by_table["lance_cdf_lag_versions", "items"] == 0
+        publish(kafka_broker, schema_registry, uris["sales.orders"], f"{prefix}.sales.orders",
+                published["sales.orders"] + 1)  # fmt: skip
+        scrape_until(url, lambda m: applied(m).get("sales.orders") == latest, proc)
+        assert scrape_tables(url)["lance_cdf_lag_versions", "sales.orders"] == 0
+    finally:
+        _stop(proc)

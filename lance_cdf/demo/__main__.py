@@ -15,16 +15,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(
         prog="python -m lance_cdf.demo",
         description="The whole lance-cdf pipeline on this machine: a writer makes random "
-        "commits to a sample table, `lance-cdf publish` streams them to a local Kafka broker, "
-        "`lance-cdf replicate` applies them to a replica, and the replica is checked against "
-        "the source at the end.",
+        "commits to a sample database of three tables (one in a child namespace), one "
+        "`lance-cdf publish --database` streams them to a local Kafka broker, one "
+        "`lance-cdf replicate --database-target` applies them to a replica database, and "
+        "each replica table is checked against its source at the end.",
     )
     ap.add_argument("--dir", default="demo-data", help="where the tables, checkpoint and logs "
                     "go (recreated; default ./demo-data)")  # fmt: skip
     ap.add_argument("--seconds", type=float, default=60, help="how long the writer runs")
     ap.add_argument("--commit-interval", type=float, default=1.5,
                     help="seconds between random commits")  # fmt: skip
-    ap.add_argument("--partitions", type=int, default=3, help="partitions of the demo topic")
+    ap.add_argument("--partitions", type=int, default=3, help="partitions of each table's topic")
     ap.add_argument("--walkthrough", action="store_true",
                     help="instead: the change feed of a few commits, no Kafka (fast)")  # fmt: skip
     args = ap.parse_args(argv)

@@ -1,4 +1,5 @@
-"""Start the whole pipeline, drive it with random commits, drain it, check the replica.
+"""Start the whole pipeline, drive it with random commits, drain it, check the replica
+database table by table.
 
 Everything it starts is stopped on the way out, also on Ctrl-C: the publisher and the
 replicator (child processes, SIGTERM then SIGKILL) and the Kafka broker and registry.
@@ -19,11 +20,13 @@ import lance
 import pyarrow as pa
 
 from lance_cdf.demo.progress import Probe, Snapshot, line, render
-from lance_cdf.demo.sample import Writer, create
+from lance_cdf.demo.sample import TABLES, Writer, create
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.namespace import resolve_table
 from lance_cdf.replicate.replica import SOURCE_ROWID
 
-TOPIC = "demo.cdf"
+PREFIX = "demo"  # table sales.orders -> topic demo.sales.orders
+DEAD_LETTERS = "demo-dead-letters"  # (not under the prefix: it would be taken for a table)
 
 
 @dataclass
@@ -32,8 +35,8 @@ class Paths:
 
     def __post_init__(self) -> None:
         self.root = os.path.abspath(self.root)
-        self.source = os.path.join(self.root, "source.lance")
-        self.replica = os.path.join(self.root, "replica.lance")
+        self.source = os.path.join(self.root, "source")  # the database (a directory namespace)
+        self.replica = os.path.join(self.root, "replica")  # the replica database
         self.checkpoint = os.path.join(self.root, "checkpoints", "publisher")
         self.logs = os.path.join(self.root, "logs")
 
@@ -53,6 +56,21 @@ def compare(source: str, replica: str) -> tuple[bool, str]:
         if not rep[name].cast(src[name].type).equals(src[name]):
             return False, f"column {name!r} differs"
     return True, f"{src.num_rows} rows, {len(src.column_names) - 1} columns equal"
+
+
+def compare_databases(sources: dict[str, str], replica: str) -> list[tuple[str, bool, str]]:
+    """Each source table (qualified name -> URI) against the replica database's table of
+    the same name: (name, equal, detail)."""
+    out = []
+    for name, uri in sources.items():
+        try:
+            target = resolve_table(replica, name)
+        except LanceCdfError:
+            out.append((name, False, "no replica table of that name"))
+            continue
+        equal, detail = compare(uri, target)
+        out.append((name, equal, f"version {lance.dataset(uri).version}: {detail}"))
+    return out
 
 
 class Children:
@@ -118,47 +136,59 @@ def run(
         registry.start()
         say(f"Kafka {broker.bootstrap_servers}, schema registry {registry.url}")
         admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers, "log_level": 0})
-        admin.create_topics([NewTopic(TOPIC, partitions, 1)])[TOPIC].result(30)
+        topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
+        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
+            future.result(30)
         del admin  # its connections would complain when the broker stops
-        create(paths.source)
-        kafka = ["--bootstrap-servers", broker.bootstrap_servers, "--topic", TOPIC,
+        sources = create(paths.source)
+        say(f"database {paths.source}: tables {', '.join(sources)} (sales: a child namespace)")
+        kafka = ["--bootstrap-servers", broker.bootstrap_servers,
                  "--schema-registry", registry.url]  # fmt: skip
         pub_port, rep_port = free_port(), free_port()
-        children.start("publisher", ["publish", "--table", paths.source, *kafka,
+        children.start("publisher", ["publish", "--database", paths.source,
+                                     "--topic-prefix", PREFIX, *kafka,
                                      "--checkpoint", paths.checkpoint, "--starting-version",
                                      "1", "--trigger-interval", "1 second",
                                      "--metrics-port", str(pub_port)])  # fmt: skip
-        children.start("replicator", ["replicate", *kafka, "--target", paths.replica,
-                                      "--dead-letter-topic", f"{TOPIC}.dlq",
-                                      "--max-batch-interval", "500ms", "--source-table",
-                                      paths.source, "--metrics-port", str(rep_port)])  # fmt: skip
-        say(f"publisher and replicator started (logs in {paths.logs}); writing for {seconds:.0f}s")
+        children.start("replicator", ["replicate", *kafka, "--database-target", paths.replica,
+                                      "--topic-prefix", PREFIX,
+                                      "--dead-letter-topic", DEAD_LETTERS,
+                                      "--max-batch-interval", "500ms", "--refresh-interval",
+                                      "1", "--source-database", paths.source,
+                                      "--metrics-port", str(rep_port)])  # fmt: skip
+        say(f"one publisher (publish --database) and one replicator (replicate "
+            f"--database-target) for the {len(sources)} tables, topics {PREFIX}.<table> "
+            f"(logs in {paths.logs}); writing for {seconds:.0f}s")  # fmt: skip
         say(f"Prometheus metrics: publisher http://127.0.0.1:{pub_port}/metrics, "
             f"replicator http://127.0.0.1:{rep_port}/metrics")  # fmt: skip
-        probe = Probe(
-            paths.source, paths.checkpoint, paths.replica, broker.bootstrap_servers, TOPIC
-        )
-        writer = Writer(paths.source)
+        probe = Probe(sources, paths.checkpoint, paths.replica, broker.bootstrap_servers, PREFIX)
+        writer = Writer(sources)
         _drive(writer, probe, children, seconds, commit_interval, out)
-        equal, detail = compare(paths.source, paths.replica)
+        results = compare_databases(sources, paths.replica)
     finally:
         children.stop()
         if probe is not None:
             probe.close()
         registry.close()
         broker.close()
-    latest = lance.dataset(paths.source).version
+    equal = all(ok for _, ok, _ in results)
     say(
-        f"\n{'OK' if equal else 'MISMATCH'}: replica {'equals' if equal else 'differs from'} "
-        f"the source at version {latest} ({detail}); {writer.commits} random commits.\n\n"
-        f"  source table   {paths.source}\n  replica table  {paths.replica}\n"
-        f"  Kafka topic    {TOPIC} (Avro; the broker was stopped with the demo)\n"
-        f"  logs           {paths.logs}\n\nExplore:\n"
-        f"  .venv/bin/lance-cdf changes {paths.source} --from 2 --to 4\n"
-        f"  .venv/bin/lance-cdf changes {paths.replica} --from 1 --to 2 --columns "
-        f"id,city,price\n"
-        f"  .venv/bin/lance-cdf status --table {paths.source} --checkpoint {paths.checkpoint} "
-        f"--replica {paths.replica}\n"
+        f"\n{'OK' if equal else 'MISMATCH'}: the replica database "
+        f"{'equals' if equal else 'differs from'} the source, table by table; "
+        f"{writer.commits} random commits."
+    )
+    for name, ok, detail in results:
+        say(f"  {name:<14} {'equal' if ok else 'DIFFERS'} at {detail}")
+    say(
+        f"\n  source database   {paths.source}\n  replica database  {paths.replica}\n"
+        f"  Kafka topics      {', '.join(topics)} (Avro; the broker was stopped with the demo)\n"
+        f"  logs              {paths.logs}\n\nExplore:\n"
+        f"  .venv/bin/lance-cdf changes --database {paths.source} sales.orders --from 2 --to 4\n"
+        f"  .venv/bin/lance-cdf changes --database {paths.replica} items --from 1 --to 2 "
+        "--columns id,city,price   # a replica has a change feed of its own\n"
+        f"  .venv/bin/lance-cdf status --database {paths.source} --checkpoint "
+        f"{paths.checkpoint}\n"
+        f"  .venv/bin/lance-cdf status --database-target {paths.replica}\n"
         "  .venv/bin/python -m lance_cdf.devtools up   # a broker + registry of your own, then\n"
         "      kafka-avro-console-consumer / confluent_kafka.Consumer on the topic you publish"
     )
@@ -179,7 +209,7 @@ def _drive(
 
         live = Live(refresh_per_second=4, console=None)
         live.start()
-    last, last_line = "create 2000 rows", 0.0
+    last, last_line = "create the tables", 0.0
 
     def show(phase: str) -> Snapshot:
         nonlocal last_line
@@ -200,20 +230,17 @@ def _drive(
                 last = writer.step()
                 next_commit = time.monotonic() + commit_interval
             show("writing")
-            time.sleep(0.25)
+            time.sleep(0.5)  # (a snapshot reads 3 tables, the checkpoint and 3 topics)
         deadline = time.monotonic() + 240
         while True:  # drain: everything committed is published and replicated
             children.check()
             snap = show("draining")
-            # every version published, every published record applied (commits that change
-            # no rows, e.g. a compaction, publish nothing: the replica's version stays behind)
-            published = snap.published_version == snap.source_version
-            if published and snap.kafka_records and snap.lag_records == 0:
+            if snap.caught_up:  # every table: see TableSnapshot.caught_up
                 show("done")
                 break
             if time.monotonic() > deadline:
                 raise LanceCdfError(f"the pipeline did not catch up within 240 s: {line(snap, '')}")
-            time.sleep(0.25)
+            time.sleep(0.5)  # (a snapshot reads 3 tables, the checkpoint and 3 topics)
     finally:
         if live is not None:
             live.stop()

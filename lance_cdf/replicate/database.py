@@ -10,7 +10,8 @@ qualified name in the target database (created as the Lance directory namespace 
 lays tables out, namespace levels kept: namespace.table_location).
 
 Each table is applied by a `Replicator` of its own (replicator.py) that shares the
-consumer, the schema decoder and the dead-letter producer: its lease, identity checks,
+consumer, the schema decoder, the dead-letter producer and the one thread that renews every
+table's lease (lease.LeaseKeeper): its lease, identity checks,
 whole source versions (its transaction topic's records are handed to its gate) and
 exactly-once position in its own replica's commits are those of a single-topic replica.
 A table whose start is refused (its replica follows another topic or table, is leased by
@@ -33,15 +34,18 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from lance_cdf.clientconfig import redact_url
 from lance_cdf.errors import (
     ForeignReplicaError,
+    LanceCdfError,
     LeaseHeldError,
     ReplicaPositionError,
     ReplicateError,
 )
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
-from lance_cdf.namespace import table_location
+from lance_cdf.lease import LeaseKeeper
+from lance_cdf.namespace import list_tables, table_location
 from lance_cdf.replicate.replicator import (
     Counters,
     Replicator,
@@ -150,6 +154,7 @@ class DatabaseReplicator:
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.group_id = group_id or f"lance-cdf-replicate-db-{topic_prefix}"
         self.registry_config = registry_config
+        self.dead_letter_topic = dead_letter_topic  # (never a table's, also under the prefix)
         config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
         check_broker(bootstrap_servers, consumer_config, flag="consumer")
         check_registry(schema_registry, registry_config)
@@ -175,10 +180,12 @@ class DatabaseReplicator:
                                            "max.retries": 0, **(registry_config or {})}),
                      outage_s=registry_outage_s),
             Producer({**config, "acks": "all"}) if dead_letter_topic else None,
+            LeaseKeeper(),
         )  # fmt: skip
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
         self._by_transaction_topic: dict[str, TableReplica] = {}
         self.gone: list[str] = []  # qualified names of tables whose topic disappeared
+        self._retired = Counters()  # the counters of the tables let go, summed (totals())
         self.refused: dict[str, str] = {}  # topic -> why its table's start was refused
         self._stop = threading.Event()
         self._changed = time.monotonic()  # the last table picked up
@@ -192,7 +199,8 @@ class DatabaseReplicator:
             log.warning("cannot list the topics (%s); asked again in %.0f s", exc,
                         self.refresh_s)  # fmt: skip
             return
-        listed = [t for t, m in meta.topics.items() if m.error is None and m.partitions]
+        listed = [t for t, m in meta.topics.items()
+                  if m.error is None and m.partitions and t != self.dead_letter_topic]  # fmt: skip
         found = {t.topic: t for t in table_topics(listed, self.topic_prefix,
                                                   self.include, self.exclude)}  # fmt: skip
         for topic, table in list(self.tables.items()):
@@ -254,6 +262,7 @@ class DatabaseReplicator:
         del self.tables[topic]
         self._by_transaction_topic.pop(entry.replicator.transaction_topic or "", None)
         self.gone.append(entry.table.qualified_name)
+        _add(self._retired, entry.replicator.counters)
         try:
             self.consumer.incremental_unassign(
                 [TopicPartition(topic, tp.partition) for tp in entry.partitions]
@@ -269,6 +278,25 @@ class DatabaseReplicator:
     def counters(self) -> dict[str, Counters]:
         """Each table's progress (by qualified name)."""
         return {t.table.qualified_name: t.replicator.counters for t in self.tables.values()}
+
+    def totals(self) -> Counters:
+        """The counters summed over every table replicated since start, those let go
+        included (so they only grow: the metrics' counters). Read from any thread."""
+        out = Counters(started=self._retired.started)
+        _add(out, self._retired)
+        for entry in list(self.tables.values()):  # (a copy: the poll loop may change it)
+            _add(out, entry.replicator.counters)
+        return out
+
+    def table_positions(self) -> dict[str, tuple[int | None, int]]:
+        """Per table replicated now (qualified name): the source version its replica
+        applied through (None: none yet) and the records of its topic not yet consumed.
+        Read from any thread (the metrics endpoint)."""
+        return {
+            e.table.qualified_name: (e.replicator.counters.source_version or None,
+                                     e.replicator.counters.lag)
+            for e in list(self.tables.values())
+        }  # fmt: skip
 
     def run(self, idle_timeout: float | None = None) -> dict[str, Counters]:
         """Apply batches until stop() / SIGTERM / SIGINT, or until no record has arrived
@@ -306,6 +334,8 @@ class DatabaseReplicator:
                     entry.replicator.finish()
             finally:
                 self.tables.clear()
+                if self.shared.leases is not None:
+                    self.shared.leases.close()
                 self.consumer.close()
                 if self.shared.dlq is not None:
                     self.shared.dlq.flush(30)
@@ -348,6 +378,38 @@ class DatabaseReplicator:
                 touched[owner.table.topic] = owner
         for topic, entry in touched.items():
             entry.replicator.take(data.get(topic, []))  # (its lease checked first)
+
+
+_SUMMED = ("batches", "records", "upserts", "deletes", "tombstones", "skipped", "dead_letters",
+           "delivery_failures", "registry_retries")  # fmt: skip
+
+
+def _add(total: Counters, c: Counters) -> None:
+    """`c`'s counts added to `total` (its last error: the later of the two)."""
+    for name in _SUMMED:
+        setattr(total, name, getattr(total, name) + getattr(c, name))
+    total.last_error = max(total.last_error, c.last_error)
+
+
+class SourceTables:
+    """The source database's tables by qualified name (for the lag metrics of a database
+    replicator: `replicate --source-database`), listed again when asked for a name not
+    known yet (a table created since); a name it does not hold is None."""
+
+    def __init__(self, root: str, storage_options: dict[str, str] | None = None):
+        self.root, self.storage_options = root, storage_options
+        self._uris: dict[str, str] = {}
+
+    def uris(self, names: list[str]) -> dict[str, str | None]:
+        if any(n not in self._uris for n in names):
+            try:
+                listed = list_tables(self.root, self.storage_options)
+            except (LanceCdfError, OSError) as exc:
+                log.warning("cannot list the source database %s (%s); asked again on the "
+                            "next scrape", redact_url(self.root), exc)  # fmt: skip
+            else:
+                self._uris = {ref.qualified_name: ref.uri for ref in listed}
+        return {n: self._uris.get(n) for n in names}
 
 
 def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None:

@@ -87,7 +87,7 @@ from lance_cdf.kafka.endpoints import (
     denied,
 )
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
-from lance_cdf.lease import Lease
+from lance_cdf.lease import Lease, LeaseKeeper
 from lance_cdf.replicate.replica import (
     INSIDE_VERSION_PROPERTY,
     MAX_ROWID_PROPERTY,
@@ -345,6 +345,7 @@ class SharedClients:
     group_id: str
     decoder: _Decoder
     dlq: Producer | None = None
+    leases: LeaseKeeper | None = None  # one keep-alive thread for every table's lease
 
 
 class _Positions(NamedTuple):
@@ -723,14 +724,15 @@ class Replicator:
     # -- start-up: one writer, whose replica, where it resumes ------------------------
     def _acquire_lease(self) -> Lease:
         """The replica's lease (LeaseHeldError naming the holder when another replicator
-        writes it), renewed from a thread until `run` ends."""
+        writes it), renewed from a thread until `run` ends (a shared consumer's replicator:
+        from its owner's one keep-alive thread for every table)."""
         location = f"{self.target.rstrip('/')}/{LEASE_DIR}"
         lease = Lease.acquire(
             location, "replica", self.storage_options, ttl_s=self.lease_ttl_s,
             command=f"lance-cdf replicate --topic {self.topic} --group-id {self.group_id}",
             target=self.target,
         )  # fmt: skip
-        lease.keep_alive()
+        lease.keep_alive(self.shared.leases if self.shared is not None else None)
         return lease
 
     def _release(self, lease: Lease) -> None:
