@@ -1,0 +1,221 @@
+"""A whole database as one Spark stream of events with `_table` (issue 35 item 5,
+streaming/database_events.py): every table's events, selected by `_table`, equal
+`read_changes` of that table exactly (the oracle: all its columns; the other tables'
+columns null); tables taken up while running; a restart from the checkpoint neither loses
+nor repeats; columns that cannot share one stream refused in one line; a batch read
+equals the same."""
+
+import pickle
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+
+import lance_cdf
+from lance_cdf.errors import DatabaseSchemaError, LanceCdfError
+from lance_cdf.streaming.database_events import (
+    TABLE_COLUMN,
+    DatabaseEventReader,
+    database_schema,
+)
+
+lancedb = pytest.importorskip("lancedb")
+STABLE = {"new_table_enable_stable_row_ids": "true"}
+SORT = ["_commit_version", "_change_type", "_rowid"]
+SNIPPETS = Path(__file__).resolve().parent.parent / "docs/snippets"
+
+
+def items(lo, hi):
+    ids = np.arange(lo, hi)
+    return pa.table({"id": ids, "s": [f"i{i}" for i in ids], "x": ids * 0.5})
+
+
+def orders(lo, hi):
+    ids = np.arange(lo, hi)
+    return pa.table({"id": ids, "amount": ids * 2.0, "note": [f"o{i}" for i in ids]})
+
+
+def logs(lo, hi):
+    ids = np.arange(lo, hi)
+    return pa.table({"id": ids, "s": [f"l{i}" for i in ids], "flag": ids % 2 == 0})
+
+
+def path(table):
+    return table.uri.removeprefix("file://")
+
+
+def database(tmp_path):
+    """Three tables of different schemas, one in a child namespace, each with a history."""
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    db.create_namespace(["sales"])
+    tables = {
+        "items": db.create_table("items", items(0, 20), storage_options=STABLE),
+        "sales.orders": db.create_table(
+            "orders", orders(0, 10), namespace_path=["sales"], storage_options=STABLE
+        ),  # fmt: skip
+        "logs": db.create_table("logs", logs(0, 5), storage_options=STABLE),
+    }
+    tables["items"].update(where="id < 3", values={"s": "u"})
+    tables["sales.orders"].delete("id >= 8")
+    return root, db, tables
+
+
+def normalized(table: pa.Table, columns) -> list[dict]:
+    """Rows of `columns`, timestamps as integers, in a fixed order."""
+    arrays = []
+    for name in columns:
+        column = table.column(name)
+        if pa.types.is_timestamp(column.type):
+            column = column.cast(pa.timestamp("us", tz="UTC")).cast(pa.int64())
+        elif pa.types.is_unsigned_integer(column.type):
+            column = column.cast(pa.int64())
+        arrays.append(column)
+    rows = pa.table(arrays, names=list(columns)).to_pylist()
+    return sorted(rows, key=lambda r: tuple(r[k] for k in SORT))
+
+
+def check(got: pa.Table, tables, first=None):
+    """Each table's events in `got` equal read_changes of it (from `first[name]`, default 1)
+    on all its columns, and are null in every other column."""
+    names = set(got.column(TABLE_COLUMN).to_pylist())
+    assert names <= set(tables)
+    for name, table in tables.items():
+        mine = got.filter(pa.compute.equal(got.column(TABLE_COLUMN), name))
+        start = (first or {}).get(name, 1)
+        oracle = lance_cdf.read_changes(path(table), start).read_all()
+        assert len(oracle) > 0
+        assert normalized(mine, oracle.column_names) == normalized(oracle, oracle.column_names)
+        others = [c for c in got.column_names if c not in oracle.column_names + [TABLE_COLUMN]]
+        assert others and all(mine.column(c).null_count == len(mine) for c in others)
+
+
+def read_back(r, start, end) -> pa.Table:
+    """A micro-batch read as Spark reads it: partitions planned on the driver, the reader
+    pickled to the executor (Spark's own mechanism), each partition read there."""
+    parts = r.partitions(start, end)
+    executor = pickle.loads(pickle.dumps(r))
+    batches = [b for p in parts for b in executor.read(p)]
+    return pa.Table.from_batches(batches, r.target)
+
+
+def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
+    root, db, tables = database(tmp_path)
+    db.create_table("legacy", logs(0, 3))  # no stable row IDs: left out, in one line
+    options = {"database": root, "startingVersion": "1"}
+    schema = database_schema(options)
+    # the union by name: shared columns once, then the metadata columns and _table
+    assert schema.fieldNames() == [
+        "id", "s", "x", "flag", "amount", "note",
+        "_rowid", "_change_type", "_commit_version", "_commit_timestamp", TABLE_COLUMN,
+    ]  # fmt: skip
+    r = DatabaseEventReader(options, schema)
+    o0 = r.initialOffset()
+    assert sorted(o0["tables"]) == ["items", "logs", "sales.orders"]
+    assert "stable row IDs" in r.skipped["legacy"]
+    o1 = r.latestOffset(o0, ReadAllAvailable())
+    check(read_back(r, o0, o1), tables)
+    # writes while running; a table created while running is taken up from its first version
+    tables["logs"].add(logs(5, 8))
+    returns = db.create_table("returns", orders(0, 4), namespace_path=["sales"],
+                              storage_options=STABLE)  # fmt: skip
+    returns.update(where="id = 1", values={"note": "z"})
+    r.listed_at -= 60  # (the next listing is due)
+    o2 = r.latestOffset(o1, ReadAllAvailable())
+    assert o2["tables"]["sales.returns"]["version"] == 0
+    o3 = r.latestOffset(o2, ReadAllAvailable())
+    got = pa.concat_tables([read_back(r, o1, o2), read_back(r, o2, o3)])
+    done = lance_cdf.read_changes(path(tables["logs"]), 1).read_all()
+    latest = max(done.column("_commit_version").to_pylist())
+    check(got, {"logs": tables["logs"], "sales.returns": returns}, {"logs": latest})
+    # a restart from the checkpoint's offset: the same tables, nothing again, then the new
+    again = DatabaseEventReader(options, schema)
+    assert again.latestOffset(o3, ReadAllAvailable()) == o3
+    tables["items"].delete("id = 19")
+    o4 = again.latestOffset(o3, ReadAllAvailable())
+    latest = max(lance_cdf.read_changes(path(tables["items"]), 1).read_all()
+                 .column("_commit_version").to_pylist())  # fmt: skip
+    check(read_back(again, o3, o4), {"items": tables["items"]}, {"items": latest})
+
+
+def test_columns_that_cannot_share_one_stream(tmp_path):
+    root, db, tables = database(tmp_path)
+    db.create_table("clash", pa.table({"id": [1], "x": ["text"]}), storage_options=STABLE)
+    with pytest.raises(DatabaseSchemaError) as refused:
+        database_schema({"database": root})
+    assert str(refused.value) == (
+        "column x is string in table clash and double in table items: one stream cannot hold "
+        "both; leave one table out (option include / exclude) or read each table in its own "
+        "stream (option path)"
+    )
+    options = {"database": root, "exclude": "clash"}
+    schema = database_schema(options)
+    assert "x" in schema.fieldNames()
+    # a table taken up later whose columns the stream lacks stops the query, in one line
+    r = DatabaseEventReader(options, schema)
+    o0 = r.initialOffset()
+    db.create_table("wide", pa.table({"id": [1], "z": [1.5]}), storage_options=STABLE)
+    r.listed_at -= 60
+    with pytest.raises(DatabaseSchemaError, match=r"table wide has column\(s\) \['z'\] the "
+                       r"stream lacks: .* restart the query"):  # fmt: skip
+        r.latestOffset(o0, ReadAllAvailable())
+    # a followed table that adds a column stops it too (as a one-table stream stops)
+    db.drop_table("wide")
+    r = DatabaseEventReader(options, schema)
+    o0 = r.initialOffset()
+    tables["logs"].add_columns({"extra": "id * 2"})
+    tables["logs"].add(pa.table({"id": [9], "s": ["l9"], "flag": [True], "extra": [18]}))
+    with pytest.raises(LanceCdfError, match="new column"):
+        r.latestOffset(o0, ReadAllAvailable())
+
+
+def test_options_that_do_not_hold_across_tables(tmp_path):
+    root, _, _ = database(tmp_path)
+    with pytest.raises(LanceCdfError, match="endingVersion names one table's version"):
+        database_schema({"database": root, "endingVersion": "3"})
+    with pytest.raises(LanceCdfError, match="not startingTimestamp"):
+        DatabaseEventReader({"database": root, "startingTimestamp": "2026-01-01"},
+                            database_schema({"database": root}))  # fmt: skip
+
+
+def test_spark_stream_and_batch_read(spark, tmp_path):
+    root, db, tables = database(tmp_path)
+    seen = []
+
+    def collect(df, batch_id):
+        seen.append(df.toArrow())
+
+    def run():
+        q = (
+            spark.readStream.format("lance-cdf").option("database", root)
+            .option("startingVersion", 1).option("include", "items|logs|sales\\..*").load()
+            .writeStream.foreachBatch(collect)
+            .option("checkpointLocation", str(tmp_path / "ck"))
+            .trigger(availableNow=True).start()
+        )  # fmt: skip
+        assert q.awaitTermination(180)
+        assert q.exception() is None
+
+    run()
+    tables["logs"].add(logs(5, 8))
+    returns = db.create_table("returns", orders(0, 4), namespace_path=["sales"],
+                              storage_options=STABLE)  # fmt: skip
+    returns.update(where="id = 1", values={"note": "z"})
+    run()  # a restart from the checkpoint: the new commits and the new table, nothing again
+    got = pa.concat_tables([t for t in seen if len(t)])
+    everything = {**tables, "sales.returns": returns}
+    check(got, everything)
+    batch = (
+        spark.read.format("lance-cdf")
+        .option("database", root)
+        .option("startingVersion", "earliest")
+        .load()
+    )
+    check(batch.toArrow(), everything)
+    # the guide's example, as written (its /tmp/db is this database)
+    code = (SNIPPETS / "spark_database.py").read_text().replace("/tmp/", f"{tmp_path}/")
+    exec(compile(code, "spark_database.py", "exec"), {"spark": spark})
+    check(spark.sql("SELECT * FROM dbc").toArrow(),
+          {n: t for n, t in everything.items() if n != "logs"})  # fmt: skip
