@@ -6,6 +6,8 @@ nor repeats; columns that cannot share one stream refused in one line; a batch r
 equals the same."""
 
 import pickle
+import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -14,9 +16,10 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 import lance_cdf
-from lance_cdf.errors import DatabaseSchemaError, LanceCdfError
+from lance_cdf.errors import CheckpointMismatchError, DatabaseSchemaError, LanceCdfError
 from lance_cdf.streaming.database_events import (
     TABLE_COLUMN,
+    DatabaseBatchReader,
     DatabaseEventReader,
     database_schema,
 )
@@ -92,12 +95,16 @@ def check(got: pa.Table, tables, first=None):
         assert others and all(mine.column(c).null_count == len(mine) for c in others)
 
 
-def read_back(r, start, end) -> pa.Table:
-    """A micro-batch read as Spark reads it: partitions planned on the driver, the reader
-    pickled to the executor (Spark's own mechanism), each partition read there."""
-    parts = r.partitions(start, end)
-    executor = pickle.loads(pickle.dumps(r))
-    batches = [b for p in parts for b in executor.read(p)]
+def executor(r):
+    """The reader as Spark's executors have it: pickled once, when the query starts (Spark's
+    own mechanism), so it knows none of the tables the driver takes up later."""
+    return pickle.loads(pickle.dumps(r))
+
+
+def read_back(r, remote, start, end) -> pa.Table:
+    """A micro-batch read as Spark reads it: partitions planned on the driver (`r`), each
+    read by the executors' copy (`remote`)."""
+    batches = [b for p in r.partitions(start, end) for b in remote.read(p)]
     return pa.Table.from_batches(batches, r.target)
 
 
@@ -112,11 +119,12 @@ def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
         "_rowid", "_change_type", "_commit_version", "_commit_timestamp", TABLE_COLUMN,
     ]  # fmt: skip
     r = DatabaseEventReader(options, schema)
+    remote = executor(r)
     o0 = r.initialOffset()
     assert sorted(o0["tables"]) == ["items", "logs", "sales.orders"]
     assert "stable row IDs" in r.skipped["legacy"]
     o1 = r.latestOffset(o0, ReadAllAvailable())
-    check(read_back(r, o0, o1), tables)
+    check(read_back(r, remote, o0, o1), tables)
     # writes while running; a table created while running is taken up from its first version
     tables["logs"].add(logs(5, 8))
     returns = db.create_table("returns", orders(0, 4), namespace_path=["sales"],
@@ -126,18 +134,57 @@ def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
     o2 = r.latestOffset(o1, ReadAllAvailable())
     assert o2["tables"]["sales.returns"]["version"] == 0
     o3 = r.latestOffset(o2, ReadAllAvailable())
-    got = pa.concat_tables([read_back(r, o1, o2), read_back(r, o2, o3)])
+    got = pa.concat_tables([read_back(r, remote, o1, o2), read_back(r, remote, o2, o3)])
     done = lance_cdf.read_changes(path(tables["logs"]), 1).read_all()
     latest = max(done.column("_commit_version").to_pylist())
     check(got, {"logs": tables["logs"], "sales.returns": returns}, {"logs": latest})
-    # a restart from the checkpoint's offset: the same tables, nothing again, then the new
+    # a restart from the checkpoint's offset: the same tables, nothing again, then the new;
+    # a dropped table is let go, the others go on
     again = DatabaseEventReader(options, schema)
+    remote = executor(again)
     assert again.latestOffset(o3, ReadAllAvailable()) == o3
+    with pytest.raises(CheckpointMismatchError, match="started with startingVersion 1; "):
+        DatabaseEventReader({**options, "startingVersion": "2"}, schema).latestOffset(
+            o3, ReadAllAvailable())  # fmt: skip
     tables["items"].delete("id = 19")
+    db.drop_table("logs")
     o4 = again.latestOffset(o3, ReadAllAvailable())
+    assert sorted(o4["tables"]) == ["items", "sales.orders", "sales.returns"]
     latest = max(lance_cdf.read_changes(path(tables["items"]), 1).read_all()
                  .column("_commit_version").to_pylist())  # fmt: skip
-    check(read_back(again, o3, o4), {"items": tables["items"]}, {"items": latest})
+    check(read_back(again, remote, o3, o4), {"items": tables["items"]}, {"items": latest})
+
+
+def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
+    """LanceDB drops a root table's directory and creates a new table of that name at the same
+    path: an executor that read the old table (its feed, with cached manifests) must read the
+    new table's events from the new table's manifests."""
+    from lance_cdf.streaming import source
+
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    db.create_table("items", items(0, 10), storage_options=STABLE).add(items(10, 20))
+    options = {"database": root, "startingVersion": "1"}
+    r = DatabaseEventReader(options, database_schema(options))
+    remote = executor(r)
+    o0 = r.initialOffset()
+    o1 = r.latestOffset(o0, ReadAllAvailable())
+    assert len(read_back(r, remote, o0, o1)) == 20
+    held = dict(source._FEEDS)  # what an executor holds after that micro-batch
+    db.drop_table("items")
+    r.listed_at -= 60
+    o2 = r.latestOffset(o1, ReadAllAvailable())
+    assert "items" not in o2["tables"]
+    new = db.create_table("items", items(50, 53), storage_options=STABLE)
+    new.update(where="id = 51", values={"s": "z"})
+    new.add(items(60, 62))
+    r.listed_at -= 60
+    o3 = r.latestOffset(o2, ReadAllAvailable())
+    o4 = r.latestOffset(o3, ReadAllAvailable())
+    source._FEEDS.update(held)  # the executor still holds the old table's feed
+    got = read_back(r, remote, o3, o4)
+    oracle = lance_cdf.read_changes(path(new), 1).read_all()
+    assert normalized(got, oracle.column_names) == normalized(oracle, oracle.column_names)
 
 
 def test_columns_that_cannot_share_one_stream(tmp_path):
@@ -171,8 +218,36 @@ def test_columns_that_cannot_share_one_stream(tmp_path):
         r.latestOffset(o0, ReadAllAvailable())
 
 
+def test_a_batch_read_from_a_time(tmp_path):
+    """startingTimestamp: each table from its first commit at or after it; a table with
+    none since reads nothing."""
+    root, _, tables = database(tmp_path)
+    time.sleep(0.01)
+    since = datetime.now(UTC).isoformat()
+    first = tables["items"].version + 1
+    tables["items"].add(items(20, 25))
+    tables["items"].delete("id = 0")
+    options = {"database": root, "startingTimestamp": since}
+    b = DatabaseBatchReader(options, database_schema(options))
+    remote = executor(b)
+    got = pa.Table.from_batches([r for p in b.partitions() for r in remote.read(p)], b.target)
+    check(got, {"items": tables["items"]}, {"items": first})
+    assert set(got.column(TABLE_COLUMN).to_pylist()) == {"items"}
+
+
 def test_options_that_do_not_hold_across_tables(tmp_path):
     root, _, _ = database(tmp_path)
+    # maxVersionsPerTrigger holds per table: each table's first version alone
+    options = {"database": root, "startingVersion": "1", "maxVersionsPerTrigger": "1"}
+    r = DatabaseEventReader(options, database_schema(options))
+    o1 = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())
+    assert {n: t["version"] for n, t in o1["tables"].items()} == {
+        "items": 1, "logs": 1, "sales.orders": 1}  # fmt: skip
+    with pytest.raises(LanceCdfError, match="unknown option"):
+        database_schema({"database": root, "startingVersoin": "1"})
+    with pytest.raises(LanceCdfError, match="names one table's version: a database batch"):
+        DatabaseBatchReader({"database": root, "startingVersion": "2"},
+                            database_schema({"database": root}))  # fmt: skip
     with pytest.raises(LanceCdfError, match="endingVersion names one table's version"):
         database_schema({"database": root, "endingVersion": "3"})
     with pytest.raises(LanceCdfError, match="not startingTimestamp"):

@@ -31,6 +31,12 @@ from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxFiles,
+    ReadMaxRows,
+)
 from pyspark.sql.types import StringType, StructField, StructType
 
 from lance_cdf.errors import (
@@ -78,7 +84,10 @@ def parse(raw: Mapping[str, Any], streaming: bool) -> DatabaseOptions:
             f"startingVersion={starting} names one table's version: a database batch read takes "
             "earliest, latest, snapshot or startingTimestamp; read one table with option path"
         )
-    return options
+    from lance_cdf.streaming.options import SourceOptions
+
+    SourceOptions.parse({**options.table_options, "path": options.database}, streaming=False)
+    return options  # (each table's options are checked: unknown ones, bad values)
 
 
 @dataclass(frozen=True)
@@ -128,6 +137,13 @@ class _SliceReading:
             )
             opts = SourceOptions.parse({**self.options.table_options, "path": partition.uri}, True)
             reading = cache[key] = _Reading(opts, columns, declared)
+        from lance_cdf.streaming.source import forget_feed
+
+        # read from the table's manifests as they are now, not from a feed this process kept
+        # from an earlier micro-batch: a table dropped and created again at the same path
+        # (LanceDB reuses `<name>.lance`) is another table whose versions 1, 2, ... are not
+        # the cached ones (as kafka/work.py does for publish --database)
+        forget_feed(partition.uri, reading.opts.storage_options)
         for batch in reading.read(partition.part):
             yield widen(batch, partition.name, self.target)
 
@@ -258,6 +274,25 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
     def __getstate__(self) -> dict[str, Any]:
         # executors need the options and the schema (the partitions name the tables)
         return {**super().__getstate__(), "schema": self.schema, "target": self.target}
+
+    def _check(self, start: Mapping[str, Any]) -> None:
+        held = start.get("from")
+        given = self.options.starting
+        if given is not None and held is not None and held != given:
+            raise CheckpointMismatchError(
+                f"the checkpoint was started with startingVersion {held}; startingVersion "
+                f"{given} applies to a new checkpoint only. Leave it out (or give the same) "
+                "to resume, or give a new checkpointLocation"
+            )
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        # each table's limit, as a one-table stream of it has (a version is never split)
+        raw = {k.lower(): v for k, v in self.options.table_options.items()}
+        if raw.get("maxrowspertrigger"):
+            return ReadMaxRows(int(raw["maxrowspertrigger"]))
+        if raw.get("maxversionspertrigger"):
+            return ReadMaxFiles(int(raw["maxversionspertrigger"]))
+        return ReadAllAvailable()
 
     def _not_followable(self, name: str, names: set[str]) -> str | None:
         return None  # any name can be a `_table` value (topics are publish's concern)
