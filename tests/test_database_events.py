@@ -187,6 +187,27 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     assert normalized(got, oracle.column_names) == normalized(oracle, oracle.column_names)
 
 
+def test_a_restart_reads_columns_dropped_since_the_checkpoint(tmp_path):
+    """Versions committed while the query was stopped hold a column a later version drops:
+    the restarted stream (whose schema has it) delivers its values, as read_changes does."""
+    root, _, tables = database(tmp_path)
+    options = {"database": root, "startingVersion": "1"}
+    r = DatabaseEventReader(options, database_schema(options))
+    o1 = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    first = tables["logs"].version + 1
+    tables["logs"].add(logs(5, 9))
+    tables["logs"].drop_columns(["flag"])
+    schema = database_schema(options)
+    assert "flag" in schema.fieldNames()
+    again = DatabaseEventReader(options, schema)
+    remote = executor(again)
+    o2 = again.latestOffset(o1, ReadAllAvailable())
+    got = read_back(again, remote, o1, o2)
+    oracle = lance_cdf.read_changes(path(tables["logs"]), first).read_all()
+    assert "flag" in oracle.column_names and oracle.column("flag").null_count == 0
+    assert normalized(got, oracle.column_names) == normalized(oracle, oracle.column_names)
+
+
 def test_columns_that_cannot_share_one_stream(tmp_path):
     root, db, tables = database(tmp_path)
     db.create_table("clash", pa.table({"id": [1], "x": ["text"]}), storage_options=STABLE)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import pyarrow as pa
@@ -309,6 +309,18 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
     def _make_reader(self, name: str, resolved: Any) -> Any:
         from lance_cdf.streaming.source import LanceCdfStreamReader, event_struct
 
+        fitted(name, event_struct(resolved), self.schema)  # what it reads from now on
+        # A table resumed from the checkpoint is resolved at its latest version; the versions
+        # after the checkpoint's may hold columns dropped since, which the stream has: read
+        # them too (null where a version lacks them), never leave their values out: the
+        # table's columns as read over all its versions (the columns' origins in that union).
+        history = _resolved(self.options, resolved.opts.path, "earliest", True).user_schema
+        have = set(resolved.user_schema.names)
+        wanted = have | set(self.schema.fieldNames())
+        if have <= set(history.names) and not set(history.names) & wanted <= have:
+            resolved = replace(
+                resolved, user_schema=pa.schema([f for f in history if f.name in wanted])
+            )
         return LanceCdfStreamReader(resolved, fitted(name, event_struct(resolved), self.schema))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
