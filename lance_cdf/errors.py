@@ -161,3 +161,15 @@ class TransactionMetadataError(LanceCdfError):
 class KafkaAuthorizationError(PublishError):
     """The broker's authorizer refused the client (publish or replicate) an operation it
     needs on a topic or a consumer group; the message names which and the setting."""
+
+
+# -- issue 35 item 5: a whole database as one Spark stream of events --
+class DatabaseSchemaError(LanceCdfError):
+    """The tables of a database event stream do not fit one schema: a column of one type in
+    one table and another in another, or a table (taken up later, or changed) with columns
+    the stream's schema, fixed at its start, lacks."""
+
+
+class NoVersionSinceError(LanceCdfError):
+    """A batch read's startingTimestamp is after the table's latest commit (a database read
+    reads nothing of that table; a one-table read refuses)."""

@@ -77,16 +77,18 @@ class DatabaseOptions:
     starting: str | None  # the start given (startingVersion), None: the default (latest)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> DatabaseOptions:
+    def parse(cls, raw: Mapping[str, Any], events: bool = False) -> DatabaseOptions:
+        """`events`: the event stream of every table (streaming/database_events.py), whose
+        own start options are checked there; else the work items of publish --database."""
         options = {str(k): str(v) for k, v in raw.items()}
         lower = {k.lower(): v for k, v in options.items()}
-        if not lower.get("writerslots"):
+        if not events and not lower.get("writerslots"):
             raise LanceCdfError(
                 'option "database" without "path" reads every table of the database: it is '
                 "for lance-cdf publish --database (option writerSlots); to read one table, "
                 'give its name as option "path"'
             )
-        if "startingtimestamp" in lower or "endingversion" in lower:
+        if not events and ("startingtimestamp" in lower or "endingversion" in lower):
             raise LanceCdfError(
                 "a database stream takes startingVersion (a number, latest, earliest or "
                 "snapshot), not startingTimestamp or endingVersion"
@@ -147,8 +149,10 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The database stream's reader: the tables' `HandOffReader`s on the driver, their
     offsets in one map (see the module's doc)."""
 
+    EVENTS = False  # the work items of publish --database (database_events.py: events)
+
     def __init__(self, options: Mapping[str, Any]):
-        self.options = DatabaseOptions.parse(options)
+        self.options = DatabaseOptions.parse(options, events=self.EVENTS)
         self.readers: dict[str, Any] = {}  # name -> HandOffReader (driver only)
         self.refs: dict[str, TableRef] = {}  # the matching tables at the last listing
         self.listed_at = -LIST_EVERY
@@ -183,11 +187,20 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for name in [n for n in self.skipped if n not in refs]:
             del self.skipped[name]  # a table of that name may come back: judged afresh
         for name in sorted(refs):
-            why = not_followable(name, set(refs))
+            why = self._not_followable(name, set(refs))
             if why is not None and name not in self.skipped:
                 self._skip(name, why)
         self.refs = refs
         return refs
+
+    def _not_followable(self, name: str, names: set[str]) -> str | None:
+        """Why a matching table is left out by its name alone (here: it cannot be a topic)."""
+        return not_followable(name, names)
+
+    def _stops_on(self, exc: Exception, followed: bool) -> bool:
+        """Whether a table's error (`followed`: one it was already following, else one it
+        takes up) stops the query instead of leaving the table out."""
+        return False
 
     def _skip(self, name: str, why: str) -> None:
         log.warning("table %s is not followed: %s", name, why)
@@ -198,7 +211,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         """The table's reader, made on first use (`starting`: its start, if it is new)."""
         reader = self.readers.get(name)
         if reader is None:
-            from lance_cdf.streaming.source import HandOffReader, event_struct, forget_feed, resolve
+            from lance_cdf.streaming.source import forget_feed, resolve
 
             options = {**self.options.table_options, "path": self.refs[name].uri}
             forget_feed(self.refs[name].uri, self.options.storage_options)  # read afresh
@@ -206,12 +219,18 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if starting is not None:
                 options["startingVersion"] = starting
             resolved = resolve(options, streaming=True)
-            reader = HandOffReader(resolved, event_struct(resolved))
+            reader = self._make_reader(name, resolved)
             reader.given = None  # the start is checked for the whole database (`_check`)
             if self.available_now:
                 reader.prepareForTriggerAvailableNow()
             self.readers[name] = reader
         return reader
+
+    def _make_reader(self, name: str, resolved: Any) -> Any:
+        """A table's reader from its resolved options (here: one that hands off work items)."""
+        from lance_cdf.streaming.source import HandOffReader, event_struct
+
+        return HandOffReader(resolved, event_struct(resolved))
 
     def _later_start(self) -> str:
         """Where a table seen after the query first started begins: its first version."""
@@ -226,6 +245,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             try:
                 tables[name] = self._reader(name, self.options.starting).initialOffset()
             except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
+                if self._stops_on(exc, False):
+                    raise
                 self._skip(name, _why(exc))
         self._report(tables)
         return {"tables": tables, "from": self.options.starting or "latest"}
@@ -271,6 +292,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     log.warning("table %s is gone from the database: let go", name)
                     self.readers.pop(name, None)
                     tables.pop(name, None)
+                elif self._stops_on(exc, offset is not None):
+                    raise
                 else:
                     self._skip(name, _why(exc))
         for name in sorted(set(held) - set(refs)):

@@ -60,6 +60,7 @@ from lance_cdf.errors import (
     CLEANUP,
     KEEP_VERSIONS,
     LanceCdfError,
+    NoVersionSinceError,
     VersionNotFoundError,
     WorkItemError,
 )
@@ -234,7 +235,7 @@ def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = Non
         union = _union(feed, start, latest, opts.columns)
         return Resolved(opts, start, latest, union, snap, given, advice)
     if start > latest and opts.starting_timestamp_us is not None:
-        raise LanceCdfError(
+        raise NoVersionSinceError(
             f"no version of {opts.path} was committed at or after startingTimestamp; the "
             f"latest, version {latest}, was committed at {feed.table.manifest(latest).timestamp}."
         )
@@ -548,7 +549,10 @@ class LanceCdfDataSource(DataSource):
         # read returns the declared columns (see README: they differ only when no start
         # is given and columns were dropped before the latest version).
         from lance_cdf.streaming.database import DatabaseOptions, is_database_stream
+        from lance_cdf.streaming.database_events import database_schema, is_database_events
 
+        if is_database_events(self.options):  # every table's events (database_events.py)
+            return database_schema(self.options)
         if is_database_stream(self.options):  # every table of a database (database.py)
             DatabaseOptions.parse(self.options)
             return work_struct()
@@ -560,13 +564,20 @@ class LanceCdfDataSource(DataSource):
         return work_struct() if resolved.opts.writer_slots else declared
 
     def reader(self, schema: StructType) -> DataSourceReader:
+        from lance_cdf.streaming.database_events import DatabaseBatchReader, is_database_events
+
+        if is_database_events(self.options):
+            return DatabaseBatchReader(self.options, schema)
         as_of = getattr(self, "_as_of", None)
         return LanceCdfBatchReader(resolve(self.options, False, as_of), schema)
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         quiet_when_spark_hangs_up()
         from lance_cdf.streaming.database import DatabaseReader, is_database_stream
+        from lance_cdf.streaming.database_events import DatabaseEventReader, is_database_events
 
+        if is_database_events(self.options):
+            return DatabaseEventReader(self.options, schema)
         if is_database_stream(self.options):
             return DatabaseReader(self.options)
         as_of = getattr(self, "_as_of", None)
