@@ -54,3 +54,30 @@ def test_the_replicas_session_stays_within_its_bound(tmp_path, monkeypatch):
     again = replica.open()  # later opens share the session, and its bound
     assert again is not None and again.session().is_same_as(ds.session())
     assert _check_out_all(again, latest) <= BOUND
+
+
+def test_the_manifests_kept_stay_within_their_fragment_budget(tmp_path, monkeypatch):
+    """A table that grows in fragments: the manifests a TableLog keeps hold at most
+    MANIFEST_CACHE_FRAGMENTS entries in all, and the two newest always stay."""
+    import lance_cdf.format.table as table_mod
+
+    uri = str(tmp_path / "t.lance")
+    latest = _many_versions(uri, 60)  # 20 fragments, then one more per version
+
+    def held(log: TableLog) -> list[int]:
+        return [len(m.fragments) for m in log._manifests.values()]
+
+    unbounded = TableLog(uri)
+    for v in range(1, latest + 1):
+        unbounded.manifest(v)
+    assert sum(held(unbounded)) > 1000  # the oracle: without a budget all 61 are kept
+
+    monkeypatch.setattr(table_mod, "MANIFEST_CACHE_FRAGMENTS", 500)
+    log = TableLog(uri)
+    for v in range(1, latest + 1):
+        log.manifest(v)
+        assert sum(held(log)) <= 500 or len(held(log)) == 2
+    assert list(log._manifests)[-2:] == [latest - 1, latest]
+    monkeypatch.setattr(table_mod, "MANIFEST_CACHE_FRAGMENTS", 1)  # smaller than one diff
+    log.manifest(1)  # not kept any more: read again, and the newest other one stays
+    assert list(log._manifests) == [latest, 1]

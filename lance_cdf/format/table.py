@@ -59,6 +59,19 @@ UNKNOWN_VERSION = 0
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-deletions")
 
 
+# The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
+# entry per fragment, so a table that only grows in fragments (no compaction) made each
+# cached manifest larger, version after version (issue 32: the 30-minute soak's table went
+# from ~200 to ~1,500 fragments, 150 KB a manifest on disk; 64 such manifests parsed are
+# ~45 MB, and every process following the table grew with it). 16,384 entries in all are
+# 64 manifests of 256 fragments, or 10 of the soak's at its end.
+MANIFEST_CACHE_FRAGMENTS = 16_384
+
+
+def _fragment_count(manifest: Manifest) -> int:
+    return len(manifest.entries) if manifest.entries is not None else len(manifest.proto.fragments)
+
+
 class TableLog:
     """Read-only view of one Lance table's manifests and lineage files."""
 
@@ -181,7 +194,16 @@ class TableLog:
             )
         if operation and manifest.needs_transaction_file:
             manifest = self._with_transaction(manifest)
-        return self._manifests.put(version, manifest)
+        self._manifests.put(version, manifest)
+        self._trim_manifests()
+        return manifest
+
+    def _trim_manifests(self) -> None:
+        """Drop the least recently used manifests beyond MANIFEST_CACHE_FRAGMENTS fragment
+        entries in all (the two newest stay: a diff needs both)."""
+        held = sum(_fragment_count(m) for m in self._manifests.values())
+        while held > MANIFEST_CACHE_FRAGMENTS and len(self._manifests) > 2:
+            held -= _fragment_count(self._manifests.popitem(last=False)[1])
 
     def _with_transaction(self, manifest: Manifest) -> Manifest:
         tpath = f"_transactions/{manifest.transaction_file}"
@@ -258,9 +280,7 @@ class TableLog:
                 f"{frag.id}) is missing; the table is damaged. Restore the file."
             ) from None
 
-    def _lineage_column(
-        self, frag: FragmentInfo, oneof: str, paths: tuple[str, ...]
-    ) -> np.ndarray:
+    def _lineage_column(self, frag: FragmentInfo, oneof: str, paths: tuple[str, ...]) -> np.ndarray:
         """A spilled sequence: the hidden column of the one data file of `frag` whose
         `fields` hold its reserved id (Lance's format/table/row_id_lineage.md), read with
         pylance's file reader, checked: one non-null uint64 per physical row."""
