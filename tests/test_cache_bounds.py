@@ -81,3 +81,38 @@ def test_the_manifests_kept_stay_within_their_fragment_budget(tmp_path, monkeypa
     monkeypatch.setattr(table_mod, "MANIFEST_CACHE_FRAGMENTS", 1)  # smaller than one diff
     log.manifest(1)  # not kept any more: read again, and the newest other one stays
     assert list(log._manifests) == [latest, 1]
+
+
+def test_the_deletion_vectors_kept_stay_within_their_byte_budget(tmp_path, monkeypatch):
+    """A fragment that keeps losing rows: a larger deletion file at every commit; the
+    vectors a TableLog keeps hold at most DELETION_CACHE_BYTES (the newest 64 always)."""
+    import lance_cdf.format.table as table_mod
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(
+        pa.table({"id": pa.array(range(100_000), pa.int64())}), uri, enable_stable_row_ids=True
+    )
+    for i in range(80):  # one fragment, 500 more rows deleted at each commit
+        lance.dataset(uri).delete(f"id % 200 = {i}")
+    latest = lance.dataset(uri).version
+
+    def vectors(log: TableLog) -> None:
+        for v in range(2, latest + 1):
+            for frag in log.manifest(v, operation=False).fragments:
+                log.deletions(frag)
+
+    unbounded = TableLog(uri)
+    vectors(unbounded)
+    held = sum(d.bitmap.__sizeof__() for d in unbounded._deletions.values())
+    assert len(unbounded._deletions) == latest - 1 and held > 400_000  # the oracle
+
+    monkeypatch.setattr(table_mod, "DELETION_CACHE_BYTES", 100_000)
+    monkeypatch.setattr(table_mod, "_DELETION_CACHE_FLOOR", 4)
+    log = TableLog(uri)
+    vectors(log)
+    kept = log._deletions
+    assert 4 <= len(kept) < latest - 1
+    assert kept.held == sum(d.bitmap.__sizeof__() for d in kept.values()) <= 100_000
+    # what it keeps is what the table says: the newest vector, read again from the file
+    frag = log.manifest(latest, operation=False).fragments[0]
+    assert set(log.deletions(frag).bitmap) == set(TableLog(uri).deletions(frag).bitmap)

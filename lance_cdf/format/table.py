@@ -68,6 +68,36 @@ _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-dele
 MANIFEST_CACHE_FRAGMENTS = 16_384
 
 
+# The deletion vectors a TableLog keeps (besides at most 16 x `cache_size` of them), by
+# their bitmaps' bytes: a fragment that keeps losing rows gets a new, larger deletion file
+# at every commit (the soak's table is one 200k-row fragment that loses ~30 rows a second: a
+# roaring bitmap of 50k offsets in it is 26 KB, and 1,024 such cached ~26 MB); the newest
+# 64 always stay.
+DELETION_CACHE_BYTES = 8 << 20
+_DELETION_CACHE_FLOOR = 64
+
+
+class _DeletionCache(LruCache[str, DeletionVector]):
+    """An LruCache of deletion vectors, bounded by DELETION_CACHE_BYTES too."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self._bytes: dict[str, int] = {}
+        self.held = 0
+
+    def put(self, key: str, value: DeletionVector) -> DeletionVector:
+        self.held -= self._bytes.pop(key, 0)
+        self[key] = value
+        self.move_to_end(key)
+        self._bytes[key] = value.bitmap.__sizeof__()
+        self.held += self._bytes[key]
+        while len(self) > self.size or (
+            self.held > DELETION_CACHE_BYTES and len(self) > _DELETION_CACHE_FLOOR
+        ):
+            self.held -= self._bytes.pop(self.popitem(last=False)[0])
+        return value
+
+
 def _fragment_count(manifest: Manifest) -> int:
     return len(manifest.entries) if manifest.entries is not None else len(manifest.proto.fragments)
 
@@ -86,7 +116,7 @@ class TableLog:
         self.storage_options = dict(storage_options or {})
         self.fs = fs if fs is not None else open_filesystem(uri, self.storage_options)
         self._manifests: LruCache[int, Manifest] = LruCache(cache_size)
-        self._deletions: LruCache[str, DeletionVector] = LruCache(cache_size * 16)
+        self._deletions: LruCache[str, DeletionVector] = _DeletionCache(cache_size * 16)
         # decoded sequences by _sequence_key, made on first use (see _cached_sequence);
         # Any: a key's oneof name decides which (RowIdSequence, VersionSequence)
         self._sequences: LruCache[_SequenceKey, Any]
