@@ -324,6 +324,7 @@ def main() -> None:
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
 
     work = tempfile.mkdtemp(prefix="bench-soak-")
+    failed: list[str] = []  # processes that exited during the run: the work dir is kept
     table = os.path.join(work, "source.lance")
     target = os.path.join(work, "replica.lance")
     events = os.path.join(work, "spark-events")
@@ -392,6 +393,7 @@ def main() -> None:
             def tick(phase: str) -> None:
                 for p in procs:
                     if p.poll() is not None:
+                        failed.append(p.args[1])  # its logs are kept
                         raise SystemExit(f"{p.args[1]} exited {p.returncode}; logs in {work}")
                 s_pub, s_rep = sample(pub.pid), sample(rep.pid)
                 series.append(
@@ -470,7 +472,8 @@ def main() -> None:
         for p in procs:
             if p.poll() is None:
                 stop_tree(p, 10)
-        shutil.rmtree(work, ignore_errors=True)
+        if not failed:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 def analyze(raw: dict, args: argparse.Namespace) -> None:

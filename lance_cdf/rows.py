@@ -49,6 +49,15 @@ if TYPE_CHECKING:
     import lance
     import lance.file
 
+# pylance's metadata cache (manifests, data files' footers, row-ID sequences, deletion
+# vectors) of the session a RowReader's datasets share: with pylance's default bound, 1 GiB,
+# it keeps every version checked out (~37 KB each on a 200k-row table) for as long as the
+# process follows the table (issue 32).
+# Rows are read through lance.file readers (_FILES), so the datasets are used for the
+# schema and little else: on a 200-fragment table the session held 0.17 MB after 150
+# versions, and reading them took the same time bounded or not (bench_metadata_cache.py).
+METADATA_CACHE_BYTES = 16 << 20
+
 _POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 
 
@@ -160,7 +169,10 @@ class RowReader:
                     ds = next(reversed(self._datasets.values())).checkout_version(version)
                 else:
                     ds = lance.dataset(
-                        self.table.uri, version=version, storage_options=self.table.storage_options
+                        self.table.uri,
+                        version=version,
+                        storage_options=self.table.storage_options,
+                        metadata_cache_size_bytes=METADATA_CACHE_BYTES,
                     )
             except Exception as exc:
                 if self.table.has_version(version):

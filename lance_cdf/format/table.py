@@ -59,6 +59,49 @@ UNKNOWN_VERSION = 0
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-deletions")
 
 
+# The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
+# entry per fragment, so a table that only grows in fragments (no compaction) made each
+# cached manifest larger, version after version (issue 32: the 30-minute soak's table went
+# from ~200 to ~1,500 fragments, 150 KB a manifest on disk; 64 such manifests parsed are
+# ~45 MB, and every process following the table grew with it). 16,384 entries in all are
+# 64 manifests of 256 fragments, or 10 of the soak's at its end.
+MANIFEST_CACHE_FRAGMENTS = 16_384
+
+
+# The deletion vectors a TableLog keeps (besides at most 16 x `cache_size` of them), by
+# their bitmaps' bytes: a fragment that keeps losing rows gets a new, larger deletion file
+# at every commit (the soak's table is one 200k-row fragment that loses ~30 rows a second: a
+# roaring bitmap of 50k offsets in it is 26 KB, and 1,024 such cached ~26 MB); the newest
+# 64 always stay.
+DELETION_CACHE_BYTES = 8 << 20
+_DELETION_CACHE_FLOOR = 64
+
+
+class _DeletionCache(LruCache[str, DeletionVector]):
+    """An LruCache of deletion vectors, bounded by DELETION_CACHE_BYTES too."""
+
+    def __init__(self, size: int):
+        super().__init__(size)
+        self._bytes: dict[str, int] = {}
+        self.held = 0
+
+    def put(self, key: str, value: DeletionVector) -> DeletionVector:
+        self.held -= self._bytes.pop(key, 0)
+        self[key] = value
+        self.move_to_end(key)
+        self._bytes[key] = value.bitmap.__sizeof__()
+        self.held += self._bytes[key]
+        while len(self) > self.size or (
+            self.held > DELETION_CACHE_BYTES and len(self) > _DELETION_CACHE_FLOOR
+        ):
+            self.held -= self._bytes.pop(self.popitem(last=False)[0])
+        return value
+
+
+def _fragment_count(manifest: Manifest) -> int:
+    return len(manifest.entries) if manifest.entries is not None else len(manifest.proto.fragments)
+
+
 class TableLog:
     """Read-only view of one Lance table's manifests and lineage files."""
 
@@ -73,7 +116,7 @@ class TableLog:
         self.storage_options = dict(storage_options or {})
         self.fs = fs if fs is not None else open_filesystem(uri, self.storage_options)
         self._manifests: LruCache[int, Manifest] = LruCache(cache_size)
-        self._deletions: LruCache[str, DeletionVector] = LruCache(cache_size * 16)
+        self._deletions: LruCache[str, DeletionVector] = _DeletionCache(cache_size * 16)
         # decoded sequences by _sequence_key, made on first use (see _cached_sequence);
         # Any: a key's oneof name decides which (RowIdSequence, VersionSequence)
         self._sequences: LruCache[_SequenceKey, Any]
@@ -181,7 +224,16 @@ class TableLog:
             )
         if operation and manifest.needs_transaction_file:
             manifest = self._with_transaction(manifest)
-        return self._manifests.put(version, manifest)
+        self._manifests.put(version, manifest)
+        self._trim_manifests()
+        return manifest
+
+    def _trim_manifests(self) -> None:
+        """Drop the least recently used manifests beyond MANIFEST_CACHE_FRAGMENTS fragment
+        entries in all (the two newest stay: a diff needs both)."""
+        held = sum(_fragment_count(m) for m in self._manifests.values())
+        while held > MANIFEST_CACHE_FRAGMENTS and len(self._manifests) > 2:
+            held -= _fragment_count(self._manifests.popitem(last=False)[1])
 
     def _with_transaction(self, manifest: Manifest) -> Manifest:
         tpath = f"_transactions/{manifest.transaction_file}"
@@ -258,9 +310,7 @@ class TableLog:
                 f"{frag.id}) is missing; the table is damaged. Restore the file."
             ) from None
 
-    def _lineage_column(
-        self, frag: FragmentInfo, oneof: str, paths: tuple[str, ...]
-    ) -> np.ndarray:
+    def _lineage_column(self, frag: FragmentInfo, oneof: str, paths: tuple[str, ...]) -> np.ndarray:
         """A spilled sequence: the hidden column of the one data file of `frag` whose
         `fields` hold its reserved id (Lance's format/table/row_id_lineage.md), read with
         pylance's file reader, checked: one non-null uint64 per physical row."""
