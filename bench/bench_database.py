@@ -15,7 +15,15 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
   a consumer assigned to every table topic's partitions notes when each commit's first
   record arrives: commit → first record in Kafka, p50 / p99 / max (a commit whose record
   never arrived counts as missing);
-- memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup).
+  the figures again for the commits that are their table's first of the run (first use)
+  and for the others (later);
+- memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup), and
+  every --sample-every seconds of the load (the series, and its slope in MB/min over the
+  last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
+
+With --single, one single-table `lance-cdf publish --table` per table runs instead (each
+its own Spark application, checkpoint and topic): the same phases, CPU and memory summed over
+their trees (`--tables 4 --single`: what N separate publishers would take, scaled).
 
 Writes the numbers as JSON (--out) and prints them.
 """
@@ -39,7 +47,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_footprint import _children, sample  # noqa: E402  (the process-tree sampler)
+from bench_footprint import _children, sample, slope  # noqa: E402  (the process-tree sampler)
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
 
@@ -84,12 +92,26 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
 
+def latency_figures(latencies: list[float]) -> dict:
+    return {
+        "latency_s_p50": percentile(latencies, 50),
+        "latency_s_p99": percentile(latencies, 99),
+        "latency_s_max": max(latencies) if latencies else None,
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--load-seconds", type=float, default=120)
+    ap.add_argument("--sample-every", type=float, default=30,
+                    help="seconds between memory samples of the tree during the load")
+    ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
+    ap.add_argument("--single", action="store_true",
+                    help="one single-table `lance-cdf publish --table` per table instead of "
+                         "the database publisher (the memory they take side by side)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -104,7 +126,7 @@ def main() -> int:
     prefix = f"bench{uuid.uuid4().hex[:6]}"
     result: dict = {"tables": args.tables, "idle_seconds": args.idle_seconds,
                     "load_seconds": args.load_seconds}  # fmt: skip
-    proc = None
+    procs: list[subprocess.Popen] = []
     try:
         with KafkaBroker() as kafka, SchemaRegistry() as registry:
             t = time.monotonic()
@@ -116,17 +138,33 @@ def main() -> int:
                 [NewTopic(tp, 2, 1) for tp in topics.values()]
             ).items():
                 future.result(60)
-            cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", root,
-                   "--topic-prefix", prefix, "--bootstrap-servers", kafka.bootstrap_servers,
-                   "--schema-registry", registry.url, "--checkpoint", checkpoint]  # fmt: skip
+            common = ["--bootstrap-servers", kafka.bootstrap_servers,
+                      "--schema-registry", registry.url]  # fmt: skip
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
             log = open(os.path.join(work, "publish.log"), "w")
             started = time.monotonic()
-            proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+            if args.single:  # one publisher per table, each its own Spark application
+                result["mode"] = "single-table publishers"
+                for i, name in enumerate(sorted(paths)):
+                    cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--table",
+                           paths[name], "--topic", topics[name], *common, "--checkpoint",
+                           f"{checkpoint}-{i}"]  # fmt: skip
+                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
+                                                  start_new_session=True))  # fmt: skip
+            else:
+                result["mode"] = "database publisher"
+                cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", root,
+                       "--topic-prefix", prefix, *common, "--checkpoint", checkpoint]  # fmt: skip
+                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
+                                              start_new_session=True))  # fmt: skip
             report = os.path.join(checkpoint, "database-tables.json")
             while True:
-                if proc.poll() is not None:
+                if any(p.poll() is not None for p in procs):
                     raise SystemExit(f"publish exited; see {log.name}")
+                if args.single:  # every publisher has started its query
+                    with open(log.name) as f:
+                        if f.read().count("publishing ") >= len(procs):
+                            break
                 try:
                     with open(report) as f:
                         if len(json.load(f)["followed"]) == args.tables:
@@ -137,13 +175,19 @@ def main() -> int:
             result["follows_all_after_s"] = round(time.monotonic() - started, 1)
             time.sleep(20)  # start-up work (idle planner workers) settles
 
-            cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
+            def cpu() -> float:
+                return sum(tree_cpu(p.pid) for p in procs)
+
+            def memory_now() -> tuple[dict, int]:
+                taken = [sample(p.pid) for p in procs]
+                total = {k: sum(m["total"][k] for m in taken) for k in ("rss", "pss", "uss")}
+                return {k: round(v / 1024) for k, v in total.items()}, sum(m["n"] for m in taken)
+
+            cpu0, t0 = cpu(), time.monotonic()
             time.sleep(args.idle_seconds)
-            idle = (tree_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
+            idle = (cpu() - cpu0) / (time.monotonic() - t0)
             result["idle_cpu_percent_of_one_core"] = round(100 * idle, 1)
-            mem = sample(proc.pid)
-            result["idle_memory_mb"] = {k: round(v / 1024) for k, v in mem["total"].items()}
-            result["idle_processes"] = mem["n"]
+            result["idle_memory_mb"], result["idle_processes"] = memory_now()
 
             consumer = Consumer(
                 {"bootstrap.servers": kafka.bootstrap_servers, "group.id": uuid.uuid4().hex,
@@ -170,16 +214,26 @@ def main() -> int:
             time.sleep(5)  # the assignment takes effect
             rng = random.Random(35)
             commits: dict[tuple[str, int], float] = {}
-            cpu0, t0 = tree_cpu(proc.pid), time.monotonic()
+            first_use: set[tuple[str, int]] = set()  # the table's first commit of the run
+            memory: list[dict] = []
+            cpu0, t0 = cpu(), time.monotonic()
+            next_sample = t0
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
+                if tick >= next_sample:
+                    mb, n = memory_now()
+                    memory.append({"t": round(tick - t0, 1), "n": n, **mb})
+                    next_sample += args.sample_every
                 name = rng.choice(sorted(paths))
                 ds = lance.dataset(paths[name])
                 ds.update({"s": f"'u{ds.version}'"}, where=f"id = {rng.randrange(20)}")
                 done = time.time()
-                commits[(topics[name], lance.dataset(paths[name]).version)] = done
+                key = (topics[name], lance.dataset(paths[name]).version)
+                if not any(t == topics[name] for t, _ in commits):
+                    first_use.add(key)
+                commits[key] = done
                 time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
-            load_cpu = (tree_cpu(proc.pid) - cpu0) / (time.monotonic() - t0)
+            load_cpu = (cpu() - cpu0) / (time.monotonic() - t0)
             time.sleep(15)  # the last commits' records
             stop.set()
             reader.join(5)
@@ -188,20 +242,30 @@ def main() -> int:
             result["load"] = {
                 "commits": len(commits),
                 "missing": len(commits) - len(latencies),
-                "latency_s_p50": percentile(latencies, 50),
-                "latency_s_p99": percentile(latencies, 99),
-                "latency_s_max": max(latencies) if latencies else None,
+                **latency_figures(latencies),
                 "cpu_percent_of_one_core": round(100 * load_cpu, 1),
             }
-            mem = sample(proc.pid)
-            result["load_memory_mb"] = {k: round(v / 1024) for k, v in mem["total"].items()}
-            result["load_processes"] = mem["n"]
-            os.killpg(proc.pid, signal.SIGTERM)
-            proc.wait(120)
-            proc = None
+            for label, keys in (("first_use", first_use), ("later", set(commits) - first_use)):
+                got = [arrived[k] - commits[k] for k in keys if k in arrived]
+                result["load"][label] = {"commits": len(keys), "missing": len(keys) - len(got),
+                                         **latency_figures(got)}  # fmt: skip
+            if memory:
+                result["load_memory_series_mb"] = memory
+                result["load_rss_mb_per_min_last_two_thirds"] = round(slope(
+                    [m["t"] for m in memory], [m["rss"] * 1024 for m in memory]), 2)
+                result["load_pss_mb_per_min_last_two_thirds"] = round(slope(
+                    [m["t"] for m in memory], [m["pss"] * 1024 for m in memory]), 2)
+            result["load_memory_mb"], result["load_processes"] = memory_now()
+            for p in procs:
+                os.killpg(p.pid, signal.SIGTERM)
+            for p in procs:
+                p.wait(120)
     finally:
-        if proc is not None and proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+        if args.keep_log:
+            shutil.copy(os.path.join(work, "publish.log"), args.keep_log)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=1))
     if args.out:

@@ -94,11 +94,12 @@ def table_topic(
     if count is not None:
         return count
     from confluent_kafka import KafkaError
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
+    from lance_cdf.kafka import clients
     from lance_cdf.kafka.transactions import ensure_topic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
+    admin = clients.admin({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
     found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
     if found is None or found.error is not None:
         try:

@@ -22,8 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka import KafkaException
 
 from lance_cdf import __version__
 from lance_cdf.avro.encode import AvroEncodeDeclined, EncodedChanges, can_encode, encode_changes
@@ -38,6 +37,7 @@ from lance_cdf.avro.wire import WireWriter
 from lance_cdf.clientconfig import consumer_settings
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
+from lance_cdf.kafka import clients
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.transactions import VersionCounts
@@ -214,25 +214,21 @@ class KafkaChangePublisher:
         self.flush_timeout = flush_timeout
         # a broker outage is ridden out (kafka/outage.py); its state goes to the checkpoint
         self.ride_out = RideOut(bootstrap_servers, checkpoint)
-        self.registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        # the registry client, the producer and the marks consumer are the process's, shared
+        # by every table's publisher with the same settings (kafka/clients.py)
+        self.registry = clients.registry({"url": schema_registry, **(registry_config or {})})
         self.value_writer = WireWriter(
             self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
         )
         self.key_writer = WireWriter(
             self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
         )
-        self._failures: list[str] = []  # delivery errors since the last flush
-        failures = self._failures
-
-        # producer-wide: no callback object per record
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failures.append(f"{err} (partition {msg.partition()})")
-
-        self.producer = Producer({
-            "bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER,
-            **(producer_config or {}), "on_delivery": on_delivery,
-        })  # fmt: skip
+        shared = clients.producer(
+            {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
+        )
+        self.producer = shared.producer
+        # delivery errors since the last flush (producer-wide: no callback object per record)
+        self._failures: list[str] = shared.failures
         # the high-water-mark reader connects as the producer does: every setting but the
         # producer-only ones (TLS verification, SASL, timeouts, DNS, ...; issue 34)
         self._consumer_config = {
@@ -243,7 +239,6 @@ class KafkaChangePublisher:
         # its last record) as known after this publisher's last successful flush
         self._sent_last: dict[int, Position] = {}
         self._settled: dict[int, tuple[tuple[int, int], Position | None]] = {}
-        self._marks_consumer: Consumer | None = None
         # per commit version: its records per partition since `begin()`, sent or (on a
         # replay) skipped, for the transaction metadata (kafka/transactions.py)
         self.version_counts: dict[int, VersionCounts] = {}
@@ -428,9 +423,11 @@ class KafkaChangePublisher:
                 part = m.partition() if m is not None else None
                 if m is None or m.error() or part is None or part not in waiting:
                     continue
+                if m.topic() != self.topic:  # (a shared consumer: another table's, earlier)
+                    continue
                 marks[part] = parse_position(dict(m.headers() or []).get(POSITION_HEADER))
                 waiting.discard(part)
-            consumer.unassign()
+            consumer.unassign()  # (also when the read fails: the consumer is shared)
             if waiting:
                 raise PublishError(
                     f"could not read the last record of {self.topic!r} partition(s) "
@@ -442,25 +439,21 @@ class KafkaChangePublisher:
         return marks
 
     def _consumer(self) -> Consumer:
-        """The consumer reading partitions' last records (kept for the publisher's life)."""
-        if self._marks_consumer is None:
-            from confluent_kafka import Consumer
-
-            # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
-            # default 500 ms long poll; reading a partition's last record took 506 ms
-            # against 15 ms with 10 (measured on the local broker)
-            self._marks_consumer = Consumer({
-                **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
-                "enable.auto.commit": False, "isolation.level": "read_committed",
-                "fetch.wait.max.ms": 10,
-            })  # fmt: skip
-        return self._marks_consumer
+        """The consumer reading partitions' last records (the process's, shared by the
+        publishers with the same settings: it is only ever assigned, read and unassigned)."""
+        # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
+        # default 500 ms long poll; reading a partition's last record took 506 ms
+        # against 15 ms with 10 (measured on the local broker)
+        return clients.consumer({
+            **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
+            "enable.auto.commit": False, "isolation.level": "read_committed",
+            "fetch.wait.max.ms": 10,
+        })  # fmt: skip
 
     def close(self) -> None:
-        """Release the marks consumer; the producer (flushed) goes with the object."""
-        if self._marks_consumer is not None:
-            self._marks_consumer.close()
-            self._marks_consumer = None
+        """Forget this publisher's view of its partitions; its clients are the process's
+        (kafka/clients.py: `close_all`)."""
+        self._settled.clear()
 
     def _watermarks(self, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
         """(low, high) watermarks of each partition, in two requests for all of them

@@ -79,10 +79,12 @@ if TYPE_CHECKING:
 _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
 
-# Clients kept per process at most (least recently used first out): a database publisher
-# writes to a topic per table, and each publisher holds a producer and a consumer (threads,
-# buffers). An evicted one is flushed first; its successor re-reads the topic's marks.
-MAX_CLIENTS = 32
+# Publishers (and transaction writers) kept per process at most, least recently used first
+# out: a database publisher writes a topic per table. Each holds its table's schemas and its
+# partitions' last positions only (tens of KB); the producer, consumer and registry client
+# they use are the process's, one per setting (kafka/clients.py). An evicted one is flushed
+# first; its successor re-reads the topic's marks.
+MAX_CLIENTS = 512
 
 
 def _evict(cache: dict[Any, Any]) -> None:
@@ -95,9 +97,13 @@ def _evict(cache: dict[Any, Any]) -> None:
 
 
 def close_publishers() -> None:
-    """Close and forget this process's publishers (the driver's, after a head start)."""
+    """Close and forget this process's publishers and their clients (the driver's, after a
+    head start)."""
+    from lance_cdf.kafka import clients
+
     while _PUBLISHERS:
         _PUBLISHERS.popitem()[1].close()
+    clients.close_all()
 
 
 @dataclass

@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.avro.wire import WireWriter, split
 from lance_cdf.errors import PublishError, TransactionMetadataError
+from lance_cdf.kafka import clients
 
 SUFFIX = ".transaction"
 _NS = "io.debezium.connector.common"
@@ -160,10 +161,11 @@ class TransactionDecoder:
 def ensure_topic(bootstrap_servers: str, topic: str, config: dict[str, Any]) -> None:
     """Create the transaction topic with one partition if it does not exist; refuse one
     with more partitions (its last record must be the last one written)."""
-    from confluent_kafka.admin import AdminClient, NewTopic
+    from confluent_kafka.admin import NewTopic
 
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
     from lance_cdf.kafka.endpoints import DENIED, denied
+
+    admin = clients.admin({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
 
     other = "--transaction-topic (or --no-transaction-metadata)"
     found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
@@ -211,41 +213,40 @@ class TransactionWriter:
         self._client = {"bootstrap.servers": bootstrap_servers, **{
             k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
         }}  # fmt: skip
-        registry = SchemaRegistryClient({"url": schema_registry, **(registry_config or {})})
+        # the registry client, producer and consumer are the process's, shared by the
+        # writers of every table with the same settings (kafka/clients.py): the commit of
+        # a database publisher writes a transaction topic per table
+        registry = clients.registry({"url": schema_registry, **(registry_config or {})})
         self.key_writer = WireWriter(registry, f"{topic}-key", KEY_SCHEMA)
         self.value_writer = WireWriter(registry, f"{topic}-value", VALUE_SCHEMA)
         self.decoder = TransactionDecoder(registry)
-        self._failures: list[str] = []
-        failures = self._failures
-
-        def on_delivery(err: KafkaError | None, msg: Message) -> None:
-            if err is not None:
-                failures.append(str(err))
-
-        self.producer = Producer({
-            **self._client, "enable.idempotence": True, "acks": "all",
-            **(producer_config or {}), "on_delivery": on_delivery,
+        made = clients.producer({
+            **self._client, "enable.idempotence": True, "acks": "all", **(producer_config or {}),
         })  # fmt: skip
+        self.producer = made.producer
+        self._failures: list[str] = made.failures
         self._ready = False
 
     def last(self) -> TransactionRecord | None:
         """The topic's last record (None: empty)."""
-        from confluent_kafka import Consumer, TopicPartition
+        from confluent_kafka import TopicPartition
 
-        consumer = Consumer({**self._client, "group.id": "lance-cdf-transaction-writer",
-                             "enable.auto.commit": False, "fetch.wait.max.ms": 10})  # fmt: skip
+        consumer = clients.consumer({
+            **self._client, "group.id": "lance-cdf-transaction-writer",
+            "enable.auto.commit": False, "fetch.wait.max.ms": 10,
+        })  # fmt: skip
+        low, high = consumer.get_watermark_offsets(
+            TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
+        )
+        if high <= low:
+            return None
+        consumer.assign([TopicPartition(self.topic, 0, high - 1)])
         try:
-            low, high = consumer.get_watermark_offsets(
-                TopicPartition(self.topic, 0), timeout=self.timeout
-            )
-            if high <= low:
-                return None
-            consumer.assign([TopicPartition(self.topic, 0, high - 1)])
             deadline = time.monotonic() + self.timeout
             while time.monotonic() < deadline:
                 m = consumer.poll(0.5)
-                if m is None or m.error() is not None:
-                    continue
+                if m is None or m.error() is not None or m.topic() != self.topic:
+                    continue  # (a shared consumer: skip what an earlier assignment fetched)
                 value = m.value()
                 if value is not None:
                     return self.decoder.decode(value)
@@ -254,7 +255,7 @@ class TransactionWriter:
                 "the micro-batch fails and is retried"
             )
         finally:
-            consumer.close()
+            consumer.unassign()
 
     def write(self, versions: list[VersionCounts]) -> int:
         """BEGIN and END of each version (ascending), skipping what the topic holds; the

@@ -1,0 +1,110 @@
+"""The Kafka and schema-registry clients one process shares across tables.
+
+A database publisher writes a topic per table, and a writer task or the driver's commit
+meets tables one after another. Creating a producer, a consumer, an admin client or a
+registry client per table cost every table's first use its connections (and kept up to 32
+producers with their threads and buffers per process): here one of each per setting, for
+the process's life. A table's own state (its schemas, its partitions' high-water marks,
+its counts) stays with its `KafkaChangePublisher` / `TransactionWriter`.
+
+Sharing keeps every guarantee: the idempotent producer numbers records per partition
+(a topic's partitions are as ordered through a shared producer as through their own),
+and a Python worker runs one task or one commit at a time, each table's records flushed
+(every one acknowledged, or the micro-batch fails) before the next table's are sent, so a
+delivery failure collected by the shared callback is always the current table's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
+    from confluent_kafka.schema_registry import SchemaRegistryClient
+
+# A client's key: its settings, sorted (values as strings; callbacks are not settings)
+Key = tuple[tuple[str, str], ...]
+
+
+def _key(config: Mapping[str, Any]) -> Key:
+    return tuple(sorted((str(k), str(v)) for k, v in config.items()))
+
+
+@dataclass
+class SharedProducer:
+    """A producer and the delivery failures its callback collected since they were last
+    taken (one callback for the producer: none per record)."""
+
+    producer: Producer
+    failures: list[str] = field(default_factory=list)
+
+
+_PRODUCERS: dict[Key, SharedProducer] = {}
+_CONSUMERS: dict[Key, Consumer] = {}
+_ADMINS: dict[Key, AdminClient] = {}
+_REGISTRIES: dict[Key, SchemaRegistryClient] = {}
+
+
+def producer(config: Mapping[str, Any]) -> SharedProducer:
+    """This process's producer with `config` (created on first use)."""
+    key = _key(config)
+    shared = _PRODUCERS.get(key)
+    if shared is None:
+        from confluent_kafka import KafkaError, Message, Producer
+
+        failures: list[str] = []
+
+        def on_delivery(err: KafkaError | None, msg: Message) -> None:
+            if err is not None:
+                failures.append(f"{err} (topic {msg.topic()} partition {msg.partition()})")
+
+        made = Producer({**config, "on_delivery": on_delivery})
+        shared = _PRODUCERS[key] = SharedProducer(made, failures)
+    return shared
+
+
+def consumer(config: Mapping[str, Any]) -> Consumer:
+    """This process's consumer with `config`: assigned partitions only (never subscribed,
+    no offsets committed), for reading a partition's last record."""
+    key = _key(config)
+    made = _CONSUMERS.get(key)
+    if made is None:
+        from confluent_kafka import Consumer
+
+        made = _CONSUMERS[key] = Consumer(dict(config))
+    return made
+
+
+def admin(config: Mapping[str, Any]) -> AdminClient:
+    """This process's admin client with `config`."""
+    key = _key(config)
+    made = _ADMINS.get(key)
+    if made is None:
+        from confluent_kafka.admin import AdminClient
+
+        made = _ADMINS[key] = AdminClient(dict(config))
+    return made
+
+
+def registry(config: Mapping[str, Any]) -> SchemaRegistryClient:
+    """This process's schema-registry client with `config` (`url` and its settings)."""
+    key = _key(config)
+    made = _REGISTRIES.get(key)
+    if made is None:
+        from confluent_kafka.schema_registry import SchemaRegistryClient
+
+        made = _REGISTRIES[key] = SchemaRegistryClient(dict(config))
+    return made
+
+
+def close_all(timeout: float = 60.0) -> None:
+    """Flush and forget every shared client (the driver's, after a head start)."""
+    while _PRODUCERS:
+        _PRODUCERS.popitem()[1].producer.flush(timeout)
+    while _CONSUMERS:
+        _CONSUMERS.popitem()[1].close()
+    _ADMINS.clear()
+    _REGISTRIES.clear()
