@@ -302,10 +302,13 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._report(tables)
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+    def table_partitions(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Iterator[tuple[str, Any, Sequence[Any]]]:
+        """Each table with changes between the offsets `start` and `end`: its name, its
+        single-table reader and that reader's partitions (a table gone from the database
+        meanwhile is reported and let go)."""
         held: dict[str, Any] = start.get("tables") or {}
-        slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
-        count = 0
         for name, until in sorted((end.get("tables") or {}).items()):
             since = held.get(name)
             if since is None or since == until:
@@ -314,13 +317,19 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if name not in self.refs:
                     self._tables(force=True)
                 reader = self._reader(name, None)
-                shares = reader.partitions(since, until)
+                parts = reader.partitions(since, until)
             except Exception as exc:
                 if self._gone(name):
                     log.warning("table %s is gone from the database: let go (%s)", name,
                                 _why(exc))  # fmt: skip
                     continue
                 raise
+            yield name, reader, parts
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
+        count = 0
+        for name, reader, shares in self.table_partitions(start, end):
             for share in shares:
                 item = replace(reader.reading.work(share, reader.opts.kafka_partitions), name=name)
                 batch = item.to_batch()

@@ -324,23 +324,8 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
         return LanceCdfStreamReader(resolved, fitted(name, event_struct(resolved), self.schema))
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
-        held: dict[str, Any] = start.get("tables") or {}
         out: list[InputPartition] = []
-        for name, until in sorted((end.get("tables") or {}).items()):
-            since = held.get(name)
-            if since is None or since == until:
-                continue  # a new table's first offset is its initial one: nothing yet
-            try:
-                if name not in self.refs:
-                    self._tables(force=True)
-                reader = self._reader(name, None)
-                parts = reader.partitions(since, until)
-            except Exception as exc:
-                if self._gone(name):
-                    log.warning("table %s is gone from the database: let go (%s)", name,
-                                _why(exc))  # fmt: skip
-                    continue
-                raise
+        for name, reader, parts in self.table_partitions(start, end):
             out.extend(table_slices(name, reader.reading, parts))
         return out
 
