@@ -16,9 +16,9 @@ delivery failure collected by the shared callback is always the current table's.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -66,38 +66,36 @@ def producer(config: Mapping[str, Any]) -> SharedProducer:
     return shared
 
 
+def _made(
+    cache: dict[Key, Any], config: Mapping[str, Any], make: Callable[[dict[str, Any]], Any]
+) -> Any:
+    key = _key(config)
+    made = cache.get(key)
+    if made is None:
+        made = cache[key] = make(dict(config))
+    return made
+
+
 def consumer(config: Mapping[str, Any]) -> Consumer:
     """This process's consumer with `config`: assigned partitions only (never subscribed,
     no offsets committed), for reading a partition's last record."""
-    key = _key(config)
-    made = _CONSUMERS.get(key)
-    if made is None:
-        from confluent_kafka import Consumer
+    from confluent_kafka import Consumer
 
-        made = _CONSUMERS[key] = Consumer(dict(config))
-    return made
+    return cast("Consumer", _made(_CONSUMERS, config, Consumer))
 
 
 def admin(config: Mapping[str, Any]) -> AdminClient:
     """This process's admin client with `config`."""
-    key = _key(config)
-    made = _ADMINS.get(key)
-    if made is None:
-        from confluent_kafka.admin import AdminClient
+    from confluent_kafka.admin import AdminClient
 
-        made = _ADMINS[key] = AdminClient(dict(config))
-    return made
+    return cast("AdminClient", _made(_ADMINS, config, AdminClient))
 
 
 def registry(config: Mapping[str, Any]) -> SchemaRegistryClient:
     """This process's schema-registry client with `config` (`url` and its settings)."""
-    key = _key(config)
-    made = _REGISTRIES.get(key)
-    if made is None:
-        from confluent_kafka.schema_registry import SchemaRegistryClient
+    from confluent_kafka.schema_registry import SchemaRegistryClient
 
-        made = _REGISTRIES[key] = SchemaRegistryClient(dict(config))
-    return made
+    return cast("SchemaRegistryClient", _made(_REGISTRIES, config, SchemaRegistryClient))
 
 
 def close_all(timeout: float = 60.0) -> None:
