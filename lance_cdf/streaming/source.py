@@ -679,7 +679,9 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.checked_offsets: set[tuple[Any, ...]] = set()  # offsets made or checked here
 
     def __getstate__(self) -> dict[str, Any]:
-        # executors get the reader pickled with every micro-batch: leave the caches behind
+        # executors get the reader pickled once, when the query starts (pyspark 4.3: not per
+        # micro-batch, so state the driver adds later never reaches them): leave the caches
+        # behind
         state = dict(self.__dict__)
         state["sizes"] = {}
         state["fragments"] = {}
