@@ -228,9 +228,10 @@ def build_parser() -> argparse.ArgumentParser:
         "probing the index key by key costs more than one scan of the key column (keys x "
         "750 > replica rows) scans that column instead; composite keys use merge_insert "
         "(O(replica)). "
-        "Latency vs throughput: --max-batch-interval bounds the wait for a batch, "
-        "--max-batch-rows its size; small batches mean low latency and more small "
-        "fragments, which --compact-every folds together.",
+        "Latency vs throughput: a batch is what has arrived (applied as soon as no more "
+        "records are waiting); --max-batch-interval bounds how long it keeps taking records "
+        "that keep coming, --max-batch-rows its size; small batches mean low latency and "
+        "more small fragments, which --compact-every folds together.",
         epilog="example:\n  lance-cdf replicate --bootstrap-servers 127.0.0.1:9092 --topic "
         "events.cdf \\\n      --schema-registry http://127.0.0.1:8081 --target "
         "/data/replica.lance --key id",
@@ -266,8 +267,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="records per batch (one Lance commit); bigger batches: fewer "
                      "commits and files, more throughput, more latency")  # fmt: skip
     rep.add_argument("--max-batch-interval", type=_seconds, default=1.0, metavar="SECONDS",
-                     help="longest wait to fill a batch, e.g. 1 or 500ms: the latency a "
-                     "quiet topic adds")  # fmt: skip
+                     help="longest a batch keeps taking records that keep coming, e.g. 1 "
+                     "or 500ms (a quiet topic's records are applied at once)")  # fmt: skip
     rep.add_argument("--compact-every", type=int, default=100, metavar="N",
                      help="compact the small fragments batches leave, and bring the "
                      "key index up to date, every N batches (default 100, 0: off)")  # fmt: skip

@@ -469,3 +469,33 @@ def test_a_registry_outage_is_waited_out_never_dead_lettered(
     c.subscribe([dlq])
     assert all(m is None or m.error() for m in (c.poll(0.5) for _ in range(6)))
     c.close()
+
+
+def test_a_batch_is_what_has_arrived_up_to_its_bound(kafka_broker):
+    """`consume_ready`: the records already on the topic come in one batch (the drain),
+    never more than the bound, in offset order, and a quiet topic gives none."""
+    from confluent_kafka.admin import AdminClient, NewTopic
+
+    from lance_cdf.replicate.replicator import consume_ready
+
+    topic = f"ready-{uuid.uuid4().hex[:8]}"
+    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    producer = Producer({"bootstrap.servers": kafka_broker.bootstrap_servers})
+    n = random.randint(500, 3000)
+    for i in range(n):
+        producer.produce(topic, str(i).encode())
+    assert producer.flush(30) == 0
+    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers,
+                         "group.id": topic, "enable.auto.commit": False})  # fmt: skip
+    consumer.assign([TopicPartition(topic, 0, 0)])
+    stop = threading.Event()
+    try:
+        bound = random.randint(1, n - 1)
+        first = consume_ready(consumer, bound, 30.0, 30.0, stop)
+        assert [m.value() for m in first] == [str(i).encode() for i in range(bound)]
+        rest = consume_ready(consumer, 10 * n, 30.0, 30.0, stop)
+        assert [m.value() for m in rest] == [str(i).encode() for i in range(bound, n)]
+        assert consume_ready(consumer, 10 * n, 0.2, 30.0, stop) == []
+    finally:
+        consumer.close()

@@ -52,6 +52,7 @@ from lance_cdf.replicate.replicator import (
     SchemaDecoder,
     SharedClients,
     consume_error,
+    consume_ready,
     gc_paused,
 )
 
@@ -342,21 +343,18 @@ class DatabaseReplicator:
         return finished
 
     def _poll_batch(self) -> list[Message]:
+        # (the transaction topics come through this consumer too: an END ends the wait)
         batch: list[Message] = []
-        deadline = time.monotonic() + self.max_batch_interval
-        while len(batch) < self.max_batch_rows and not self._stop.is_set():
-            left = deadline - time.monotonic()
-            if left <= 0:
-                break
-            for m in self.consumer.consume(min(100_000, self.max_batch_rows - len(batch)), left):
-                err = m.error()
-                if err is None:
-                    batch.append(m)
-                elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                    continue  # a deleted topic: the next refresh lets its table go
-                elif err.code() != KafkaError._PARTITION_EOF:
-                    raise consume_error(err, str(m.topic()), self.group_id,
-                                        self.bootstrap_servers, "--exclude")  # fmt: skip
+        for m in consume_ready(self.consumer, self.max_batch_rows, self.max_batch_interval,
+                               self.max_batch_interval, self._stop):  # fmt: skip
+            err = m.error()
+            if err is None:
+                batch.append(m)
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
+                continue  # a deleted topic: the next refresh lets its table go
+            elif err.code() != KafkaError._PARTITION_EOF:
+                raise consume_error(err, str(m.topic()), self.group_id,
+                                    self.bootstrap_servers, "--exclude")  # fmt: skip
         return batch
 
     def _dispatch(self, msgs: list[Message]) -> None:
