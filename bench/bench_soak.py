@@ -52,10 +52,14 @@ from bench_footprint import make_table, sample, slope, summarize  # noqa: E402 (
 VERSION_HEADER = "lance-cdf.commit-version"
 
 
-def writer(path: str, dim: int, rows: int, stop: threading.Event, commits: list) -> None:
+def writer(path: str, dim: int, rows: int, stop: threading.Event, commits: list,
+           jitter: float = 0.0) -> None:  # fmt: skip
     """A commit about once a second: append 100 / update 50 / delete 20 / merge_insert 100
-    (50 existing ids, 50 new) in turn; (version, op, commit wall time) into `commits`."""
+    (50 existing ids, 50 new) in turn; (version, op, commit wall time) into `commits`.
+    `jitter` j: each period drawn from [1 - j, 1 + j] s (mean 1 s), so commits land at
+    every phase of the publisher's trigger, as a user's do, not locked to one."""
     rng = np.random.default_rng(1)
+    timing = np.random.default_rng()
     next_id = 10**9
     i = 0
 
@@ -99,7 +103,8 @@ def writer(path: str, dim: int, rows: int, stop: threading.Event, commits: list)
         done = time.time()
         commits.append((lance.dataset(path).version, kind, done))
         i += 1
-        stop.wait(max(0.0, 1.0 - (time.monotonic() - t)))
+        period = 1.0 + (timing.uniform(-jitter, jitter) if jitter else 0.0)
+        stop.wait(max(0.0, period - (time.monotonic() - t)))
 
 
 class OutsideConsumer(threading.Thread):
@@ -310,6 +315,15 @@ def main() -> None:
     ap.add_argument("--chart", default=None)
     ap.add_argument("--reanalyze", default=None, help="a .raw.json of an earlier run")
     ap.add_argument("--replica-copy", default=None, help="with --reanalyze: its replica")
+    ap.add_argument("--jitter", type=float, default=0.5,
+                    help="writer period drawn from [1-J, 1+J] s (0: exactly 1 s, locked "
+                    "to the 1-s trigger's phase)")  # fmt: skip
+    ap.add_argument(
+        "--publish-arg",
+        action="append",
+        default=[],
+        help="an extra argument for `lance-cdf publish` (repeatable)",
+    )
     args = ap.parse_args()
     if args.reanalyze:
         with open(args.reanalyze) as f:
@@ -338,6 +352,8 @@ def main() -> None:
         "warmup_s": args.warmup,
         "bin": args.bin,
         "cpus": os.cpu_count(),
+        "jitter": args.jitter,
+        "publish_args": args.publish_arg,
     }
     procs: list[subprocess.Popen] = []
     running_hogs: list[subprocess.Popen] = []
@@ -361,7 +377,7 @@ def main() -> None:
             rep_log = open(os.path.join(work, "replicate.log"), "w")
             pub = subprocess.Popen(
                 [args.bin, "publish", "--table", table, *common,
-                 "--checkpoint", os.path.join(work, "ck")],
+                 "--checkpoint", os.path.join(work, "ck"), *args.publish_arg],
                 stdout=pub_log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
             )  # fmt: skip
             procs.append(pub)
@@ -383,7 +399,9 @@ def main() -> None:
             commits: list = []
             stop = threading.Event()
             w = threading.Thread(
-                target=writer, args=(table, args.dim, args.rows, stop, commits), daemon=True
+                target=writer,
+                args=(table, args.dim, args.rows, stop, commits, args.jitter),
+                daemon=True,
             )
             w.start()
             series: list[dict] = []
