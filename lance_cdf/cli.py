@@ -183,8 +183,10 @@ def build_parser() -> argparse.ArgumentParser:
                      "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
     pub.add_argument("--drop-unchanged-updates", action="store_true",
                      help="do not publish updates that changed no column value")  # fmt: skip
-    pub.add_argument("--trigger-interval", type=_interval, default="1 second",
-                     help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second'")  # fmt: skip
+    pub.add_argument("--trigger-interval", type=_interval, default=None,
+                     help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second' "
+                     "(default 500ms; 1s with --database: each table is listed per "
+                     "trigger)")  # fmt: skip
     pub.add_argument("--available-now", action="store_true",
                      help="publish everything up to the latest version, then exit")  # fmt: skip
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
