@@ -131,3 +131,23 @@ def test_publish_trigger_interval_rejects_nonsense(capsys):
              "--schema-registry", "r", "--checkpoint", "c", "--trigger-interval", "soon"]
         )  # fmt: skip
     assert "not a duration" in capsys.readouterr().err
+
+
+def test_the_command_names_where_a_native_crash_happened():
+    """`lance-cdf` (entry) turns on faulthandler: a SIGSEGV leaves the Python stack on
+    stderr (here raised where the command starts its work)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, signal\n"
+        "from lance_cdf import cli\n"
+        "def crash(): os.kill(os.getpid(), signal.SIGSEGV)\n"
+        "cli.malloc.keep_freed_memory_if_asked = crash\n"
+        "cli.entry()\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)  # fmt: skip
+    assert done.returncode == -11
+    assert "Segmentation fault" in done.stderr
+    assert "in crash" in done.stderr  # the stack, down to the frame that crashed
