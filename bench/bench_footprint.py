@@ -261,7 +261,7 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
     ckpt = os.path.join(work, f"ck-{topic}")
     log = open(os.path.join(work, f"{topic}.log"), "w")
     cmd = [
-        binary,
+        os.path.abspath(binary),
         "publish",
         "--table",
         table,
@@ -276,8 +276,11 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
     ]
     env = dict(os.environ)
     env.update(args.env.get(label, {}))
+    # run from the scratch directory: Spark starts its Python processes with `python -m`,
+    # which puts the working directory first on sys.path, so from a checkout they would
+    # import that checkout's lance_cdf instead of the variant's (its venv's install)
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=work
     )
     stop = threading.Event()
     counts: dict = {}
