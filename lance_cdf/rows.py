@@ -199,10 +199,10 @@ class RowReader:
         """The Arrow schemas this process has from pylance for this table, as (fields key,
         schema metadata, the schema in Arrow IPC) for `learn_schemas` in another process of
         the same query: Spark's driver-side streaming source runner then never imports
-        pylance (+pandas, which pyarrow's dataset module imports): 205 -> ~100 MB RSS
-        (issue 32, docs/benchmarks.md "Publisher footprint"). A schema holding an extension
-        type is left out: it is only rebuilt where the module defining it (pylance's
-        bfloat16, ...) is imported, which the receiving process may not have done."""
+        pylance: 192 -> 150 MB RSS (issue 32, docs/benchmarks.md "Publisher footprint").
+        A schema holding an extension type is left out: it is only rebuilt where the
+        module defining it (pylance's bfloat16, ...) is imported, which the receiving
+        process may not have done."""
         with _SCHEMAS_LOCK:
             items = [(k, s) for k, s in _SCHEMAS.items() if k[0] == self.table.uri]
         out = []
