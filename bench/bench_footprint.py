@@ -235,6 +235,25 @@ def _native_memory(procs: list[dict]) -> str | None:
     return None
 
 
+def _jvm_gc(procs: list[dict]) -> str | None:
+    """The JVM's heap and collections at the end: `jcmd GC.heap_info` and `jstat -gcutil`
+    (YGC/YGCT young collections and their seconds, FGC/FGCT full ones)."""
+    for p in procs:
+        if p["role"] == "jvm":
+            out = []
+            for cmd in (
+                ["jcmd", str(p["pid"]), "GC.heap_info"],
+                ["jstat", "-gcutil", str(p["pid"])],
+            ):
+                try:
+                    run = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+                except (OSError, subprocess.TimeoutExpired):
+                    continue
+                out.append(run.stdout)
+            return "".join(out) or None
+    return None
+
+
 def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> dict:
     table = os.path.join(work, f"t-{label}-{uuid.uuid4().hex[:6]}")
     shutil.copytree(args.base_table, table)
@@ -242,7 +261,7 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
     ckpt = os.path.join(work, f"ck-{topic}")
     log = open(os.path.join(work, f"{topic}.log"), "w")
     cmd = [
-        binary,
+        os.path.abspath(binary),
         "publish",
         "--table",
         table,
@@ -257,8 +276,11 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
     ]
     env = dict(os.environ)
     env.update(args.env.get(label, {}))
+    # run from the scratch directory: Spark starts its Python processes with `python -m`,
+    # which puts the working directory first on sys.path, so from a checkout they would
+    # import that checkout's lance_cdf instead of the variant's (its venv's install)
     proc = subprocess.Popen(
-        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env, cwd=work
     )
     stop = threading.Event()
     counts: dict = {}
@@ -284,6 +306,7 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         w.join()
         last = samples[-1]["procs"] if samples else []
         nmt = _native_memory(last)
+        gc = _jvm_gc(last)
         os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(60)
@@ -293,6 +316,8 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         log.close()
     summ = summarize(samples)
     print_summary(label, summ)
+    if gc:
+        print(gc)
     print("processes at the last sample:")
     for p in sorted(last, key=lambda p: p["role"]):
         print(
@@ -308,6 +333,7 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         "last_processes": last,
         "env": args.env.get(label, {}),
         "jvm_native_memory": nmt,
+        "jvm_gc": gc,
         "series": [
             {
                 "t": round(s["t"] - samples[0]["t"], 1),

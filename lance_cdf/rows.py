@@ -195,6 +195,33 @@ class RowReader:
                 _SCHEMAS.put(key, schema)
         return schema
 
+    def known_schemas(self) -> list[tuple[bytes, tuple[Any, ...], bytes]]:
+        """The Arrow schemas this process has from pylance for this table, as (fields key,
+        schema metadata, the schema in Arrow IPC) for `learn_schemas` in another process of
+        the same query: Spark's driver-side streaming source runner then never imports
+        pylance: 192 -> 150 MB RSS (issue 32, docs/benchmarks.md "Publisher footprint").
+        A schema holding an extension type is left out: it is only rebuilt where the
+        module defining it (pylance's bfloat16, ...) is imported, which the receiving
+        process may not have done."""
+        with _SCHEMAS_LOCK:
+            items = [(k, s) for k, s in _SCHEMAS.items() if k[0] == self.table.uri]
+        out = []
+        for (_, fields, meta), schema in items:  # (table, fields, metadata): arrow_schema's
+            ipc = schema.serialize().to_pybytes()
+            if b"ARROW:extension:name" not in ipc:
+                assert isinstance(fields, bytes) and isinstance(meta, tuple)
+                out.append((fields, meta, ipc))
+        return out
+
+    def learn_schemas(self, known: list[tuple[bytes, tuple[Any, ...], bytes]]) -> None:
+        """`known_schemas` of another process, into this process's cache: the versions
+        whose fields and metadata they match take their Arrow schema from it instead of
+        a pylance dataset (a version with any other schema still opens one)."""
+        for fields, meta, ipc in known:
+            schema = pa.ipc.read_schema(pa.py_buffer(ipc))
+            with _SCHEMAS_LOCK:
+                _SCHEMAS.put((self.table.uri, fields, meta), schema)
+
     def annotated(self, version: int) -> pa.Schema:
         """The table's columns at a version as events carry them: each field tagged
         with its Lance field id, blob columns as large_binary (cached per schema)."""

@@ -262,3 +262,56 @@ def test_types_spark_cannot_hold_are_widened():
         to_spark(too_big, arrow_target(spark))
     with pytest.raises(LanceCdfError, match="column 'd' has type .* Spark cannot represent"):
         spark_schema(pa.schema([("d", pa.month_day_nano_interval())]))
+
+
+# what Spark's driver-side source runner does with the instance load() pickled (issue 32):
+# streamReader() there, then the offsets of a new version; prints what it imported
+_RUNNER = """
+import sys
+from pyspark import cloudpickle
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+with open(sys.argv[1], "rb") as f:
+    source, struct = cloudpickle.load(f)
+reader = source.streamReader(struct)
+latest = reader.latestOffset({"version": 1}, ReadAllAvailable())["version"]
+print(latest, "lance" in sys.modules, "pandas" in sys.modules)
+print(reader.reading.read_schema.to_string(show_schema_metadata=True))
+"""
+
+
+def test_the_source_runner_takes_the_schema_from_load_not_from_pylance(tmp_path):
+    import subprocess
+    import sys
+
+    from pyspark import cloudpickle
+
+    from lance_cdf.streaming.source import LanceCdfDataSource
+
+    def run(uri: str) -> tuple[list[str], str]:
+        source = LanceCdfDataSource({"path": uri, "startingVersion": "1"})
+        struct = source.schema()  # load(): in one of Spark's planner workers
+        lance.dataset(uri).delete("id = 0")  # a new version, same schema
+        blob = tmp_path / f"{uri.rsplit('/', 1)[-1]}.pickle"
+        blob.write_bytes(cloudpickle.dumps((source, struct)))  # as Spark hands it on
+        out = subprocess.run(
+            [sys.executable, "-c", _RUNNER, str(blob)], capture_output=True, text=True,
+            check=True,
+        ).stdout.split("\n", 1)  # fmt: skip
+        return out[0].split(), out[1].strip()
+
+    uri = make(tmp_path)
+    # this process has pylance: its own reading of the schema
+    oracle = stream_reader(uri, startingVersion=1).reading.read_schema
+    (latest, lance_imported, pandas_imported), schema = run(uri)
+    assert (latest, lance_imported, pandas_imported) == ("2", "False", "False")
+    assert schema == oracle.to_string(show_schema_metadata=True)
+    # an extension type (pylance's bfloat16) is only rebuilt where pylance is imported:
+    # that schema is not handed on, the runner reads it with pylance
+    from lance.arrow import bfloat16_array
+
+    other = str(tmp_path / "bf16.lance")
+    t = pa.table({"id": np.arange(4), "h": bfloat16_array([1.0, 2.0, 3.0, 4.0])})
+    lance.write_dataset(t, other, enable_stable_row_ids=True)
+    (latest, lance_imported, _), schema = run(other)
+    assert (latest, lance_imported) == ("2", "True")
+    assert "lance.bfloat16" in schema

@@ -558,8 +558,11 @@ class LanceCdfDataSource(DataSource):
             return work_struct()
         batch = "endingversion" in {str(k).lower() for k in self.options}
         resolved = resolve(self.options, streaming=not batch)
-        # pickled with this instance: what "latest" means for the reader created next
+        # pickled with this instance: what "latest" means for the reader created next, and
+        # the Arrow schemas read to resolve it (Arrow IPC: the stream's source runner takes
+        # them instead of importing pylance to read them again, rows.RowReader.known_schemas)
         self._as_of = resolved.end
+        self._schemas = _feed(resolved.opts).reader.known_schemas()
         declared = event_struct(resolved)
         return work_struct() if resolved.opts.writer_slots else declared
 
@@ -581,6 +584,9 @@ class LanceCdfDataSource(DataSource):
         if is_database_stream(self.options):
             return DatabaseReader(self.options)
         as_of = getattr(self, "_as_of", None)
+        known = getattr(self, "_schemas", None)
+        if known:
+            _feed(SourceOptions.parse(dict(self.options), True)).reader.learn_schemas(known)
         resolved = resolve(self.options, True, as_of)
         if resolved.opts.writer_slots:
             return HandOffReader(resolved, event_struct(resolved))
