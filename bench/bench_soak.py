@@ -375,15 +375,19 @@ def main() -> None:
             )
             pub_log = open(os.path.join(work, "publish.log"), "w")
             rep_log = open(os.path.join(work, "replicate.log"), "w")
+            # from the work directory: Spark starts its Python processes with `python -m`
+            # (working directory first on sys.path), so from a checkout they would import
+            # that checkout's lance_cdf, not --bin's
             pub = subprocess.Popen(
-                [args.bin, "publish", "--table", table, *common,
+                [os.path.abspath(args.bin), "publish", "--table", table, *common,
                  "--checkpoint", os.path.join(work, "ck"), *args.publish_arg],
                 stdout=pub_log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                cwd=work,
             )  # fmt: skip
             procs.append(pub)
             rep = subprocess.Popen(
-                [args.bin, "replicate", *common, "--target", target],
-                stdout=rep_log, stderr=subprocess.STDOUT, start_new_session=True,
+                [os.path.abspath(args.bin), "replicate", *common, "--target", target],
+                stdout=rep_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work,
             )  # fmt: skip
             procs.append(rep)
             txn_topic = f"{topic}.transaction"
