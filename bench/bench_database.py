@@ -16,7 +16,14 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
   record arrives: commit → first record in Kafka, p50 / p99 / max (a commit whose record
   never arrived counts as missing);
   the figures again for the commits that are their table's first of the run (first use)
-  and for the others (later);
+  and for the others (later), and all of these again for the commits of the first
+  --warmup-seconds of the load (warm-up) and for those after (steady);
+  where the tail is: each commit's latency against its time since publish started and
+  whether a Python process of publish's tree (a writer's worker, a daemon) started from 3 s
+  before the commit (the micro-batch it waited behind) until its first record (a watcher
+  notes every process of the tree and its start time from /proc every 0.25 s): the figures
+  split by that, the slowest commits listed, every commit in the JSON (`commits`), the
+  Python processes' starts and ends;
 - memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup), and
   every --sample-every seconds of the load (the series, and its slope in MB/min over the
   last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
@@ -88,6 +95,63 @@ def make_database(root: str, n: int) -> dict[str, str]:
     return out
 
 
+def _start_time(pid: int) -> float | None:
+    """When `pid` started, on the time.time() clock (from /proc/PID/stat, 10 ms ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _short_cmd(pid: int) -> str | None:
+    """A Python process's module (`pyspark.daemon`, `lance_cdf.cli`...), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if not argv or "python" not in os.path.basename(argv[0]):
+        return None
+    return " ".join(argv[1:4]) or argv[0]
+
+
+class TreeWatcher(threading.Thread):
+    """Every Python process of the trees under `roots`: pid -> {start, end, cmd, parent}
+    (times on the time.time() clock; `end` when it was first seen gone)."""
+
+    def __init__(self, roots: list[int], every: float = 0.25):
+        super().__init__(daemon=True)
+        self.roots, self.every = roots, every
+        self.seen: dict[int, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            kids, alive = _children(), set()
+            stack = [(r, None) for r in self.roots]
+            while stack:
+                pid, parent = stack.pop()
+                alive.add(pid)
+                if pid not in self.seen:
+                    cmd = _short_cmd(pid)
+                    start = _start_time(pid)
+                    if cmd is not None and start is not None:
+                        self.seen[pid] = {"start": start, "end": None, "cmd": cmd,
+                                          "parent": parent}  # fmt: skip
+                stack.extend((k, pid) for k in kids.get(pid, []))
+            now = time.time()
+            for pid, p in self.seen.items():
+                if p["end"] is None and pid not in alive:
+                    p["end"] = now
+            self.stop.wait(self.every)
+
+    def started_between(self, a: float, b: float) -> list[int]:
+        return [pid for pid, p in self.seen.items() if a <= p["start"] <= b]
+
+
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -100,6 +164,28 @@ def latency_figures(latencies: list[float]) -> dict:
     }
 
 
+def tail_figures(rows: list[dict], warmup: float) -> dict:
+    """The latency figures of the load's commits split by phase (the first `warmup` seconds
+    of the load, then steady), first use / later within each, by whether a Python process
+    started between the commit and its record, and the slowest 2% listed."""
+
+    def figures(sel: list[dict]) -> dict:
+        got = [r["latency_s"] for r in sel if r["latency_s"] is not None]
+        return {"commits": len(sel), "missing": len(sel) - len(got), **latency_figures(got)}
+
+    out: dict = {"warmup_seconds": warmup}
+    for phase, sel in (("warmup", [r for r in rows if r["load_s"] < warmup]),
+                       ("steady", [r for r in rows if r["load_s"] >= warmup])):  # fmt: skip
+        out[phase] = figures(sel)
+        out[phase]["first_use"] = figures([r for r in sel if r["first_use"]])
+        out[phase]["later"] = figures([r for r in sel if not r["first_use"]])
+    out["with_new_python_process"] = figures([r for r in rows if r["new_python"]])
+    out["without_new_python_process"] = figures([r for r in rows if not r["new_python"]])
+    done = sorted((r for r in rows if r["latency_s"] is not None), key=lambda r: -r["latency_s"])
+    out["slowest"] = done[: max(3, len(done) // 50)]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -108,6 +194,8 @@ def main() -> int:
     ap.add_argument("--load-seconds", type=float, default=120)
     ap.add_argument("--sample-every", type=float, default=30,
                     help="seconds between memory samples of the tree during the load")
+    ap.add_argument("--warmup-seconds", type=float, default=60,
+                    help="commits of the load's first N seconds are reported apart (warm-up)")
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
     ap.add_argument("--single", action="store_true",
                     help="one single-table `lance-cdf publish --table` per table instead of "
@@ -173,6 +261,9 @@ def main() -> int:
                     pass
                 time.sleep(1)
             result["follows_all_after_s"] = round(time.monotonic() - started, 1)
+            started_wall = time.time() - (time.monotonic() - started)
+            watcher = TreeWatcher([p.pid for p in procs])
+            watcher.start()
             time.sleep(20)  # start-up work (idle planner workers) settles
 
             def cpu() -> float:
@@ -217,6 +308,7 @@ def main() -> int:
             first_use: set[tuple[str, int]] = set()  # the table's first commit of the run
             memory: list[dict] = []
             cpu0, t0 = cpu(), time.monotonic()
+            t0_wall = time.time()
             next_sample = t0
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
@@ -238,6 +330,8 @@ def main() -> int:
             stop.set()
             reader.join(5)
             consumer.close()
+            watcher.stop.set()
+            watcher.join(5)
             latencies = [arrived[k] - c for k, c in commits.items() if k in arrived]
             result["load"] = {
                 "commits": len(commits),
@@ -249,6 +343,26 @@ def main() -> int:
                 got = [arrived[k] - commits[k] for k in keys if k in arrived]
                 result["load"][label] = {"commits": len(keys), "missing": len(keys) - len(got),
                                          **latency_figures(got)}  # fmt: skip
+            rows = []
+            for k, c in sorted(commits.items(), key=lambda kv: kv[1]):
+                got = arrived.get(k)
+                rows.append({
+                    "topic": k[0], "version": k[1], "load_s": round(c - t0_wall, 2),
+                    "since_publish_start_s": round(c - started_wall, 2),
+                    "latency_s": None if got is None else round(got - c, 3),
+                    "first_use": k in first_use,
+                    # a worker started for this commit's micro-batch, or for the one before
+                    # that it waited behind
+                    "new_python": [] if got is None else watcher.started_between(c - 3, got),
+                })  # fmt: skip
+            result["load"].update(tail_figures(rows, args.warmup_seconds))
+            result["commits"] = rows
+            result["python_processes"] = [
+                {"pid": pid, "cmd": p["cmd"], "parent": p["parent"],
+                 "start_load_s": round(p["start"] - t0_wall, 2),
+                 "end_load_s": None if p["end"] is None else round(p["end"] - t0_wall, 2)}
+                for pid, p in sorted(watcher.seen.items(), key=lambda kv: kv[1]["start"])
+            ]  # fmt: skip
             if memory:
                 result["load_memory_series_mb"] = memory
                 result["load_rss_mb_per_min_last_two_thirds"] = round(slope(
