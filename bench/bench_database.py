@@ -23,7 +23,9 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
   before the commit (the micro-batch it waited behind) until its first record (a watcher
   notes every process of the tree and its start time from /proc every 0.25 s): the figures
   split by that, the slowest commits listed, every commit in the JSON (`commits`), the
-  Python processes' starts and ends;
+  Python processes' starts and ends; with --quiet-at, gaps without commits in the load
+  (Spark stops the Python workers after a minute without a task), the commits after each
+  reported apart like the warm-up's;
 - memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup), and
   every --sample-every seconds of the load (the series, and its slope in MB/min over the
   last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
@@ -164,18 +166,31 @@ def latency_figures(latencies: list[float]) -> dict:
     }
 
 
-def tail_figures(rows: list[dict], warmup: float) -> dict:
+def tail_figures(rows: list[dict], warmup: float, quiet_ends: tuple[float, ...] = ()) -> dict:
     """The latency figures of the load's commits split by phase (the first `warmup` seconds
-    of the load, then steady), first use / later within each, by whether a Python process
-    started between the commit and its record, and the slowest 2% listed."""
+    of the load; the first `warmup` seconds after each quiet gap, which ends at
+    `quiet_ends`; the rest, steady), first use / later within each, by whether a Python
+    process started from 3 s before the commit until its record, the first five commits
+    after the start and after each gap, and the slowest 2% listed."""
 
     def figures(sel: list[dict]) -> dict:
         got = [r["latency_s"] for r in sel if r["latency_s"] is not None]
         return {"commits": len(sel), "missing": len(sel) - len(got), **latency_figures(got)}
 
+    def after_quiet(r: dict) -> bool:
+        return any(0 <= r["load_s"] - end < warmup for end in quiet_ends)
+
     out: dict = {"warmup_seconds": warmup}
-    for phase, sel in (("warmup", [r for r in rows if r["load_s"] < warmup]),
-                       ("steady", [r for r in rows if r["load_s"] >= warmup])):  # fmt: skip
+    phases = [("warmup", [r for r in rows if r["load_s"] < warmup])]
+    if quiet_ends:
+        phases.append(("after_quiet", [r for r in rows if after_quiet(r)]))
+    phases.append(("steady", [r for r in rows if r["load_s"] >= warmup and not after_quiet(r)]))
+    out["restarts"] = [
+        {"at_load_s": at,
+         "first_latencies_s": [r["latency_s"] for r in rows if r["load_s"] >= at][:5]}
+        for at in (0.0, *quiet_ends)
+    ]  # fmt: skip
+    for phase, sel in phases:
         out[phase] = figures(sel)
         out[phase]["first_use"] = figures([r for r in sel if r["first_use"]])
         out[phase]["later"] = figures([r for r in sel if not r["first_use"]])
@@ -196,6 +211,13 @@ def main() -> int:
                     help="seconds between memory samples of the tree during the load")
     ap.add_argument("--warmup-seconds", type=float, default=60,
                     help="commits of the load's first N seconds are reported apart (warm-up)")
+    ap.add_argument("--quiet-at", type=float, action="append", default=[],
+                    help="a quiet gap (no commit) starting this many seconds into the load "
+                         "(repeatable): Spark stops Python workers idle for a minute")
+    ap.add_argument("--quiet-seconds", type=float, default=75)
+    ap.add_argument("--daemon-module", default=None,
+                    help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS), e.g. "
+                         "lance_cdf.kafka.daemon (warm workers)")
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
     ap.add_argument("--single", action="store_true",
                     help="one single-table `lance-cdf publish --table` per table instead of "
@@ -229,6 +251,11 @@ def main() -> int:
             common = ["--bootstrap-servers", kafka.bootstrap_servers,
                       "--schema-registry", registry.url]  # fmt: skip
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            if args.daemon_module:
+                result["daemon_module"] = args.daemon_module
+                env["PYSPARK_SUBMIT_ARGS"] = (
+                    f"--conf spark.python.daemon.module={args.daemon_module} pyspark-shell"
+                )
             log = open(os.path.join(work, "publish.log"), "w")
             started = time.monotonic()
             if args.single:  # one publisher per table, each its own Spark application
@@ -310,8 +337,14 @@ def main() -> int:
             cpu0, t0 = cpu(), time.monotonic()
             t0_wall = time.time()
             next_sample = t0
+            quiet = sorted((at, at + args.quiet_seconds) for at in args.quiet_at)
+            result["quiet_gaps_load_s"] = quiet
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
+                gap = next(((a, b) for a, b in quiet if a <= tick - t0 < b), None)
+                if gap is not None:  # a quiet gap: no commit until it ends
+                    time.sleep(max(0.0, t0 + gap[1] - time.monotonic()))
+                    continue
                 if tick >= next_sample:
                     mb, n = memory_now()
                     memory.append({"t": round(tick - t0, 1), "n": n, **mb})
@@ -355,7 +388,8 @@ def main() -> int:
                     # that it waited behind
                     "new_python": [] if got is None else watcher.started_between(c - 3, got),
                 })  # fmt: skip
-            result["load"].update(tail_figures(rows, args.warmup_seconds))
+            ends = tuple(b for _, b in quiet)
+            result["load"].update(tail_figures(rows, args.warmup_seconds, ends))
             result["commits"] = rows
             result["python_processes"] = [
                 {"pid": pid, "cmd": p["cmd"], "parent": p["parent"],
