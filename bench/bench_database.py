@@ -11,7 +11,10 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
 
 - idle: the CPU time of publish's whole process tree (driver, JVM, Python workers; from
   /proc/PID/stat) over --idle-seconds with no commit, as a percentage of one core;
-- load: one commit a second (an update of one row) to a random table for --load-seconds;
+- load: one commit a second (an update of one row) to a random table for --load-seconds,
+  each at a random moment (the gaps uniform in 0.5-1.5 s: publish's trigger fires on whole
+  seconds, and commits exactly a second apart would keep one phase to it for the whole
+  run, which moved p50 by 0.6 s between two runs; --fixed-phase for exactly 1 s);
   a consumer assigned to every table topic's partitions notes when each commit's first
   record arrives: commit → first record in Kafka, p50 / p99 / max (a commit whose record
   never arrived counts as missing);
@@ -218,6 +221,8 @@ def main() -> int:
     ap.add_argument("--daemon-module", default=None,
                     help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS), e.g. "
                          "lance_cdf.kafka.daemon (warm workers)")
+    ap.add_argument("--fixed-phase", action="store_true",
+                    help="commits exactly a second apart (one phase to the trigger all run)")
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
     ap.add_argument("--single", action="store_true",
                     help="one single-table `lance-cdf publish --table` per table instead of "
@@ -339,6 +344,7 @@ def main() -> int:
             next_sample = t0
             quiet = sorted((at, at + args.quiet_seconds) for at in args.quiet_at)
             result["quiet_gaps_load_s"] = quiet
+            result["load_started_epoch_s"] = round(t0_wall, 3)
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
                 gap = next(((a, b) for a, b in quiet if a <= tick - t0 < b), None)
@@ -357,7 +363,8 @@ def main() -> int:
                 if not any(t == topics[name] for t, _ in commits):
                     first_use.add(key)
                 commits[key] = done
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+                period = 1.0 if args.fixed_phase else rng.uniform(0.5, 1.5)
+                time.sleep(max(0.0, period - (time.monotonic() - tick)))
             load_cpu = (cpu() - cpu0) / (time.monotonic() - t0)
             time.sleep(15)  # the last commits' records
             stop.set()
@@ -382,6 +389,8 @@ def main() -> int:
                 rows.append({
                     "topic": k[0], "version": k[1], "load_s": round(c - t0_wall, 2),
                     "since_publish_start_s": round(c - started_wall, 2),
+                    # where in the second it landed (the trigger fires on whole seconds)
+                    "phase_s": round(c % 1.0, 3),
                     "latency_s": None if got is None else round(got - c, 3),
                     "first_use": k in first_use,
                     # a worker started for this commit's micro-batch, or for the one before
