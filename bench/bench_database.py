@@ -219,8 +219,9 @@ def main() -> int:
                          "(repeatable): Spark stops Python workers idle for a minute")
     ap.add_argument("--quiet-seconds", type=float, default=75)
     ap.add_argument("--daemon-module", default=None,
-                    help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS), e.g. "
-                         "lance_cdf.kafka.daemon (warm workers)")
+                    help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
+                         "pyspark.daemon for cold workers (publish's default for a local "
+                         "session is lance_cdf.kafka.daemon, warm)")
     ap.add_argument("--fixed-phase", action="store_true",
                     help="commits exactly a second apart (one phase to the trigger all run)")
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")

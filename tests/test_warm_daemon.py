@@ -20,12 +20,16 @@ from lance_cdf.kafka import daemon
 before = {m: m in sys.modules for m in daemon.PRELOAD}
 env_before = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")}
 n = daemon.preload()
+pid = os.fork()  # as pyspark's daemon does: no warning from pylance's at-fork hook
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
 print(json.dumps({"before": before, "env_before": env_before, "threads": n,
     "after": {m: m in sys.modules for m in daemon.PRELOAD}}))
 """
 
 
-def _run(env: dict[str, str]) -> dict:
+def _run(env: dict[str, str]) -> tuple[dict, str]:
     base = {k: v for k, v in os.environ.items() if k not in _KNOBS}
     out = subprocess.run(
         [sys.executable, "-c", _PROBE],
@@ -35,12 +39,13 @@ def _run(env: dict[str, str]) -> dict:
         check=True,
         timeout=120,
     )
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    return json.loads(out.stdout.strip().splitlines()[-1]), out.stderr
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="thread count needs /proc")
 def test_preload_imports_everything_and_leaves_one_thread() -> None:
-    got = _run({})
+    got, stderr = _run({})
+    assert "fork-safe" not in stderr, stderr
     assert not any(got["before"].values()), got  # importing the module imports nothing
     assert got["env_before"] == {"OPENBLAS_NUM_THREADS": None, "JE_ARROW_MALLOC_CONF": None}
     assert all(got["after"].values()), got
@@ -51,7 +56,7 @@ def test_preload_imports_everything_and_leaves_one_thread() -> None:
 def test_a_thread_starting_setting_is_seen() -> None:
     # the user's own jemalloc setting wins, and its purge thread is counted: main() then
     # re-executes as pyspark.daemon instead of forking from a threaded process
-    got = _run({"JE_ARROW_MALLOC_CONF": "background_thread:true"})
+    got, _ = _run({"JE_ARROW_MALLOC_CONF": "background_thread:true"})
     assert got["threads"] > 1, got
 
 

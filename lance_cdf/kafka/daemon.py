@@ -6,7 +6,8 @@ once no task has taken or returned a worker for a minute (PythonWorkerFactory's 
 Spark 4.3), so the first micro-batch after start, and after any minute without one, pays
 fresh workers' imports (pyarrow, lance, confluent_kafka, fastavro, lance_cdf's sink: ~1 s
 each here). This daemon imports them once and then runs pyspark's own daemon, so each
-forked worker has them already. Used where `spark.python.daemon.module` names it.
+forked worker has them already. `lance-cdf publish` names it as
+`spark.python.daemon.module` when it starts a local Spark session.
 
 Forking is safe only from a single-threaded process. Threads per import, measured on
 Linux (`/proc/self/task`): confluent_kafka, fastavro, lance_cdf 0; numpy (through
@@ -60,9 +61,15 @@ def threads() -> int:
 
 
 def preload() -> int:
-    """Import PRELOAD with the thread pools off; the thread count afterwards."""
+    """Import PRELOAD with the thread pools off; the thread count afterwards. pylance warns
+    at every fork of a process that imported it ("lance is not fork-safe", on publish's
+    terminal); the caller forks only when this returns 1 thread (no runtime started), so
+    that warning is silenced in this process (and the workers it forks)."""
+    import warnings
+
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
     os.environ.setdefault("JE_ARROW_MALLOC_CONF", "background_thread:false")
+    warnings.filterwarnings("ignore", message="lance is not fork-safe", category=UserWarning)
     for name in PRELOAD:
         importlib.import_module(name)
     return threads()
