@@ -11,12 +11,24 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
 
 - idle: the CPU time of publish's whole process tree (driver, JVM, Python workers; from
   /proc/PID/stat) over --idle-seconds with no commit, as a percentage of one core;
-- load: one commit a second (an update of one row) to a random table for --load-seconds;
+- load: one commit a second (an update of one row) to a random table for --load-seconds,
+  each at a random moment (the gaps uniform in 0.5-1.5 s: publish's trigger fires on whole
+  seconds, and commits exactly a second apart would keep one phase to it for the whole
+  run, which moved p50 by 0.6 s between two runs; --fixed-phase for exactly 1 s);
   a consumer assigned to every table topic's partitions notes when each commit's first
   record arrives: commit → first record in Kafka, p50 / p99 / max (a commit whose record
   never arrived counts as missing);
   the figures again for the commits that are their table's first of the run (first use)
-  and for the others (later);
+  and for the others (later), and all of these again for the commits of the first
+  --warmup-seconds of the load (warm-up) and for those after (steady);
+  where the tail is: each commit's latency against its time since publish started and
+  whether a Python process of publish's tree (a writer's worker, a daemon) started from 3 s
+  before the commit (the micro-batch it waited behind) until its first record (a watcher
+  notes every process of the tree and its start time from /proc every 0.25 s): the figures
+  split by that, the slowest commits listed, every commit in the JSON (`commits`), the
+  Python processes' starts and ends; with --quiet-at, gaps without commits in the load
+  (Spark stops the Python workers after a minute without a task), the commits after each
+  reported apart like the warm-up's;
 - memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup), and
   every --sample-every seconds of the load (the series, and its slope in MB/min over the
   last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
@@ -88,6 +100,63 @@ def make_database(root: str, n: int) -> dict[str, str]:
     return out
 
 
+def _start_time(pid: int) -> float | None:
+    """When `pid` started, on the time.time() clock (from /proc/PID/stat, 10 ms ticks)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+    since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - (since_boot - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _short_cmd(pid: int) -> str | None:
+    """A Python process's module (`pyspark.daemon`, `lance_cdf.cli`...), else None."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0") if a]
+    except OSError:
+        return None
+    if not argv or "python" not in os.path.basename(argv[0]):
+        return None
+    return " ".join(argv[1:4]) or argv[0]
+
+
+class TreeWatcher(threading.Thread):
+    """Every Python process of the trees under `roots`: pid -> {start, end, cmd, parent}
+    (times on the time.time() clock; `end` when it was first seen gone)."""
+
+    def __init__(self, roots: list[int], every: float = 0.25):
+        super().__init__(daemon=True)
+        self.roots, self.every = roots, every
+        self.seen: dict[int, dict] = {}
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            kids, alive = _children(), set()
+            stack = [(r, None) for r in self.roots]
+            while stack:
+                pid, parent = stack.pop()
+                alive.add(pid)
+                if pid not in self.seen:
+                    cmd = _short_cmd(pid)
+                    start = _start_time(pid)
+                    if cmd is not None and start is not None:
+                        self.seen[pid] = {"start": start, "end": None, "cmd": cmd,
+                                          "parent": parent}  # fmt: skip
+                stack.extend((k, pid) for k in kids.get(pid, []))
+            now = time.time()
+            for pid, p in self.seen.items():
+                if p["end"] is None and pid not in alive:
+                    p["end"] = now
+            self.stop.wait(self.every)
+
+    def started_between(self, a: float, b: float) -> list[int]:
+        return [pid for pid, p in self.seen.items() if a <= p["start"] <= b]
+
+
 def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(values, q)) if values else None
 
@@ -100,6 +169,41 @@ def latency_figures(latencies: list[float]) -> dict:
     }
 
 
+def tail_figures(rows: list[dict], warmup: float, quiet_ends: tuple[float, ...] = ()) -> dict:
+    """The latency figures of the load's commits split by phase (the first `warmup` seconds
+    of the load; the first `warmup` seconds after each quiet gap, which ends at
+    `quiet_ends`; the rest, steady), first use / later within each, by whether a Python
+    process started from 3 s before the commit until its record, the first five commits
+    after the start and after each gap, and the slowest 2% listed."""
+
+    def figures(sel: list[dict]) -> dict:
+        got = [r["latency_s"] for r in sel if r["latency_s"] is not None]
+        return {"commits": len(sel), "missing": len(sel) - len(got), **latency_figures(got)}
+
+    def after_quiet(r: dict) -> bool:
+        return any(0 <= r["load_s"] - end < warmup for end in quiet_ends)
+
+    out: dict = {"warmup_seconds": warmup}
+    phases = [("warmup", [r for r in rows if r["load_s"] < warmup])]
+    if quiet_ends:
+        phases.append(("after_quiet", [r for r in rows if after_quiet(r)]))
+    phases.append(("steady", [r for r in rows if r["load_s"] >= warmup and not after_quiet(r)]))
+    out["restarts"] = [
+        {"at_load_s": at,
+         "first_latencies_s": [r["latency_s"] for r in rows if r["load_s"] >= at][:5]}
+        for at in (0.0, *quiet_ends)
+    ]  # fmt: skip
+    for phase, sel in phases:
+        out[phase] = figures(sel)
+        out[phase]["first_use"] = figures([r for r in sel if r["first_use"]])
+        out[phase]["later"] = figures([r for r in sel if not r["first_use"]])
+    out["with_new_python_process"] = figures([r for r in rows if r["new_python"]])
+    out["without_new_python_process"] = figures([r for r in rows if not r["new_python"]])
+    done = sorted((r for r in rows if r["latency_s"] is not None), key=lambda r: -r["latency_s"])
+    out["slowest"] = done[: max(3, len(done) // 50)]
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
@@ -108,6 +212,18 @@ def main() -> int:
     ap.add_argument("--load-seconds", type=float, default=120)
     ap.add_argument("--sample-every", type=float, default=30,
                     help="seconds between memory samples of the tree during the load")
+    ap.add_argument("--warmup-seconds", type=float, default=60,
+                    help="commits of the load's first N seconds are reported apart (warm-up)")
+    ap.add_argument("--quiet-at", type=float, action="append", default=[],
+                    help="a quiet gap (no commit) starting this many seconds into the load "
+                         "(repeatable): Spark stops Python workers idle for a minute")
+    ap.add_argument("--quiet-seconds", type=float, default=75)
+    ap.add_argument("--daemon-module", default=None,
+                    help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
+                         "pyspark.daemon for cold workers (publish's default for a local "
+                         "session is lance_cdf.kafka.daemon, warm)")
+    ap.add_argument("--fixed-phase", action="store_true",
+                    help="commits exactly a second apart (one phase to the trigger all run)")
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
     ap.add_argument("--single", action="store_true",
                     help="one single-table `lance-cdf publish --table` per table instead of "
@@ -141,6 +257,11 @@ def main() -> int:
             common = ["--bootstrap-servers", kafka.bootstrap_servers,
                       "--schema-registry", registry.url]  # fmt: skip
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            if args.daemon_module:
+                result["daemon_module"] = args.daemon_module
+                env["PYSPARK_SUBMIT_ARGS"] = (
+                    f"--conf spark.python.daemon.module={args.daemon_module} pyspark-shell"
+                )
             log = open(os.path.join(work, "publish.log"), "w")
             started = time.monotonic()
             if args.single:  # one publisher per table, each its own Spark application
@@ -173,6 +294,9 @@ def main() -> int:
                     pass
                 time.sleep(1)
             result["follows_all_after_s"] = round(time.monotonic() - started, 1)
+            started_wall = time.time() - (time.monotonic() - started)
+            watcher = TreeWatcher([p.pid for p in procs])
+            watcher.start()
             time.sleep(20)  # start-up work (idle planner workers) settles
 
             def cpu() -> float:
@@ -217,9 +341,17 @@ def main() -> int:
             first_use: set[tuple[str, int]] = set()  # the table's first commit of the run
             memory: list[dict] = []
             cpu0, t0 = cpu(), time.monotonic()
+            t0_wall = time.time()
             next_sample = t0
+            quiet = sorted((at, at + args.quiet_seconds) for at in args.quiet_at)
+            result["quiet_gaps_load_s"] = quiet
+            result["load_started_epoch_s"] = round(t0_wall, 3)
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
+                gap = next(((a, b) for a, b in quiet if a <= tick - t0 < b), None)
+                if gap is not None:  # a quiet gap: no commit until it ends
+                    time.sleep(max(0.0, t0 + gap[1] - time.monotonic()))
+                    continue
                 if tick >= next_sample:
                     mb, n = memory_now()
                     memory.append({"t": round(tick - t0, 1), "n": n, **mb})
@@ -232,12 +364,15 @@ def main() -> int:
                 if not any(t == topics[name] for t, _ in commits):
                     first_use.add(key)
                 commits[key] = done
-                time.sleep(max(0.0, 1.0 - (time.monotonic() - tick)))
+                period = 1.0 if args.fixed_phase else rng.uniform(0.5, 1.5)
+                time.sleep(max(0.0, period - (time.monotonic() - tick)))
             load_cpu = (cpu() - cpu0) / (time.monotonic() - t0)
             time.sleep(15)  # the last commits' records
             stop.set()
             reader.join(5)
             consumer.close()
+            watcher.stop.set()
+            watcher.join(5)
             latencies = [arrived[k] - c for k, c in commits.items() if k in arrived]
             result["load"] = {
                 "commits": len(commits),
@@ -249,6 +384,29 @@ def main() -> int:
                 got = [arrived[k] - commits[k] for k in keys if k in arrived]
                 result["load"][label] = {"commits": len(keys), "missing": len(keys) - len(got),
                                          **latency_figures(got)}  # fmt: skip
+            rows = []
+            for k, c in sorted(commits.items(), key=lambda kv: kv[1]):
+                got = arrived.get(k)
+                rows.append({
+                    "topic": k[0], "version": k[1], "load_s": round(c - t0_wall, 2),
+                    "since_publish_start_s": round(c - started_wall, 2),
+                    # where in the second it landed (the trigger fires on whole seconds)
+                    "phase_s": round(c % 1.0, 3),
+                    "latency_s": None if got is None else round(got - c, 3),
+                    "first_use": k in first_use,
+                    # a worker started for this commit's micro-batch, or for the one before
+                    # that it waited behind
+                    "new_python": [] if got is None else watcher.started_between(c - 3, got),
+                })  # fmt: skip
+            ends = tuple(b for _, b in quiet)
+            result["load"].update(tail_figures(rows, args.warmup_seconds, ends))
+            result["commits"] = rows
+            result["python_processes"] = [
+                {"pid": pid, "cmd": p["cmd"], "parent": p["parent"],
+                 "start_load_s": round(p["start"] - t0_wall, 2),
+                 "end_load_s": None if p["end"] is None else round(p["end"] - t0_wall, 2)}
+                for pid, p in sorted(watcher.seen.items(), key=lambda kv: kv[1]["start"])
+            ]  # fmt: skip
             if memory:
                 result["load_memory_series_mb"] = memory
                 result["load_rss_mb_per_min_last_two_thirds"] = round(slope(

@@ -376,6 +376,23 @@ def _publish(
             options = _spark_log(checkpoint)
             if (chosen or "").startswith("local"):
                 options = f"{options} {LOCAL_JVM_OPTIONS}"
+                # the writer tasks' workers fork warm (lance_cdf/kafka/daemon.py): Spark
+                # starts them in the first micro-batch with data and again after any minute
+                # without one, and 3-4 fresh workers' imports made those micro-batches'
+                # commits up to 2.9 s slower than steady ones (2.1 s after a quiet minute);
+                # warm 1.4 s (1.7 s), for ~110 MB more RSS idle and ~60 MB less under load
+                # (the workers share the preloaded pages; bench_database.py, 200 tables,
+                # docs/benchmarks.md "A whole database"). Spark 4.3 uses this module for
+                # the task workers only (pyspark.worker). One given in PYSPARK_SUBMIT_ARGS
+                # wins (`--conf spark.python.daemon.module=pyspark.daemon`: cold workers).
+                # A database's publisher only: one table's publisher, whose workers a
+                # commit a second keeps warm, has a 1.5 GB footprint target the idle
+                # daemon's ~110 MB RSS would move away from (not measured for it).
+                submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+                if database is not None and "spark.python.daemon.module" not in submit_args:
+                    builder = builder.config(
+                        "spark.python.daemon.module", "lance_cdf.kafka.daemon"
+                    )
             builder = builder.config("spark.driver.extraJavaOptions", options)
     t = time.monotonic()
     with _jvm_ignores_sigterm():
