@@ -35,9 +35,9 @@ PRELOAD = ("confluent_kafka", "fastavro", "pyarrow", "lance", "lance_cdf.kafka.s
 # the worker modules whose workers serve every micro-batch (the writer tasks, the writer
 # factory, the streaming sink's commit runner); the planners (look the source up, create
 # it, plan the read) run once at start and publish then stops their daemons: their
-# daemons preload nothing (Spark 4.3 starts only the task workers' daemon from this module;
-# a preloading daemon and its worker hold ~70 MB more RSS, ~25 MB
-# more PSS, than plain ones: bench/bench_idle_worker.py)
+# daemons preload nothing (Spark 4.3 starts only the task workers' daemon from this module,
+# the other two are listed for a Spark that starts theirs from it too; a preloading daemon
+# holds ~110 MB more RSS idle at 200 tables: docs/benchmarks.md "A whole database")
 WARM_MODULES = frozenset(
     {
         "pyspark.worker",
