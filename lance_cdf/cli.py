@@ -855,8 +855,8 @@ def entry() -> None:
     decode buffers for reuse (`lance_cdf.malloc`) and passes that opt-in on to the Spark
     Python workers it starts (they inherit the environment). A crash in native code
     (librdkafka, pylance, pyarrow) prints every thread's Python stack to stderr, so the
-    log says where (a replicator died of SIGSEGV at start twice in ~12 bench runs, with
-    nothing in its log to say where)."""
+    log says where. (A crash in a thread of librdkafka's own leaves no Python stack: the
+    replicator's SIGSEGV at start was one, found from a core dump; kafka/endpoints.py.)"""
     faulthandler.enable()
     os.environ.setdefault(malloc.ENV, "1")
     malloc.keep_freed_memory_if_asked()
