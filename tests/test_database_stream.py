@@ -211,3 +211,36 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     o4 = r.latestOffset(o3, ReadAllAvailable())
     source._FEEDS.update(held)  # the writer process still holds the old table's feed
     assert events_by_table(r, o3, o4, root) == {"items": oracle(new.uri.removeprefix("file://"))}
+
+
+def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch):
+    """A database stream's processes meet every table it follows; each table's feed caches
+    what its versions cost to read again, so a feed kept for every table grew a process
+    with the number of tables. At most FEEDS_KEPT are kept (the ones used last); a table
+    whose feed was let go reads its next work items afresh: every micro-batch's events
+    still equal each table's read_changes."""
+    import random
+
+    from lance_cdf.streaming import source
+
+    monkeypatch.setattr(source, "FEEDS_KEPT", 3)
+    monkeypatch.setattr(source, "_FEEDS", source.LruCache(3))
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    tables = {f"t{i}": db.create_table(f"t{i}", rows(0, 5), storage_options=STABLE)
+              for i in range(7)}  # fmt: skip
+    r = reader(root, startingVersion="1")
+    offset = r.initialOffset()
+    rng = random.Random(7)
+    seen: dict[str, list] = {}
+    for step in range(6):  # a few tables change per micro-batch, in random turns
+        for name in rng.sample(sorted(tables), 3):
+            tables[name].update(where=f"id = {rng.randrange(5)}", values={"s": f"u{step}"})
+        end = r.latestOffset(offset, ReadAllAvailable())
+        for name, got in events_by_table(r, offset, end, root).items():
+            seen.setdefault(name, []).extend(got)
+        assert len(source._FEEDS) <= 3
+        offset = end
+    assert {n: sorted(v) for n, v in seen.items()} == {
+        n: oracle(t.uri.removeprefix("file://")) for n, t in tables.items()
+    }

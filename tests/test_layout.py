@@ -42,13 +42,15 @@ ALLOWED = {
     # Spark, Kafka, replica
     "streaming": {
         "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
-        "namespace", "errors",
+        "namespace", "errors", "cache",
     },
     "kafka": {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
         "namespace", "errors", "",
     },
-    "replicate": {"avro", "kafka", "internals", "clientconfig", "lease", "namespace", "errors"},
+    "replicate": {
+        "avro", "kafka", "internals", "clientconfig", "lease", "namespace", "malloc", "errors",
+    },
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
