@@ -302,10 +302,24 @@ def main() -> int:
             def cpu() -> float:
                 return sum(tree_cpu(p.pid) for p in procs)
 
-            def memory_now() -> tuple[dict, int]:
+            def memory_now(by_role: bool = False) -> tuple[dict, int]:
                 taken = [sample(p.pid) for p in procs]
                 total = {k: sum(m["total"][k] for m in taken) for k in ("rss", "pss", "uss")}
-                return {k: round(v / 1024) for k, v in total.items()}, sum(m["n"] for m in taken)
+                mb: dict = {k: round(v / 1024) for k, v in total.items()}
+                if by_role:  # which process grows: the JVM, the driver, the Python workers
+                    mb["procs"] = [
+                        {"pid": q["pid"], "role": q["role"], "cmd": q["cmd"][-60:],
+                         "rss": round(q["rss"] / 1024), "pss": round(q["pss"] / 1024)}
+                        for m in taken for q in m["procs"]
+                    ]  # fmt: skip
+                    roles = {r for m in taken for r in m["by_role"]}
+                    mb["by_role"] = {
+                        r: {"n": sum(m["by_role"][r]["n"] for m in taken),
+                            **{k: round(sum(m["by_role"][r][k] for m in taken) / 1024)
+                               for k in ("rss", "pss")}}
+                        for r in sorted(roles)
+                    }  # fmt: skip
+                return mb, sum(m["n"] for m in taken)
 
             cpu0, t0 = cpu(), time.monotonic()
             time.sleep(args.idle_seconds)
@@ -353,7 +367,7 @@ def main() -> int:
                     time.sleep(max(0.0, t0 + gap[1] - time.monotonic()))
                     continue
                 if tick >= next_sample:
-                    mb, n = memory_now()
+                    mb, n = memory_now(by_role=True)
                     memory.append({"t": round(tick - t0, 1), "n": n, **mb})
                     next_sample += args.sample_every
                 name = rng.choice(sorted(paths))
@@ -413,6 +427,12 @@ def main() -> int:
                     [m["t"] for m in memory], [m["rss"] * 1024 for m in memory]), 2)
                 result["load_pss_mb_per_min_last_two_thirds"] = round(slope(
                     [m["t"] for m in memory], [m["pss"] * 1024 for m in memory]), 2)
+                result["load_rss_mb_per_min_last_two_thirds_by_role"] = {
+                    r: round(slope([m["t"] for m in memory],
+                                   [m["by_role"].get(r, {}).get("rss", 0) * 1024
+                                    for m in memory]), 2)
+                    for r in memory[-1]["by_role"]
+                }  # fmt: skip
             result["load_memory_mb"], result["load_processes"] = memory_now()
             for p in procs:
                 os.killpg(p.pid, signal.SIGTERM)

@@ -77,19 +77,54 @@ def _rollup(pid: int) -> dict[str, int] | None:
     }
 
 
+_PFN_MASK = np.uint64((1 << 55) - 1)
+
+
+def _frames(pid: int) -> np.ndarray:
+    """The physical page frames a process has resident (/proc/PID/pagemap: bit 63 present,
+    bits 0-54 the frame number; the numbers need CAP_SYS_ADMIN, else they read as 0)."""
+    frames = []
+    try:
+        with open(f"/proc/{pid}/maps") as maps, open(f"/proc/{pid}/pagemap", "rb") as pm:
+            for line in maps:
+                lo, hi = (int(x, 16) for x in line.split(None, 1)[0].split("-"))
+                if lo >= 1 << 47:  # [vsyscall]
+                    continue
+                pm.seek((lo >> 12) * 8)
+                entries = np.frombuffer(pm.read(((hi - lo) >> 12) * 8), dtype=np.uint64)
+                frames.append(entries[(entries >> np.uint64(63)) == 1] & _PFN_MASK)
+    except OSError:  # the process ended
+        pass
+    return np.concatenate(frames) if frames else np.zeros(0, np.uint64)
+
+
+def distinct_kb(pids: list[int]) -> int | None:
+    """kB of memory resident in any of these processes, each physical page counted once:
+    what the tree holds of the machine. The sum of RSS counts a page once per process
+    that maps it (the workers Spark forks share their daemon's pages until written;
+    every Python process maps the same pyarrow/lance library pages); PSS divides shared
+    pages with processes outside the tree too. None where frame numbers are hidden."""
+    frames = [_frames(pid) for pid in pids]
+    every = np.concatenate(frames) if frames else np.zeros(0, np.uint64)
+    if len(every) and not every.any():
+        return None  # no CAP_SYS_ADMIN: all frame numbers read as 0
+    return int(len(np.unique(every))) * (os.sysconf("SC_PAGE_SIZE") // 1024)
+
+
 def _role(pid: int, root: int, parent_cmd: str, cmd: str) -> str:
     if pid == root:
         return "publish"
     if "java" in cmd.split(" ", 1)[0]:
         return "jvm"
-    if "pyspark.daemon" in cmd:
-        return "py-worker" if "pyspark.daemon" in parent_cmd else "py-daemon"
+    daemons = ("pyspark.daemon", "lance_cdf.kafka.daemon")  # (the warm one: kafka/daemon.py)
+    if any(d in cmd for d in daemons):
+        return "py-worker" if any(d in parent_cmd for d in daemons) else "py-daemon"
     if "python" in cmd.split(" ", 1)[0]:
         return "py-other"
     return "other"
 
 
-def sample(root: int) -> dict:
+def sample(root: int, distinct: bool = False) -> dict:
     kids = _children()
     procs = []
     stack = [(root, "")]
@@ -109,6 +144,10 @@ def sample(root: int) -> dict:
         for k in ("rss", "pss", "uss"):
             agg[k] += p[k]
     total = {k: sum(p[k] for p in procs) for k in ("rss", "pss", "uss")}
+    if distinct:  # ~0.1 s a process: bench_footprint's samples only
+        kb = distinct_kb([p["pid"] for p in procs])
+        if kb is not None:
+            total["distinct"] = kb
     return {"t": time.time(), "procs": procs, "by_role": by_role, "total": total, "n": len(procs)}
 
 
@@ -188,7 +227,9 @@ def summarize(samples: list[dict]) -> dict:
             },
             **{f"{k}_max_mb": round(max(r[k] for r in rs) / 1024, 1) for k in ("rss", "pss")},
         }
-    for k in ("rss", "pss", "uss"):
+    for k in ("rss", "pss", "uss", "distinct"):
+        if any(k not in s["total"] for s in samples):
+            continue
         vals = [s["total"][k] for s in steady]
         out["total"][f"{k}_mb"] = round(float(np.median(vals)) / 1024, 1)
         out["total"][f"{k}_max_mb"] = round(max(vals) / 1024, 1)
@@ -215,6 +256,8 @@ def print_summary(label: str, summ: dict) -> None:
         f"{'total':10} {summ['n_max']:>3} {t['rss_mb']:>8.1f} {t['pss_mb']:>8.1f}"
         f" {t['uss_mb']:>8.1f}"
     )
+    if "distinct_mb" in t:
+        print(f"{'distinct':10} {'':>3} {t['distinct_mb']:>8.1f}  (each resident page once)")
     print(
         f"growth MB/min (last 2/3): total RSS {t['rss_growth_mb_min']},"
         f" PSS {t['pss_growth_mb_min']},"
@@ -292,11 +335,12 @@ def run_variant(label: str, binary: str, kafka, registry, args, work: str) -> di
         while time.monotonic() - t0 < args.minutes * 60:
             if proc.poll() is not None:
                 raise SystemExit(f"{label}: publish exited {proc.returncode}, see {log.name}")
-            samples.append(sample(proc.pid))
+            samples.append(sample(proc.pid, distinct=True))
             s = samples[-1]
             print(
                 f"[{label}] {time.monotonic() - t0:6.0f}s n={s['n']:2} "
                 f"rss={s['total']['rss'] / 1024:7.1f} pss={s['total']['pss'] / 1024:7.1f} "
+                f"distinct={s['total'].get('distinct', 0) / 1024:7.1f} "
                 f"jvm={s['by_role']['jvm']['rss'] / 1024:6.1f} commits={counts.get('commits', 0)}",
                 flush=True,
             )

@@ -26,6 +26,10 @@ Measured, per commit version (wall clock; all processes on this host):
   * every --every seconds the memory of both process trees (/proc/PID/smaps_rollup, by
     role as in bench_footprint.py) and the load average. Growth: a least-squares slope
     (MB/min) over the last two thirds of the run.
+With --extra-replicator LABEL[:KEY=VALUE,...], another `lance-cdf replicate` of the same
+topic (its own group and replica) runs beside the first with those environment variables:
+its memory series is sampled as `replicate-LABEL`, side by side with the default one under
+the same load (e.g. `nokeep:LANCE_CDF_KEEP_FREED_MEMORY=0`).
 Versions are attributed to the phase in which they were committed. Writes the results JSON
 (series included) and, with --chart, a PNG of the RSS series and the latencies.
 """
@@ -333,6 +337,13 @@ def main() -> None:
         default=[],
         help="an extra argument for `lance-cdf publish` (repeatable)",
     )
+    ap.add_argument(
+        "--extra-replicator",
+        action="append",
+        default=[],
+        help="LABEL[:KEY=VALUE,...]: another replicator of the topic with this environment, "
+        "its memory sampled beside the first (repeatable)",
+    )
     args = ap.parse_args()
     if args.reanalyze:
         with open(args.reanalyze) as f:
@@ -400,6 +411,20 @@ def main() -> None:
                 preexec_fn=_core_dumps,
             )  # fmt: skip
             procs.append(rep)
+            extras: dict[str, subprocess.Popen] = {}
+            for spec in args.extra_replicator:
+                label, _, kvs = spec.partition(":")
+                x_env = dict(os.environ)
+                x_env.update(kv.split("=", 1) for kv in kvs.split(",") if kv)
+                extras[label] = subprocess.Popen(
+                    [os.path.abspath(args.bin), "replicate", *common,
+                     "--target", os.path.join(work, f"replica-{label}.lance"),
+                     "--group-id", f"lance-cdf-replicate-{topic}-{label}"],
+                    stdout=open(os.path.join(work, f"replicate-{label}.log"), "w"),
+                    stderr=subprocess.STDOUT, start_new_session=True, cwd=work, env=x_env,
+                    preexec_fn=_core_dumps,
+                )  # fmt: skip
+                procs.append(extras[label])
             txn_topic = f"{topic}.transaction"
             deadline = time.time() + 120  # publish creates it before its JVM starts: a
             while time.time() < deadline:  # subscription to a topic not there yet waits
@@ -430,7 +455,8 @@ def main() -> None:
                 s_pub, s_rep = sample(pub.pid), sample(rep.pid)
                 series.append(
                     {"t": round(time.time() - t0, 1), "phase": phase,
-                     "load": os.getloadavg(), "publish": s_pub, "replicate": s_rep}
+                     "load": os.getloadavg(), "publish": s_pub, "replicate": s_rep,
+                     **{f"replicate-{k}": sample(x.pid) for k, x in extras.items()}}
                 )  # fmt: skip
                 print(
                     f"[{phase}] {time.time() - t0:6.0f}s publish rss="
@@ -559,7 +585,8 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
     memory = {}
     # memory: the quiet phases after the warm-up (a loaded phase at the end is left out)
     steady = [s for s in series if s["phase"].startswith("quiet")] or series
-    for role in ("publish", "replicate"):
+    trees = [k for k in series[0] if k not in ("t", "phase", "load")]  # + extra replicators
+    for role in trees:
         samples = [s[role] for s in steady]
         summ = summarize(samples)
         ts = [s["t"] for s in steady]
@@ -575,7 +602,7 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
             "t": s["t"], "phase": s["phase"], "load": s["load"],
             **{role: {"n": s[role]["n"], "total": s[role]["total"],
                       "by_role": s[role]["by_role"]}
-               for role in ("publish", "replicate")},
+               for role in trees},
         }
         for s in series
     ]  # fmt: skip
