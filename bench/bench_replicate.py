@@ -347,17 +347,24 @@ def main() -> None:
     ap.add_argument(
         "--profile", default=None, help="cProfile the replicator runs into PREFIX.<topic>.prof"
     )
+    ap.add_argument("--arenas", type=int, default=0,
+                    help="hold glibc to N arenas (lance_cdf.malloc.bound_arenas, as "
+                    "`lance-cdf replicate` does: 2); 0: glibc's own limit")  # fmt: skip
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global MARKERS
     MARKERS = not args.no_transaction_metadata
+    if args.arenas > 0:  # before any thread starts
+        from lance_cdf import malloc
+
+        malloc.bound_arenas(args.arenas)
     from pyspark.sql import SparkSession
 
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
 
     os.makedirs(args.dir, exist_ok=True)
-    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows}
+    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows, "arenas": args.arenas}
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         if not args.skip_throughput:
             run_throughput(kafka, registry, args, results)

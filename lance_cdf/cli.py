@@ -853,11 +853,13 @@ def main(argv: list[str] | None = None) -> int:
 def entry() -> None:
     """The `lance-cdf` command: `main` in a process of lance-cdf's own, which keeps freed
     decode buffers for reuse (`lance_cdf.malloc`) and passes that opt-in on to the Spark
-    Python workers it starts (they inherit the environment). A crash in native code
+    Python workers it starts (they inherit the environment), and holds glibc to two
+    arenas (`LANCE_CDF_MALLOC_ARENAS`; the command's own process only). A crash in native code
     (librdkafka, pylance, pyarrow) prints every thread's Python stack to stderr, so the
     log says where. (A crash in a thread of librdkafka's own leaves no Python stack: the
     replicator's SIGSEGV at start was one, found from a core dump; kafka/endpoints.py.)"""
     faulthandler.enable()
+    malloc.bound_arenas_unless_told()  # before any thread of pylance or librdkafka starts
     os.environ.setdefault(malloc.ENV, "1")
     malloc.keep_freed_memory_if_asked()
     sys.exit(main())

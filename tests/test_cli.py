@@ -1,6 +1,8 @@
 """The `lance-cdf changes` command."""
 
 import json
+import os
+import sys
 
 import lance
 import pyarrow as pa
@@ -151,3 +153,61 @@ def test_the_command_names_where_a_native_crash_happened():
     assert done.returncode == -11
     assert "Segmentation fault" in done.stderr
     assert "in crash" in done.stderr  # the stack, down to the frame that crashed
+
+
+_ARENAS_PROBE = r"""
+import ctypes, os, re, sys, tempfile, threading
+from lance_cdf import cli
+
+def arenas_after_threads():
+    # 8 threads each allocate: glibc gives every new thread an arena of its own up to
+    # its limit (8 per core), so the count shows the limit in force
+    libc = ctypes.CDLL(None)
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    started = threading.Barrier(8)
+    def work():
+        started.wait()
+        for _ in range(200):
+            libc.free(libc.malloc(4096))
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads: t.start()
+    for t in threads: t.join()
+    libc.fopen.restype = ctypes.c_void_p
+    libc.fopen.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.malloc_info.argtypes = [ctypes.c_int, ctypes.c_void_p]
+    libc.fclose.argtypes = [ctypes.c_void_p]
+    path = os.path.join(tempfile.mkdtemp(), "info.xml")
+    f = libc.fopen(path.encode(), b"w")
+    libc.malloc_info(0, f)
+    libc.fclose(f)
+    print("arenas", len(re.findall(r'<heap nr="', open(path).read())))
+    return 0
+
+cli.main = arenas_after_threads
+cli.entry()
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's arenas")
+def test_the_command_holds_glibc_to_two_arenas_unless_told():
+    """`lance-cdf` (entry) bounds glibc's malloc arenas before its work starts (a replica's
+    compaction otherwise left ~300 MB in its threads' arenas); LANCE_CDF_MALLOC_ARENAS=0
+    leaves glibc's own limit, under which eight allocating threads make more."""
+    import platform
+    import subprocess
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    counts = {}
+    for told in (None, "0", "3"):
+        env = {k: v for k, v in os.environ.items() if k != "LANCE_CDF_MALLOC_ARENAS"}
+        if told is not None:
+            env["LANCE_CDF_MALLOC_ARENAS"] = told
+        done = subprocess.run([sys.executable, "-c", _ARENAS_PROBE], capture_output=True,
+                              text=True, timeout=120, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        counts[told] = int(done.stdout.split("arenas")[-1])
+    assert counts[None] <= 2 and counts["3"] <= 3, counts
+    assert counts["0"] > 3, counts  # the probe can tell

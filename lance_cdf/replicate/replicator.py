@@ -60,6 +60,7 @@ from confluent_kafka import (
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
+from lance_cdf import malloc
 from lance_cdf.avro.decode import (
     OK,
     REASONS,
@@ -1159,6 +1160,9 @@ class Replicator:
         done = self.replica.maintain(compact=compact)
         if compact:
             self._since_compaction = 0
+            # what the compaction's threads freed, back to the kernel (in `lance-cdf
+            # replicate`, whose process holds glibc to two arenas; lance_cdf.malloc)
+            malloc.release_freed_memory()
         if done:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)
