@@ -72,10 +72,11 @@ def bound_arenas(arenas: int = DEFAULT_ARENAS) -> None:
 
     glibc gives threads their own arenas, up to 8 per core, and what a thread frees stays
     in its arena. pylance's compaction (`compact_files` of a 200k-row 128-d table, as a
-    replica's upkeep runs it) works on many threads: after 30 rounds a process that opened
-    the table at 151 MB held 523 MB (median after each compaction) with glibc's limit,
-    325 MB with 2 arenas, 201 MB with 2 arenas and `release_freed_memory` after each
-    (`bench/bench_arenas.py`); with `malloc_trim(0)` alone, glibc's limit kept ~550 MB.
+    replica's upkeep runs it) works on many threads: over 30 rounds a process that opened
+    the table at 151 MB held 471-495 MB (median after each compaction, two runs) with
+    glibc's limit, 313-333 MB with 2 arenas, 205-217 MB with 2 arenas and
+    `release_freed_memory` after each (`bench/bench_arenas.py`); `malloc_trim(0)` under
+    glibc's limit still left ~550 MB.
     The replicator compacts every 100 commits and grew by steps at its compactions for as
     long as it ran. Replication throughput with 2 arenas: no loss measured (1M upserts
     4.69 / 5.90 s against 6.24 / 5.41 s with glibc's limit, alternated)."""
