@@ -14,6 +14,7 @@ the driver.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Collection, Iterable, Iterator
@@ -465,11 +466,21 @@ class KafkaChangePublisher:
         if not wanted:
             return {}
         out: dict[int, list[int]] = {p: [0, 0] for p in wanted}
+        consumer = self._consumer()
         for i, when in enumerate((-2, -1)):  # earliest, latest
-            answer = self._consumer().offsets_for_times(
-                [TopicPartition(self.topic, p, when) for p in wanted],
-                timeout=self.flush_timeout,
-            )
+            try:
+                answer = consumer.offsets_for_times(
+                    [TopicPartition(self.topic, p, when) for p in wanted],
+                    timeout=self.flush_timeout,
+                )
+            except KafkaException:
+                # the retry (outage.RideOut) must not ask with the metadata the failure left:
+                # the shared consumer is never subscribed, so librdkafka does not refresh the
+                # topic by itself, and after a 130-s broker freeze one kept answering "Unknown
+                # partition" for 300 s (CI, test_publish_failures). Asked afresh here.
+                with contextlib.suppress(KafkaException):
+                    consumer.list_topics(self.topic, timeout=min(5.0, self.flush_timeout))
+                raise
             for tp in answer:
                 if tp.error is not None or tp.offset < 0:
                     raise PublishError(
