@@ -269,7 +269,7 @@ def check_consumer_access(
         # SIGSEGV in its own thread when the coordinator answers that offset fetch with
         # NOT_COORDINATOR (a fresh broker creating __consumer_offsets, a coordinator
         # moving): the replicator died at start 3 times in ~16 bench runs, and 2 of 4
-        # fresh brokers crashed a process asking it (DescribeGroups: 0 of 8)
+        # fresh brokers crashed a process asking it (DescribeGroups: none of 12)
         asked = admin.describe_consumer_groups([group], request_timeout=max(1.0, timeout / 2))
         try:
             for future in asked.values():
