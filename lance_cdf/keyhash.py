@@ -15,24 +15,6 @@ import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError
 
-# The columns the lance-cdf source adds with option keyHash: the key's hash, and each
-# event's order within its version's group (deletes, updates, inserts): the slice it was
-# read in (high bits) and its position there.
-KEY_HASH = "_key_hash"
-EVENT_ORDER = "_event_order"
-ORDER_BITS = 40
-# The Kafka partition of each event when the stream routes records itself (publish.route):
-# an int column the Kafka sink reads and leaves out of the records.
-PARTITION_COLUMN = "_kafka_partition"
-# The columns of a stream read with option writerSlots (streaming/handoff.py): a writer
-# slot, the events planned (first slot), its work item (JSON data: the source partitions
-# to read and how to route them, no option of the source) and the Arrow schema of the
-# columns read; the Kafka sink's writer task reads its share of events with them
-# (kafka/work.py).
-WORK_SLOT = "_writer_slot"
-WORK_EVENTS = "_events"
-WORK_COLUMN = "_work"
-WORK_SCHEMA = "_read_schema"
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 _NULL = np.uint64(0x9E3779B97F4A7C15)

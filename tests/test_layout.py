@@ -19,6 +19,7 @@ ALLOWED = {
     "malloc": set(),
     "internals": set(),
     "devtools": set(),
+    "stream_columns": set(),
     "keyhash": {"errors"},
     "avro": {"errors"},
     "clientconfig": {"errors"},
@@ -41,12 +42,12 @@ ALLOWED = {
     "lease": {"format", "errors"},
     # Spark, Kafka, replica
     "streaming": {
-        "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "internals",
-        "namespace", "errors", "cache",
+        "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "stream_columns",
+        "internals", "namespace", "errors", "cache",
     },
     "kafka": {
-        "avro", "events", "feed", "streaming", "metrics", "keyhash", "clientconfig", "lease",
-        "namespace", "errors", "",
+        "avro", "events", "feed", "streaming", "metrics", "keyhash", "stream_columns",
+        "clientconfig", "lease", "namespace", "errors", "",
     },
     "replicate": {
         "avro", "kafka", "internals", "clientconfig", "lease", "namespace", "malloc", "errors",
@@ -152,3 +153,26 @@ def test_documented_layout_matches_the_tree():
         modules = {p.stem for p in (PACKAGE / sub).glob("*.py") if p.stem != "__init__"}
         missing = sorted(m for m in modules if not re.search(rf"\b{m}\b", block))
         assert not missing, f"the Layout page does not describe {sub}/{missing}"
+
+
+def test_sparks_commit_process_loads_neither_pyarrow_nor_numpy():
+    """Spark keeps a Python process for the sink's commit (and one for the writer's
+    creation) beside the query: ~45 MB more each with pyarrow and numpy (issue 32's
+    footprint). Importing the sink, making its writer for a work-item stream (the
+    `_work` columns checked) and the commit's own modules must not load them."""
+    import subprocess
+    import sys
+
+    code = """
+import sys
+from lance_cdf.kafka.sink import LanceCdfKafkaSink
+from lance_cdf.streaming.handoff import work_struct
+options = {"kafka.bootstrap.servers": "b:9092", "topic": "t", "table": "/t.lance",
+           "schema.registry.url": "http://r"}
+writer = LanceCdfKafkaSink(options).streamWriter(work_struct(), False)
+assert writer.handoff and writer.routed
+import lance_cdf.kafka.transactions, lance_cdf.kafka.outage, lance_cdf.avro.names
+print(sorted(m for m in ("pyarrow", "numpy", "pandas", "lance") if m in sys.modules))
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -39,14 +39,13 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
-import re
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.types as pat
 
+from lance_cdf.avro.names import Namer, TableName, avro_name
 from lance_cdf.errors import LanceCdfError
 
 # The envelope / source / key schemas: the project's schemas/ directory, linked into the
@@ -72,9 +71,6 @@ OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 # Debezium's source.snapshot values used here ("true" for a snapshot read, "false" for a
 # change; "last" is not written: a snapshot spans micro-batches that do not know its end).
 SNAPSHOT_VALUES = {True: "true", False: "false"}
-DEFAULT_PREFIX = "lancecdf"
-# Record names the generated schemas use themselves (a struct column must not take them).
-_RESERVED = ("Envelope", "Value", "Key")
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # The event column with each record's 1-based place among its commit version's records
@@ -87,71 +83,7 @@ def load_avsc(name: str) -> dict[str, Any]:
     return json.loads((SCHEMAS / f"{name}.avsc").read_text())
 
 
-def _name(text: str) -> str:
-    """A valid Avro name from any column or table name."""
-    clean = re.sub(r"[^A-Za-z0-9_]", "_", text)
-    return clean if clean and not clean[0].isdigit() else f"_{clean}"
-
-
-_AVRO_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-
-
-@dataclass(frozen=True)
-class TableName:
-    """How records name a table: `prefix.table` (Debezium's `<topic.prefix>.<table>`),
-    and the table's URI (`source.db`)."""
-
-    prefix: str
-    table: str
-    uri: str = ""
-
-    @property
-    def namespace(self) -> str:
-        """The Avro namespace of the table's records (`<prefix>.<table>`)."""
-        return f"{self.prefix}.{self.table}"
-
-    @classmethod
-    def of(cls, name: str | TableName | None, uri: str = "") -> TableName:
-        """`name` given (`--table-name` / the sink's `table.name`): a dotted Avro name
-        (`shop.items`: prefix `shop`, table `items`; a bare `items`: prefix `lancecdf`).
-        No name: derived from the URI's last path component (`.../items.lance` → `items`).
-        A `name` that is a path or URI (older callers) counts as the URI."""
-        if isinstance(name, TableName):
-            return name
-        if name and ("/" in name or ":" in name or "\\" in name):
-            uri, name = uri or name, None
-        if not name:
-            base = re.split(r"[/\\]", uri.rstrip("/\\"))[-1] if uri else ""
-            base = base[: -len(".lance")] if base.endswith(".lance") else base
-            return cls(DEFAULT_PREFIX, _name(base or "table"), uri)
-        parts = name.split(".")
-        bad = [p for p in parts if not _AVRO_NAME.fullmatch(p)]
-        if bad:
-            raise LanceCdfError(
-                f"table name {name!r} is not a dotted Avro name (bad part(s): {bad}); use "
-                "letters, digits and _ in each dot-separated part, not starting with a digit, "
-                "e.g. --table-name shop.items"
-            )
-        prefix = ".".join(parts[:-1]) or DEFAULT_PREFIX
-        return cls(prefix, parts[-1], uri)
-
-
-class _Namer:
-    """Unique record names within one schema (Avro names are global to it)."""
-
-    def __init__(self) -> None:
-        self.used: set[str] = set(_RESERVED)
-
-    def __call__(self, base: str) -> str:
-        name, i = _name(base), 1
-        while name in self.used:
-            i += 1
-            name = f"{_name(base)}_{i}"
-        self.used.add(name)
-        return name
-
-
-def avro_type(t: pa.DataType, path: str, names: _Namer) -> Any:
+def avro_type(t: pa.DataType, path: str, names: Namer) -> Any:
     """The Avro type of an Arrow type (not nullable; see avro_field)."""
     if pat.is_boolean(t):
         return "boolean"
@@ -219,13 +151,13 @@ def avro_type(t: pa.DataType, path: str, names: _Namer) -> Any:
     )
 
 
-def avro_field_type(field: pa.Field, path: str, names: _Namer) -> Any:
+def avro_field_type(field: pa.Field, path: str, names: Namer) -> Any:
     inner = avro_type(field.type, path, names)
     return ["null", inner] if field.nullable else inner
 
 
-def avro_field(field: pa.Field, path: str, names: _Namer) -> dict[str, Any]:
-    out = {"name": _name(field.name), "type": avro_field_type(field, path, names)}
+def avro_field(field: pa.Field, path: str, names: Namer) -> dict[str, Any]:
+    out = {"name": avro_name(field.name), "type": avro_field_type(field, path, names)}
     if field.nullable:
         out["default"] = None
     return out
@@ -233,7 +165,7 @@ def avro_field(field: pa.Field, path: str, names: _Namer) -> dict[str, Any]:
 
 def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]:
     """Avro record `<prefix>.<table>.Value`: the table's rows (`before`/`after`)."""
-    names = _Namer()
+    names = Namer()
     return {
         "type": "record",
         "name": "Value",
@@ -263,7 +195,7 @@ def key_schema(
     key["namespace"] = TableName.of(table_name).namespace
     if not key_columns:
         return key
-    names = _Namer()
+    names = Namer()
     missing = [c for c in key_columns if c not in schema.names]
     if missing:
         raise LanceCdfError(f"key column(s) {missing} are not columns of the table: {schema.names}")
@@ -326,8 +258,8 @@ def change_records(
     record, a delete is followed by a tombstone marker in meta["tombstone"]."""
     table = TableName.of(table_name)
     rows = _python_rows(events)
-    names = [(_name(c), c) for c in user_columns]  # Avro field name, column
-    key_names = [_name(c) for c in key_columns or []]
+    names = [(avro_name(c), c) for c in user_columns]  # Avro field name, column
+    key_names = [avro_name(c) for c in key_columns or []]
     out: list[ChangeRecord] = []
     pending_pre: dict[str, Any] | None = None
     for row in rows:

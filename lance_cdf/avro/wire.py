@@ -6,11 +6,13 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
-import numpy as np
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
+
+if TYPE_CHECKING:  # (imported where used: Spark's commit process writes transaction
+    import numpy as np  # records with WireWriter and has no other use for numpy)
 
 MAGIC = 0
 HEADER = struct.Struct(">bI")
@@ -35,6 +37,8 @@ def split_many(
     """Vectorised `split` over many records laid out in `buf` (record i is
     buf[start[i]:end[i]]): (schema id, -1 where not in the format), ok mask, body starts
     (a bad record's body is empty)."""
+    import numpy as np
+
     n = start.size
     ok = (end - start) >= HEADER_SIZE
     head = np.where(ok, start, 0)

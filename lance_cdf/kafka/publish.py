@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from lance_cdf.clientconfig import redact, redact_url, scrub
 from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic, first_failure
-from lance_cdf.keyhash import KEY_HASH, PARTITION_COLUMN
+from lance_cdf.stream_columns import KEY_HASH, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
@@ -208,7 +208,7 @@ def hand_off(work: DataFrame) -> DataFrame:
     from pyspark.sql import functions as F
 
     from lance_cdf.kafka.progress import OBSERVED
-    from lance_cdf.keyhash import WORK_EVENTS
+    from lance_cdf.stream_columns import WORK_EVENTS
 
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 

@@ -42,7 +42,7 @@ from lance_cdf.kafka import clients
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.transactions import VersionCounts
-from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN
+from lance_cdf.stream_columns import EVENT_ORDER, PARTITION_COLUMN
 
 log = logging.getLogger("lance_cdf.kafka")
 

@@ -50,15 +50,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
 from pyspark.sql.types import StructType
 
-from lance_cdf.avro.schema import TableName, _Namer, avro_type
+from lance_cdf.avro.names import TableName
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.keyhash import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
+from lance_cdf.stream_columns import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 from lance_cdf.streaming.handoff import check_work_columns
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 
@@ -66,15 +63,17 @@ if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer ta
     from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
 
 if TYPE_CHECKING:
+    import pyarrow as pa
     from pyspark.sql import SparkSession
 
     from lance_cdf.feed import ChangeFeed
     from lance_cdf.kafka.publisher import KafkaChangePublisher
 
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
-# encoder) is imported by the writer tasks only: Spark also loads this module in the
-# data-source lookup, the writer's creation and the commit, one Python process each, on the
-# way to the first record (see BENCHMARKS.md, "Start-up").
+# encoder) and pyarrow / numpy are imported by the writer tasks only: Spark also loads this
+# module in the data-source lookup, the writer's creation and the commit, one Python process
+# each, on the way to the first record (see BENCHMARKS.md, "Start-up"); the writer's creation
+# and the commit's processes stay up beside the query (~35 MB each without pyarrow, numpy).
 # one KafkaChangePublisher per writer setting: (sorted options, user schema)
 _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
@@ -294,6 +293,10 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         storage: dict[str, str],
     ) -> Published:
         """The events of one table to its topic (`options`: the sink's, for that table)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
         from lance_cdf.feed import ChangeFeed
 
         with _archives_last():
@@ -417,7 +420,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
-    return avro_type(t, "c", _Namer())
+    from lance_cdf.avro.schema import Namer, avro_type
+
+    return avro_type(t, "c", Namer())
 
 
 def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema:
@@ -426,6 +431,7 @@ def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema
     binaries, inside lists and structs too) back in the table's own type at `version`.
     Dates and times keep Spark's form (same values; Spark's microsecond units are the
     ones the Avro mapping writes)."""
+    import pyarrow as pa
     table = feed.schema_at(version)
     fields = []
     for f in widened:
@@ -443,6 +449,7 @@ def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema
 
 def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
     """`events` with the user columns cast to `exact` (see `table_types`)."""
+    import pyarrow as pa
     for f in exact:
         i = events.schema.get_field_index(f.name)
         if i < 0 or events.schema.field(i).type == f.type:

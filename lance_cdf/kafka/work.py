@@ -21,7 +21,7 @@ import pyarrow.compute as pc
 
 from lance_cdf.avro.schema import TOTAL_ORDER
 from lance_cdf.feed import ChangeFeed
-from lance_cdf.keyhash import (
+from lance_cdf.stream_columns import (
     EVENT_ORDER,
     KEY_HASH,
     PARTITION_COLUMN,

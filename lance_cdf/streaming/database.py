@@ -47,8 +47,8 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
-from lance_cdf.keyhash import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 from lance_cdf.namespace import TableRef, list_tables
+from lance_cdf.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 
 log = logging.getLogger("lance_cdf.streaming")
 

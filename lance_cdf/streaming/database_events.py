@@ -46,8 +46,8 @@ from lance_cdf.errors import (
     NoVersionSinceError,
     StableRowIdsRequiredError,
 )
-from lance_cdf.keyhash import EVENT_ORDER, KEY_HASH
 from lance_cdf.namespace import list_tables
+from lance_cdf.stream_columns import EVENT_ORDER, KEY_HASH
 from lance_cdf.streaming.database import DatabaseOptions, DatabaseReader, _why
 from lance_cdf.streaming.partitions import SourcePartition
 from lance_cdf.streaming.types import META_NAMES, arrow_target

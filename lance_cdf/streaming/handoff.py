@@ -26,14 +26,13 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import pyarrow as pa
 from pyspark.sql.datasource import InputPartition
 from pyspark.sql.types import BinaryType, IntegerType, LongType, StringType, StructType
 
 from lance_cdf.errors import WorkItemError
-from lance_cdf.keyhash import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
+from lance_cdf.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 from lance_cdf.streaming.partitions import (
     SourcePartition,
     fields,
@@ -42,6 +41,9 @@ from lance_cdf.streaming.partitions import (
     part_of,
     whole,
 )
+
+if TYPE_CHECKING:  # (imported where used: the sink's commit process checks the columns
+    import pyarrow as pa  # of a work-item stream without loading pyarrow; kafka/sink.py)
 
 # The version of the `_work` document; a reader takes only its own.
 WORK_FORMAT = 1
@@ -111,6 +113,8 @@ class WorkItem:
 
     def to_batch(self) -> pa.RecordBatch:
         """The item as one row of `work_struct()`."""
+        import pyarrow as pa
+
         document = {
             "format": WORK_FORMAT, "table": self.table, "slots": self.slots,
             "kafkaPartitions": self.kafka_partitions,
@@ -153,6 +157,8 @@ class WorkItem:
     def _of(
         cls, slot: object, planned: object, document: dict[str, Any], schema: object
     ) -> WorkItem:
+        import pyarrow as pa
+
         if type(document["format"]) is not int:  # (another whole number is refused in `of`)
             raise WorkItemError(f"format is {document['format']!r}, not {WORK_FORMAT}")
         slots = whole(document["slots"], "slots", 1)

@@ -68,15 +68,11 @@ from lance_cdf.errors import (
 )
 from lance_cdf.events import event_schema
 from lance_cdf.feed import ChangeFeed, read_groups
-from lance_cdf.keyhash import (
-    EVENT_ORDER,
-    KEY_HASH,
-    ORDER_BITS,
-    key_hash,
-)
+from lance_cdf.keyhash import key_hash
 from lance_cdf.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
 from lance_cdf.plan import RowSet, VersionChanges
 from lance_cdf.snapshot import SnapshotFragment
+from lance_cdf.stream_columns import EVENT_ORDER, KEY_HASH, ORDER_BITS
 from lance_cdf.streaming.advice import Advice, advice_for
 from lance_cdf.streaming.handoff import WorkItem, WriterSlot, table_digest, work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
