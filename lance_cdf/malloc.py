@@ -21,6 +21,16 @@ ENV = "LANCE_CDF_KEEP_FREED_MEMORY"
 _GLIBC_MMAP_THRESHOLD_MAX = 32 << 20
 
 
+def _glibc(function: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    """glibc's `function`, or None (another C library, or not found)."""
+    if platform.libc_ver()[0] != "glibc":
+        return None
+    try:
+        return getattr(ctypes.CDLL(None), function)
+    except (OSError, AttributeError):
+        return None
+
+
 @functools.cache
 def keep_freed_memory() -> None:
     """Bring glibc's malloc to the state it reaches by itself once a buffer just under
@@ -38,12 +48,8 @@ def keep_freed_memory() -> None:
     Thresholds set by the user (mallopt, MALLOC_*_ environment variables) turn the
     dynamic rise off, and are left as they are; other C libraries are left alone.
     """
-    if platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        libc = ctypes.CDLL(None)
-        malloc, free = libc.malloc, libc.free
-    except (OSError, AttributeError):
+    malloc, free = _glibc("malloc"), _glibc("free")
+    if malloc is None or free is None:
         return
     malloc.restype = ctypes.c_void_p
     malloc.argtypes = [ctypes.c_size_t]
@@ -81,11 +87,8 @@ def bound_arenas(arenas: int = DEFAULT_ARENAS) -> None:
     long as it ran. Replication throughput with 2 arenas: no loss measured (1M upserts
     4.69 / 5.90 s against 6.24 / 5.41 s with glibc's limit, alternated)."""
     global _bounded
-    if platform.libc_ver()[0] != "glibc":
-        return
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
         return
     mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
     if mallopt(_M_ARENA_MAX, int(arenas)) == 1:
@@ -104,11 +107,8 @@ def release_freed_memory() -> None:
     """Hand the memory freed in every arena back to the kernel (`malloc_trim(0)`), in a
     process that opted in through `bound_arenas` (after a compaction: what it freed is not
     needed until the next one, 100 commits later); else nothing."""
-    if not _bounded:
-        return
-    try:
-        trim = ctypes.CDLL(None).malloc_trim
-    except (OSError, AttributeError):
+    trim = _glibc("malloc_trim") if _bounded else None
+    if trim is None:
         return
     trim.argtypes = [ctypes.c_size_t]
     trim(0)
