@@ -350,6 +350,12 @@ def main() -> None:
     ap.add_argument("--arenas", type=int, default=0,
                     help="hold glibc to N arenas (lance_cdf.malloc.bound_arenas, as "
                     "`lance-cdf replicate` does: 2); 0: glibc's own limit")  # fmt: skip
+    ap.add_argument("--keep-freed", action="store_true",
+                    help="lance_cdf.malloc.keep_freed_memory(), as the `lance-cdf` command's "
+                    "process does")  # fmt: skip
+    ap.add_argument("--mmap-threshold", type=int, default=0,
+                    help="map blocks of N bytes and more (lance_cdf.malloc.map_large_blocks, as "
+                    "`lance-cdf replicate` does: 1 MiB); 0: glibc's dynamic threshold")  # fmt: skip
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -359,12 +365,20 @@ def main() -> None:
         from lance_cdf import malloc
 
         malloc.bound_arenas(args.arenas)
+    if args.keep_freed or args.mmap_threshold > 0:
+        from lance_cdf import malloc
+
+        if args.keep_freed:
+            malloc.keep_freed_memory()
+        if args.mmap_threshold > 0:
+            malloc.map_large_blocks(args.mmap_threshold)
     from pyspark.sql import SparkSession
 
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
 
     os.makedirs(args.dir, exist_ok=True)
-    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows, "arenas": args.arenas}
+    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows, "arenas": args.arenas,
+                     "keep_freed": args.keep_freed, "mmap_threshold": args.mmap_threshold}
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         if not args.skip_throughput:
             run_throughput(kafka, registry, args, results)

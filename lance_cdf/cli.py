@@ -527,6 +527,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     # connection checks that may wait on a hung broker or registry) ends it quietly, exit
     # 0; once running, Replicator.run's own handlers finish the batch in hand instead
     signal.signal(signal.SIGTERM, signal.default_int_handler)
+    malloc.map_large_blocks_unless_told()  # its compactions' blocks go back when freed
     try:
         return _replicate(args)
     except KeyboardInterrupt:

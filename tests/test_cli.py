@@ -190,6 +190,56 @@ cli.entry()
 """
 
 
+_MAPPED_PROBE = r"""
+import ctypes
+from lance_cdf import cli, malloc
+
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in (
+        "arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks", "uordblks",
+        "fordblks", "keepcost")]
+
+def mapped_by_a_2mib_block(args):
+    libc = ctypes.CDLL(None)
+    libc.mallinfo2.restype = Info
+    libc.malloc.restype = ctypes.c_void_p
+    libc.malloc.argtypes = [ctypes.c_size_t]
+    libc.free.argtypes = [ctypes.c_void_p]
+    before = libc.mallinfo2().hblkhd
+    block = libc.malloc(2 << 20)
+    print("mapped", libc.mallinfo2().hblkhd - before)
+    libc.free(block)
+    return 0
+
+malloc.keep_freed_memory()  # as `lance-cdf` (entry) does before any command
+cli._replicate = mapped_by_a_2mib_block
+cli.cmd_replicate(None)
+"""
+
+
+def test_the_replicator_maps_its_large_blocks_unless_told():
+    """`lance-cdf replicate` serves blocks of 1 MiB and more from mappings of their own
+    (freed to the kernel when freed: its compactions otherwise left its heap fragmented,
+    BENCHMARKS "Soak"), over the raised thresholds the command's process starts with;
+    LANCE_CDF_MALLOC_MMAP_THRESHOLD=0 leaves those (a 2 MiB block then comes from the heap)."""
+    import platform
+    import subprocess
+
+    if platform.libc_ver()[0] != "glibc":
+        pytest.skip("glibc only")
+    mapped = {}
+    for told in (None, "0"):
+        env = {k: v for k, v in os.environ.items() if k != "LANCE_CDF_MALLOC_MMAP_THRESHOLD"}
+        if told is not None:
+            env["LANCE_CDF_MALLOC_MMAP_THRESHOLD"] = told
+        done = subprocess.run([sys.executable, "-c", _MAPPED_PROBE], capture_output=True,
+                              text=True, timeout=120, env=env)  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        mapped[told] = int(done.stdout.split("mapped")[-1])
+    assert mapped[None] >= 2 << 20, mapped
+    assert mapped["0"] == 0, mapped  # the probe can tell
+
+
 @pytest.mark.skipif(sys.platform != "linux", reason="glibc's arenas")
 def test_the_command_holds_glibc_to_two_arenas_unless_told():
     """`lance-cdf` (entry) bounds glibc's malloc arenas before its work starts (a replica's
