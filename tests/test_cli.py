@@ -217,25 +217,32 @@ cli.cmd_replicate(None)
 """
 
 
-def test_the_replicator_maps_its_large_blocks_unless_told():
-    """`lance-cdf replicate` serves blocks of 1 MiB and more from mappings of their own
-    (freed to the kernel when freed: its compactions otherwise left its heap fragmented,
-    BENCHMARKS "Soak"), over the raised thresholds the command's process starts with;
-    LANCE_CDF_MALLOC_MMAP_THRESHOLD=0 leaves those (a 2 MiB block then comes from the heap)."""
+def _glibc_probe(code: str, variable: str, told: str | None, word: str) -> int:
+    """The number `code` prints after `word`, run in a fresh Python with the environment
+    `variable` unset (None) or set to `told`; glibc only."""
     import platform
     import subprocess
 
     if platform.libc_ver()[0] != "glibc":
         pytest.skip("glibc only")
-    mapped = {}
-    for told in (None, "0"):
-        env = {k: v for k, v in os.environ.items() if k != "LANCE_CDF_MALLOC_MMAP_THRESHOLD"}
-        if told is not None:
-            env["LANCE_CDF_MALLOC_MMAP_THRESHOLD"] = told
-        done = subprocess.run([sys.executable, "-c", _MAPPED_PROBE], capture_output=True,
-                              text=True, timeout=120, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        mapped[told] = int(done.stdout.split("mapped")[-1])
+    env = {k: v for k, v in os.environ.items() if k != variable}
+    if told is not None:
+        env[variable] = told
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout.split(word)[-1])
+
+
+def test_the_replicator_maps_its_large_blocks_unless_told():
+    """`lance-cdf replicate` serves blocks of 1 MiB and more from mappings of their own
+    (freed to the kernel when freed: its compactions otherwise left its heap fragmented,
+    BENCHMARKS "Soak"), over the raised thresholds the command's process starts with;
+    LANCE_CDF_MALLOC_MMAP_THRESHOLD=0 leaves those (a 2 MiB block then comes from the heap)."""
+    mapped = {
+        told: _glibc_probe(_MAPPED_PROBE, "LANCE_CDF_MALLOC_MMAP_THRESHOLD", told, "mapped")
+        for told in (None, "0")
+    }
     assert mapped[None] >= 2 << 20, mapped
     assert mapped["0"] == 0, mapped  # the probe can tell
 
@@ -245,19 +252,9 @@ def test_the_command_holds_glibc_to_two_arenas_unless_told():
     """`lance-cdf` (entry) bounds glibc's malloc arenas before its work starts (a replica's
     compaction otherwise left ~300 MB in its threads' arenas); LANCE_CDF_MALLOC_ARENAS=0
     leaves glibc's own limit, under which eight allocating threads make more."""
-    import platform
-    import subprocess
-
-    if platform.libc_ver()[0] != "glibc":
-        pytest.skip("glibc only")
-    counts = {}
-    for told in (None, "0", "3"):
-        env = {k: v for k, v in os.environ.items() if k != "LANCE_CDF_MALLOC_ARENAS"}
-        if told is not None:
-            env["LANCE_CDF_MALLOC_ARENAS"] = told
-        done = subprocess.run([sys.executable, "-c", _ARENAS_PROBE], capture_output=True,
-                              text=True, timeout=120, env=env)  # fmt: skip
-        assert done.returncode == 0, done.stderr
-        counts[told] = int(done.stdout.split("arenas")[-1])
+    counts = {
+        told: _glibc_probe(_ARENAS_PROBE, "LANCE_CDF_MALLOC_ARENAS", told, "arenas")
+        for told in (None, "0", "3")
+    }
     assert counts[None] <= 2 and counts["3"] <= 3, counts
     assert counts["0"] > 3, counts  # the probe can tell
