@@ -31,6 +31,15 @@ def _glibc(function: str) -> ctypes._CFuncPtr | None:  # type: ignore[name-defin
         return None
 
 
+def _mallopt(parameter: int, value: int) -> bool:
+    """glibc's `mallopt(parameter, value)`; False where it refused or is not glibc."""
+    mallopt = _glibc("mallopt")
+    if mallopt is None:
+        return False
+    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
+    return bool(mallopt(parameter, int(value)) == 1)
+
+
 @functools.cache
 def keep_freed_memory() -> None:
     """Bring glibc's malloc to the state it reaches by itself once a buffer just under
@@ -87,11 +96,7 @@ def bound_arenas(arenas: int = DEFAULT_ARENAS) -> None:
     long as it ran. Replication throughput with 2 arenas: no loss measured (1M upserts
     4.69 / 5.90 s against 6.24 / 5.41 s with glibc's limit, alternated)."""
     global _bounded
-    mallopt = _glibc("mallopt")
-    if mallopt is None:
-        return
-    mallopt.argtypes = [ctypes.c_int, ctypes.c_int]
-    if mallopt(_M_ARENA_MAX, int(arenas)) == 1:
+    if _mallopt(_M_ARENA_MAX, arenas):
         _bounded = True
 
 
@@ -133,12 +138,8 @@ def map_large_blocks(threshold: int = DEFAULT_MMAP_THRESHOLD) -> None:
     after five compactions (`mallinfo2`; in use ~30 MB throughout), its anonymous memory
     94 -> 141 MB; with blocks of 1 MiB and more mapped, 0.5 -> 10 MB free and 93 -> 102 MB,
     level after the first compaction (BENCHMARKS, "Soak")."""
-    set_option = _glibc("mallopt")
-    if set_option is None:
-        return
-    set_option.argtypes = [ctypes.c_int, ctypes.c_int]
-    set_option(_M_MMAP_THRESHOLD, int(threshold))
-    set_option(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)
+    if _mallopt(_M_MMAP_THRESHOLD, threshold):
+        _mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)
 
 
 def map_large_blocks_unless_told() -> None:
