@@ -22,6 +22,7 @@ from lance_cdf.errors import LanceCdfError
 
 if TYPE_CHECKING:
     from lance_cdf.kafka.publish import Database
+    from lance_cdf.kafka.topics import TopicSettings
     from lance_cdf.replicate.database import DatabaseReplicator
 
 EXAMPLES = """examples:
@@ -80,6 +81,40 @@ def _settings(args: argparse.Namespace, name: str) -> dict[str, str]:
     flag = f"--{name.replace('_', '-')}"
     return settings(getattr(args, name), getattr(args, f"{name}_file", None),
                     flag=flag, file_flag=f"{flag}-file")  # fmt: skip
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of at least 1")
+    return number
+
+
+def _topic_flags(parser: argparse.ArgumentParser) -> None:
+    """How publish creates the topics it writes that do not exist yet (an existing topic
+    is used as it is)."""
+    group = parser.add_argument_group("new topics (created with CreateTopics; one that "
+                                      "exists is used as it is)")  # fmt: skip
+    group.add_argument("--partitions", type=_positive, default=None, metavar="N",
+                       help="partitions of a new change topic (default: the broker's "
+                       "num.partitions; with --database, one per writer)")  # fmt: skip
+    group.add_argument("--replication-factor", type=_positive, default=None, metavar="N",
+                       help="replication factor of new topics (default: the broker's "
+                       "default.replication.factor)")  # fmt: skip
+    group.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
+                       help="topic setting of new topics, e.g. min.insync.replicas=2 (repeatable; "
+                       "the transaction topic takes all but cleanup.policy)")  # fmt: skip
+
+
+def _topic_settings(args: argparse.Namespace) -> TopicSettings:
+    from lance_cdf.clientconfig import parse_pairs
+    from lance_cdf.kafka.topics import TopicSettings
+
+    config = parse_pairs(args.topic_config, "--topic-config")
+    return TopicSettings.of(args.partitions, args.replication_factor, config)
 
 
 def _metrics_flags(parser: argparse.ArgumentParser) -> None:
@@ -209,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     pub.add_argument("--no-head-start", action="store_true",
                      help="do not publish the commits waiting at start from this process "
                      "while Spark starts; the query publishes everything")  # fmt: skip
+    _topic_flags(pub)
     _client_settings(pub, "producer", "the source table")
     pub.add_argument("--master", default=None, metavar="URL",
                      help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
@@ -512,6 +548,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         writers=args.writers, exactly_once=not args.at_least_once,
         head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
         transaction_metadata=not args.no_transaction_metadata, database=database,
+        topics=_topic_settings(args),
     )  # fmt: skip
 
 

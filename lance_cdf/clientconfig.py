@@ -19,6 +19,8 @@ import os
 import re
 import threading
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from lance_cdf.errors import ClientConfigError
 
@@ -89,10 +91,87 @@ PRODUCER_ONLY = frozenset({
 })  # fmt: skip
 
 
-def consumer_settings(producer_config: Mapping[str, str]) -> dict[str, str]:
-    """The settings a consumer reading the producer's cluster inherits: all of them but
-    the producer-only ones."""
-    return {k: v for k, v in producer_config.items() if k not in PRODUCER_ONLY}
+# librdkafka's consumer-only properties (C/P column "C" of CONFIGURATION.md, same commit as
+# above) and the Python client's consumer callbacks
+CONSUMER_ONLY = frozenset({
+    "auto.commit.enable", "auto.commit.interval.ms", "auto.offset.reset", "check.crcs",
+    "consume.callback.max.messages", "consume_cb", "coordinator.query.interval.ms",
+    "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof",
+    "fetch.error.backoff.ms", "fetch.max.bytes", "fetch.message.max.bytes", "fetch.min.bytes",
+    "fetch.queue.backoff.ms", "fetch.wait.max.ms", "group.id", "group.instance.id",
+    "group.protocol", "group.protocol.type", "group.remote.assignor",
+    "heartbeat.interval.ms", "isolation.level", "max.partition.fetch.bytes",
+    "max.poll.interval.ms", "offset.store.method", "offset.store.path",
+    "offset.store.sync.interval.ms", "offset_commit_cb", "on_commit",
+    "partition.assignment.strategy", "queued.max.messages.kbytes", "queued.min.messages",
+    "rebalance_cb", "session.timeout.ms",
+})  # fmt: skip
+
+# Given to every Kafka client lance-cdf creates, whatever the user's settings say: a
+# metadata request never makes the broker create a topic with its own defaults (lance-cdf
+# creates its topics on purpose, kafka/topics.py; librdkafka's producers and admin clients
+# allow it by default)
+ALWAYS = {"allow.auto.create.topics": False}
+
+# what each role drops of the user's settings: the other roles' own keys
+_NOT_FOR = {
+    "producer": CONSUMER_ONLY,
+    "consumer": PRODUCER_ONLY,
+    "admin": PRODUCER_ONLY | CONSUMER_ONLY,
+}
+
+
+@dataclass(frozen=True)
+class KafkaConnection:
+    """What the user gave to reach a Kafka cluster: its bootstrap servers and the client
+    settings (`--producer-config` / `--consumer-config` and their files, the sink's
+    `kafka.<setting>` options). The one place every Kafka client's settings are built:
+    all of the user's settings but those of another role (a consumer does not get
+    `acks`, a producer not `group.id`), the role's own `defaults` under them and its
+    `fixed` keys over them, the bootstrap servers and `ALWAYS` last."""
+
+    bootstrap_servers: str
+    settings: Mapping[str, str] = field(default_factory=dict)
+    flag: str = "producer"  # whose flags gave them (--producer-config, --consumer-config)
+
+    def config(
+        self,
+        role: str,
+        defaults: Mapping[str, Any] | None = None,
+        fixed: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        """The settings of a `role` ("producer", "consumer", "admin") client."""
+        drop = _NOT_FOR[role]
+        return {
+            **(defaults or {}),
+            **{k: v for k, v in self.settings.items() if k not in drop},
+            **(fixed or {}),
+            "bootstrap.servers": self.bootstrap_servers,
+            **ALWAYS,
+        }
+
+    def producer(
+        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self.config("producer", defaults, fixed)
+
+    def consumer(
+        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self.config("consumer", defaults, fixed)
+
+    def admin(
+        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
+        return self.config("admin", defaults, fixed)
+
+
+def registry_config(
+    url: str, settings: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The settings of a schema-registry client: the role's `defaults` under the user's
+    `--registry-config` settings (the sink's `registry.<setting>`), and the URL."""
+    return {**(defaults or {}), **(settings or {}), "url": url}
 
 
 # -- the values a command was given, scrubbed from whatever it prints -----------------------
@@ -285,7 +364,8 @@ def settings(
 
 
 __all__ = [
-    "MASK", "PRODUCER_ONLY", "ScrubFilter", "consumer_settings", "expand_env", "is_secret",
-    "parse_pairs", "parse_properties", "read_properties", "redact", "redact_url", "remember",
-    "remember_url", "scrub", "scrub_logging", "settings",
+    "ALWAYS", "CONSUMER_ONLY", "KafkaConnection", "MASK", "PRODUCER_ONLY", "ScrubFilter",
+    "expand_env", "is_secret", "parse_pairs", "parse_properties", "read_properties", "redact",
+    "redact_url", "registry_config", "remember", "remember_url", "scrub", "scrub_logging",
+    "settings",
 ]  # fmt: skip

@@ -203,33 +203,47 @@ def test_cli_error_names_the_variable_and_exits_2(tmp_path, capsys, monkeypatch)
     assert "LANCE_CDF_TEST_UNSET" in err and "--storage-option" in err
 
 
-def test_the_position_reader_inherits_every_connection_setting():
-    """issue 34: `enable.ssl.certificate.verification=false` (and any other setting that
-    is not producer-only) reaches the exactly-once position reader's consumer."""
-    import pyarrow as pa
-    from confluent_kafka import Consumer
+def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
+    """What the user gave reaches every kind of client (TLS verification off, a CA,
+    SASL, client.id, a socket timeout, DNS), less the keys of another kind of client; the
+    role's defaults yield to the user, its fixed keys do not; no client auto-creates."""
+    from confluent_kafka import Consumer, Producer
+    from confluent_kafka.admin import AdminClient
 
-    from lance_cdf.kafka.publisher import KafkaChangePublisher
+    from lance_cdf.clientconfig import CONSUMER_ONLY, KafkaConnection, registry_config
 
-    producer = {
-        "security.protocol": "SSL", "enable.ssl.certificate.verification": "false",
-        "ssl.endpoint.identification.algorithm": "none", "client.dns.lookup":
-        "use_all_dns_ips", "reconnect.backoff.ms": "50", "acks": "all", "linger.ms": "5",
-        "enable.idempotence": "true", "compression.type": "lz4",
+    connection_settings = {
+        "security.protocol": "SASL_SSL", "enable.ssl.certificate.verification": "false",
+        "ssl.ca.location": "/etc/ssl/certs", "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u", "sasl.password": "p", "client.id": "probe",
+        "socket.timeout.ms": "45000", "client.dns.lookup": "use_all_dns_ips",
     }  # fmt: skip
-    pub = KafkaChangePublisher(
-        "127.0.0.1:9", "t", "mock://positions", pa.schema([("id", pa.int64())]), "t",
-        producer_config=producer,
-    )  # fmt: skip
-    got = pub._consumer_config
-    assert got == {
-        "bootstrap.servers": "127.0.0.1:9", "security.protocol": "SSL",
-        "enable.ssl.certificate.verification": "false",
-        "ssl.endpoint.identification.algorithm": "none",
-        "client.dns.lookup": "use_all_dns_ips", "reconnect.backoff.ms": "50",
-    }  # fmt: skip
-    # librdkafka itself takes the result as a consumer configuration
-    Consumer({**got, "group.id": "g"}).close()
+    producer_only = {"acks": "1", "linger.ms": "5", "compression.type": "lz4"}
+    consumer_only = {"fetch.wait.max.ms": "7", "isolation.level": "read_uncommitted"}
+    given = {**connection_settings, **producer_only, **consumer_only,
+             "allow.auto.create.topics": "true"}  # fmt: skip
+    c = KafkaConnection("127.0.0.1:9", given)
+    producer = c.producer(defaults={"acks": "all", "linger.ms": 20}, fixed={"retries": 3})
+    assert producer == {**connection_settings, **producer_only, "retries": 3,
+                        "bootstrap.servers": "127.0.0.1:9", "allow.auto.create.topics": False}
+    consumer = c.consumer(defaults={"auto.offset.reset": "earliest"},
+                          fixed={"group.id": "g", "isolation.level": "read_committed"})
+    assert consumer == {**connection_settings, "auto.offset.reset": "earliest",
+                        "fetch.wait.max.ms": "7", "group.id": "g",
+                        "isolation.level": "read_committed",
+                        "bootstrap.servers": "127.0.0.1:9", "allow.auto.create.topics": False}
+    admin = c.admin()
+    assert admin == {**connection_settings, "bootstrap.servers": "127.0.0.1:9",
+                     "allow.auto.create.topics": False}  # fmt: skip
+    assert not set(admin) & CONSUMER_ONLY
+    # librdkafka takes each as a configuration of its kind
+    Producer(producer).flush(0)
+    Consumer(consumer).close()
+    AdminClient(admin)
+    reg = {"ssl.ca.location": "/ca.pem", "basic.auth.user.info": "a:b", "timeout": 5}
+    assert registry_config("https://r", reg, defaults={"timeout": 10, "max.retries": 0}) == {
+        **reg, "max.retries": 0, "url": "https://r"
+    }
 
 
 def test_a_registry_error_names_the_url_without_its_user_info():

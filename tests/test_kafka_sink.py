@@ -214,15 +214,6 @@ def raw_headers(bootstrap, topic, count):
     return out
 
 
-def test_unknown_topic_without_auto_create_is_a_clear_error(tmp_path):
-    from lance_cdf.devtools import KafkaBroker
-    from lance_cdf.kafka.endpoints import check_topic
-
-    with KafkaBroker(str(tmp_path / "strict"), auto_create_topics=False) as strict:
-        with pytest.raises(PublishError, match="does not exist .* auto.create.topics.enable"):
-            check_topic(strict.bootstrap_servers, "nope")
-
-
 def test_broker_restart_while_publishing_loses_nothing(
     spark, tmp_path, kafka_broker, schema_registry
 ):

@@ -17,11 +17,13 @@ import uuid
 import pytest
 from workload import Workload
 
+from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.devtools.__main__ import _properties
 from lance_cdf.devtools.kafka import SecureKafkaBroker
 from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
-from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic
+from lance_cdf.kafka.endpoints import check_broker, check_registry
+from lance_cdf.kafka.topics import TopicSettings, ensure_topic
 
 AUTH = "refused the client's credentials"
 VERIFY = "TLS verification of the Kafka broker"
@@ -71,12 +73,15 @@ def test_broker_check_names_credentials_tls_and_protocol(
     check_broker(kafka.bootstrap_servers, good)  # and the right settings pass
 
 
-def test_topic_check_names_a_missing_topic_on_the_secured_broker(secure_kafka_broker):
+def test_a_missing_topic_is_created_over_sasl_ssl_and_wrong_credentials_named(
+    secure_kafka_broker,
+):
     kafka = secure_kafka_broker
     topic = f"missing-{uuid.uuid4().hex[:8]}"
-    # the secured broker creates topics on first produce (Kafka's default): its partitions
-    assert check_topic(kafka.bootstrap_servers, topic, kafka.client_config) >= 1
-    m = _raises(check_topic, kafka.bootstrap_servers, topic,
+    connection = KafkaConnection(kafka.bootstrap_servers, kafka.client_config)
+    assert ensure_topic(connection, topic, TopicSettings.of(3)) == 3
+    assert ensure_topic(connection, topic, TopicSettings()) == 3  # as it is, once there
+    m = _raises(check_broker, kafka.bootstrap_servers,
                 {**kafka.client_config, "sasl.password": "wrong"})  # fmt: skip
     assert AUTH in m, m
 
@@ -225,8 +230,9 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
         for future in created.values():
             future.result(timeout=30)
         allowed = f"allowed-{run}"
-        assert check_topic(broker.bootstrap_servers, allowed, broker.client_config) >= 1
-        m = _raises(check_topic, broker.bootstrap_servers, denied, broker.client_config)
+        connection = KafkaConnection(broker.bootstrap_servers, broker.client_config)
+        assert ensure_topic(connection, allowed, TopicSettings()) >= 1
+        m = _raises(ensure_topic, connection, denied, TopicSettings())
         assert "not authorized to use topic" in m and "Describe and Write" in m, m
 
         cases = [  # (command, --topic, what the line names)

@@ -115,8 +115,6 @@ def run(
     partitions: int,
     out: TextIO | None = None,
 ) -> int:
-    from confluent_kafka.admin import AdminClient, NewTopic
-
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry, provision
     from lance_cdf.devtools.process import free_port
 
@@ -135,12 +133,8 @@ def run(
         broker.start()
         registry.start()
         say(f"Kafka {broker.bootstrap_servers}, schema registry {registry.url}")
-        admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers, "log_level": 0})
-        topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
-        for future in admin.create_topics([NewTopic(t, partitions, 1) for t in topics]).values():
-            future.result(30)
-        del admin  # its connections would complain when the broker stops
         sources = create(paths.source)
+        topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
         say(f"database {paths.source}: tables {', '.join(sources)} (sales: a child namespace)")
         kafka = ["--bootstrap-servers", broker.bootstrap_servers,
                  "--schema-registry", registry.url]  # fmt: skip
@@ -149,6 +143,7 @@ def run(
                                      "--topic-prefix", PREFIX, *kafka,
                                      "--checkpoint", paths.checkpoint, "--starting-version",
                                      "1", "--trigger-interval", "1 second",
+                                     "--partitions", str(partitions),
                                      "--metrics-port", str(pub_port)])  # fmt: skip
         children.start("replicator", ["replicate", *kafka, "--database-target", paths.replica,
                                       "--topic-prefix", PREFIX,

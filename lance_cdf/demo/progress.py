@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 import lance
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 
+from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.namespace import resolve_table
 from lance_cdf.replicate.replica import ReplicaTable, offsets_of, source_version_of
@@ -80,7 +81,7 @@ class Probe:
         self.prefix = prefix
         self.replicas: dict[str, ReplicaTable] = {}
         self.consumer = Consumer(
-            {"bootstrap.servers": bootstrap, "group.id": "lance-cdf-demo-probe"}
+            KafkaConnection(bootstrap).consumer(fixed={"group.id": "lance-cdf-demo-probe"})
         )
         self.started = time.monotonic()
         self._rate: list[tuple[float, int]] = []

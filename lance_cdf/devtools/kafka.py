@@ -50,9 +50,11 @@ class KafkaBroker(JavaService):
         workdir: str | os.PathLike[str] | None = None,
         auto_create_topics: bool = True,
         heap: str = "512m",
+        num_partitions: int = 1,
         **kw: Any,
     ):
         super().__init__(workdir, heap=heap, **kw)
+        self.num_partitions = num_partitions  # the broker's default for new topics
         self.port = free_port()
         self.controller_port = free_port()
         self.auto_create_topics = auto_create_topics
@@ -84,7 +86,7 @@ class KafkaBroker(JavaService):
                     f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
                     *self._listener_lines(),
                     f"log.dirs={self.data_dir}",
-                    "num.partitions=1",
+                    f"num.partitions={self.num_partitions}",
                     "offsets.topic.replication.factor=1",
                     "offsets.topic.num.partitions=1",
                     "transaction.state.log.replication.factor=1",

@@ -2,8 +2,8 @@
 items of a database stream (streaming/database.py) name their table; a writer task
 resolves each name to the table's URI (the sink's own `database` and `storage.<key>`
 options: the items hold no location and no secret), its topic `<topic.prefix>.<name>`
-(created on first use with `topic.partitions` partitions if missing, with its
-transaction topic `<topic>.transaction`), and its record names `<topic.prefix>.<name>.*`.
+(created on first use if missing, with the sink's `topic.*` settings (kafka/topics.py),
+and its transaction topic `<topic>.transaction`), and its record names `<topic.prefix>.<name>.*`.
 Everything else is the single-table path, per table (kafka/sink.py).
 """
 
@@ -13,7 +13,9 @@ import logging
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lance_cdf.errors import PublishError, TableNotFoundError
+from lance_cdf.clientconfig import KafkaConnection
+from lance_cdf.errors import TableNotFoundError
+from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.work import SlotWork, slot_works
 from lance_cdf.namespace import list_tables
 from lance_cdf.streaming.handoff import table_digest
@@ -22,7 +24,6 @@ log = logging.getLogger("lance_cdf.kafka")
 
 # this process's view: qualified name -> table URI (per database), topic -> partitions
 _URIS: dict[tuple[str, str], str] = {}
-_TOPICS: dict[tuple[str, str], int] = {}
 
 
 @dataclass
@@ -80,43 +81,18 @@ def table_uri(
 
 
 def table_topic(
-    bootstrap_servers: str,
+    connection: KafkaConnection,
     topic: str,
-    partitions: int,
-    config: dict[str, str],
+    settings: TopicSettings,
     transaction_topic: str | None,
 ) -> int:
-    """The partition count of a table's topic, created with `partitions` partitions if it
-    does not exist (and its transaction topic, before any record: a replicator finding
-    records finds the topic that completes their versions)."""
-    key = (bootstrap_servers, topic)
-    count = _TOPICS.get(key)
-    if count is not None:
-        return count
-    from confluent_kafka import KafkaError
-    from confluent_kafka.admin import NewTopic
-
-    from lance_cdf.kafka import clients
-    from lance_cdf.kafka.transactions import ensure_topic
-
-    admin = clients.admin({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
-    found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-    if found is None or found.error is not None:
-        try:
-            admin.create_topics([NewTopic(topic, partitions)])[topic].result(30)
-        except Exception as exc:  # noqa: BLE001 (created meanwhile is fine)
-            err = exc.args[0] if exc.args else None
-            if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-                raise PublishError(
-                    f"could not create topic {topic!r}: {exc}; create it, or grant the "
-                    "producer's principal Create on it"
-                ) from None
-        found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-        if found is None or found.error is not None or not found.partitions:
-            raise PublishError(f"topic {topic!r} was created but cannot be described; retry")
+    """The partition count of a table's topic, created with `settings` if it does not
+    exist (and its transaction topic, before any record: a replicator finding records
+    finds the topic that completes their versions)."""
+    count = KNOWN.ensure(connection, topic, settings, other="--topic-prefix")
     if transaction_topic is not None:
-        ensure_topic(bootstrap_servers, transaction_topic, config)
-    count = _TOPICS[key] = len(found.partitions)
+        KNOWN.ensure(connection, transaction_topic, settings.for_transactions(),
+                     one_partition=True, other="--no-transaction-metadata")  # fmt: skip
     return count
 
 

@@ -16,10 +16,10 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient, ConfigResource
+from confluent_kafka.admin import AdminClient
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.clientconfig import redact_url, scrub
+from lance_cdf.clientconfig import KafkaConnection, redact_url, registry_config, scrub
 from lance_cdf.errors import KafkaAuthorizationError, PublishError
 
 _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
@@ -111,11 +111,11 @@ class _Causes:
 
 
 def _admin(bootstrap_servers: str, config: dict[str, Any] | None, causes: _Causes) -> AdminClient:
-    settings: dict[str, Any] = {"bootstrap.servers": bootstrap_servers, **(config or {})}
     # librdkafka's own messages go to `causes` only (never to the terminal: they may
     # name settings), at INFO so that each failed connection is seen with its reason
-    settings.update({"error_cb": causes, "logger": causes, "log_level": 6})
-    return AdminClient(settings)
+    connection = KafkaConnection(bootstrap_servers, config or {})
+    return AdminClient(connection.admin(fixed={"error_cb": causes, "logger": causes,
+                                               "log_level": 6}))  # fmt: skip
 
 
 def _metadata(
@@ -160,43 +160,6 @@ def check_broker(
     _metadata(_admin(bootstrap_servers, config, causes), causes, bootstrap_servers, flag, timeout)
 
 
-def check_topic(
-    bootstrap_servers: str,
-    topic: str,
-    config: dict[str, Any] | None = None,
-    flag: str = "producer",
-) -> int:
-    """The topic's partition count (for a topic the first produce creates: the broker's
-    num.partitions); a clear error if it does not exist and will not be created, or the
-    client may not use it."""
-    causes = _Causes(str((config or {}).get("security.protocol", "PLAINTEXT")))
-    admin = _admin(bootstrap_servers, config, causes)
-    meta = _metadata(admin, causes, bootstrap_servers, flag, 10, topic)
-    found = meta.topics.get(topic)
-    err = found.error if found is not None else None
-    if err is None and found is not None:
-        return len(found.partitions)
-    if err is not None and err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-        broker = ConfigResource(ConfigResource.Type.BROKER, str(next(iter(meta.brokers))))
-        try:
-            configs = admin.describe_configs([broker])[broker].result(timeout=10)
-            auto = configs.get("auto.create.topics.enable")
-            if auto is not None and auto.value == "true":
-                partitions = configs.get("num.partitions")
-                # the first produce creates it
-                return int(partitions.value) if partitions is not None else 1
-        except KafkaException:
-            pass  # not allowed to read broker configs: assume it does not auto-create
-        raise PublishError(
-            f"topic {topic!r} does not exist on {bootstrap_servers} and the broker does not "
-            "create topics automatically; create it (kafka-topics --create) or enable "
-            "auto.create.topics.enable."
-        )
-    if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-        raise denied("topic", topic, "Describe and Write", bootstrap_servers, flag, err, "--topic")
-    raise PublishError(f"topic {topic!r} on {bootstrap_servers} cannot be used: {err}")
-
-
 DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_FAILED)
 
 
@@ -239,17 +202,14 @@ def check_consumer_access(
     names = {topic: "--topic"}
     if transaction_topic:
         names[transaction_topic] = "--transaction-topic (or --no-transaction-topic)"
-    # a consumer's metadata requests never create a topic (an admin client's do, on a
-    # broker with auto.create.topics.enable: a transaction topic made here would hold
-    # the replicator waiting for versions no publisher writes)
-    consumer = Consumer({
-        "bootstrap.servers": bootstrap_servers, **(config or {}), "group.id": group,
-        "enable.auto.commit": False, "enable.partition.eof": True,
-        "allow.auto.create.topics": False,
+    # no metadata request creates a topic (clientconfig.ALWAYS): a transaction topic made
+    # here would hold the replicator waiting for versions no publisher writes
+    consumer = Consumer(KafkaConnection(bootstrap_servers, config or {}).consumer(fixed={
+        "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True,
         # one record answers the Read check: no prefetch of a long topic's backlog
         "queued.min.messages": 1, "queued.max.messages.kbytes": 64,
         "error_cb": causes, "logger": causes, "log_level": 6,
-    })  # fmt: skip
+    }))  # fmt: skip
     try:
         first: list[TopicPartition] = []  # one partition of each topic that exists
         for name, other in names.items():
@@ -303,7 +263,7 @@ def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
     """Fail, naming the cause and the setting to fix, if the registry refuses the
     credentials (HTTP 401/403), its certificate does not verify, or it cannot be reached."""
     try:
-        SchemaRegistryClient({"url": url, **(config or {})}).get_subjects()
+        SchemaRegistryClient(registry_config(url, config)).get_subjects()
     except Exception as exc:  # the client raises several types: all end here, named
         # neither the URL's user-info nor a secret the client repeats
         raise PublishError(_registry_cause(redact_url(url), exc)) from None

@@ -15,9 +15,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import TYPE_CHECKING, Any
 
-from lance_cdf.clientconfig import redact, redact_url, scrub
+from lance_cdf.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
-from lance_cdf.kafka.endpoints import check_broker, check_registry, check_topic, first_failure
+from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
+from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.stream_columns import KEY_HASH, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
@@ -66,6 +67,7 @@ def publish(
     transaction_topic: str | None = None,
     transaction_metadata: bool = True,
     database: Database | None = None,
+    topics: TopicSettings | None = None,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -96,7 +98,10 @@ def publish(
     `database`: every matching table of a database instead (`table` and `topic` unused:
     each table to `<topic_prefix>.<qualified name>`; streaming/database.py).
     `trigger_interval`: Spark's micro-batch interval; default `DEFAULT_TRIGGER` for a
-    table, `DEFAULT_DATABASE_TRIGGER` for a database."""
+    table, `DEFAULT_DATABASE_TRIGGER` for a database.
+    `topics`: how the topics publish writes are created if missing (partitions, replication
+    factor, topic settings; kafka/topics.py); by default the broker's defaults, and for a
+    database as many partitions as there are writers."""
     if trigger_interval is None:
         trigger_interval = DEFAULT_DATABASE_TRIGGER if database is not None else DEFAULT_TRIGGER
     if database is not None and (transaction_topic or table_name):
@@ -113,6 +118,7 @@ def publish(
     txn = {"transactionMetadata": str(transaction_metadata).lower()}
     if transaction_topic:
         txn["transaction.topic"] = transaction_topic
+    txn.update((topics or TopicSettings()).options())  # (sink options, as the above)
     producer_config = dict(producer_config or {})
     # SIGTERM / SIGINT only set a flag: the main thread polls it between short
     # awaitTermination() calls and stops the query itself. A handler that called
@@ -302,13 +308,17 @@ def _publish(
         if database is not None:  # each table's topic is made on first use (kafka/database.py)
             stages["checks"] = time.monotonic() - t
             return writers or 2
-        partitions = check_topic(bootstrap_servers, topic, producer_config)
+        from lance_cdf.kafka.topics import KNOWN
+        from lance_cdf.kafka.transactions import OTHER_TOPIC, default_topic
+
+        connection = KafkaConnection(bootstrap_servers, producer_config)
+        settings = TopicSettings.from_options(transaction_options)
+        partitions = KNOWN.ensure(connection, topic, settings)
         if transaction_options["transactionMetadata"] == "true":  # before any record: a
             # replicator finding records finds the topic that completes their versions
-            from lance_cdf.kafka.transactions import default_topic, ensure_topic
-
             txn = transaction_options.get("transaction.topic") or default_topic(topic)
-            ensure_topic(bootstrap_servers, txn, producer_config)
+            KNOWN.ensure(connection, txn, settings.for_transactions(), one_partition=True,
+                         other=OTHER_TOPIC)  # fmt: skip
         stages["checks"] = time.monotonic() - t
         return partitions
 
@@ -419,7 +429,7 @@ def _publish(
     if database is not None:  # new topics get as many partitions as there are writers
         tasks = writers or spark.sparkContext.defaultParallelism
         partitions = tasks
-        sink_options["topic.partitions"] = str(partitions)
+        sink_options.setdefault("topic.partitions", str(partitions))
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     t = time.monotonic()

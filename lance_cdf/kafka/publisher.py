@@ -35,12 +35,14 @@ from lance_cdf.avro.schema import (
     key_schema,
 )
 from lance_cdf.avro.wire import WireWriter
-from lance_cdf.clientconfig import consumer_settings
+from lance_cdf.clientconfig import KafkaConnection
+from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.kafka.outage import RideOut
+from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.transactions import VersionCounts
 from lance_cdf.stream_columns import EVENT_ORDER, PARTITION_COLUMN
 
@@ -204,8 +206,11 @@ class KafkaChangePublisher:
         registry_config: dict[str, Any] | None = None,
         flush_timeout: float = 60.0,
         checkpoint: str | None = None,
+        topic_settings: TopicSettings | None = None,
     ):
         self.topic = topic
+        # how the topic is made if missing, before the first record (kafka/topics.py)
+        self.topic_settings = topic_settings or TopicSettings()
         self.user_schema = user_schema
         self.user_columns = list(user_schema.names)
         self.vectorised = can_encode(user_schema)
@@ -217,24 +222,18 @@ class KafkaChangePublisher:
         self.ride_out = RideOut(bootstrap_servers, checkpoint)
         # the registry client, the producer and the marks consumer are the process's, shared
         # by every table's publisher with the same settings (kafka/clients.py)
-        self.registry = clients.registry({"url": schema_registry, **(registry_config or {})})
+        self.registry = clients.registry(registry_settings(schema_registry, registry_config))
         self.value_writer = WireWriter(
             self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
         )
         self.key_writer = WireWriter(
             self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
         )
-        shared = clients.producer(
-            {"bootstrap.servers": bootstrap_servers, **DEFAULT_PRODUCER, **(producer_config or {})}
-        )
+        self.connection = KafkaConnection(bootstrap_servers, producer_config or {})
+        shared = clients.producer(self.connection.producer(defaults=DEFAULT_PRODUCER))
         self.producer = shared.producer
         # delivery errors since the last flush (producer-wide: no callback object per record)
         self._failures: list[str] = shared.failures
-        # the high-water-mark reader connects as the producer does: every setting but the
-        # producer-only ones (TLS verification, SASL, timeouts, DNS, ...; issue 34)
-        self._consumer_config = {
-            "bootstrap.servers": bootstrap_servers, **consumer_settings(producer_config or {})
-        }  # fmt: skip
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
         # since the last flush, and per partition ((low, high) watermarks, the position of
         # its last record) as known after this publisher's last successful flush
@@ -263,6 +262,7 @@ class KafkaChangePublisher:
         (`high_water_marks`); records at or below their partition's mark are not sent
         again, and `flush()` remembers where each partition ends. None: at least once."""
         now_ms = int(time.time() * 1000)
+        self.ensure_topic()
         try:
             n = int(pc.sum(_record_rows(events)).as_py() or 0) if events.num_rows else 0
             if not n:
@@ -386,8 +386,14 @@ class KafkaChangePublisher:
         for part, i in zip(uniq.tolist(), sent[::-1][first].tolist(), strict=True):
             self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
 
+    def ensure_topic(self) -> int:
+        """The topic's partition count, the topic created first if it does not exist
+        (once per process and topic)."""
+        return KNOWN.ensure(self.connection, self.topic, self.topic_settings)
+
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
         """`_high_water_marks`, retried while the broker does not answer (kafka/outage.py)."""
+        self.ensure_topic()
         return self.ride_out.call(
             "reading the partitions' last records",
             lambda: self._high_water_marks(partitions),
@@ -445,11 +451,10 @@ class KafkaChangePublisher:
         # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
         # default 500 ms long poll; reading a partition's last record took 506 ms
         # against 15 ms with 10 (measured on the local broker)
-        return clients.consumer({
-            **self._consumer_config, "group.id": "lance-cdf-high-water-marks",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-            "fetch.wait.max.ms": 10,
-        })  # fmt: skip
+        return clients.consumer(self.connection.consumer(fixed={
+            "group.id": "lance-cdf-high-water-marks", "enable.auto.commit": False,
+            "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
+        }))  # fmt: skip
 
     def close(self) -> None:
         """Forget this publisher's view of its partitions; its clients are the process's

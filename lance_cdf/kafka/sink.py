@@ -11,7 +11,9 @@ micro-batch skips what each partition already holds, see `high_water_marks`), an
 `transactionMetadata` (default true: after every writer task of a micro-batch
 succeeded, the driver's commit writes a BEGIN and an END record per commit version to
 `transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py),
-`kafka.<producer setting>` passed to the producer (SASL/SSL included),
+`topic.partitions`, `topic.replicationFactor` and `topic.config.<key>` (how the topic
+and its transaction topic are created if missing: kafka/topics.py; the broker's defaults
+otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
 `registry.<setting>` to the registry client, `storage.<key>` the table's storage
 options (as for the source: the sink reads each commit's operation from the table's
 manifests, and the events of work items).
@@ -35,10 +37,10 @@ of the micro-batch itself from the table (kafka/work.py) with the sink's `table`
 `storage.<key>` options; the items hold no option of the source. A `_work` column that is
 not exactly lance-cdf's is refused with `WorkItemError`.
 
-Database mode (option `database`, instead of `table` and `topic`; with `topic.prefix` and
-`topic.partitions`): the work items of a database stream name their table, and each table
-goes to its own topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`,
-`source.table` its qualified name and its own transaction topic, every guarantee per table
+Database mode (option `database`, instead of `table` and `topic`; with `topic.prefix`):
+the work items of a database stream name their table, and each table goes to its own
+topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`, `source.table`
+its qualified name and its own transaction topic, every guarantee per table
 (kafka/database.py).
 """
 
@@ -215,6 +217,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if publisher is not None:
             _PUBLISHERS[cache_key] = publisher  # the most recently used last
         else:
+            from lance_cdf.kafka.topics import TopicSettings
+
             _evict(_PUBLISHERS)
             publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
                 o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
@@ -222,6 +226,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 tombstones=o.get("tombstones", "true").lower() == "true",
                 producer_config=producer, registry_config=registry,
                 checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
+                topic_settings=TopicSettings.from_options(options),
             )  # fmt: skip
         return publisher
 
@@ -251,7 +256,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         to the table's own topic (kafka/database.py)."""
         import logging
 
+        from lance_cdf.clientconfig import KafkaConnection
         from lance_cdf.kafka.database import is_gone, table_topic, table_works, with_partitions
+        from lance_cdf.kafka.topics import TopicSettings
 
         database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
         _, producer, _ = client_options(self.options)
@@ -265,8 +272,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 continue
             topic = f"{prefix}.{name}"
             partitions = table_topic(
-                opts["kafka.bootstrap.servers"], topic, int(opts.get("topic.partitions", "1")),
-                producer, f"{topic}.transaction" if txn else None,
+                KafkaConnection(opts["kafka.bootstrap.servers"], producer), topic,
+                TopicSettings.from_options(opts), f"{topic}.transaction" if txn else None,
             )  # fmt: skip
             works = with_partitions(work.works, partitions)
             options = {**self.options, "topic": topic, "table": work.uri}
@@ -398,6 +405,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def _transaction_writer(self, options: dict[str, str], name: TableName) -> TransactionWriter:
         with _archives_last():
+            from lance_cdf.kafka.topics import TopicSettings
             from lance_cdf.kafka.transactions import TransactionWriter, default_topic
 
         cache_key = tuple(sorted(options.items()))
@@ -411,6 +419,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
                 o["kafka.bootstrap.servers"], topic,
                 o["schema.registry.url"], name.namespace, producer, registry,
+                topic_settings=TopicSettings.from_options(options),
             )  # fmt: skip
         return writer
 

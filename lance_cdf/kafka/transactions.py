@@ -25,14 +25,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import fastavro
-from confluent_kafka import KafkaError
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.avro.wire import WireWriter, split
+from lance_cdf.clientconfig import KafkaConnection
+from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.kafka import clients
+from lance_cdf.kafka.topics import KNOWN, TopicSettings
 
 SUFFIX = ".transaction"
+# the flags that name another transaction topic, or none (for the messages)
+OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
 _NS = "io.debezium.connector.common"
 KEY_SCHEMA: dict[str, Any] = {
     "type": "record", "name": "TransactionMetadataKey", "namespace": _NS,
@@ -158,43 +162,6 @@ class TransactionDecoder:
         )  # fmt: skip
 
 
-def ensure_topic(bootstrap_servers: str, topic: str, config: dict[str, Any]) -> None:
-    """Create the transaction topic with one partition if it does not exist; refuse one
-    with more partitions (its last record must be the last one written)."""
-    from confluent_kafka.admin import NewTopic
-
-    from lance_cdf.kafka.endpoints import DENIED, denied
-
-    admin = clients.admin({"bootstrap.servers": bootstrap_servers, "log_level": 0, **config})
-
-    other = "--transaction-topic (or --no-transaction-metadata)"
-    found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
-    if found is not None and found.error is not None and found.error.code() in DENIED:
-        raise denied("topic", topic, "Describe and Write", bootstrap_servers, "producer",
-                     found.error, other)  # fmt: skip
-    if found is not None and found.error is None:
-        if len(found.partitions) != 1:
-            raise TransactionMetadataError(
-                f"transaction topic {topic!r} has {len(found.partitions)} partitions; it needs "
-                "exactly one (delete it, or name another with --transaction-topic)"
-            )
-        return
-    try:
-        admin.create_topics([NewTopic(topic, 1)])[topic].result(30)
-    except Exception as exc:  # noqa: BLE001 (created meanwhile is fine)
-        err = exc.args[0] if exc.args else None
-        if isinstance(err, KafkaError) and err.code() in (
-            *DENIED, KafkaError.CLUSTER_AUTHORIZATION_FAILED
-        ):
-            raise denied("topic", topic, "Create, Describe and Write", bootstrap_servers,
-                         "producer", err, other) from None  # fmt: skip
-        if not (isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS):
-            raise PublishError(
-                f"could not create the transaction topic {topic!r}: {exc}; create it with one "
-                "partition, or publish with --no-transaction-metadata"
-            ) from None
-
-
 class TransactionWriter:
     """Writes BEGIN/END records for whole micro-batches, exactly once."""
 
@@ -207,22 +174,22 @@ class TransactionWriter:
         producer_config: dict[str, Any] | None = None,
         registry_config: dict[str, Any] | None = None,
         timeout: float = 60.0,
+        topic_settings: TopicSettings | None = None,
     ):
         self.topic, self.namespace, self.timeout = topic, namespace, timeout
-        shared = ("security.", "sasl.", "ssl.", "client.", "socket.", "broker.")
-        self._client = {"bootstrap.servers": bootstrap_servers, **{
-            k: v for k, v in (producer_config or {}).items() if k.startswith(shared)
-        }}  # fmt: skip
+        self.connection = KafkaConnection(bootstrap_servers, producer_config or {})
+        # made with the change topic's replication factor and settings if missing
+        self.topic_settings = (topic_settings or TopicSettings()).for_transactions()
         # the registry client, producer and consumer are the process's, shared by the
         # writers of every table with the same settings (kafka/clients.py): the commit of
         # a database publisher writes a transaction topic per table
-        registry = clients.registry({"url": schema_registry, **(registry_config or {})})
+        registry = clients.registry(registry_settings(schema_registry, registry_config))
         self.key_writer = WireWriter(registry, f"{topic}-key", KEY_SCHEMA)
         self.value_writer = WireWriter(registry, f"{topic}-value", VALUE_SCHEMA)
         self.decoder = TransactionDecoder(registry)
-        made = clients.producer({
-            **self._client, "enable.idempotence": True, "acks": "all", **(producer_config or {}),
-        })  # fmt: skip
+        made = clients.producer(
+            self.connection.producer(defaults={"enable.idempotence": True, "acks": "all"})
+        )
         self.producer = made.producer
         self._failures: list[str] = made.failures
         self._ready = False
@@ -231,10 +198,10 @@ class TransactionWriter:
         """The topic's last record (None: empty)."""
         from confluent_kafka import TopicPartition
 
-        consumer = clients.consumer({
-            **self._client, "group.id": "lance-cdf-transaction-writer",
-            "enable.auto.commit": False, "fetch.wait.max.ms": 10,
-        })  # fmt: skip
+        consumer = clients.consumer(self.connection.consumer(fixed={
+            "group.id": "lance-cdf-transaction-writer", "enable.auto.commit": False,
+            "fetch.wait.max.ms": 10,
+        }))  # fmt: skip
         low, high = consumer.get_watermark_offsets(
             TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
         )
@@ -263,9 +230,9 @@ class TransactionWriter:
         if not versions:
             return 0
         if not self._ready:
-            ensure_topic(self._client["bootstrap.servers"], self.topic,
-                         {k: v for k, v in self._client.items() if k != "bootstrap.servers"})
-            self._ready = True  # fmt: skip
+            KNOWN.ensure(self.connection, self.topic, self.topic_settings, one_partition=True,
+                         other=OTHER_TOPIC)  # fmt: skip
+            self._ready = True
         last = self.last()
         now = int(time.time() * 1000)
         sent = 0

@@ -31,10 +31,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.clientconfig import redact_url
+from lance_cdf.clientconfig import KafkaConnection, redact_url
+from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
@@ -46,6 +47,7 @@ from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
 from lance_cdf.lease import LeaseKeeper
 from lance_cdf.namespace import list_tables, table_location
+from lance_cdf.replicate.consumers import dead_letter_producer, replica_consumer_config
 from lance_cdf.replicate.replicator import (
     Counters,
     Replicator,
@@ -156,7 +158,7 @@ class DatabaseReplicator:
         self.group_id = group_id or f"lance-cdf-replicate-db-{topic_prefix}"
         self.registry_config = registry_config
         self.dead_letter_topic = dead_letter_topic  # (never a table's, also under the prefix)
-        config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
+        connection = KafkaConnection(bootstrap_servers, consumer_config or {}, "consumer")
         check_broker(bootstrap_servers, consumer_config, flag="consumer")
         check_registry(schema_registry, registry_config)
         self.options = {
@@ -165,24 +167,15 @@ class DatabaseReplicator:
             "consumer_config": consumer_config, "registry_config": registry_config,
             "storage_options": storage_options,
         }  # fmt: skip
-        self.consumer = Consumer({
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            "max.partition.fetch.bytes": 16 << 20,
-            "fetch.max.bytes": 64 << 20,
-            "on_commit": _on_commit,
-            **config,
-        })  # fmt: skip
+        self.consumer = Consumer(replica_consumer_config(connection, self.group_id, _on_commit))
+        registry = SchemaRegistryClient(registry_settings(
+            schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
+        ))  # fmt: skip
         self.shared = SharedClients(
-            self.consumer, self.group_id,
-            SchemaDecoder(SchemaRegistryClient({"url": schema_registry, "timeout": 10,
-                                           "max.retries": 0, **(registry_config or {})}),
-                     outage_s=registry_outage_s),
-            Producer({**config, "acks": "all"}) if dead_letter_topic else None,
+            self.consumer, self.group_id, SchemaDecoder(registry, outage_s=registry_outage_s),
+            dead_letter_producer(connection, dead_letter_topic) if dead_letter_topic else None,
             LeaseKeeper(),
-        )  # fmt: skip
+        )
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
         self._by_transaction_topic: dict[str, TableReplica] = {}
         self.gone: list[str] = []  # qualified names of tables whose topic disappeared

@@ -71,7 +71,8 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.clientconfig import scrub
+from lance_cdf.clientconfig import KafkaConnection, scrub
+from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
@@ -89,6 +90,7 @@ from lance_cdf.kafka.endpoints import (
 )
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
 from lance_cdf.lease import Lease, LeaseKeeper
+from lance_cdf.replicate.consumers import dead_letter_producer, replica_consumer_config
 from lance_cdf.replicate.replica import (
     INSIDE_VERSION_PROPERTY,
     MAX_ROWID_PROPERTY,
@@ -525,7 +527,7 @@ class Replicator:
         self.key = list(key) if key else [SOURCE_ROWID]
         self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
         self.dead_letter_topic = dead_letter_topic
-        config = {"bootstrap.servers": bootstrap_servers, **(consumer_config or {})}
+        connection = KafkaConnection(bootstrap_servers, consumer_config or {}, "consumer")
         if shared is None:  # (a shared consumer's owner checked the broker and registry;
             # a denial on one table's topics is named by the poll loop)
             check_broker(bootstrap_servers, consumer_config, flag="consumer")
@@ -544,34 +546,23 @@ class Replicator:
             # a request timeout (the client has none: a hung registry would hang the
             # replicator for good), and no retries of its own: an outage is retried, and
             # logged, by _Decoder._schema
-            SchemaRegistryClient(
-                {"url": schema_registry, "timeout": 10, "max.retries": 0,
-                 **(registry_config or {})}
-            ),  # fmt: skip
+            SchemaRegistryClient(registry_settings(
+                schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
+            )),  # fmt: skip
             outage_s=registry_outage_s,
         )
-        self.consumer = shared.consumer if shared is not None else Consumer({
-            "group.id": self.group_id,
-            "enable.auto.commit": False,
-            "auto.offset.reset": "earliest",
-            "isolation.level": "read_committed",
-            # fetches of up to 16 MB per partition: with librdkafka's 1 MB a 100,000-record
-            # batch took ~9 us per record to consume, ~5.6 us with these (measured apart)
-            "max.partition.fetch.bytes": 16 << 20,
-            "fetch.max.bytes": 64 << 20,
-            "on_commit": self._on_commit,
-            **config,
-        })  # fmt: skip
-        dlq = Producer({**config, "acks": "all"}) if dead_letter_topic and not shared else None
+        self.consumer = shared.consumer if shared is not None else Consumer(
+            replica_consumer_config(connection, self.group_id, self._on_commit)
+        )
+        dlq = None
+        if dead_letter_topic and not shared:
+            dlq = dead_letter_producer(connection, dead_letter_topic)
         self.dlq = shared.dlq if shared is not None else dlq
-        # for the topic's configuration (is it compacted?): the connection settings only
-        self._admin_config = {k: v for k, v in config.items()
-                              if k.startswith(("bootstrap.", "security.", "sasl.", "ssl."))}
+        self._connection = connection  # (for the topic's configuration: is it compacted?)
         self._lease: Lease | None = None
         # the source table this replica follows ({name, table, db} as records name it):
         # recorded in the replica, else taken from the first records applied
         self._source: dict[str, str | None] | None = None
-        self._consumer_config = config
         # "versions" (through `_gate`) or "records"; None: decided at the first records
         # after an assignment (the transaction topic exists once records do)
         self._mode: str | None = None
@@ -891,7 +882,7 @@ class Replicator:
 
         resource = ConfigResource(ResourceType.TOPIC, self.topic)
         try:
-            admin = AdminClient(self._admin_config)  # (held: its futures die with it)
+            admin = AdminClient(self._connection.admin())  # (held: its futures die with it)
             configs = admin.describe_configs([resource])
             entry = configs[resource].result(timeout=10).get("cleanup.policy")
         except KafkaException as exc:
@@ -1064,7 +1055,7 @@ class Replicator:
             return "records"
         if self._gate is None:
             self._gate = VersionGate(
-                self._consumer_config, self.topic, txn,
+                self._connection, self.topic, txn,
                 TransactionDecoder(self.decoder.registry), self.max_pending_records,
                 consumer=self.consumer if self.shared is not None else None,
             )  # fmt: skip

@@ -26,11 +26,12 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
+from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.errors import TransactionMetadataError
 from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
@@ -71,7 +72,7 @@ class VersionGate:
 
     def __init__(
         self,
-        consumer_config: dict[str, Any],
+        connection: KafkaConnection,
         topic: str,
         transaction_topic: str,
         decoder: TransactionDecoder,
@@ -80,16 +81,16 @@ class VersionGate:
     ):
         self.topic, self.transaction_topic = topic, transaction_topic
         self.decoder, self.max_pending = decoder, max_pending
-        self.consumer_config = consumer_config
+        self.connection = connection
         # a consumer of its own; or, given (a database replicator's, database.py, shared by
         # every table), one that the caller polls: it hands the transaction topic's
         # records over with `feed`, and this gate only (un)assigns its partition
         self.shared = consumer is not None
-        self.consumer = consumer if consumer is not None else Consumer({
-            **consumer_config, "group.id": f"lance-cdf-replicate-{transaction_topic}",
-            "enable.auto.commit": False, "isolation.level": "read_committed",
-            "auto.offset.reset": "earliest",
-        })  # fmt: skip
+        self.consumer = consumer if consumer is not None else Consumer(connection.consumer(
+            defaults={"auto.offset.reset": "earliest"},
+            fixed={"group.id": f"lance-cdf-replicate-{transaction_topic}",
+                   "enable.auto.commit": False, "isolation.level": "read_committed"},
+        ))  # fmt: skip
         self._fed: list[Message] = []  # (shared consumer) polled, not yet read
         self._assigned = False
         self.version = 0
@@ -177,7 +178,7 @@ class VersionGate:
                 if err is not None and err.code() in DENIED:  # no END would ever come
                     raise denied(
                         "topic", self.transaction_topic, "Describe and Read",
-                        str(self.consumer_config.get("bootstrap.servers", "")), "consumer", err,
+                        self.connection.bootstrap_servers, "consumer", err,
                         "--transaction-topic (or --no-transaction-topic)",
                     )  # fmt: skip
                 if err is not None:
