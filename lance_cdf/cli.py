@@ -9,12 +9,15 @@ are listed, from this parser, in the documentation's CLI reference (docs/referen
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import json
 import os
 import signal
 import sys
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf import __version__, malloc
@@ -530,9 +533,21 @@ def cmd_publish(args: argparse.Namespace) -> int:
     cause (Spark's text in `<checkpoint>/lance-cdf-publish.log`) and a non-zero status.
     Raises `LanceCdfError` (exit 2) for refused settings, an unreachable or refusing broker /
     registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
-    from lance_cdf.kafka.publish import publish
+    import threading
+
 
     database = _publish_target(args)
+    # SIGTERM / SIGINT stop publishing: the query is stopped, the checkpoint kept
+    stop = threading.Event()
+    with _on_signals(lambda *_: stop.set()):
+        return _run_publish(args, database, stop)
+
+
+def _run_publish(
+    args: argparse.Namespace, database: Database | None, stop: threading.Event
+) -> int:
+    from lance_cdf.kafka.publish import publish
+
     return publish(
         args.table or "", args.bootstrap_servers, args.topic or "", _registry_url(args),
         args.checkpoint,
@@ -548,8 +563,19 @@ def cmd_publish(args: argparse.Namespace) -> int:
         writers=args.writers, exactly_once=not args.at_least_once,
         head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
         transaction_metadata=not args.no_transaction_metadata, database=database,
-        topics=_topic_settings(args),
+        topics=_topic_settings(args), stop=stop,
     )  # fmt: skip
+
+
+@contextlib.contextmanager
+def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
+    """`handler` for SIGTERM and SIGINT during the block, the previous ones after."""
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
@@ -562,7 +588,7 @@ def cmd_replicate(args: argparse.Namespace) -> int:
     another replicator (`LeaseHeldError`), or an unreachable broker / registry."""
     # a stop (SIGTERM / SIGINT, to the process or its group) while starting up (imports,
     # connection checks that may wait on a hung broker or registry) ends it quietly, exit
-    # 0; once running, Replicator.run's own handlers finish the batch in hand instead
+    # 0; once running, the handlers around Replicator.run finish the batch in hand instead
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     malloc.map_large_blocks_unless_told()  # its compactions' blocks go back when freed
     try:
@@ -608,7 +634,8 @@ def _replicate(args: argparse.Namespace) -> int:
             _options(args.source_storage_option, "--source-storage-option"), args.topic,
         )  # fmt: skip
         print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
-    counters = replicator.run(idle_timeout=args.idle_timeout)
+    with _on_signals(lambda *_: replicator.stop()):  # the batch in hand is finished
+        counters = replicator.run(idle_timeout=args.idle_timeout)
     print(
         f"stopped: {counters.batches} batches, {counters.records} records, "
         f"{counters.upserts} upserts, {counters.deletes} deletes, "
@@ -644,7 +671,8 @@ def _replicate_database(args: argparse.Namespace) -> int:
           f"{redact_url(args.database_target)}", flush=True)  # fmt: skip
     if args.metrics_port is not None:
         _serve_database_metrics(replicator, args)
-    counters = replicator.run(idle_timeout=args.idle_timeout)
+    with _on_signals(lambda *_: replicator.stop()):  # each table's batch in hand finished
+        counters = replicator.run(idle_timeout=args.idle_timeout)
     for name, c in sorted(counters.items()):
         print(f"stopped {name}: {c.batches} batches, {c.records} records, {c.upserts} upserts, "
               f"{c.deletes} deletes, source version {c.source_version}", flush=True)  # fmt: skip
@@ -688,6 +716,7 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
 def _applying(args: argparse.Namespace) -> dict[str, Any]:
     """How records are applied: the settings a single-table and a database replicator share."""
     return dict(
+        pause_gc=True,  # this process is the replicator's own
         max_batch_rows=args.max_batch_rows, max_batch_interval=args.max_batch_interval,
         dead_letter_topic=args.dead_letter_topic,
         consumer_config=_settings(args, "consumer_config"),

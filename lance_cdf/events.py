@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from typing import NamedTuple
 
 import numpy as np
@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from lance_cdf.columns import strip
 from lance_cdf.plan import RowSet, VersionChanges
+from lance_cdf.pools import PREFETCH
 from lance_cdf.rows import RowReader, take
 
 ROWID = "_rowid"
@@ -31,8 +32,6 @@ INSERT, DELETE = "insert", "delete"
 UPDATE_PRE, UPDATE_POST = "update_preimage", "update_postimage"
 SNAPSHOT = "snapshot"  # a row of the table as it stood at the snapshot version
 CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
-# chunk-level lookahead; separate from _POOL so a chunk never waits on its own pool
-_PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-prefetch")
 
 # rows as `RowReader.read_unordered` returns them: in read order, and each one's index
 _Image = tuple[pa.Table, np.ndarray]
@@ -162,7 +161,7 @@ def read_version_events(
     window: deque[tuple[list[Future[_Image]], Callable[..., pa.Table]]] = deque()
     in_flight = 0
     for reads, assemble in _event_chunks(reader, vc, schema, max(1, batch_size)):
-        window.append(([_PREFETCH.submit(r) for r in reads], assemble))
+        window.append(([PREFETCH.submit(r) for r in reads], assemble))
         in_flight += len(reads)
         while in_flight >= _LOOKAHEAD:
             futures, done = window.popleft()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple
@@ -44,6 +43,7 @@ from lance_cdf.format.manifest import LINEAGE_COLUMNS, FragmentInfo, Manifest
 from lance_cdf.format.table import TableLog
 from lance_cdf.malloc import keep_freed_memory_if_asked
 from lance_cdf.plan import RowSet
+from lance_cdf.pools import READS
 
 if TYPE_CHECKING:
     import lance
@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 # versions, and reading them took the same time bounded or not (bench_metadata_cache.py).
 METADATA_CACHE_BYTES = 16 << 20
 
-_POOL = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-read")
 
 
 # Open data file readers, shared by every RowReader of the process: a data file never
@@ -333,7 +332,7 @@ class RowReader:
                     raise self.unreadable(job.fragment, version, exc) from exc
 
             # pylance releases the GIL while reading: fragments are read concurrently
-            pieces = list(_POOL.map(read_job, jobs))
+            pieces = list(READS.map(read_job, jobs))
             got = pa.concat_tables(pieces)
         blobs = [src for src in sources if src is not None and is_blob(src)]
         if blobs:
@@ -408,7 +407,7 @@ class RowReader:
                 return None  # read again on its own, where the error is reported
 
         merged: dict[tuple[object, ...], _Merged] = {}
-        for (key, layout, union, _), table in zip(jobs, _POOL.map(read_job, jobs), strict=True):
+        for (key, layout, union, _), table in zip(jobs, READS.map(read_job, jobs), strict=True):
             if table is not None:
                 merged[key] = _Merged(union, table, layout)
         self._merged = merged

@@ -2,6 +2,7 @@
 replica): each part may import only the parts listed for it, lazy imports included."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "lance_cdf"
 ALLOWED = {
     # no lance_cdf imports at all
     "cache": set(),
+    "pools": set(),
     "errors": set(),
     "malloc": set(),
     "internals": set(),
@@ -24,12 +26,12 @@ ALLOWED = {
     "avro": {"errors"},
     "clientconfig": {"errors"},
     # the change feed, in flow order
-    "format": {"errors", "cache"},
+    "format": {"errors", "cache", "pools"},
     "namespace": {"format", "errors"},
     "plan": {"format", "errors", "cache"},
     "columns": {"errors"},
-    "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache"},
-    "events": {"rows", "columns", "plan"},
+    "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache", "pools"},
+    "events": {"rows", "columns", "plan", "pools"},
     "snapshot": {"events", "rows", "columns", "plan", "format", "errors", "cache"},
     "modes": {"events", "errors"},
     "candidates": {"modes", "rows", "columns", "plan", "errors"},
@@ -47,7 +49,7 @@ ALLOWED = {
     },
     "kafka": {
         "avro", "events", "feed", "streaming", "metrics", "keyhash", "stream_columns",
-        "clientconfig", "lease", "namespace", "errors", "",
+        "clientconfig", "lease", "namespace", "errors", "cache", "",
     },
     "replicate": {
         "avro", "kafka", "internals", "clientconfig", "lease", "namespace", "malloc", "errors",
@@ -58,7 +60,10 @@ ALLOWED = {
         "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
         "clientconfig", "lease", "namespace", "errors",
     },
-    "demo": {"devtools", "feed", "render", "streaming", "replicate", "namespace", "errors"},
+    "demo": {
+        "devtools", "feed", "render", "streaming", "replicate", "namespace", "clientconfig",
+        "errors",
+    },
 }
 
 
@@ -176,3 +181,62 @@ print(sorted(m for m in ("pyarrow", "numpy", "pandas", "lance") if m in sys.modu
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# Process-wide switches: signal handlers, the garbage collector, the environment, glibc's
+# malloc. The command line (cli.py) and the processes lance-cdf is the main program of
+# (the Spark worker daemon, the test services, the demo) may set them; the library may only
+# where the function says why: (module, function) -> the reason.
+SWITCHES = {
+    "signal.signal", "gc.disable", "gc.enable", "gc.freeze", "gc.set_threshold",
+    "os.environ.setdefault", "os.environ.pop", "os.environ.update", "os.putenv", "mallopt",
+}
+PROGRAMS = {"cli.py", "kafka/daemon.py"}  # main programs of their processes
+ALLOWED_SWITCHES = {
+    ("malloc.py", "_mallopt"): "the opt-ins `lance-cdf` turns on for its own process",
+    ("replicate/replicator.py", "_gc_paused"): "only with pause_gc, which `replicate` sets",
+    ("kafka/publish.py", "_jvm_ignores_sigterm"): "in the JVM's child, before exec",
+    ("kafka/publish.py", "_signal_handlers_kept"): "puts back the caller's handlers",
+    ("kafka/publish.py", "_python_for_spark"): "while Spark starts; removed after",
+}
+
+
+def test_the_library_sets_no_process_wide_switch_and_starts_no_thread_at_import():
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        rel = path.relative_to(PACKAGE).as_posix()
+        if rel in PROGRAMS or rel.startswith(("devtools/", "demo/", "format/_proto/")):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in tree.body:  # at import: no pool, no thread
+            text = ast.get_source_segment(path.read_text(), node) or ""
+            if isinstance(node, ast.Assign | ast.AnnAssign | ast.Expr) and re.search(
+                r"\b(ThreadPoolExecutor|ProcessPoolExecutor|threading\.Thread)\(", text
+            ):
+                found.append(f"{rel}: {text.splitlines()[0]}")
+        allowed = {n for f, n in ALLOWED_SWITCHES if f == rel}
+        for func, outer in _functions(tree):
+            if _switches(func) and not ({func.name, *outer} & allowed):
+                found.append(f"{rel}: {func.name} ({', '.join(sorted(_switches(func)))})")
+    assert not found, f"process-wide switches or threads at import in the library: {found}"
+
+
+def _functions(tree, outer=()):
+    """Every function of `tree` with the names of the functions it is nested in."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            yield node, outer
+            yield from _functions(node, (*outer, node.name))
+        else:
+            yield from _functions(node, outer)
+
+
+def _switches(func):
+    """The process-wide switches `func` itself flips (calls in SWITCHES, os.environ[k] = v)."""
+    out = set()
+    for node in ast.walk(func):
+        if isinstance(node, ast.Call) and ast.unparse(node.func) in SWITCHES:
+            out.add(ast.unparse(node.func))
+        targets = node.targets if isinstance(node, ast.Assign) else []
+        out |= {"os.environ[...] =" for t in targets if ast.unparse(t).startswith("os.environ[")}
+    return out

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
 import numpy as np
@@ -37,6 +36,7 @@ from lance_cdf.format.manifest import (
 )
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
+from lance_cdf.pools import DELETIONS
 
 log = logging.getLogger(__name__)
 
@@ -53,10 +53,6 @@ _SequenceKey = (
 # never exists, so it marks "not recorded" (plan.diff_manifests then compares values).
 UNKNOWN_VERSION = 0
 
-# On object storage the deletion files a commit wrote are fetched concurrently: a
-# scattered change writes one per fragment it touches, each a round trip. (On local disk
-# threads did not pay: 5.0 vs 4.7 ms, best of 30, for 11 files on a loaded 2-core machine.)
-_PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-deletions")
 
 
 # The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
@@ -436,7 +432,7 @@ class TableLog:
                 todo[key] = frag
         if len(todo) > 1:
             for key, vector in zip(
-                todo, _PREFETCH.map(self._read_deletions, todo.values()), strict=True
+                todo, DELETIONS.map(self._read_deletions, todo.values()), strict=True
             ):
                 self._deletions.put(key, vector)
 

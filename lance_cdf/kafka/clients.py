@@ -16,9 +16,12 @@ delivery failure collected by the shared callback is always the current table's.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
+
+from lance_cdf.cache import LruCache
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -42,17 +45,20 @@ class SharedProducer:
     failures: list[str] = field(default_factory=list)
 
 
-_PRODUCERS: dict[Key, SharedProducer] = {}
-_CONSUMERS: dict[Key, Consumer] = {}
-_ADMINS: dict[Key, AdminClient] = {}
-_REGISTRIES: dict[Key, SchemaRegistryClient] = {}
+# Clients kept per kind, least recently used out: one per distinct setting, so a few in
+# practice (a client dropped here stays with whoever holds it, until they let it go).
+KEPT = 32
+_PRODUCERS: LruCache[Key, SharedProducer] = LruCache(KEPT)
+_CONSUMERS: LruCache[Key, Consumer] = LruCache(KEPT)
+_ADMINS: LruCache[Key, AdminClient] = LruCache(KEPT)
+_REGISTRIES: LruCache[Key, SchemaRegistryClient] = LruCache(KEPT)
+_LOCK = threading.Lock()  # (one client made per setting, whichever thread asks first)
 
 
 def producer(config: Mapping[str, Any]) -> SharedProducer:
     """This process's producer with `config` (created on first use)."""
-    key = _key(config)
-    shared = _PRODUCERS.get(key)
-    if shared is None:
+
+    def make(settings: dict[str, Any]) -> SharedProducer:
         from confluent_kafka import KafkaError, Message, Producer
 
         failures: list[str] = []
@@ -61,19 +67,20 @@ def producer(config: Mapping[str, Any]) -> SharedProducer:
             if err is not None:
                 failures.append(f"{err} (topic {msg.topic()} partition {msg.partition()})")
 
-        made = Producer({**config, "on_delivery": on_delivery})
-        shared = _PRODUCERS[key] = SharedProducer(made, failures)
-    return shared
+        return SharedProducer(Producer({**settings, "on_delivery": on_delivery}), failures)
+
+    return cast(SharedProducer, _made(_PRODUCERS, config, make))
 
 
 def _made(
-    cache: dict[Key, Any], config: Mapping[str, Any], make: Callable[[dict[str, Any]], Any]
+    cache: LruCache[Key, Any], config: Mapping[str, Any], make: Callable[[dict[str, Any]], Any]
 ) -> Any:
     key = _key(config)
-    made = cache.get(key)
-    if made is None:
-        made = cache[key] = make(dict(config))
-    return made
+    with _LOCK:
+        made = cache.get(key)
+        if made is None:
+            made = make(dict(config))
+        return cache.put(key, made)
 
 
 def consumer(config: Mapping[str, Any]) -> Consumer:
@@ -100,9 +107,11 @@ def registry(config: Mapping[str, Any]) -> SchemaRegistryClient:
 
 def close_all(timeout: float = 60.0) -> None:
     """Flush and forget every shared client (the driver's, after a head start)."""
-    while _PRODUCERS:
-        _PRODUCERS.popitem()[1].producer.flush(timeout)
-    while _CONSUMERS:
-        _CONSUMERS.popitem()[1].close()
-    _ADMINS.clear()
-    _REGISTRIES.clear()
+    with _LOCK:
+        producers, consumers = list(_PRODUCERS.values()), list(_CONSUMERS.values())
+        for cache in (_PRODUCERS, _CONSUMERS, _ADMINS, _REGISTRIES):
+            cache.clear()
+    for shared in producers:
+        shared.producer.flush(timeout)
+    for consumer in consumers:
+        consumer.close()

@@ -10,11 +10,12 @@ Everything else is the single-table path, per table (kafka/sink.py).
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from lance_cdf.cache import LruCache
 from lance_cdf.clientconfig import KafkaConnection
-from lance_cdf.errors import TableNotFoundError
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.work import SlotWork, slot_works
 from lance_cdf.namespace import list_tables
@@ -23,7 +24,8 @@ from lance_cdf.streaming.handoff import table_digest
 log = logging.getLogger("lance_cdf.kafka")
 
 # this process's view: qualified name -> table URI (per database), topic -> partitions
-_URIS: dict[tuple[str, str], str] = {}
+_URIS: LruCache[tuple[str, str], str] = LruCache(16384)
+_URIS_LOCK = threading.Lock()
 
 
 @dataclass
@@ -68,16 +70,15 @@ def table_uri(
     database no longer has it. A table of that name elsewhere (dropped and created again)
     is left to the work item's own check (it refuses another table's items)."""
     key = (database, name)
-    cached = _URIS.get(key)
+    with _URIS_LOCK:
+        cached = _URIS.get(key)
     if cached is not None and table_digest(cached) == digest:
         return cached
-    try:
-        refs = list_tables(database, storage_options)
-    except TableNotFoundError:
-        raise
-    for ref in refs:
-        _URIS[(database, ref.qualified_name)] = ref.uri
-    return _URIS.get(key) if any(r.qualified_name == name for r in refs) else None
+    refs = list_tables(database, storage_options)
+    with _URIS_LOCK:
+        for ref in refs:
+            _URIS.put((database, ref.qualified_name), ref.uri)
+    return next((r.uri for r in refs if r.qualified_name == name), None)
 
 
 def table_topic(

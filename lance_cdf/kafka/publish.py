@@ -8,11 +8,10 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from types import FrameType
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.clientconfig import KafkaConnection, redact, redact_url, scrub
@@ -68,6 +67,7 @@ def publish(
     transaction_metadata: bool = True,
     database: Database | None = None,
     topics: TopicSettings | None = None,
+    stop: threading.Event | None = None,
 ) -> int:
     """Stream the table's changes to `topic` until stopped (or, with
     `available_now`, until the latest version at start is published).
@@ -101,7 +101,10 @@ def publish(
     table, `DEFAULT_DATABASE_TRIGGER` for a database.
     `topics`: how the topics publish writes are created if missing (partitions, replication
     factor, topic settings; kafka/topics.py); by default the broker's defaults, and for a
-    database as many partitions as there are writers."""
+    database as many partitions as there are writers.
+    `stop`: set it (from a signal handler, another thread) to stop publishing: the query is
+    stopped between micro-batch checks and publish returns 0. publish installs no signal
+    handler itself; `lance-cdf publish` sets `stop` on SIGTERM / SIGINT."""
     if trigger_interval is None:
         trigger_interval = DEFAULT_DATABASE_TRIGGER if database is not None else DEFAULT_TRIGGER
     if database is not None and (transaction_topic or table_name):
@@ -120,12 +123,10 @@ def publish(
         txn["transaction.topic"] = transaction_topic
     txn.update((topics or TopicSettings()).options())  # (sink options, as the above)
     producer_config = dict(producer_config or {})
-    # SIGTERM / SIGINT only set a flag: the main thread polls it between short
-    # awaitTermination() calls and stops the query itself. A handler that called
-    # query.stop() would re-enter py4j while the main thread is blocked in it
-    # ("reentrant call inside <_io.BufferedReader>", then Py4JNetworkError).
-    stopping = threading.Event()
-    previous = _on_signals(lambda *_: stopping.set())
+    # a stop only sets a flag: this thread polls it between short awaitTermination() calls
+    # and stops the query itself (a signal handler that called query.stop() would re-enter
+    # py4j while this thread is blocked in it)
+    stopping = stop if stop is not None else threading.Event()
     lease = None
     try:
         shown = database.topic("*") if database is not None else topic
@@ -142,8 +143,6 @@ def publish(
     finally:
         if lease is not None:
             lease.release()
-        for s, h in previous.items():
-            signal.signal(s, h)
 
 
 @dataclass(frozen=True)
@@ -248,10 +247,34 @@ def _jvm_ignores_sigterm() -> Iterator[None]:
         java_gateway.Popen = popen  # type: ignore[misc]
 
 
-def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> dict[int, Any]:
+@contextmanager
+def _signal_handlers_kept() -> Iterator[None]:
+    """The SIGTERM / SIGINT handlers as they were before the block (what Spark's start
+    installs is undone)."""
     if threading.current_thread() is not threading.main_thread():
-        return {}  # signals are delivered to the main thread only
-    return {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+        yield  # (signal handlers belong to the main thread)
+        return
+    kept = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        yield
+    finally:
+        for s, handler in kept.items():
+            if handler is not None:
+                signal.signal(s, handler)
+
+
+@contextmanager
+def _python_for_spark() -> Iterator[None]:
+    """PYSPARK_PYTHON, if unset, this interpreter while the block starts Spark (the JVM
+    and the workers it starts keep it); the process's environment as it was after."""
+    if "PYSPARK_PYTHON" in os.environ:
+        yield
+        return
+    os.environ["PYSPARK_PYTHON"] = sys.executable
+    try:
+        yield
+    finally:
+        os.environ.pop("PYSPARK_PYTHON", None)
 
 
 def _publish(
@@ -338,7 +361,6 @@ def _publish(
     pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
     pool.shutdown(wait=False)
     first_failure(checked, stopping)
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from pyspark.sql import SparkSession
 
     own_session = SparkSession.getActiveSession() is None
@@ -405,15 +427,14 @@ def _publish(
                     )
             builder = builder.config("spark.driver.extraJavaOptions", options)
     t = time.monotonic()
-    with _jvm_ignores_sigterm():
+    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
+    # KeyboardInterrupt inside a py4j call): the caller's is put back
+    with _jvm_ignores_sigterm(), _signal_handlers_kept(), _python_for_spark():
         spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
     spark.sparkContext.setLogLevel("ERROR")
     if own_session:
         _quiet_accumulators(spark)
     stages["Spark session"] = time.monotonic() - t
-    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
-    # KeyboardInterrupt inside a py4j call): ours again
-    _on_signals(lambda *_: stopping.set())
     try:
         partitions = pending.result()
     except BaseException:

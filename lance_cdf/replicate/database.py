@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import re
-import signal
 import threading
 import time
 from dataclasses import dataclass
@@ -293,14 +292,11 @@ class DatabaseReplicator:
         }  # fmt: skip
 
     def run(self, idle_timeout: float | None = None) -> dict[str, Counters]:
-        """Apply batches until stop() / SIGTERM / SIGINT, or until no record has arrived
-        (and no table appeared) for `idle_timeout` seconds. Each table's batch in progress
-        is finished before returning. Returns each table's counters; the tables left out
-        are in `refused` (topic -> why)."""
-        previous: dict[int, Any] = {}
-        if threading.current_thread() is threading.main_thread():
-            previous = {s: signal.signal(s, lambda *_: self.stop())
-                        for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        """Apply batches until stop() (`lance-cdf replicate` calls it on SIGTERM /
+        SIGINT), or until no record has arrived (and no table appeared) for `idle_timeout`
+        seconds. Each table's batch in progress is finished before returning. Returns each
+        table's counters; the tables left out are in `refused` (topic -> why)."""
+        pause_gc = bool(self.options.get("pause_gc", False))  # (see Replicator)
         last_data = time.monotonic()
         next_refresh = 0.0
         try:
@@ -308,7 +304,7 @@ class DatabaseReplicator:
                 if time.monotonic() >= next_refresh:
                     self.refresh()
                     next_refresh = time.monotonic() + self.refresh_s
-                with gc_paused():
+                with gc_paused(pause_gc):
                     msgs = self._poll_batch()
                     got = bool(msgs)
                     self._dispatch(msgs)
@@ -320,8 +316,6 @@ class DatabaseReplicator:
                 ):
                     break
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
             finished = self.counters
             try:
                 for entry in list(self.tables.values()):

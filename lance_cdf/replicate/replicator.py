@@ -37,7 +37,6 @@ import io
 import json
 import logging
 import os
-import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -391,8 +390,13 @@ class _Positions(NamedTuple):
 
 
 @contextlib.contextmanager
-def _gc_paused() -> Iterator[None]:
-    """Python's cyclic garbage collector off for the block (as it was after)."""
+def _gc_paused(pause: bool) -> Iterator[None]:
+    """With `pause`, Python's cyclic garbage collector off for the block (as it was
+    after): a process-wide setting, so only where the process is the replicator's own
+    (`lance-cdf replicate`)."""
+    if not pause:
+        yield
+        return
     was = gc.isenabled()
     gc.disable()
     try:
@@ -509,9 +513,14 @@ class Replicator:
         transaction_metadata: bool = True,
         max_pending_records: int = 200_000,
         shared: SharedClients | None = None,
+        pause_gc: bool = False,
     ):
         self.topic = topic
         self.shared = shared
+        # the cyclic garbage collector off while a batch is consumed, decoded and applied:
+        # a batch's many live Message objects made every full collection walk them (a
+        # process-wide switch: `lance-cdf replicate` turns it on for its own process)
+        self.pause_gc = pause_gc
         self.target, self.storage_options = target, storage_options
         self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
         self.group_id = shared.group_id if shared is not None else (
@@ -622,31 +631,22 @@ class Replicator:
         self._stop.set()
 
     def run(self, idle_timeout: float | None = None) -> Counters:
-        """Apply batches until stop() / SIGTERM / SIGINT, or until no record has
-        arrived for `idle_timeout` seconds since partitions were assigned. The batch in
-        progress is finished (its Lance commit and offset commit) before returning;
-        nothing is half-applied."""
-        previous: dict[int, Any] = {}  # signal -> its handler before
-        if threading.current_thread() is threading.main_thread():
-            previous = {s: signal.signal(s, lambda *_: self.stop())
-                        for s in (signal.SIGTERM, signal.SIGINT)}  # fmt: skip
+        """Apply batches until stop() (`lance-cdf replicate` calls it on SIGTERM / SIGINT),
+        or until no record has arrived for `idle_timeout` seconds since partitions were
+        assigned. The batch in progress is finished (its Lance commit and offset commit)
+        before returning; nothing is half-applied."""
         started = time.monotonic()
         try:
             lease = self.start()
         except BaseException:
-            for s, h in previous.items():
-                signal.signal(s, h)
             self.consumer.close()
             raise
         self.consumer.subscribe([self.topic], on_assign=self._on_assign)
         last_data = 0.0
         try:
             while not self._stop.is_set():
-                # the collector paused while a batch is consumed, decoded and applied:
-                # its 100,000 live Message objects made every gen-2 collection walk them
-                # (1M records: poll 4.8 -> 3.1 s, decode 2.9 -> 2.4 s; measured apart);
-                # the batch holds no reference cycles, reference counts free it
-                with _gc_paused():
+                # (the batch holds no reference cycles: reference counts free it)
+                with _gc_paused(self.pause_gc):
                     t0 = time.perf_counter()
                     msgs = self._poll_batch()
                     self.counters.poll_s += time.perf_counter() - t0
@@ -661,8 +661,6 @@ class Replicator:
                 ):
                     break
         finally:
-            for s, h in previous.items():
-                signal.signal(s, h)
             try:
                 if self._assigned is not None:  # the last position, waited for
                     self._commit_offsets(self._applied, asynchronous=False)
