@@ -55,24 +55,22 @@ UNKNOWN_VERSION = 0
 
 # On object storage the deletion files a commit wrote are fetched concurrently: a
 # scattered change writes one per fragment it touches, each a round trip. (On local disk
-# threads did not pay: 5.0 vs 4.7 ms, best of 30, for 11 files on a loaded 2-core machine.)
+# threads did not pay: docs/benchmarks.md, "Reading the format".)
 _PREFETCH = ThreadPoolExecutor(max_workers=4, thread_name_prefix="lance-cdf-deletions")
 
 
 # The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
 # entry per fragment, so a table that only grows in fragments (no compaction) made each
-# cached manifest larger, version after version (issue 32: the 30-minute soak's table went
-# from ~200 to ~1,500 fragments, 150 KB a manifest on disk; 64 such manifests parsed are
-# ~45 MB, and every process following the table grew with it). 16,384 entries in all are
-# 64 manifests of 256 fragments, or 10 of the soak's at its end.
+# cached manifest larger, version after version, and every process following the table
+# grew with it (the soak's table: docs/benchmarks.md, "Reading the format"). 16,384
+# entries in all are 64 manifests of 256 fragments, or 10 of the soak's at its end.
 MANIFEST_CACHE_FRAGMENTS = 16_384
 
 
 # The deletion vectors a TableLog keeps (besides at most 16 x `cache_size` of them), by
 # their bitmaps' bytes: a fragment that keeps losing rows gets a new, larger deletion file
-# at every commit (the soak's table is one 200k-row fragment that loses ~30 rows a second: a
-# roaring bitmap of 50k offsets in it is 26 KB, and 1,024 such cached ~26 MB); the newest
-# 64 always stay.
+# at every commit, and a count of them held tens of MB in the soak (docs/benchmarks.md,
+# "Soak"); the newest 64 always stay.
 DELETION_CACHE_BYTES = 8 << 20
 _DELETION_CACHE_FLOOR = 64
 
