@@ -282,7 +282,7 @@ def build_parser() -> argparse.ArgumentParser:
     _kafka_endpoint(rep, topic_required=False)
     rep.add_argument("--target", default=None,
                      help="replica table path or URI (with --topic)")  # fmt: skip
-    # issue 35: a whole database (replicate/database.py)
+    # a whole database: every topic of a prefix into its table (replicate/database.py)
     rep.add_argument("--database-target", default=None, metavar="URI",
                      help="instead of --topic/--target: replicate every topic PREFIX.<table> "
                      "(see --topic-prefix) into the table of that qualified name (sales.orders: "
@@ -479,7 +479,7 @@ def cmd_changes(args: argparse.Namespace) -> int:
 
 
 def _database_flags(pub: argparse.ArgumentParser) -> None:
-    """publish --database (issue 35): every matching table of a database, one topic each."""
+    """publish --database: every matching table of a database, one topic each."""
     for action in pub._actions:  # --topic: or --topic-prefix with --database
         if action.dest == "topic":
             action.required = False

@@ -101,12 +101,12 @@ class WorkItemError(LanceCdfError):
     """A Kafka sink's work item is not one lance-cdf's source wrote."""
 
 
-# issue 34 (secrets from files and the environment)
+# client settings: secrets from files and the environment
 class ClientConfigError(LanceCdfError):
     """A client settings file, KEY=VALUE flag or ${env:NAME} reference cannot be read."""
 
 
-# issue 31 (replicator side): one writer per target, a replica that knows whose it is
+# the replicator: one writer per target, a replica that knows whose it is
 class LeaseHeldError(LanceCdfError):
     """Another live writer holds the target's lease (`lance_cdf.lease`)."""
 
@@ -130,7 +130,7 @@ class ReplicaPositionError(ReplicaError):
     needs."""
 
 
-# -- issue 31 (publisher side): checkpoints know their table; Kafka outages --
+# -- the publisher: checkpoints know their table; Kafka outages --
 
 
 class CheckpointMismatchError(LanceCdfError):
@@ -142,7 +142,7 @@ class KafkaUnavailableError(PublishError):
     """The broker did not answer for longer than the publisher rides out an outage."""
 
 
-# issue 33: tables addressed by name in a LanceDB database or Lance directory namespace
+# tables addressed by name in a LanceDB database or Lance directory namespace
 class DatabaseNotFoundError(TableNotFoundError):
     """The database (namespace root) directory does not exist."""
 
@@ -151,19 +151,19 @@ class TableNameError(TableNotFoundError):
     """No table, or more than one, of a database has the name given."""
 
 
-# -- issue 32: transaction metadata and whole-version replicas --
+# -- transaction metadata and whole-version replicas --
 class TransactionMetadataError(LanceCdfError):
     """The transaction topic cannot be used as lance-cdf's (wrong shape, or it disagrees
     with the change topic's records)."""
 
 
-# -- issue 34 item 5 (authorization): a Kafka ACL denies the client a topic or its group --
+# -- authorization: a Kafka ACL denies the client a topic or its group --
 class KafkaAuthorizationError(PublishError):
     """The broker's authorizer refused the client (publish or replicate) an operation it
     needs on a topic or a consumer group; the message names which and the setting."""
 
 
-# -- issue 35 item 5: a whole database as one Spark stream of events --
+# -- a whole database as one Spark stream of events --
 class DatabaseSchemaError(LanceCdfError):
     """The tables of a database event stream do not fit one schema: a column of one type in
     one table and another in another, or a table (taken up later, or changed) with columns

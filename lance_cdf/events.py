@@ -79,8 +79,8 @@ def _fixed(type_: pa.DataType, values: np.ndarray) -> pa.Array:
 
 
 def constant(value: str, n: int) -> pa.Array:
-    """`value` n times as a string array, built from its buffers (a dictionary cast
-    cost ~2 ms per 100,000 rows)."""
+    """`value` n times as a string array, built from its buffers (a dictionary cast costs
+    more: docs/benchmarks.md, "Reading rows")."""
     data = value.encode()
     if n * len(data) >= 2**31:
         return pa.DictionaryArray.from_arrays(np.zeros(n, np.int32), [value]).cast(pa.string())
@@ -92,7 +92,7 @@ def constant(value: str, n: int) -> pa.Array:
 
 def _pair_kinds(n: int) -> pa.Array:
     """update_preimage, update_postimage, ... for n pairs (built in Arrow: a numpy array
-    of Python strings cost ~10 ms per 66,000 pairs to convert)."""
+    of Python strings is slow to convert; docs/benchmarks.md, "Reading rows")."""
     codes = np.tile(np.array([0, 1], dtype=np.int32), n)
     return pa.DictionaryArray.from_arrays(codes, [UPDATE_PRE, UPDATE_POST]).cast(pa.string())
 

@@ -9,8 +9,8 @@ changes it (rather than lance-cdf silently falling back, or breaking somewhere e
   batch_readahead)` take numpy offsets as they are (the public `take_rows` checks the
   order of the offsets row by row in Python).
 - `delete_rows`: `LanceFragment._fragment.delete_rows(offsets)`, the same call as the
-  public `LanceFragment.delete_rows` without its per-offset `int()` pass (~0.2 us per
-  offset: 18 ms of a 100,000-row replica batch).
+  public `LanceFragment.delete_rows` without its per-offset `int()` pass, a noticeable
+  part of a large replica batch (docs/benchmarks.md, "Inside the replicator").
 - `PYSPARK_STREAMING_RUNNERS`: the modules PySpark runs a Python streaming source's and
   sink's driver-side methods in (`lance_cdf.streaming.hangup` recognises them).
 

@@ -49,11 +49,10 @@ def keep_freed_memory() -> None:
 
     In a fresh process the thresholds are low (128 KiB), and pylance's decode threads
     free their buffers (a few MiB each) at the top of their heaps: glibc hands the
-    memory back (madvise) and the next read page-faults it in again. A 100,000-row
-    insert of a 128-d vector table read in 8 MiB calls paid ~12,000 page faults per
-    call that way (24-28 ms against 12-14 ms with the thresholds raised; BENCHMARKS.md,
-    issue 18, eighth pass). This frees one such block once per process: glibc raises the
-    thresholds exactly as after any large read (24 MiB read calls did it implicitly).
+    memory back (madvise) and the next read page-faults it in again: a large insert's
+    read calls took about twice as long that way (docs/benchmarks.md, "Reading rows").
+    This frees one such block once per process: glibc raises the thresholds exactly as
+    after any large read (24 MiB read calls did it implicitly).
     Thresholds set by the user (mallopt, MALLOC_*_ environment variables) turn the
     dynamic rise off, and are left as they are; other C libraries are left alone.
     """
@@ -87,14 +86,12 @@ def bound_arenas(arenas: int = DEFAULT_ARENAS) -> None:
 
     glibc gives threads their own arenas, up to 8 per core, and what a thread frees stays
     in its arena. pylance's compaction (`compact_files` of a 200k-row 128-d table, as a
-    replica's upkeep runs it) works on many threads: over 30 rounds a process that opened
-    the table at 151 MB held 471-495 MB (median after each compaction, two runs) with
-    glibc's limit, 313-333 MB with 2 arenas, 205-217 MB with 2 arenas and
-    `release_freed_memory` after each (`bench/bench_arenas.py`); `malloc_trim(0)` under
-    glibc's limit still left ~550 MB.
+    replica's upkeep runs it) works on many threads, and a process held far more after
+    the compactions with glibc's limit than with 2 arenas, least with 2 arenas and
+    `release_freed_memory` after each; `malloc_trim(0)` alone did not bring it down.
     The replicator compacts every 100 commits and grew by steps at its compactions for as
-    long as it ran. Replication throughput with 2 arenas: no loss measured (1M upserts
-    4.69 / 5.90 s against 6.24 / 5.41 s with glibc's limit, alternated)."""
+    long as it ran. Replication throughput with 2 arenas: no loss (docs/benchmarks.md,
+    "Soak")."""
     global _bounded
     if _mallopt(_M_ARENA_MAX, arenas):
         _bounded = True
@@ -133,11 +130,10 @@ def map_large_blocks(threshold: int = DEFAULT_MMAP_THRESHOLD) -> None:
 
     For a process whose large blocks come in bursts far apart: the replicator's compaction
     and key-map rebuild every 100 batches. With the raised thresholds their blocks were
-    carved from the arenas and left them fragmented: in the soak (20 min, a 200k-row 128-d
-    replica, compaction every ~5 min) the replicator's heap held 7 -> 49 MB of freed memory
-    after five compactions (`mallinfo2`; in use ~30 MB throughout), its anonymous memory
-    94 -> 141 MB; with blocks of 1 MiB and more mapped, 0.5 -> 10 MB free and 93 -> 102 MB,
-    level after the first compaction (BENCHMARKS, "Soak")."""
+    carved from the arenas and left them fragmented: in the soak the replicator's heap held
+    more freed memory after every compaction while the memory in use stayed level; with
+    blocks of 1 MiB and more mapped, it is level after the first compaction
+    (docs/benchmarks.md, "Soak")."""
     if _mallopt(_M_MMAP_THRESHOLD, threshold):
         _mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)
 

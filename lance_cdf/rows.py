@@ -51,11 +51,10 @@ if TYPE_CHECKING:
 
 # pylance's metadata cache (manifests, data files' footers, row-ID sequences, deletion
 # vectors) of the session a RowReader's datasets share: with pylance's default bound, 1 GiB,
-# it keeps every version checked out (~37 KB each on a 200k-row table) for as long as the
-# process follows the table (issue 32).
+# it keeps every version checked out for as long as the process follows the table.
 # Rows are read through lance.file readers (_FILES), so the datasets are used for the
-# schema and little else: on a 200-fragment table the session held 0.17 MB after 150
-# versions, and reading them took the same time bounded or not (bench_metadata_cache.py).
+# schema and little else: the bounded session stays small, and reading takes the same
+# time bounded or not (docs/benchmarks.md, "Soak").
 METADATA_CACHE_BYTES = 16 << 20
 
 
@@ -76,9 +75,9 @@ class _Readers:
     A pylance file reader serves one call at a time ("Already borrowed"); a second reader
     of the same file lets two reads of it decode at once: the chunks of a large commit's
     rows (a 100,000-row insert is two 65,536-event chunks of one file) read concurrently
-    instead of one after the other (34 -> ~20 ms for 100,000 rows of a 128-d vector
-    table on 2 cores). A reader is opened only when every open one is busy, so at most as
-    many as reads run at once (the read pools' threads)."""
+    instead of one after the other (docs/benchmarks.md, "Reading rows"). A reader is
+    opened only when every open one is busy, so at most as many as reads run at once (the
+    read pools' threads)."""
 
     def __init__(
         self,
@@ -182,7 +181,7 @@ class RowReader:
 
     def arrow_schema(self, version: int) -> pa.Schema:
         """The table's Arrow schema at a version, cached per distinct schema for the
-        process: a fresh read_changes call does not open a pylance dataset for it (~2 ms)."""
+        process: a fresh read_changes call does not open a pylance dataset for it."""
         manifest = self.table.manifest(version, operation=False)
         meta = tuple(sorted(manifest.proto.schema_metadata.items()))
         key = (self.table.uri, manifest.schema_key(), meta)
@@ -198,7 +197,7 @@ class RowReader:
         """The Arrow schemas this process has from pylance for this table, as (fields key,
         schema metadata, the schema in Arrow IPC) for `learn_schemas` in another process of
         the same query: Spark's driver-side streaming source runner then never imports
-        pylance: 192 -> 150 MB RSS (issue 32, docs/benchmarks.md "Publisher footprint").
+        pylance, a smaller process (docs/benchmarks.md, "Publisher footprint").
         A schema holding an extension type is left out: it is only rebuilt where the
         module defining it (pylance's bfloat16, ...) is imported, which the receiving
         process may not have done."""
@@ -240,7 +239,7 @@ class RowReader:
                 # functions of the TableLog, not bound methods: a history that held this
                 # reader would make a reference cycle, and every fresh read_changes call's
                 # reader, its manifests and decoded sequences would wait for the cyclic
-                # collector (50-60% slower calls on the aged 10M-row bench table)
+                # collector (markedly slower calls: docs/benchmarks.md, "Reading rows")
                 history = ColumnHistory(
                     origin,
                     functools.partial(_field_states, self.table),
@@ -364,8 +363,8 @@ class RowReader:
 
         pylance reads a data file with one I/O request per chunk of a column a row needs
         unless the next chunk is adjacent; two takes of scattered rows from one large file
-        (one version's pre-images, the next version's deleted rows) cost 1.2-1.4x one
-        take of both (BENCHMARKS.md, issue 18, fifth pass). Only rows read through data
+        (one version's pre-images, the next version's deleted rows) cost more than one
+        take of both (docs/benchmarks.md, "Reading rows"). Only rows read through data
         files (not the fragment API) are merged, and only where two requests share a file.
         """
         # per data-file reader group and columns: its layout, fields, and offsets wanted
@@ -611,13 +610,13 @@ LINEAGE_IDS = frozenset(fid for fid, _ in LINEAGE_COLUMNS.values())
 
 
 # Physical reads: rows at most this far apart form a run; a run of at least _MIN_RUN rows is
-# read as one range and picked in Arrow. Measured on 100k-250k-row files of a 128-d vector
-# table: take_rows costs ~5 us per scattered row, a range ~0.2-0.9 us per row it spans, so
-# a range wins down to a density of about 1 row in 8.
+# read as one range and picked in Arrow: a range costs a fraction of a take per row it
+# spans, so it wins down to a density of about 1 row in 8 (docs/benchmarks.md,
+# "Reading rows").
 _DENSE_GAP = 8
 _MIN_RUN = 64
-# Rows per decoded batch: one batch of the whole selection decodes on one thread and was
-# 2-6x slower for 33k-100k rows than pylance's own batch sizes
+# Rows per decoded batch: one batch of the whole selection decodes on one thread, several
+# times slower than pylance's own batch sizes (docs/benchmarks.md, "Reading rows")
 _TAKE_BATCH = 1024
 _RANGE_BATCH = 8192
 
@@ -670,10 +669,8 @@ def _take_physical(
 # At most about this many bytes of one column per read call. pylance decodes a call's
 # rows into one buffer per column sized for all of them; past glibc's largest mmap
 # threshold (32 MiB) such a buffer is fresh memory from the kernel every time, and its
-# page faults cost more than the decode: 100,000 rows of a 128-d float32 vector column
-# read as one range cost 51-57 ms CPU (12,500 page faults), in ranges of up to 56,000
-# rows 26-40 ms (none); 65,536 rows (32 MiB of vectors) fault again. Smaller calls
-# (8 MiB) decode faster still, once glibc keeps their buffers (`lance_cdf.malloc`).
+# page faults cost more than the decode (docs/benchmarks.md, "Reading rows"). Smaller
+# calls (8 MiB) decode faster still, once glibc keeps their buffers (`lance_cdf.malloc`).
 _MAX_READ_BYTES = 8 << 20
 
 
@@ -747,12 +744,13 @@ def _read_fragment(
 ) -> pa.Table:
     """Rows at sorted live-row indices `logical` of one fragment.
 
-    `LanceFragment.take` costs ~20 us per row on a fragment with a deletion
+    `LanceFragment.take` is slow per row on a fragment with a deletion
     file (it resolves every index through the deletion vector), while a range
     scan (`to_table(offset=, limit=)`) streams. Dense selections -- a new
     fragment of inserts, a block of updated rows -- are read as a few ranges
     and picked in Arrow; scattered ones fall back to take(). On object storage
-    `gap` is wider: a round trip costs more than the bytes in between.
+    `gap` is wider: a round trip costs more than the bytes in between
+    (docs/benchmarks.md, "Reading rows").
     """
     breaks = np.flatnonzero(np.diff(logical) > gap) + 1
     if breaks.size >= _MAX_WINDOWS:

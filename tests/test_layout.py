@@ -2,7 +2,9 @@
 replica): each part may import only the parts listed for it, lazy imports included."""
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -240,3 +242,36 @@ def _switches(func):
         targets = node.targets if isinstance(node, ast.Assign) else []
         out |= {"os.environ[...] =" for t in targets if ast.unparse(t).startswith("os.environ[")}
     return out
+
+
+# "issue 32", "issues 35 item 3 and 32", "(Issue 31)", "#34"; not a URL's ".../issues/5040"
+# nor "PKCS#12"
+ISSUE_NUMBER = re.compile(r"(?<![/\w])issues? \d+|(?<![\w&])#\d{2,}", re.I)
+
+
+def _comments_and_docstrings(source: str) -> list[tuple[int, str]]:
+    """(line, text) of every comment and docstring of a module's source."""
+    found = [
+        (tok.start[0], tok.string)
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+        if tok.type == tokenize.COMMENT
+    ]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            doc = ast.get_docstring(node, clean=False)
+            if doc is not None:
+                found.append((node.body[0].lineno, doc))
+    return found
+
+
+def test_comments_name_no_issue_numbers():
+    """Comments and docstrings say what the code does and why; the project's issue numbers
+    belong to the history (commit messages), measured figures to docs/benchmarks.md."""
+    named = [
+        f"{path.relative_to(PACKAGE.parent)}:{line + text.count(chr(10), 0, match.start())}: "
+        f"{match.group(0)}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        for line, text in _comments_and_docstrings(path.read_text())
+        for match in ISSUE_NUMBER.finditer(text)
+    ]
+    assert not named, "issue numbers in comments or docstrings:\n" + "\n".join(named)

@@ -228,7 +228,7 @@ class PostgresServer(ChildService):
     def _reachable_binaries(self) -> None:
         """`nobody` must reach the server's binaries: a checkout under a private directory
         (`mktemp -d` is mode 700) hides its venv's, and initdb then fails with status 127.
-        Then run a copy inside the work dir (~45 MB, a second or so)."""
+        Then run a copy inside the work dir (the server's binaries only: a quick copy)."""
         probe = [*self._as_user(), str(self.bin / "initdb"), "--version"]
         if subprocess.run(probe, capture_output=True).returncode == 0:
             return

@@ -8,9 +8,9 @@
        ends as bytes of native-order uint64. None for any other shape (another segment
        kind, a repeated or unknown field, a length that does not match its bytes, a varint
        over 10 bytes, end < start): the caller then parses it with protobuf. A scattered
-       merge_insert leaves one single-row Range per rewritten row (1.35 MB of them in
-       the manifests of the aged 10M-row bench table): protobuf's objects cost ~10 us per
-       segment, this ~10 ns.
+       merge_insert leaves one single-row Range per rewritten row (megabytes of them in
+       the manifests of a table with that history): protobuf's objects cost about a
+       thousand times what this does per segment (docs/benchmarks.md, "Reading the format").
 
    manifest_entries(data, start, end) -> ([(id, start, end), ...], [(start, end), ...]) | None
        The top level of the Manifest message in data[start:end]: each `fragments` record
@@ -23,7 +23,7 @@
 
    same_bytes(a, b) -> bool
        Whether two buffers hold the same bytes (memcmp: a memoryview's == compares
-       element by element, 4x slower than copying both).
+       element by element, slower than copying both; docs/benchmarks.md, "Reading the format").
 
    Every read is bounds-checked: garbage gives None, never a read outside `data`. */
 

@@ -75,7 +75,7 @@ class DeletionVector:
 
 
 # Deletion files are small and zstd-compressed: decompressing on Arrow's thread pool costs
-# more in hand-offs than it saves (63 vs 99 us per file, best of 5, pyarrow 26)
+# more in hand-offs than it saves (docs/benchmarks.md, "Reading the format")
 _IPC_OPTIONS = pa.ipc.IpcReadOptions(use_threads=False)
 
 
@@ -83,15 +83,15 @@ def _decode(data: bytes, file_type: int) -> BitMap:
     """The deleted offsets of a deletion file's bytes.
 
     `.arrow` files are read by pyarrow's IPC reader only. A hand decoder of pylance's
-    layout (flatbuffers, zstd) stood beside it until issue 30: it saved ~4 us of ~40 per
-    file, at most a few percent of a `read_changes` call or a followed micro-batch
-    (bench/bench_decoders.py; figures in the history of BENCHMARKS.md in git), so it went."""
+    layout (flatbuffers, zstd) stood beside it once: it saved a small part of each file's
+    decode, at most a few percent of a `read_changes` call or a followed micro-batch
+    (docs/benchmarks.md, "Reading the format"), so it went."""
     if file_type == BITMAP:
         return BitMap.deserialize(data)
     values = _offsets_with_pyarrow(data)
     if len(values) > 512:
         # pyroaring adds unsorted values one container search at a time: sorting first
-        # costs less (1,200 offsets: 110 -> 67 us; 5,000: 790 -> 160 us)
+        # costs less (docs/benchmarks.md, "Reading the format")
         values = array.array("I", np.sort(np.frombuffer(values, np.uint32)).tobytes())
     # pyroaring builds from array.array in bulk; from numpy it iterates element by element
     return BitMap(values)

@@ -45,7 +45,7 @@ class LocalFileSystem:
 
     def read(self, path: str) -> bytes:
         # os-level calls: half the cost of open() for the small files planning reads
-        # (deletion files, manifests: ~8 vs ~15 us each)
+        # (deletion files, manifests; docs/benchmarks.md, "Reading the format")
         fd = os.open(self._full(path), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             size = os.fstat(fd).st_size
@@ -62,9 +62,9 @@ class LocalFileSystem:
     @contextmanager
     def read_mapped(self, path: str) -> Iterator[bytes | mmap.mmap]:
         """The bytes of `path`, memory-mapped when it is large, for the duration of the
-        block (for a parser that copies what it keeps). A 41 MB manifest read into a new
-        bytes object costs ~27 ms of page faults and copying; mapped and parsed, 13 ms in
-        all, against 40 ms."""
+        block (for a parser that copies what it keeps). Reading a large manifest into a new
+        bytes object costs more in page faults and copying than parsing it
+        (docs/benchmarks.md, "Reading the format")."""
         fd = os.open(self._full(path), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:
             size = os.fstat(fd).st_size

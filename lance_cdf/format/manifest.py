@@ -79,7 +79,7 @@ def _corrupt(path: str, why: str) -> CorruptFileError:
 
 def _framed(data: bytes | mmap.mmap, pos: int, path: str, what: str) -> memoryview:
     """The u32-length-prefixed message at `pos` (a view: protobuf parses it without a
-    copy of what can be megabytes, 0.9 against 1.7 ms for a 10 MB manifest)."""
+    copy of what can be megabytes; docs/benchmarks.md, "Reading the format")."""
     if pos + 4 > len(data):
         raise _corrupt(path, f"{what} position {pos} is past the end of the file")
     (length,) = struct.unpack_from("<I", data, pos)
@@ -201,8 +201,8 @@ class FragmentInfo:
         file range, or (spilled row lineage, a `column_*` arm) the paths of the data files
         whose `fields` hold the sequence's reserved field id (exactly one, unless the entry
         is damaged); (None, None) if absent. Kept on the entry: protobuf copies a bytes
-        field at every access (1.2 MB for 100,000 single-row ranges), and the copy is
-        hashed again as a cache key each time."""
+        field at every access (megabytes for a history of single-row ranges), and the copy
+        is hashed again as a cache key each time."""
         memo = self.__dict__.setdefault("_sequences", {})
         got = memo.get(oneof)
         if got is None:
@@ -376,9 +376,9 @@ def parse_manifest(
     bytes (a view of `data`) and is parsed when first looked into. A table whose history
     left 100,000-row scattered changes has megabytes of inline row-ID ranges in every
     manifest; a diff of two such manifests then compares their entries' bytes and parses
-    only the entries that differ (a fresh `read_changes` of a 1-row insert on the aged
-    10M-row bench table: 2.5 against 4.6 ms with protobuf's whole parse, issue 30's
-    re-measure). A body whose top level does not read as plain records, or any body
+    only the entries that differ (a fresh `read_changes` of a small commit then takes
+    about half the time of protobuf's whole parse: docs/benchmarks.md, "Reading the format").
+    A body whose top level does not read as plain records, or any body
     where the C reader is not built, is parsed whole by protobuf, which names the damage."""
     if len(data) < FOOTER:
         raise _corrupt(path, f"it is {len(data)} bytes, shorter than the 16-byte footer")

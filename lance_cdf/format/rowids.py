@@ -117,8 +117,8 @@ def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
 
     pylance writes one single-row Range per row for the rows a scattered `merge_insert`
     rewrote: a 1,000-row update carries 1,000 segments, and the manifests of a table with
-    such a history carry megabytes of them (1.35 MB in a fragment of the aged 10M-row bench
-    table: protobuf's objects ~10 us a segment; a numpy reader 26-30 ms; C ~1 ms)."""
+    such a history carry megabytes of them: protobuf's objects per segment, or a numpy
+    reader, cost many times what the C reader does (docs/benchmarks.md, "Reading the format")."""
     if _native is None:
         return None
     ranges = _native.range_segments(data)

@@ -57,18 +57,16 @@ UNKNOWN_VERSION = 0
 
 # The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
 # entry per fragment, so a table that only grows in fragments (no compaction) made each
-# cached manifest larger, version after version (issue 32: the 30-minute soak's table went
-# from ~200 to ~1,500 fragments, 150 KB a manifest on disk; 64 such manifests parsed are
-# ~45 MB, and every process following the table grew with it). 16,384 entries in all are
-# 64 manifests of 256 fragments, or 10 of the soak's at its end.
+# cached manifest larger, version after version, and every process following the table
+# grew with it (the soak's table: docs/benchmarks.md, "Reading the format"). 16,384
+# entries in all are 64 manifests of 256 fragments, or 10 of the soak's at its end.
 MANIFEST_CACHE_FRAGMENTS = 16_384
 
 
 # The deletion vectors a TableLog keeps (besides at most 16 x `cache_size` of them), by
 # their bitmaps' bytes: a fragment that keeps losing rows gets a new, larger deletion file
-# at every commit (the soak's table is one 200k-row fragment that loses ~30 rows a second: a
-# roaring bitmap of 50k offsets in it is 26 KB, and 1,024 such cached ~26 MB); the newest
-# 64 always stay.
+# at every commit, and a count of them held tens of MB in the soak (docs/benchmarks.md,
+# "Soak"); the newest 64 always stay.
 DELETION_CACHE_BYTES = 8 << 20
 _DELETION_CACHE_FLOOR = 64
 
@@ -430,7 +428,8 @@ class TableLog:
             key = frag.deletion_path
             if key is not None and key not in self._deletions:
                 todo[key] = frag
-        if len(todo) > 1:
+        if len(todo) > 1:  # a round trip each on object storage (on local disk threads do
+            # not pay: docs/benchmarks.md, "Reading the format")
             for key, vector in zip(
                 todo, DELETIONS.map(self._read_deletions, todo.values()), strict=True
             ):

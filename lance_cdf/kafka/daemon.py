@@ -1,15 +1,16 @@
-"""A Spark Python daemon whose forked workers start warm (issues 35 item 3 and 32).
+"""A Spark Python daemon whose forked workers start warm: fewer slow micro-batches after
+start and after a quiet minute, for a database's publisher.
 
 Spark forks its Python workers from a daemon (`spark.python.daemon.module`, by default
 `pyspark.daemon`), starts them when a micro-batch first needs them and stops every idle one
 once no task has taken or returned a worker for a minute (PythonWorkerFactory's monitor;
 Spark 4.3), so the first micro-batch after start, and after any minute without one, pays
-fresh workers' imports (pyarrow, lance, confluent_kafka, fastavro, lance_cdf's sink: ~1 s
-each here). This daemon imports them once and then runs pyspark's own daemon, so each
-forked worker has them already. `lance-cdf publish` names it as
-`spark.python.daemon.module` when it starts a local Spark session.
+fresh workers' imports (pyarrow, lance, confluent_kafka, fastavro, lance_cdf's sink: about
+a second each; docs/benchmarks.md, "Inside the publisher"). This daemon imports them once
+and then runs pyspark's own daemon, so each forked worker has them already. `lance-cdf
+publish` names it as `spark.python.daemon.module` when it starts a local Spark session.
 
-Forking is safe only from a single-threaded process. Threads per import, measured on
+Forking is safe only from a single-threaded process. Threads per import, as counted on
 Linux (`/proc/self/task`): confluent_kafka, fastavro, lance_cdf 0; numpy (through
 pyarrow) 1, OpenBLAS's pool; pyarrow 1 more, its bundled jemalloc's background purge
 thread (`jemalloc_bg_thd`); lance none beyond pyarrow's (its tokio runtime starts on
@@ -37,7 +38,7 @@ PRELOAD = ("confluent_kafka", "fastavro", "pyarrow", "lance", "lance_cdf.kafka.s
 # it, plan the read) run once at start and publish then stops their daemons: their
 # daemons preload nothing (Spark 4.3 starts only the task workers' daemon from this module,
 # the other two are listed for a Spark that starts theirs from it too; a preloading daemon
-# holds ~110 MB more RSS idle at 200 tables: docs/benchmarks.md "A whole database")
+# holds more memory idle: docs/benchmarks.md, "A whole database")
 WARM_MODULES = frozenset(
     {
         "pyspark.worker",

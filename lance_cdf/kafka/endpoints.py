@@ -225,11 +225,12 @@ def check_consumer_access(
                 first.append(TopicPartition(name, min(found.partitions), OFFSET_BEGINNING))
         # the group (FindCoordinator, DescribeGroups: Describe on the group); the admin
         # API answers a denial at once, where the consumer's committed() retries it.
-        # Not list_consumer_group_offsets: librdkafka (2.16; its issue 5040, open) dies of
-        # SIGSEGV in its own thread when the coordinator answers that offset fetch with
-        # NOT_COORDINATOR (a fresh broker creating __consumer_offsets, a coordinator
-        # moving): the replicator died at start 3 times in ~16 bench runs, and 2 of 4
-        # fresh brokers crashed a process asking it (DescribeGroups: none of 12)
+        # Not list_consumer_group_offsets: librdkafka 2.16 dies of SIGSEGV in its own
+        # thread when the coordinator answers that offset fetch with NOT_COORDINATOR (a
+        # fresh broker creating __consumer_offsets, a coordinator moving; open upstream:
+        # https://github.com/confluentinc/librdkafka/issues/5040): it killed the
+        # replicator at start in bench runs, DescribeGroups never
+        # (docs/benchmarks.md, "Inside the publisher")
         asked = admin.describe_consumer_groups([group], request_timeout=max(1.0, timeout / 2))
         try:
             for future in asked.values():

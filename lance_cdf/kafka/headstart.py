@@ -1,10 +1,10 @@
 """`lance-cdf publish`'s head start: the first pending commits published from the driver
 process while Spark starts.
 
-Spark takes ~10 s to start its JVM and session here, then starts a Python process, one
-after another, for each step of a Python data source (~2-3 s each): the first record
-waited ~35 s, and no change inside lance-cdf's Spark code can go below that floor
-(BENCHMARKS.md, "Start-up"). The head start reads and publishes the commits waiting at
+Spark takes seconds to start its JVM and session, then starts a Python process, one
+after another, for each step of a Python data source: the first record waited tens of
+seconds, and no change inside lance-cdf's Spark code can go below that floor
+(docs/benchmarks.md, "Start-up"). The head start reads and publishes the commits waiting at
 start in the driver, beside the JVM's start, with the very code a writer task runs (one
 hand-off work item covering every Kafka partition).
 
@@ -31,8 +31,9 @@ from typing import Any
 
 from lance_cdf.errors import LanceCdfError
 
-# A head start is meant to end well within the Spark session's start (~10 s here): about
-# 0.3 s of narrow rows or 1.7 s of 768-d vectors at one process's publishing rate.
+# A head start is meant to end well within the Spark session's start: this many events
+# take a small part of it at one process's publishing rate
+# (docs/benchmarks.md, "Inside the publisher").
 HEAD_START_EVENTS = 20_000
 
 

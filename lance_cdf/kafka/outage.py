@@ -1,7 +1,7 @@
 """Kafka outages ridden out by `lance-cdf publish`'s writer tasks, and the state they leave.
 
 Spark's local mode does not retry a failed task, so a writer task that gave up at the
-first unanswered request stopped publish within seconds of a broker outage (issue 31). A
+first unanswered request would stop publish within seconds of a broker outage. A
 writer task instead retries what it needs from the broker (the partitions' offsets and last
 records) with backoff, and waits for queued records to be acknowledged (the idempotent
 producer keeps them, in order, until `message.timeout.ms`), for up to `RIDE_OUT_S` seconds

@@ -28,11 +28,10 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from lance_cdf.lease import Lease
 
 
-# A commit waits for the next trigger, then ~0.1-0.2 s for the micro-batch: commits land at
-# any phase of it, so the wait's tail is the whole interval. bench_soak (quiet machine, a
-# commit about once a second at random phase, 4 min): commit -> first record in Kafka p50 /
-# p99 0.68 / 1.19 s with 1 s, 0.45 / 0.73 s with 500 ms (to the replica 0.74 / 1.23 s and
-# 0.49 / 0.81 s). An idle trigger asks the table for its latest version (one listing of
+# A commit waits for the next trigger, then for the micro-batch: commits land at any phase
+# of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
+# the replica well under a second (docs/benchmarks.md, "Latency under load"). An idle
+# trigger asks the table for its latest version (one listing of
 # `_versions/`): twice a second for one table. A database's tables are each listed at every
 # trigger (200 tables: 200 listings), so it keeps 1 s.
 DEFAULT_TRIGGER = "500 milliseconds"
@@ -188,7 +187,7 @@ def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
     inserts; `_event_order`).
 
     Why a shuffle rather than `coalesce(1)` (one task per micro-batch, the earlier way):
-    see BENCHMARKS.md, "Parallel writers". `lance-cdf publish` itself hands each writer
+    several writer tasks publish at once. `lance-cdf publish` itself hands each writer
     task its share to read instead (`hand_off`), which is faster; `route` is for a job
     that transforms the events in Spark before writing them."""
     from pyspark.sql import functions as F
@@ -207,9 +206,8 @@ def hand_off(work: DataFrame) -> DataFrame:
 
     Why work items rather than `route` (a repartition of the events): a Python source's
     events reach a Python writer through Spark's JVM (Arrow -> rows -> shuffle -> Arrow);
-    a writer task that reads its own slot's share skips all of it: 1.16x the throughput
-    on narrow rows, 1.8x on 768-d vectors, and it grows with the workers (BENCHMARKS.md,
-    "Hand-off")."""
+    a writer task that reads its own slot's share skips all of it: more throughput, most
+    on vectors, and it grows with the workers (docs/benchmarks.md, "Inside the publisher")."""
     from pyspark.sql import functions as F
 
     from lance_cdf.kafka.progress import OBSERVED
@@ -352,7 +350,7 @@ def _publish(
         return partitions
 
     # The broker, registry and topic checks end before the JVM starts (a refused client is
-    # named in seconds, issue 34; if they hang, the JVM starts after 12 s and a failed check
+    # named in seconds; if they hang, the JVM starts after 12 s and a failed check
     # still stops publish before any query). The head start (kafka/headstart.py) and the
     # imports run beside the JVM's start: the query starts once the head start has ended.
     pool = ThreadPoolExecutor(3, thread_name_prefix="lance-cdf-start")
@@ -380,14 +378,11 @@ def _publish(
             builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
                 "spark.driver.host", "127.0.0.1"
             )
-        # The footprint of a long-running local publisher (issue 32; bench/bench_footprint.py:
-        # a 50k-row 128-d table, a commit a second, local[2], 13 processes once Spark has
-        # stopped the idle planner workers). With Spark's defaults the tree held 1.34 GB PSS /
-        # 1.86 GB RSS and the JVM grew ~17 MB/min (523 MB RSS at 4 min): Spark's status
-        # store keeps up to 1000 SQL executions, 1000 jobs and stages and 100,000 tasks even
-        # with the UI off, and every micro-batch adds one of each (~17 min to fill at one
-        # batch a second). A publisher needs none of that history (its progress is its own
-        # log): keep 50 of each, 1000 tasks, 50 DAG roots.
+        # The footprint of a long-running local publisher: Spark's status store keeps up to
+        # 1000 SQL executions, 1000 jobs and stages and 100,000 tasks even with the UI off,
+        # and every micro-batch adds one of each, so the JVM grew for as long as it ran
+        # (docs/benchmarks.md, "Publisher footprint"). A publisher needs none of that
+        # history (its progress is its own log): keep 50 of each, 1000 tasks, 50 DAG roots.
         for key, value in (
             ("spark.sql.ui.retainedExecutions", "50"),
             ("spark.ui.retainedJobs", "50"),
@@ -395,12 +390,13 @@ def _publish(
             ("spark.ui.retainedTasks", "1000"),
             ("spark.ui.dagGraph.retainedRootRDDs", "50"),
             # Python workers: reused (the default, kept explicit: a fresh worker per task
-            # re-imports pyarrow + lance, ~1 s per micro-batch). Spark starts one daemon per
-            # worker module (6: lookup/create/plan-read/write-into data source, the writer
-            # tasks, the streaming sink's commit runner; ~46 MB RSS each) and forks workers
-            # from them; the planners' workers are used once at start and Spark stops idle
-            # workers after a minute; the tasks' workers (~245 MB RSS each) are bounded by
-            # the local master's cores, 2 by default (`--master local[N]` to change).
+            # re-imports pyarrow + lance, markedly slower per micro-batch). Spark starts one
+            # daemon per worker module (6: lookup/create/plan-read/write-into data source,
+            # the writer tasks, the streaming sink's commit runner) and forks workers from
+            # them; the planners' workers are used once at start and Spark stops idle
+            # workers after a minute; the tasks' workers, the largest processes, are bounded
+            # by the local master's cores, 2 by default (`--master local[N]` to change).
+            # (docs/benchmarks.md, "Publisher footprint")
             ("spark.python.worker.reuse", "true"),
         ):
             builder = builder.config(key, value)
@@ -410,16 +406,16 @@ def _publish(
                 options = f"{options} {LOCAL_JVM_OPTIONS}"
                 # the writer tasks' workers fork warm (lance_cdf/kafka/daemon.py): Spark
                 # starts them in the first micro-batch with data and again after any minute
-                # without one, and 3-4 fresh workers' imports made those micro-batches'
-                # commits up to 2.9 s slower than steady ones (2.1 s after a quiet minute);
-                # warm 1.4 s (1.7 s), for ~110 MB more RSS idle and ~60 MB less under load
-                # (the workers share the preloaded pages; bench_database.py, 200 tables,
-                # docs/benchmarks.md "A whole database"). Spark 4.3 uses this module for
+                # without one, and fresh workers' imports made those micro-batches' commits
+                # seconds slower than steady ones; warm workers halve that at start and cut
+                # it after a quiet minute, for more memory idle and less under load (the
+                # workers share the preloaded pages; docs/benchmarks.md, "A whole
+                # database"). Spark 4.3 uses this module for
                 # the task workers only (pyspark.worker). One given in PYSPARK_SUBMIT_ARGS
                 # wins (`--conf spark.python.daemon.module=pyspark.daemon`: cold workers).
                 # A database's publisher only: one table's publisher, whose workers a
                 # commit a second keeps warm, has a 1.5 GB footprint target the idle
-                # daemon's ~110 MB RSS would move away from (not measured for it).
+                # daemon's memory would move away from (not measured for it).
                 submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
                 if database is not None and "spark.python.daemon.module" not in submit_args:
                     builder = builder.config(
@@ -535,37 +531,30 @@ def _one_line(error: BaseException, checkpoint: str) -> str:
     return f"{cause} (details: {log_path})"
 
 
-# The JVM of a local publisher (issue 32; bench/bench_footprint.py with the driver's Native
-# Memory Tracking, a commit a second, 3 min): with the JVM's defaults it held 495-576 MB RSS
-# = heap 135-280 MB committed (G1 keeps the heap it grew to; ~60 MB live), metaspace 125 MB
-# (20k classes), G1's own structures 44-49 MB, JIT code 46 MB, 300 threads' stacks 31 MB,
-# symbols 35 MB. The serial collector (no G1 structures; its pauses on a heap this size are
-# milliseconds) and the client compiler only (C1: code 28 MB instead of 46, no C2 compiler
-# arenas): with these options the JVM held 386-397 MB RSS against 522 MB with the defaults
-# in the same run (alternated, 4 minutes each; docs/benchmarks.md "Publisher footprint").
+# The JVM of a local publisher, smaller (the figures: docs/benchmarks.md, "Publisher
+# footprint"). With the JVM's defaults most of its memory is a heap G1 keeps at the size it
+# grew to (far above what is live), metaspace, G1's own structures and JIT code. The serial
+# collector (no G1 structures; its pauses on a heap this size are milliseconds) and the
+# client compiler only (C1: less code, no C2 compiler arenas) take a good part of that off.
 # A publisher's JVM moves bytes between the Python processes: C2's peak speed buys it
 # nothing measurable at a commit a second (the latency figures in docs/benchmarks.md are
 # with these options; a large backfill's throughput with C1 only was not measured).
-# -Xms64m: the initial heap is otherwise 1/64 of the host's memory (377 MB on 24 GB: the
-# serial collector's young 116 + old 258 MB, of which 59 MB old was live after 4 minutes),
-# and every page the collector touches in it stays resident: the JVM grew ~16 MB/min toward
-# that size; from 64 MB the heap grows to what is live. The heap limit (Spark's driver
-# memory, 1 GB by default) is unchanged: a large snapshot batch still fits.
+# -Xms64m: the initial heap is otherwise 1/64 of the host's memory, and every page the
+# collector touches in it stays resident: the JVM grew toward that size; from 64 MB the
+# heap grows to what is live. The heap limit (Spark's driver memory, 1 GB by default) is
+# unchanged: a large snapshot batch still fits.
 # -Xmn16m: the young generation at 16 MB instead of a third of the heap (the serial
-# collector's default: 34 MB once the heap had grown to 112 MB), every page of which the
-# collector cycles through and keeps resident. Same run, 3.5 minutes each: JVM 363 against
-# 387 MB RSS; young collections 246 (4.6 ms each) against 113 (6.0 ms), about one per
-# micro-batch at a commit a second; full collections 4 in both (old generation 77 MB
-# committed, ~60 MB live); 0.24% of a core more in collections (bench_footprint.py's
-# jstat figures, docs/benchmarks.md "Publisher footprint"). The old generation still grows
+# collector's default), every page of which the collector cycles through and keeps
+# resident: a smaller JVM for more, shorter young collections (about one per micro-batch
+# at a commit a second) and no more full ones. The old generation still grows
 # to the heap limit: a large micro-batch's objects are promoted there, not refused.
 LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m -Xmn16m"
 
 # The Python data-source planners Spark runs in the driver when the query starts (look the
-# source up, create it, plan the read): each gets its own pyspark.daemon (~46 MB RSS) that
-# stays for the life of the application (their workers, ~190 MB each, Spark stops after a
-# minute idle); a running query does not use them again. (The writer-creating module,
-# write_into_data_source, runs at every micro-batch: kept.)
+# source up, create it, plan the read): each gets its own pyspark.daemon that stays for the
+# life of the application (their workers Spark stops after a minute idle); a running query
+# does not use them again (docs/benchmarks.md, "Publisher footprint"). (The
+# writer-creating module, write_into_data_source, runs at every micro-batch: kept.)
 _PLANNER_MODULES = frozenset(
     {
         "pyspark.sql.worker.lookup_data_sources",
@@ -576,12 +565,12 @@ _PLANNER_MODULES = frozenset(
 
 
 def _stop_planner_daemons(spark: SparkSession) -> int:
-    """Stop the planners' Python daemons (and workers) once the query runs (3 processes,
-    ~140 MB RSS, of a local publisher); the number stopped. Spark keeps one worker factory
-    per worker module in the private `SparkEnv.pythonWorkers` map and offers no call to
-    stop one: this removes the planners' factories and stops them, so a later planning (a
-    restarted query) starts a fresh daemon as on the first. Best effort: on a Spark
-    without that map nothing is stopped (a debug log line)."""
+    """Stop the planners' Python daemons (and workers) once the query runs (3 processes of a
+    local publisher); the number stopped. Spark keeps one worker factory per worker
+    module in the private `SparkEnv.pythonWorkers` map and offers no call to stop one:
+    this removes the planners' factories and stops them, so a later planning (a restarted
+    query) starts a fresh daemon as on the first. Best effort: on a Spark without that map
+    nothing is stopped (a debug log line)."""
     try:
         # no method of SparkEnv is called through py4j: its reflection of SparkEnv's
         # methods fails (a signature names a protobuf class Spark does not ship)
@@ -765,7 +754,8 @@ def _head_start(
 
 def _warm_imports() -> None:
     """Import what the driver needs after the session starts (the source, its SQL function
-    and the sink's classes: ~1 s of CPU), in a thread while the main thread waits for the
+    and the sink's classes: about a second of CPU; docs/benchmarks.md, "Inside the publisher"),
+    in a thread while the main thread waits for the
     JVM. An import error here is raised again, in the main thread, where it is used."""
     try:
         import lance_cdf.kafka.sink  # noqa: F401

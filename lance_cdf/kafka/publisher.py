@@ -59,7 +59,8 @@ DEFAULT_PRODUCER = {
     "batch.num.messages": 10000,
     "queue.buffering.max.messages": 500000,
     # a delivery callback per failed record only: a Python call per acknowledged record
-    # costs ~1 us on the writer's one core, and only failures are acted on
+    # costs CPU on the writer's one core, and only failures are acted on
+    # (docs/benchmarks.md, "Inside the publisher")
     "delivery.report.only.error": True,
 }
 # Record headers a consumer can filter on without decoding Avro: the commit version (decimal
@@ -165,7 +166,8 @@ def record_headers(events: pa.Table) -> list[Headers]:
     names = list(_OPS)
     for i, kind in enumerate(names):
         codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
-    # one 1-d key per (version, op): np.unique over rows (axis=0) is ~30x slower
+    # one 1-d key per (version, op): np.unique over rows (axis=0) is far slower
+    # (docs/benchmarks.md, "Inside the publisher")
     pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
     shared: list[Headers] = [
         {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: _OPS[names[p & 7]].encode()}
@@ -342,7 +344,7 @@ class KafkaChangePublisher:
         positions: np.ndarray | None,
     ) -> None:
         """Produce each record (where `send_record`) and its tombstone (where `tombs`), in
-        order. The loop is the publisher's per-record cost (~4 us, most of it the headers),
+        order. The loop is the publisher's per-record cost (most of it the headers),
         so it does nothing else: delivery errors come to the producer-wide callback, and
         counts and last positions are taken from the arrays."""
         produce, topic, retry = self.producer.produce, self.topic, self._produce
@@ -449,8 +451,8 @@ class KafkaChangePublisher:
         """The consumer reading partitions' last records (the process's, shared by the
         publishers with the same settings: it is only ever assigned, read and unassigned)."""
         # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
-        # default 500 ms long poll; reading a partition's last record took 506 ms
-        # against 15 ms with 10 (measured on the local broker)
+        # default 500 ms long poll, and reading a partition's last record with it
+        # (docs/benchmarks.md, "Inside the publisher")
         return clients.consumer(self.connection.consumer(fixed={
             "group.id": "lance-cdf-high-water-marks", "enable.auto.commit": False,
             "isolation.level": "read_committed", "fetch.wait.max.ms": 10,

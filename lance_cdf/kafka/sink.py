@@ -74,9 +74,9 @@ if TYPE_CHECKING:
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
 # encoder) and pyarrow / numpy are imported by the writer tasks only: Spark also loads this
 # module in the data-source lookup, the writer's creation and the commit, one Python process
-# each, on the way to the first record (see BENCHMARKS.md, "Start-up"); the writer's creation
-# and the commit's processes stay up beside the query (what the commit imports: 55 MB RSS
-# in a fresh Python, 100 MB when this module brought pyarrow and numpy; issue 32).
+# each, on the way to the first record (docs/benchmarks.md, "Start-up"); the writer's
+# creation and the commit's processes stay up beside the query, smaller without pyarrow and
+# numpy (docs/benchmarks.md, "Publisher footprint").
 # one KafkaChangePublisher per writer setting: (sorted options, user schema)
 _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
 
@@ -164,9 +164,10 @@ def _archives_last() -> Iterator[None]:
     """Imports with the archives (zips, jars) at the end of `sys.path`. Spark puts them first
     on a Python worker's path: the jars of `spark.jars.packages`, pyspark.zip, py4j's zip,
     spark-core's jar. Importing the registry client looks a package's version up through
-    importlib.metadata, which lists every archive ahead of site-packages: 0.17 s per new
-    worker process, 1.05 s with the Kafka/Avro packages jars (measured in a worker, against
-    0.005 s with the archives last). Modules already imported are not affected."""
+    importlib.metadata, which lists every archive ahead of site-packages: a noticeable
+    part of a new worker process's start, most with the Kafka/Avro packages jars, next to
+    nothing with the archives last (docs/benchmarks.md, "Inside the publisher"). Modules
+    already imported are not affected."""
     saved = list(sys.path)
     archive = (".zip", ".jar")
     sys.path[:] = [p for p in saved if not p.endswith(archive)] + [

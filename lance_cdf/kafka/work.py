@@ -2,7 +2,7 @@
 slot's share of a micro-batch itself from the work items of a stream read with option
 writerSlots (streaming/handoff.py), so no event crosses Spark's JVM. A Python source's
 rows otherwise go Arrow -> JVM rows -> (a shuffle) -> Arrow to reach a Python writer
-(1.16x narrow, 1.8x 768-d vectors: BENCHMARKS.md, "Hand-off").
+(slower, most on vectors: docs/benchmarks.md, "Inside the publisher").
 
 A work item is data: the source partitions to read, the columns, the key hash and the
 slot. The table's location and storage options are the sink's own options (`table`,

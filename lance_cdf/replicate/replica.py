@@ -18,8 +18,8 @@ A batch is one Lance commit whose cost follows the batch, not the replica:
      row gets a new stable row ID of the replica, so the replica's own change feed
      shows a delete and an insert; with `keep_row_ids` it keeps the old one
      (`row_id_meta`) and the feed shows an update, but Lance then looks every carried
-     row ID up in a row-ID index of the whole table at commit: O(replica), ~3.3 s per
-     commit at 10M rows against ~0.03 s without (bench/bench_replica_apply.py);
+     row ID up in a row-ID index of the whole table at commit: O(replica), seconds per
+     commit on a large replica (docs/benchmarks.md, "Inside the replicator");
   4. all of it is committed as one `LanceOperation.Update` whose transaction
      properties carry the Kafka position the batch reached (`lance-cdf.offsets`).
 
@@ -68,7 +68,7 @@ SOURCE_ROWID = "_source_rowid"
 # record, and a key above the recorded row ID / version cannot be there yet (see
 # replicator.py). A replica created any other way is always looked up.
 ORIGIN_PROPERTY = "lance-cdf.replica-origin"
-# Whose replica it is (issue 31), recorded on the first apply and carried forward like the
+# Whose replica it is, recorded on the first apply and carried forward like the
 # offsets: the topic it follows, and the source table as its records name it (JSON of
 # `source.name` / `source.table` / `source.db`); records of another are refused.
 TOPIC_PROPERTY = "lance-cdf.topic"
@@ -80,9 +80,9 @@ CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
 INDEX_PROBE_ROWS_PER_KEY = 750
 PROBE_CHUNK = 2048  # keys per IN list
 # Rows per page of the key index the replicator builds. A probe of a random key visits
-# one whole page; a 1,000-key probe of a 10M-row replica, index cache warm, measured
-# side by side (median of 11): 30 ms with Lance's default 4096, 17 ms with 1024, 15 ms
-# with 256 (preloading it takes 0.3 / 1.0 / 2.9 s). The index size is the same.
+# one whole page, so small pages make probes about twice as fast as Lance's default 4096,
+# for a longer preload; the index size is the same (docs/benchmarks.md, "Inside the
+# replicator").
 KEY_INDEX_ZONE_ROWS = 256
 # `maintain` adds fragments to the key index once they hold more rows than this: the
 # rows outside the index are scanned by every lookup.
@@ -94,7 +94,7 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-# Issue 32 (whole versions, replicate/wholeversions.py): the transaction topic's next
+# Whole versions (replicate/wholeversions.py): the transaction topic's next
 # offset after the END of the recorded source version; per partition, where the records
 # after that version start; the first version after it when the replica holds part of
 # what follows (a piece of a version larger than the replicator's bound); and, without
@@ -159,11 +159,11 @@ def source_table_of(position: dict[str, str]) -> dict[str, str | None] | None:
 
 
 # pylance's metadata cache of the session the replicator keeps across batches: pylance's
-# default bound, 1 GiB, let it hold every replica version's manifest it opened (issue 32:
-# ~37 KB a version on the soak's 200k-row replica, +2.2 MB/min at a commit a second). An
-# apply needs the newest manifest and the touched files' metadata (measured: one scan of a
-# 200-fragment table caches 1.1 MB, ~5.5 KB a fragment), so 16 MiB holds the working set of
-# a replica of ~3,000 fragments; beyond, the files' footers are read again, not the rows.
+# default bound, 1 GiB, let it hold every replica version's manifest it opened, growing
+# for as long as it ran. An apply needs the newest manifest and the touched files' metadata
+# (a few KB a fragment: docs/benchmarks.md, "Inside the replicator"), so 16 MiB holds
+# the working set of a replica of ~3,000 fragments; beyond, the files' footers are read
+# again, not the rows.
 # The index cache (the key index) is left at pylance's default: it is what lookups need.
 METADATA_CACHE_BYTES = 16 << 20
 
@@ -335,7 +335,7 @@ class ReplicaTable:
         key_type = ds.schema.field(key).type
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
         # (chunks, not ChunkedArrays: pa.chunked_array converts a ChunkedArray element
-        # value by value, ~1.4 ms per 1,000 keys)
+        # value by value)
         chunks = [c for t in (probed, deletes) if t is not None and t.num_rows
                   for c in t[key].cast(key_type).chunks]  # fmt: skip
         keys = pa.chunked_array(chunks, key_type).combine_chunks() if chunks else None
@@ -490,7 +490,8 @@ class ReplicaTable:
         """(_rowaddr, and with `with_keys` key and _rowid) of the replica rows holding
         `keys`: probes of the key index while that is cheaper than one scan of the key
         column, else that scan. Without `with_keys` a probe reads no data page: the
-        addresses come from the index alone (~4x less per key at 10M rows)."""
+        addresses come from the index alone, a fraction of the cost per key
+        (docs/benchmarks.md, "Inside the replicator")."""
         key = self.key[0]
         cols: dict[str, Any] = dict(columns=[key], with_row_id=with_keys, with_row_address=True)
         probe_cols = cols if with_keys else dict(columns=[], with_row_address=True)
@@ -526,8 +527,8 @@ class ReplicaTable:
 
     def _prewarm(self, ds: lance.LanceDataset, segments: list[IndexInformation]) -> None:
         """Load the key-index segments not loaded yet into the session's index cache
-        (~17 bytes a row; 0.5-4 s per 10M rows, once per segment): a probe of a cold
-        page costs a storage read (~60 us each, one per key of a large replica)."""
+        (once per segment): a probe of a cold page costs a storage read, one per key of a
+        large replica (docs/benchmarks.md, "Inside the replicator")."""
         cold = [s["uuid"] for s in segments if s["uuid"] not in self._warm]
         if not self.prewarm or not cold or self.key_map_enabled:  # the map serves
             return
@@ -592,9 +593,9 @@ class ReplicaTable:
         if not compact:
             return done
         # a compaction replaces every key-index segment, but pylance's index cache keeps
-        # the replaced ones (keyed by segment, unbounded by default: +3.6 MB a compaction
-        # on a 200k-row replica, measured): a fresh session from the next open on, the
-        # key-index segments loaded again as needed
+        # the replaced ones (keyed by segment, unbounded by default: it grew at every
+        # compaction): a fresh session from the next open on, the key-index segments
+        # loaded again as needed
         self._session = None
         self._warm.clear()
         if self._map is not None:

@@ -140,8 +140,8 @@ def consume_ready(consumer: Consumer, limit: int, wait: float, window: float,
     `wait` s for the first, then takes what keeps arriving (DRAIN_S apart) for at most
     `window` s from the first. librdkafka's consume(n, t) returns only when n records
     have come or t has passed, so a batch asked with consume(100_000, 1 s) held every
-    record of a quiet topic for the whole second (measured: 1.00 s for a record sent
-    0.3 s into it; consume(1, 1 s) returns at 0.30 s)."""
+    record of a quiet topic for the whole second, where consume(1, 1 s) returns with the
+    first record (docs/benchmarks.md, "Latency under load")."""
     got = consumer.consume(1, wait) if wait > 0 else []
     if not got:
         return []
@@ -330,8 +330,8 @@ def _distinct_sources(
 ) -> list[tuple[dict[str, str | None], int]]:
     """The distinct source tables ({name, table, db}) of the good records of a decoded
     batch, each with the index (among the good ones) of its first record: no Python per
-    record (a batch of one table, the rule: one comparison per column, ~0.3 ms per
-    100,000 records; else one Arrow group-by)."""
+    record (a batch of one table, the rule: one comparison per column; else one Arrow
+    group-by)."""
     fields = {source.type.field(i).name for i in range(source.type.num_fields)}
     n = int(good.sum())
     if n == 0:
@@ -518,8 +518,9 @@ class Replicator:
         self.topic = topic
         self.shared = shared
         # the cyclic garbage collector off while a batch is consumed, decoded and applied:
-        # a batch's many live Message objects made every full collection walk them (a
-        # process-wide switch: `lance-cdf replicate` turns it on for its own process)
+        # a batch's many live Message objects made every full collection walk them
+        # (docs/benchmarks.md, "Inside the replicator"); a process-wide switch, so
+        # `lance-cdf replicate` turns it on for its own process only
         self.pause_gc = pause_gc
         self.target, self.storage_options = target, storage_options
         self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
@@ -1111,9 +1112,8 @@ class Replicator:
         t2 = time.perf_counter()
         # asynchronous: the replica's commit holds the position (a restart reads it from
         # there), Kafka's committed offsets only follow it for tools that watch the group;
-        # a synchronous commit waited a broker round trip per batch (12 ms p50, ~100 ms p99
-        # in the pipeline). Failures arrive in _on_commit; run() commits synchronously at
-        # the end.
+        # a synchronous commit waited a broker round trip per batch. Failures arrive in
+        # _on_commit; run() commits synchronously at the end.
         self._commit_offsets(next_offsets, asynchronous=True)
         c = self.counters
         c.decode_s += t1 - t0
@@ -1443,7 +1443,7 @@ class Replicator:
     def _lag(self, next_offsets: dict[int, int]) -> int:
         """Records behind the partitions' high watermarks, as of the consumer's last
         fetch responses (cached): asking the broker would wait behind the consumer's
-        pending long-poll fetch (~450 ms per batch)."""
+        pending long-poll fetch (docs/benchmarks.md, "Inside the replicator")."""
         lag = 0
         for p, o in next_offsets.items():
             try:

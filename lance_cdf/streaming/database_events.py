@@ -1,4 +1,4 @@
-"""A whole database as one stream of change events (issue 35 item 5): the `lance-cdf` source
+"""A whole database as one stream of change events: the `lance-cdf` source
 with option `database`, no `path` and no `writerSlots` reads the events of every table of
 a LanceDB database / Lance directory namespace whose qualified name matches `include` and
 not `exclude`, in the single-table source's columns plus `_table` (the qualified name,

@@ -13,7 +13,7 @@ KNOWN = {
     "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
     "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
     "netchanges", "dropunchangedupdates", "keyhash", "writerslots", "kafkapartitions",
-    "entrypoint",  # issue 31: "publish" words error advice in publish's flags (advice.py)
+    "entrypoint",  # "publish" words error advice in publish's flags (advice.py)
     "database",
 }  # fmt: skip
 

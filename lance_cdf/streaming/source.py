@@ -86,16 +86,14 @@ log = logging.getLogger("lance_cdf.streaming")
 # Versions packed into one partition at most (each is re-planned by the executor).
 MAX_SEGMENTS_PER_PARTITION = 1024
 
-# The feeds a process keeps, the most recently used (issue 35: memory flat over a run).
+# The feeds a process keeps, the most recently used, so that memory stays flat over a run.
 # Each feed caches what its table's versions cost to read again (up to 64 manifests, 16
 # plans, 4 pylance datasets, row layouts, deletion vectors: each bounded per table), so a
 # process that kept a feed for every table it met grew with the tables a database stream
-# follows: 200 tables, a commit a second to a random one, grew a Python process ~40 KB a
-# commit for as long as it ran (+100 MB over 2,500 commits, still linear: no table's
-# caches full yet), where keeping 16 held it flat (212 MB over 3,000 commits). A table
-# whose feed was let go opens it again when next asked (its version listing and a
-# manifest or two: ~5 ms a commit on local disk, measured in the same run). One table's
-# stream keeps its one feed.
+# follows, linearly for as long as it ran, where keeping 16 held it flat. A table whose
+# feed was let go opens it again when next asked (its version listing and a manifest or
+# two: a few ms a commit on local disk). Figures: docs/benchmarks.md, "A whole database".
+# One table's stream keeps its one feed.
 FEEDS_KEPT = 16
 
 # (path, sorted storage options) -> its feed
