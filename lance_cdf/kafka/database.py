@@ -16,6 +16,8 @@ from typing import Any
 
 from lance_cdf.cache import LruCache
 from lance_cdf.clientconfig import KafkaConnection
+from lance_cdf.errors import KafkaUnavailableError
+from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.work import SlotWork, slot_works
 from lance_cdf.namespace import list_tables
@@ -86,15 +88,21 @@ def table_topic(
     topic: str,
     settings: TopicSettings,
     transaction_topic: str | None,
+    ride_out: RideOut,
 ) -> int:
     """The partition count of a table's topic, created with `settings` if it does not
     exist (and its transaction topic, before any record: a replicator finding records
-    finds the topic that completes their versions)."""
-    count = KNOWN.ensure(connection, topic, settings, other="--topic-prefix")
-    if transaction_topic is not None:
-        KNOWN.ensure(connection, transaction_topic, settings.for_transactions(),
-                     one_partition=True, other="--no-transaction-metadata")  # fmt: skip
-    return count
+    finds the topic that completes their versions); brokers that do not answer are
+    waited for as `ride_out` says."""
+
+    def ensure() -> int:
+        count = KNOWN.ensure(connection, topic, settings, other="--topic-prefix")
+        if transaction_topic is not None:
+            KNOWN.ensure(connection, transaction_topic, settings.for_transactions(),
+                         one_partition=True, other="--no-transaction-metadata")  # fmt: skip
+        return count
+
+    return ride_out.call("making sure of the table's topics", ensure, (KafkaUnavailableError,))
 
 
 def with_partitions(works: list[SlotWork], partitions: int) -> list[SlotWork]:

@@ -37,7 +37,7 @@ from lance_cdf.avro.schema import (
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.clientconfig import registry_config as registry_settings
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import KafkaUnavailableError, LanceCdfError
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.endpoints import PublishError
@@ -391,7 +391,11 @@ class KafkaChangePublisher:
     def ensure_topic(self) -> int:
         """The topic's partition count, the topic created first if it does not exist
         (once per process and topic)."""
-        return KNOWN.ensure(self.connection, self.topic, self.topic_settings)
+        return self.ride_out.call(
+            "making sure of the topic",
+            lambda: KNOWN.ensure(self.connection, self.topic, self.topic_settings),
+            (KafkaUnavailableError,),
+        )
 
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
         """`_high_water_marks`, retried while the broker does not answer (kafka/outage.py)."""

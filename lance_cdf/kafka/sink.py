@@ -259,12 +259,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
         from lance_cdf.clientconfig import KafkaConnection
         from lance_cdf.kafka.database import is_gone, table_topic, table_works, with_partitions
+        from lance_cdf.kafka.outage import RideOut
         from lance_cdf.kafka.topics import TopicSettings
 
         database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
         _, producer, _ = client_options(self.options)
         txn = opts.get("transactionmetadata", "true").lower() == "true"
         out = Published(0)
+        ride_out = RideOut(opts["kafka.bootstrap.servers"], opts.get("checkpointlocation"))
         for name, work in table_works(iterator, database, storage).items():
             if work.uri is None:
                 logging.getLogger("lance_cdf.kafka").warning(
@@ -275,6 +277,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             partitions = table_topic(
                 KafkaConnection(opts["kafka.bootstrap.servers"], producer), topic,
                 TopicSettings.from_options(opts), f"{topic}.transaction" if txn else None,
+                ride_out,
             )  # fmt: skip
             works = with_partitions(work.works, partitions)
             options = {**self.options, "topic": topic, "table": work.uri}

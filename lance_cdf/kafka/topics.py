@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import KafkaError, KafkaException
 
 from lance_cdf.clientconfig import KafkaConnection, redact_url
-from lance_cdf.errors import PublishError, TransactionMetadataError
+from lance_cdf.errors import KafkaUnavailableError, PublishError, TransactionMetadataError
 from lance_cdf.kafka import clients
 
 if TYPE_CHECKING:
@@ -34,6 +34,12 @@ if TYPE_CHECKING:
 # topic settings the transaction topic does not take from the change topic's: its BEGIN
 # and END records of a version share a key, so compaction would drop the BEGINs
 TRANSACTION_TOPIC_SKIPS = frozenset({"cleanup.policy"})
+# CreateTopics answers that say the cluster is busy or unreachable, not that it refuses
+TRANSIENT = frozenset({
+    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
+    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.NETWORK_EXCEPTION,
+    KafkaError.BROKER_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
+})  # fmt: skip
 # how long a new topic's metadata (every partition with a leader) is waited for: a
 # controller under load publishes it seconds after CreateTopics answers
 METADATA_WAIT_S = 60.0
@@ -107,7 +113,8 @@ def ensure_topic(
     """The partition count of `topic`, created with `settings` if it does not exist.
     `one_partition`: a transaction topic (created with one partition; an existing one
     with more is refused). `other`: the flag that names another topic (for the messages).
-    Raises `PublishError` (or a subclass) naming the cause and the fix."""
+    Raises `KafkaUnavailableError` where the brokers did not answer (worth retrying), else
+    `PublishError` (or another `LanceCdfError`) naming the cause and the fix."""
     admin = clients.admin(connection.admin(defaults={"log_level": 0}))
     where = redact_url(connection.bootstrap_servers)
     found = _describe(admin, topic, connection, other)
@@ -132,7 +139,7 @@ def _describe(
     try:
         found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
     except KafkaException as exc:
-        raise PublishError(
+        raise KafkaUnavailableError(
             f"cannot describe topic {topic!r} on {redact_url(connection.bootstrap_servers)} "
             f"({_text(exc)}); check that the brokers are up"
         ) from None
@@ -170,6 +177,10 @@ def _create(
                 "topic", topic, "Create, Describe and Write", connection.bootstrap_servers,
                 connection.flag, err, other,
             ) from None  # fmt: skip
+        if code in TRANSIENT:
+            raise KafkaUnavailableError(
+                f"could not create topic {topic!r} ({_text(exc)}): the brokers did not answer"
+            ) from None
         raise PublishError(_create_failure(topic, settings, code, _text(exc))) from None
 
 
@@ -199,12 +210,12 @@ def _wait_for_metadata(
     while True:
         try:
             found = _describe(admin, topic, connection, other)
-        except PublishError:
+        except KafkaUnavailableError:
             found = None
         if found is not None and all(p.leader >= 0 for p in found.partitions.values()):
             return found
         if time.monotonic() >= deadline:
-            raise PublishError(
+            raise KafkaUnavailableError(
                 f"topic {topic!r} was created on {redact_url(connection.bootstrap_servers)} "
                 f"but has no leader for every partition after {METADATA_WAIT_S:.0f} s; "
                 "check the brokers' health, then retry"
