@@ -49,6 +49,7 @@ def load_base(rev: str, workdir: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location("namespace_base", path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # (dataclasses look their module up)
     spec.loader.exec_module(mod)
     return mod
 
