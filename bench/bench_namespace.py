@@ -1,22 +1,22 @@
-"""Listing a database's tables: lance_cdf.namespace at a base commit (its own reading of
-`__manifest` and the root's `.lance` directories) against the working tree's (pylance's
-DirectoryNamespace), alternated in one run on the same databases.
+"""Listing a database's tables: lance_cdf.namespace (its own reading of `__manifest` and of
+the root's `.lance` directories) against the same functions on pylance's DirectoryNamespace
+(bench/namespace_pylance.py), alternated in one run on the same databases.
 
-    python bench/bench_namespace.py --tables 200 --rounds 5 --base ac7bbc7 \
-        --out bench/results_namespace.json
+    python bench/bench_namespace.py --tables 200 --rounds 5 --out bench/results_namespace.json
 
 Builds a LanceDB database of --tables tables of 20 rows, a tenth in child namespace `ns`
 (as bench_database.py does), on local disk and on `lance_cdf.devtools.S3Server` (moto on
-127.0.0.1). Each round lists each database with each implementation (the order swapped
-every round): the time of `list_tables`, and on S3 the requests the server served for it
-(by kind), then the same for `resolve_table` of a namespaced table by its qualified name.
-Both implementations must give the same tables.
+127.0.0.1). Each round, with each implementation (the order swapped every round) and on
+each database: the time of `list_tables`, and on S3 the requests the server served for it
+(by kind); the same for `resolve_table` of a namespaced table by its qualified name
+(`ns.t0`); and for pylance's, the walk of `list_namespaces` / `list_tables` alone
+(`names`: the listing without `describe_table`'s locations). Both must list the same tables.
 """
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib.metadata
 import json
 import os
 import platform
@@ -27,7 +27,6 @@ import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
-from types import ModuleType
 from typing import Any
 
 import pyarrow as pa
@@ -36,22 +35,6 @@ from lance_cdf.devtools import S3Server
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
 BUCKET = "bench-namespace"
-
-
-def load_base(rev: str, workdir: str) -> ModuleType:
-    """lance_cdf/namespace.py as it was at `rev`, imported as its own module."""
-    src = subprocess.run(
-        ["git", "show", f"{rev}:lance_cdf/namespace.py"], check=True, capture_output=True
-    ).stdout
-    path = os.path.join(workdir, "namespace_base.py")
-    with open(path, "wb") as f:
-        f.write(src)
-    spec = importlib.util.spec_from_file_location("namespace_base", path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # (dataclasses look their module up)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def make_database(root: str, n: int, opts: dict[str, str] | None) -> None:
@@ -82,14 +65,18 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--base", default="HEAD", help="commit of the hand-written listing")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
-    import lance_cdf.namespace as current
+    import namespace_pylance  # bench/ (this script's directory) is on sys.path
+
+    import lance_cdf.namespace as hand
+
+    def names(ns: Any) -> list[tuple[str, ...]]:
+        return list(namespace_pylance._identifiers(ns))
 
     work = tempfile.mkdtemp(prefix="bench-ns-")
-    impls = {"base": load_base(args.base, work), "current": current}
+    impls = {"hand": hand, "pylance": namespace_pylance}
     server = S3Server(os.path.join(work, "s3"))
     server.start()
     try:
@@ -104,7 +91,9 @@ def main() -> None:
             make_database(root, args.tables, o)
         print(f"built both databases in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
 
-        results: dict = {p: {i: {"list": [], "resolve": []} for i in impls} for p in places}
+        results: dict = {
+            p: {i: {"list": [], "resolve": [], "names": []} for i in impls} for p in places
+        }
         for r in range(args.rounds):
             order = list(impls) if r % 2 == 0 else list(reversed(impls))
             for place, (root, o) in places.items():
@@ -118,6 +107,10 @@ def main() -> None:
                     results[place][name]["list"].append({"seconds": secs, "requests": counts})
                     secs, counts, uri = measure(srv, mod.resolve_table, root, "ns.t0", o)
                     results[place][name]["resolve"].append({"seconds": secs, "requests": counts})
+                    if mod is namespace_pylance:
+                        ns = mod._open(root, o)
+                        secs, counts, _ = measure(srv, names, ns)
+                        results[place][name]["names"].append({"seconds": secs, "requests": counts})
         for place in places:
             a, b = (results[place][i].pop("tables") for i in impls)
             assert a == b, f"{place}: the implementations list different tables"
@@ -127,8 +120,10 @@ def main() -> None:
     summary: dict = {}
     for place in places:
         for name in impls:
-            for op in ("list", "resolve"):
+            for op in ("list", "resolve", "names"):
                 runs = results[place][name][op]
+                if not runs:
+                    continue
                 total = Counter()
                 for run in runs:
                     total.update(run["requests"])
@@ -150,7 +145,7 @@ def main() -> None:
     doc = {
         "when": datetime.now(UTC).isoformat(timespec="seconds"),
         "commit": head,
-        "base": args.base,
+        "pylance": importlib.metadata.version("pylance"),
         "command": " ".join(["python", *sys.argv]),
         "machine": f"{platform.machine()} {os.cpu_count()} cores",
         "tables": args.tables,

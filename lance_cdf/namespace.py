@@ -1,29 +1,30 @@
 """Tables of a database by name: a table's name in a LanceDB database or a Lance directory
 namespace → the table's URI, and the list of the database's tables.
 
-Read through pylance's `DirectoryNamespace` (lance-namespace "dir", compatibility mode):
-the tables and child namespaces registered in the root's `__manifest`, plus the root's
-`<name>.lance` directories (LanceDB keeps its root tables there); deregistered tables are
-left out, reserved (declared) ones listed. Tables are named by their namespace levels and
-name joined by dots (`sales.orders`; a root table by its name) or by their `$`-joined
-object id.
+Follows the Lance directory namespace spec (lance-namespace "dir"): tables registered in the
+root's `__manifest` (a Lance table, read with pylance: `object_id` is the namespace levels and
+the table name joined by `$`, `location` the table's directory relative to the root, e.g.
+`63310e6c_sales$orders`), plus the root's `<name>.lance` directories that `__manifest` does
+not list (LanceDB keeps its root tables there; spec "compatibility mode"). A `.lance`
+directory holding the `.lance-deregistered` marker is not a table. Tables are named by
+their namespace levels and name joined by dots (`sales.orders`; a root table by its name)
+or by their `$`-joined object id.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Callable, Iterator
+import posixpath
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import DatabaseNotFoundError, LanceCdfError, TableNameError
-from lance_cdf.format.io import local_path
+from lance_cdf.format.io import FileSystem, local_path, open_filesystem
 
-if TYPE_CHECKING:
-    from lance.namespace import DirectoryNamespace
-
+MANIFEST = "__manifest"
 DELIMITER = "$"  # between namespace levels and the table name in an object id
+SUFFIX = ".lance"
+DEREGISTERED = ".lance-deregistered"
 _SHOWN = 12  # table names an unknown-name error lists
 
 
@@ -38,38 +39,38 @@ class TableRef:
 
 def list_tables(root: str, storage_options: dict[str, str] | None = None) -> list[TableRef]:
     """Every table of the database at `root` (local path or object-store URI), sorted by
-    qualified name."""
-    ns = _open(root, storage_options)
-    refs = [
-        TableRef(".".join(ident), _describe(ns, ident, root), ident) for ident in _identifiers(ns)
-    ]
-    return sorted(refs, key=lambda ref: ref.qualified_name)
+    qualified name. Costs one read of `__manifest` and one LIST of the root, plus one HEAD
+    per `.lance` directory it does not list (to leave out deregistered ones)."""
+    fs = _open(root, storage_options)
+    refs, listed = _candidates(root, fs, storage_options)
+    live = [ref for key, ref in refs.items() if key not in listed or _is_table_dir(fs, ref)]
+    return sorted(live, key=lambda ref: ref.qualified_name)
 
 
 def resolve_table(root: str, name: str, storage_options: dict[str, str] | None = None) -> str:
     """The URI of table `name` of the database at `root`: its object id (`sales$orders`, a
     root table's name) or else its qualified name (`sales.orders`); unknown or ambiguous
     names are refused, listing the tables."""
-    from lance_namespace.errors import NamespaceNotFoundError, TableNotFoundError
-
     if not name or name != name.strip():
         raise TableNameError(f"table name {name!r} is empty or has surrounding spaces")
-    ns = _open(root, storage_options)
-    object_id = tuple(name.split(DELIMITER))
-    if all(object_id):  # by object id first: one lookup
-        with contextlib.suppress(TableNotFoundError, NamespaceNotFoundError):
-            return _describe(ns, object_id, root)
-    idents = list(_identifiers(ns))
-    hits = [ident for ident in idents if ".".join(ident) == name]
+    fs = _open(root, storage_options)
+    refs, listed = _candidates(root, fs, storage_options)
+
+    def live(keys: list[tuple[str, ...]]) -> list[TableRef]:
+        return [refs[k] for k in keys if k not in listed or _is_table_dir(fs, refs[k])]
+
+    hits = live([k for k in refs if DELIMITER.join(k) == name])  # by object id first
+    if not hits:
+        hits = live([k for k, ref in refs.items() if ref.qualified_name == name])
     if len(hits) == 1:
-        return _describe(ns, hits[0], root)
+        return hits[0].uri
     if hits:
-        which = ", ".join(repr(DELIMITER.join(ident)) for ident in hits)
+        which = ", ".join(repr(DELIMITER.join(ref.identifier)) for ref in hits)
         raise TableNameError(
             f"{name!r} names more than one table of the database at {root} ({which}, by "
             "object id: namespace levels and name joined by '$'); give the object id instead"
         )
-    names = sorted(".".join(ident) for ident in idents)
+    names = sorted(ref.qualified_name for ref in live(list(refs)))
     shown = ", ".join(names[:_SHOWN])
     if len(names) > _SHOWN:
         shown += f", … ({len(names)} in all)"
@@ -80,55 +81,75 @@ def resolve_table(root: str, name: str, storage_options: dict[str, str] | None =
     )
 
 
-def _open(root: str, storage_options: dict[str, str] | None) -> DirectoryNamespace:
-    """pylance's directory namespace at `root` (an existing directory when local)."""
+def _open(root: str, storage_options: dict[str, str] | None) -> FileSystem:
     path = local_path(root)
-    if path is not None and not os.path.isdir(path):
-        raise DatabaseNotFoundError(
-            f"no database at {root!r}: the directory does not exist. Give the LanceDB "
-            "database directory (the one lancedb.connect() was given)."
+    if path is not None:
+        if not os.path.isdir(path):
+            raise DatabaseNotFoundError(
+                f"no database at {root!r}: the directory does not exist. Give the LanceDB "
+                "database directory (the one lancedb.connect() was given)."
+            )
+    return open_filesystem(root, storage_options)
+
+
+def _join(root: str, location: str) -> str:
+    """A manifest location (relative to the root, or a full URI / absolute path) as a URI."""
+    if "://" in location or location.startswith("/"):
+        return location
+    path = local_path(root)
+    if path is not None:
+        return posixpath.join(path, location)
+    return root.rstrip("/") + "/" + location
+
+
+def _candidates(
+    root: str, fs: FileSystem, storage_options: dict[str, str] | None
+) -> tuple[dict[tuple[str, ...], TableRef], set[tuple[str, ...]]]:
+    """(identifier -> table, the identifiers found only by listing): `__manifest`'s tables,
+    then the root's `.lance` directories it does not list (not yet checked for markers)."""
+    entries = fs.list_dir("")
+    refs: dict[tuple[str, ...], TableRef] = {}
+    if MANIFEST in entries:
+        for object_id, location in _manifest_tables(_join(root, MANIFEST), storage_options):
+            identifier = tuple(object_id.split(DELIMITER))
+            if not location or not all(identifier):
+                raise LanceCdfError(
+                    f"the __manifest of the database at {root} lists table {object_id!r} "
+                    f"with location {location!r}, which lance-cdf cannot read as a table; "
+                    "check the database with the LanceDB / Lance namespace that wrote it"
+                )
+            refs[identifier] = TableRef(".".join(identifier), _join(root, location), identifier)
+    listed: set[tuple[str, ...]] = set()
+    for entry in sorted(entries):
+        identifier = (entry[: -len(SUFFIX)],)
+        if entry.endswith(SUFFIX) and identifier[0] and identifier not in refs:
+            refs[identifier] = TableRef(identifier[0], _join(root, entry), identifier)
+            listed.add(identifier)
+    return refs, listed
+
+
+def _manifest_tables(
+    uri: str, storage_options: dict[str, str] | None
+) -> list[tuple[str, str | None]]:
+    """(object id, location) of the tables `__manifest` lists."""
+    import lance
+
+    ds = lance.dataset(uri, storage_options=storage_options)
+    missing = {"object_id", "object_type", "location"} - set(ds.schema.names)
+    if missing:
+        raise LanceCdfError(
+            f"{uri} has no column(s) {sorted(missing)}: not a Lance namespace manifest "
+            "lance-cdf knows (expected object_id, object_type, location)"
         )
-    return _namespace(root, storage_options)
+    table = ds.to_table(columns=["object_id", "location"], filter="object_type = 'table'")
+    return list(zip(table["object_id"].to_pylist(), table["location"].to_pylist(), strict=True))
 
 
-def _namespace(root: str, storage_options: dict[str, str] | None) -> DirectoryNamespace:
-    from lance.namespace import DirectoryNamespace
-
-    props = {f"storage.{k}": v for k, v in (storage_options or {}).items()}
-    return DirectoryNamespace(root=local_path(root) or root, **props)
-
-
-def _identifiers(ns: DirectoryNamespace) -> Iterator[tuple[str, ...]]:
-    """Every table's identifier (namespace levels, then the name), child namespaces
-    walked depth first."""
-    from lance_namespace import ListNamespacesRequest, ListTablesRequest
-
-    pending: list[tuple[str, ...]] = [()]
-    while pending:
-        level = pending.pop()
-        for name in _pages(ns.list_tables, ListTablesRequest, level):
-            yield (*level, name)
-        for child in _pages(ns.list_namespaces, ListNamespacesRequest, level):
-            pending.append((*level, child))
-
-
-def _pages(call: Callable[..., Any], request: type, level: tuple[str, ...]) -> Iterator[str]:
-    """The names a paginated list call (`list_tables`, `list_namespaces`) gives for
-    namespace `level`, every page."""
-    token = None
-    while True:
-        resp = call(request(id=list(level), page_token=token))
-        yield from resp.tables if hasattr(resp, "tables") else resp.namespaces
-        token = resp.page_token
-        if not token:
-            return
-
-
-def _describe(ns: DirectoryNamespace, ident: tuple[str, ...], root: str) -> str:
-    """The URI of table `ident`, as the namespace registered it."""
-    from lance_namespace import DescribeTableRequest
-
-    return _location(ns.describe_table(DescribeTableRequest(id=list(ident))).location, root)
+def _is_table_dir(fs: FileSystem, ref: TableRef) -> bool:
+    """Whether a root `.lance` directory is a table: not deregistered. (A reserved one,
+    declared but without versions yet, is a table, as pylance's DirectoryNamespace lists
+    it: reading its changes finds no version.)"""
+    return not fs.exists(f"{ref.identifier[0]}{SUFFIX}/{DEREGISTERED}")
 
 
 def table_location(
@@ -140,6 +161,7 @@ def table_location(
     `DirectoryNamespace`: a root table at `<name>.lance`, a namespaced one registered in
     `__manifest` at `<hash>_<ns>$<name>`), so LanceDB and `list_tables` find it under
     its qualified name. The directory gets its first version from whoever writes it."""
+    from lance.namespace import DirectoryNamespace
     from lance_namespace import (
         CreateNamespaceRequest,
         DeclareTableRequest,
@@ -158,7 +180,8 @@ def table_location(
     path = local_path(root)
     if path is not None:
         os.makedirs(path, exist_ok=True)
-    ns = _namespace(root, storage_options)
+    props = {"root": root, **{f"storage.{k}": v for k, v in (storage_options or {}).items()}}
+    ns = DirectoryNamespace(**props)
     ident = list(identifier)
     try:
         return _location(ns.describe_table(DescribeTableRequest(id=ident)).location, root)
