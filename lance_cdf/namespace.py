@@ -9,6 +9,12 @@ not list (LanceDB keeps its root tables there; spec "compatibility mode"). A `.l
 directory holding the `.lance-deregistered` marker is not a table. Tables are named by
 their namespace levels and name joined by dots (`sales.orders`; a root table by its name)
 or by their `$`-joined object id.
+
+Read by hand rather than through pylance's `DirectoryNamespace`, which gives the same
+tables but at more object-store requests per listing (a LIST per root table when it lists
+the root, another when it describes the table for its location), and the database
+publisher lists every few seconds: docs/reference/internals.md#table-listing has the
+measurements; tests/test_namespace.py keeps `DirectoryNamespace` as the oracle.
 """
 
 from __future__ import annotations
