@@ -18,7 +18,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 from lance_cdf import __version__, malloc
 from lance_cdf.errors import LanceCdfError
@@ -27,6 +27,9 @@ if TYPE_CHECKING:
     from lance_cdf.kafka.publish import Database
     from lance_cdf.kafka.topics import TopicSettings
     from lance_cdf.replicate.database import DatabaseReplicator
+
+# what `add_subparsers` returns: each command's parser is made with its `add_parser`
+Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
 
 EXAMPLES = """examples:
   lance-cdf changes /data/events.lance --from 3 --to 9
@@ -145,6 +148,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"lance-cdf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
+    _changes_parser(sub)
+    _publish_parser(sub)
+    _replicate_parser(sub)
+    _status_parser(sub)
+    return parser
+
+
+def _changes_parser(sub: Subcommands) -> None:
+    """`lance-cdf changes`."""
     changes = sub.add_parser(
         "changes",
         help="print the changes of a version range",
@@ -196,6 +208,9 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     changes.set_defaults(func=cmd_changes)
 
+
+def _publish_parser(sub: Subcommands) -> None:
+    """`lance-cdf publish`: one table, or a whole database."""
     pub = sub.add_parser(
         "publish",
         help="stream a table's changes to Kafka as Avro",
@@ -254,6 +269,9 @@ def build_parser() -> argparse.ArgumentParser:
     _metrics_flags(pub)
     pub.set_defaults(func=cmd_publish)
 
+
+def _replicate_parser(sub: Subcommands) -> None:
+    """`lance-cdf replicate`: where from, where to; how records are applied: `_applying_flags`."""
     rep = sub.add_parser(
         "replicate",
         help="apply a published change topic to a replica Lance table",
@@ -299,6 +317,12 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--refresh-interval", type=_seconds, default=5.0, metavar="SECONDS",
                      help="with --database-target: how often the topic list is read for new "
                      "and deleted topics (default 5)")  # fmt: skip
+    _applying_flags(rep)
+    rep.set_defaults(func=cmd_replicate)
+
+
+def _applying_flags(rep: argparse.ArgumentParser) -> None:
+    """How `replicate` applies records, and what it reports."""
     rep.add_argument("--key", type=_csv, default=None,
                      help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
                      "source's stable row ID kept as a column)")  # fmt: skip
@@ -365,8 +389,10 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--source-storage-option", action="append", default=[],
                      metavar="KEY=VALUE", help="storage option for --source-table / "
                      "--source-database (repeatable)")  # fmt: skip
-    rep.set_defaults(func=cmd_replicate)
 
+
+def _status_parser(sub: Subcommands) -> None:
+    """`lance-cdf status`."""
     status = sub.add_parser(
         "status",
         help="latest version of a table and how far a publisher / replica got",
@@ -397,7 +423,8 @@ def build_parser() -> argparse.ArgumentParser:
                         metavar="KEY=VALUE", help="storage option for --replica "
                         "(repeatable; default: the --storage-option ones)")  # fmt: skip
     status.set_defaults(func=cmd_status)
-    return parser
+
+
 
 
 def _seconds(value: str) -> float:
