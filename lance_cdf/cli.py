@@ -596,8 +596,11 @@ def _run_publish(
 
 @contextlib.contextmanager
 def _on_signals(handler: Callable[[int, FrameType | None], Any]) -> Iterator[None]:
-    """`handler` for SIGTERM and SIGINT during the block, the previous ones after."""
-    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
+    """`handler` for SIGTERM and SIGINT during the block, the previous ones after (only
+    the main thread has signal handlers: a command run from another thread installs none)."""
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
