@@ -275,6 +275,77 @@ def _python_for_spark() -> Iterator[None]:
         os.environ.pop("PYSPARK_PYTHON", None)
 
 
+def _session_builder(
+    own_session: bool, master: str | None, topic: str, checkpoint: str, database: Database | None
+) -> tuple[SparkSession.Builder, str | None]:
+    """The session builder publish starts Spark with, and the master it sets (None:
+    spark-submit's or the active session's). `own_session`: no session is active, so the
+    settings of a long-running local publisher are publish's to give."""
+    from pyspark.sql import SparkSession
+
+    builder = SparkSession.builder
+    chosen = None  # the master publish sets (None: spark-submit's or the active session's)
+    if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
+        chosen = master or "local[2]"
+        builder = builder.master(chosen)  # (spark-submit sets the gateway)
+    if own_session:
+        builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
+        # publish prints its own progress lines; Spark's "[Stage N:>...]" bars are noise
+        builder = builder.config("spark.ui.showConsoleProgress", "false")
+        if (chosen or "").startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
+            # a local master needs no port reachable from elsewhere: the driver's RPC and
+            # block-manager ports listen on loopback only (Spark's default is the host's
+            # external address, with authentication off); SPARK_LOCAL_IP asks otherwise
+            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
+                "spark.driver.host", "127.0.0.1"
+            )
+        # The footprint of a long-running local publisher: Spark's status store keeps up to
+        # 1000 SQL executions, 1000 jobs and stages and 100,000 tasks even with the UI off,
+        # and every micro-batch adds one of each, so the JVM grew for as long as it ran
+        # (docs/benchmarks.md, "Publisher footprint"). A publisher needs none of that
+        # history (its progress is its own log): keep 50 of each, 1000 tasks, 50 DAG roots.
+        for key, value in (
+            ("spark.sql.ui.retainedExecutions", "50"),
+            ("spark.ui.retainedJobs", "50"),
+            ("spark.ui.retainedStages", "50"),
+            ("spark.ui.retainedTasks", "1000"),
+            ("spark.ui.dagGraph.retainedRootRDDs", "50"),
+            # Python workers: reused (the default, kept explicit: a fresh worker per task
+            # re-imports pyarrow + lance, markedly slower per micro-batch). Spark starts one
+            # daemon per worker module (6: lookup/create/plan-read/write-into data source,
+            # the writer tasks, the streaming sink's commit runner) and forks workers from
+            # them; the planners' workers are used once at start and Spark stops idle
+            # workers after a minute; the tasks' workers, the largest processes, are bounded
+            # by the local master's cores, 2 by default (`--master local[N]` to change).
+            # (docs/benchmarks.md, "Publisher footprint")
+            ("spark.python.worker.reuse", "true"),
+        ):
+            builder = builder.config(key, value)
+        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
+            options = _spark_log(checkpoint)
+            if (chosen or "").startswith("local"):
+                options = f"{options} {LOCAL_JVM_OPTIONS}"
+                # the writer tasks' workers fork warm (lance_cdf/kafka/daemon.py): Spark
+                # starts them in the first micro-batch with data and again after any minute
+                # without one, and fresh workers' imports made those micro-batches' commits
+                # seconds slower than steady ones; warm workers halve that at start and cut
+                # it after a quiet minute, for more memory idle and less under load (the
+                # workers share the preloaded pages; docs/benchmarks.md, "A whole
+                # database"). Spark 4.3 uses this module for
+                # the task workers only (pyspark.worker). One given in PYSPARK_SUBMIT_ARGS
+                # wins (`--conf spark.python.daemon.module=pyspark.daemon`: cold workers).
+                # A database's publisher only: one table's publisher, whose workers a
+                # commit a second keeps warm, has a 1.5 GB footprint target the idle
+                # daemon's memory would move away from (not measured for it).
+                submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
+                if database is not None and "spark.python.daemon.module" not in submit_args:
+                    builder = builder.config(
+                        "spark.python.daemon.module", "lance_cdf.kafka.daemon"
+                    )
+            builder = builder.config("spark.driver.extraJavaOptions", options)
+    return builder, chosen
+
+
 def _publish(
     stopping: threading.Event,
     table: str,
@@ -362,66 +433,7 @@ def _publish(
     from pyspark.sql import SparkSession
 
     own_session = SparkSession.getActiveSession() is None
-    builder = SparkSession.builder
-    chosen = None  # the master publish sets (None: spark-submit's or the active session's)
-    if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
-        chosen = master or "local[2]"
-        builder = builder.master(chosen)  # (spark-submit sets the gateway)
-    if own_session:
-        builder = builder.appName(f"lance-cdf publish {topic}").config("spark.ui.enabled", "false")
-        # publish prints its own progress lines; Spark's "[Stage N:>...]" bars are noise
-        builder = builder.config("spark.ui.showConsoleProgress", "false")
-        if (chosen or "").startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
-            # a local master needs no port reachable from elsewhere: the driver's RPC and
-            # block-manager ports listen on loopback only (Spark's default is the host's
-            # external address, with authentication off); SPARK_LOCAL_IP asks otherwise
-            builder = builder.config("spark.driver.bindAddress", "127.0.0.1").config(
-                "spark.driver.host", "127.0.0.1"
-            )
-        # The footprint of a long-running local publisher: Spark's status store keeps up to
-        # 1000 SQL executions, 1000 jobs and stages and 100,000 tasks even with the UI off,
-        # and every micro-batch adds one of each, so the JVM grew for as long as it ran
-        # (docs/benchmarks.md, "Publisher footprint"). A publisher needs none of that
-        # history (its progress is its own log): keep 50 of each, 1000 tasks, 50 DAG roots.
-        for key, value in (
-            ("spark.sql.ui.retainedExecutions", "50"),
-            ("spark.ui.retainedJobs", "50"),
-            ("spark.ui.retainedStages", "50"),
-            ("spark.ui.retainedTasks", "1000"),
-            ("spark.ui.dagGraph.retainedRootRDDs", "50"),
-            # Python workers: reused (the default, kept explicit: a fresh worker per task
-            # re-imports pyarrow + lance, markedly slower per micro-batch). Spark starts one
-            # daemon per worker module (6: lookup/create/plan-read/write-into data source,
-            # the writer tasks, the streaming sink's commit runner) and forks workers from
-            # them; the planners' workers are used once at start and Spark stops idle
-            # workers after a minute; the tasks' workers, the largest processes, are bounded
-            # by the local master's cores, 2 by default (`--master local[N]` to change).
-            # (docs/benchmarks.md, "Publisher footprint")
-            ("spark.python.worker.reuse", "true"),
-        ):
-            builder = builder.config(key, value)
-        if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
-            options = _spark_log(checkpoint)
-            if (chosen or "").startswith("local"):
-                options = f"{options} {LOCAL_JVM_OPTIONS}"
-                # the writer tasks' workers fork warm (lance_cdf/kafka/daemon.py): Spark
-                # starts them in the first micro-batch with data and again after any minute
-                # without one, and fresh workers' imports made those micro-batches' commits
-                # seconds slower than steady ones; warm workers halve that at start and cut
-                # it after a quiet minute, for more memory idle and less under load (the
-                # workers share the preloaded pages; docs/benchmarks.md, "A whole
-                # database"). Spark 4.3 uses this module for
-                # the task workers only (pyspark.worker). One given in PYSPARK_SUBMIT_ARGS
-                # wins (`--conf spark.python.daemon.module=pyspark.daemon`: cold workers).
-                # A database's publisher only: one table's publisher, whose workers a
-                # commit a second keeps warm, has a 1.5 GB footprint target the idle
-                # daemon's memory would move away from (not measured for it).
-                submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-                if database is not None and "spark.python.daemon.module" not in submit_args:
-                    builder = builder.config(
-                        "spark.python.daemon.module", "lance_cdf.kafka.daemon"
-                    )
-            builder = builder.config("spark.driver.extraJavaOptions", options)
+    builder, chosen = _session_builder(own_session, master, topic, checkpoint, database)
     t = time.monotonic()
     # SparkContext installs its own SIGINT handler (cancel all jobs, raise
     # KeyboardInterrupt inside a py4j call): the caller's is put back
@@ -476,8 +488,29 @@ def _publish(
         query, table, topic, storage_options, metrics_port, metrics_host, checkpoint, database
     )
 
-    error: BaseException | None = None
     trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
+    error = _await(query, spark, stopping, lease, trim)
+    if follower is not None:
+        follower.stop()
+        if error is not None:
+            follower.failed()
+    if own_session:
+        _quiet_stop(spark)
+    if error is not None:
+        raise LanceCdfError(_one_line(error, checkpoint)) from None
+    return 0
+
+
+def _await(
+    query: StreamingQuery,
+    spark: SparkSession,
+    stopping: threading.Event,
+    lease: Lease | None,
+    trim: bool,
+) -> BaseException | None:
+    """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
+    is none). `trim`: stop Spark's planner daemons once the query has run."""
+    error: BaseException | None = None
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
@@ -499,15 +532,7 @@ def _publish(
         error = None
     else:
         error = error or query.exception()
-    if follower is not None:
-        follower.stop()
-        if error is not None:
-            follower.failed()
-    if own_session:
-        _quiet_stop(spark)
-    if error is not None:
-        raise LanceCdfError(_one_line(error, checkpoint)) from None
-    return 0
+    return error
 
 
 # a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text
