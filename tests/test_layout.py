@@ -275,3 +275,30 @@ def test_comments_name_no_issue_numbers():
         for match in ISSUE_NUMBER.finditer(text)
     ]
     assert not named, "issue numbers in comments or docstrings:\n" + "\n".join(named)
+
+
+def test_the_wheel_holds_what_users_run(tmp_path):
+    """The wheel has the package and its data, not the local test services nor the demo
+    (the tests and `make demo` use them from the repository)."""
+    import shutil
+    import subprocess
+    import sys
+    import zipfile
+
+    root, src = PACKAGE.parent, tmp_path / "src"  # (a copy: no build/ left in the checkout)
+    for name in ("lance_cdf", "pyspark_lance_cdf", "pyspark_lance_cdf_kafka"):
+        shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy(root / name, src / name)
+    built = subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
+         "-q", "-w", str(tmp_path)],
+        capture_output=True, text=True, timeout=600, cwd=tmp_path,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    (wheel,) = tmp_path.glob("lance_cdf-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    assert not [n for n in names if n.startswith(("lance_cdf/devtools/", "lance_cdf/demo/"))]
+    for wanted in ("lance_cdf/cli.py", "lance_cdf/py.typed", "lance_cdf/avro/schemas/key.avsc",
+                   "pyspark_lance_cdf/__init__.py", "pyspark_lance_cdf_kafka/__init__.py"):
+        assert wanted in names, wanted
