@@ -16,7 +16,7 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
 from lance_cdf.errors import CheckpointMismatchError, VersionNotFoundError
-from lance_cdf.streaming.source import LanceCdfStreamReader, resolve
+from lance_cdf.streaming.readers import LanceCdfStreamReader, resolve
 from lance_cdf.streaming.types import spark_schema
 
 

@@ -129,6 +129,47 @@ def test_the_layers_have_no_cycle():
         depth(part)
 
 
+def _module_imports() -> dict[str, set[str]]:
+    """Every module of lance_cdf -> the lance_cdf modules it imports (lazy ones included;
+    `from lance_cdf.x import y` names module x.y where that is a module, else x)."""
+    names = {}
+    for path in PACKAGE.rglob("*.py"):
+        if "_proto" in path.parts:
+            continue
+        rel = path.relative_to(PACKAGE.parent).with_suffix("")
+        names[".".join(rel.parts[:-1] if rel.name == "__init__" else rel.parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in names.items():
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    found.add(full if full in names else node.module)
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in names and m != name}
+    return graph
+
+
+def test_no_module_import_cycle():
+    """Inside the packages too: no module imports, however lazily, one that imports it."""
+    graph = _module_imports()
+    done: set[str] = set()
+
+    def visit(module: str, path: tuple[str, ...]) -> None:
+        assert module not in path, f"import cycle: {' -> '.join(path + (module,))}"
+        if module in done:
+            return
+        for other in sorted(graph[module]):
+            if not module.startswith(f"{other}."):  # (a package's own __init__: its modules')
+                visit(other, path + (module,))
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module, ())
+
+
 def test_no_connectors_package_left():
     assert not (PACKAGE / "connectors").exists()
 

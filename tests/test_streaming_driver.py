@@ -16,7 +16,7 @@ from pyspark.sql.types import ArrayType, FloatType, IntegerType, LongType, Short
 import lance_cdf
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.streaming.options import SourceOptions
-from lance_cdf.streaming.source import (
+from lance_cdf.streaming.readers import (
     ChangeSlices,
     LanceCdfStreamReader,
     earliest_readable,

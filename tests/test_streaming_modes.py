@@ -15,7 +15,7 @@ from oracle import apply_events, table_state
 
 import lance_cdf
 from lance_cdf.snapshot import SnapshotFragment
-from lance_cdf.streaming.source import (
+from lance_cdf.streaming.readers import (
     LanceCdfBatchReader,
     LanceCdfStreamReader,
     NetSlice,

@@ -107,7 +107,7 @@ def test_a_work_item_reads_back_as_written_and_nothing_else(tmp_path):
 def test_work_items_of_another_table_are_refused(tmp_path):
     """The sink reads events from its own `table` option: work items whose stream read
     another table are refused (a digest of the path, not the path, is in the row)."""
-    from lance_cdf.streaming.source import work_reading
+    from lance_cdf.streaming.readers import work_reading
 
     uri = str(tmp_path / "t.lance")
     churn(uri)

@@ -83,7 +83,8 @@ def head_start(
 
     from lance_cdf.kafka import sink
     from lance_cdf.streaming.handoff import work_struct
-    from lance_cdf.streaming.source import HandOffReader, LanceCdfDataSource
+    from lance_cdf.streaming.readers import HandOffReader
+    from lance_cdf.streaming.source import LanceCdfDataSource
 
     t = time.monotonic()
     source = LanceCdfDataSource({**source_options, "writerSlots": "1"})

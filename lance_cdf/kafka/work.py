@@ -32,7 +32,7 @@ from lance_cdf.stream_columns import (
 )
 from lance_cdf.streaming.handoff import WorkItem
 from lance_cdf.streaming.partitions import SnapshotSlice, SourcePartition
-from lance_cdf.streaming.source import forget_feed, work_reading
+from lance_cdf.streaming.readers import forget_feed, work_reading
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,14 @@ from pyspark.sql.streaming.datasource import (
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
 from lance_cdf.namespace import TableRef, list_tables
 from lance_cdf.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
+from lance_cdf.streaming.readers import (
+    HandOffReader,
+    LanceCdfStreamReader,
+    Resolved,
+    event_struct,
+    forget_feed,
+    resolve,
+)
 
 log = logging.getLogger("lance_cdf.streaming")
 
@@ -153,7 +161,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: Mapping[str, Any]):
         self.options = DatabaseOptions.parse(options, events=self.EVENTS)
-        self.readers: dict[str, Any] = {}  # name -> HandOffReader (driver only)
+        self.readers: dict[str, LanceCdfStreamReader] = {}  # name -> its reader (driver only)
         self.refs: dict[str, TableRef] = {}  # the matching tables at the last listing
         self.listed_at = -LIST_EVERY
         self.skipped: dict[str, str] = {}  # name -> why it is not followed
@@ -177,7 +185,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if self.listed_at < 0:
                 raise  # the first listing: the database itself is wrong
             log.warning("listing the database failed (%s); trying again in %.0f s",
-                        _why(exc), LIST_EVERY)  # fmt: skip
+                        why_not_read(exc), LIST_EVERY)  # fmt: skip
             self.listed_at = now
             return self.refs
         refs = {r.qualified_name: r for r in listed if self.options.matches(r.qualified_name)}
@@ -207,12 +215,10 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.skipped[name] = why
         self.readers.pop(name, None)
 
-    def _reader(self, name: str, starting: str | None) -> Any:
+    def _reader(self, name: str, starting: str | None) -> LanceCdfStreamReader:
         """The table's reader, made on first use (`starting`: its start, if it is new)."""
         reader = self.readers.get(name)
         if reader is None:
-            from lance_cdf.streaming.source import forget_feed, resolve
-
             options = {**self.options.table_options, "path": self.refs[name].uri}
             forget_feed(self.refs[name].uri, self.options.storage_options)  # read afresh
             options = {k: v for k, v in options.items() if k.lower() != "startingversion"}
@@ -226,10 +232,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.readers[name] = reader
         return reader
 
-    def _make_reader(self, name: str, resolved: Any) -> Any:
+    def _make_reader(self, name: str, resolved: Resolved) -> LanceCdfStreamReader:
         """A table's reader from its resolved options (here: one that hands off work items)."""
-        from lance_cdf.streaming.source import HandOffReader, event_struct
-
         return HandOffReader(resolved, event_struct(resolved))
 
     def _later_start(self) -> str:
@@ -247,7 +251,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
                 if self._stops_on(exc, False):
                     raise
-                self._skip(name, _why(exc))
+                self._skip(name, why_not_read(exc))
         self._report(tables)
         return {"tables": tables, "from": self.options.starting or "latest"}
 
@@ -295,7 +299,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 elif self._stops_on(exc, offset is not None):
                     raise
                 else:
-                    self._skip(name, _why(exc))
+                    self._skip(name, why_not_read(exc))
         for name in sorted(set(held) - set(refs)):
             if name not in self.skipped:
                 log.warning("table %s is gone from the database: let go", name)
@@ -304,7 +308,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def table_partitions(
         self, start: dict[str, Any], end: dict[str, Any]
-    ) -> Iterator[tuple[str, Any, Sequence[Any]]]:
+    ) -> Iterator[tuple[str, LanceCdfStreamReader, Sequence[Any]]]:
         """Each table with changes between the offsets `start` and `end`: its name, its
         single-table reader and that reader's partitions (a table gone from the database
         meanwhile is reported and let go)."""
@@ -321,7 +325,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except Exception as exc:
                 if self._gone(name):
                     log.warning("table %s is gone from the database: let go (%s)", name,
-                                _why(exc))  # fmt: skip
+                                why_not_read(exc))  # fmt: skip
                     continue
                 raise
             yield name, reader, parts
@@ -330,8 +334,10 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
         count = 0
         for name, reader, shares in self.table_partitions(start, end):
+            kafka_partitions = reader.opts.kafka_partitions
+            assert kafka_partitions is not None  # (a work-item stream's: SourceOptions.parse)
             for share in shares:
-                item = replace(reader.reading.work(share, reader.opts.kafka_partitions), name=name)
+                item = replace(reader.reading.work(share, kafka_partitions), name=name)
                 batch = item.to_batch()
                 row = (
                     share.slot, batch.column(1)[0].as_py(), batch.column(2)[0].as_py(),
@@ -389,7 +395,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             log.warning("could not write the database report %s: %s", path, exc)
 
 
-def _why(exc: BaseException) -> str:
+def why_not_read(exc: BaseException) -> str:
     """An error in one line (no stack: the table is reported and left out)."""
     if isinstance(exc, StableRowIdsRequiredError):
         return (

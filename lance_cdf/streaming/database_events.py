@@ -9,7 +9,7 @@ map of the tables' own offsets, tables taken up, let go and skipped as there, ea
 identity checked on restart), with a single-table `LanceCdfStreamReader` per table instead
 of a hand-off reader: a micro-batch's partitions are each table's own partitions, in its
 own order, each tagged with its table's name (`TableSlice`); an executor reads one with
-that table's `_Reading` (pickled with the reader by Spark, as for one table) and widens
+that table's `TableReading` (pickled with the reader by Spark, as for one table) and widens
 the batch to the stream's columns. Batch read (`DatabaseBatchReader`): a
 `LanceCdfBatchReader` per table, the same way.
 
@@ -48,8 +48,17 @@ from lance_cdf.errors import (
 )
 from lance_cdf.namespace import list_tables
 from lance_cdf.stream_columns import EVENT_ORDER, KEY_HASH
-from lance_cdf.streaming.database import DatabaseOptions, DatabaseReader, _why
+from lance_cdf.streaming.database import DatabaseOptions, DatabaseReader, why_not_read
 from lance_cdf.streaming.partitions import SourcePartition
+from lance_cdf.streaming.readers import (
+    LanceCdfBatchReader,
+    LanceCdfStreamReader,
+    Resolved,
+    TableReading,
+    event_struct,
+    forget_feed,
+    resolve,
+)
 from lance_cdf.streaming.types import META_NAMES, arrow_target
 
 log = logging.getLogger("lance_cdf.streaming")
@@ -103,15 +112,17 @@ class TableSlice(InputPartition):
     part: SourcePartition
 
 
-def table_slices(name: str, reading: Any, parts: Sequence[InputPartition]) -> list[TableSlice]:
+def table_slices(
+    name: str, reading: TableReading, parts: Sequence[InputPartition]
+) -> list[TableSlice]:
     """Table `name`'s own partitions, planned on the driver by its one-table reader (whose
-    `_Reading` is `reading`), as slices of the database read."""
+    `TableReading` is `reading`), as slices of the database read."""
     columns = reading.read_schema.serialize().to_pybytes()
     return [TableSlice(name, reading.opts.path, columns, p) for p in parts]  # type: ignore[arg-type]
 
 
 class _SliceReading:
-    """Reads `TableSlice`s on an executor: each table's `_Reading` made from the slice and
+    """Reads `TableSlice`s on an executor: each table's `TableReading` made from the slice and
     the reader's options (cached per table, URI and columns), its events widened to the
     read's schema."""
 
@@ -122,12 +133,13 @@ class _SliceReading:
     def _read_slice(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, TableSlice):
             raise TypeError(f"not a database read's partition: {type(partition).__name__}")
-        cache: dict[tuple[str, str, bytes], Any] = self.__dict__.setdefault("_readings", {})
+        cache: dict[tuple[str, str, bytes], TableReading] = self.__dict__.setdefault(
+            "_readings", {}
+        )
         key = (partition.name, partition.uri, partition.columns)
         reading = cache.get(key)
         if reading is None:
             from lance_cdf.streaming.options import SourceOptions
-            from lance_cdf.streaming.source import _Reading
 
             columns = pa.ipc.read_schema(pa.py_buffer(partition.columns))
             have = {f.name: f for f in self.schema.fields}
@@ -136,9 +148,7 @@ class _SliceReading:
                 + [f for f in self.schema.fields if f.name in _TAIL]
             )
             opts = SourceOptions.parse({**self.options.table_options, "path": partition.uri}, True)
-            reading = cache[key] = _Reading(opts, columns, declared)
-        from lance_cdf.streaming.source import forget_feed
-
+            reading = cache[key] = TableReading(opts, columns, declared)
         # read from the table's manifests as they are now, not from a feed this process kept
         # from an earlier micro-batch: a table dropped and created again at the same path
         # (LanceDB reuses `<name>.lance`) is another table whose versions 1, 2, ... are not
@@ -154,9 +164,9 @@ def _matching(options: DatabaseOptions) -> dict[str, str]:
     return {r.qualified_name: r.uri for r in listed if options.matches(r.qualified_name)}
 
 
-def _resolved(options: DatabaseOptions, uri: str, start: str | None, streaming: bool) -> Any:
-    from lance_cdf.streaming.source import resolve
-
+def _resolved(
+    options: DatabaseOptions, uri: str, start: str | None, streaming: bool
+) -> Resolved:
     table = dict(options.table_options)
     if start is not None:  # else the start the options give
         table = {k: v for k, v in table.items() if k.lower() != "startingversion"}
@@ -166,15 +176,13 @@ def _resolved(options: DatabaseOptions, uri: str, start: str | None, streaming: 
 
 def database_schema(raw: Mapping[str, Any]) -> StructType:
     """The schema of a database read (see the module's doc): at `load()`."""
-    from lance_cdf.streaming.source import event_struct
-
     options = parse(raw, streaming="startingtimestamp" not in {k.lower() for k in raw})
     structs: dict[str, StructType] = {}
     for name, uri in sorted(_matching(options).items()):
         try:  # every version from the start given (none given: every version present)
             resolved = _resolved(options, uri, None if _has_start(options) else "earliest", True)
         except StableRowIdsRequiredError:
-            log.warning("table %s is not read: %s", name, _why(StableRowIdsRequiredError()))
+            log.warning("table %s is not read: %s", name, why_not_read(StableRowIdsRequiredError()))
             continue
         except LanceCdfError as exc:
             raise type(exc)(f"table {name}: {exc}") from None
@@ -306,9 +314,7 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
             return True
         return followed and not isinstance(exc, CheckpointMismatchError)
 
-    def _make_reader(self, name: str, resolved: Any) -> Any:
-        from lance_cdf.streaming.source import LanceCdfStreamReader, event_struct
-
+    def _make_reader(self, name: str, resolved: Resolved) -> LanceCdfStreamReader:
         fitted(name, event_struct(resolved), self.schema)  # what it reads from now on
         # A table resumed from the checkpoint is resolved at its latest version; the versions
         # after the checkpoint's may hold columns dropped since, which the stream has: read
@@ -338,8 +344,6 @@ class DatabaseBatchReader(_SliceReading, DataSourceReader):
     matching table (each from its start to its latest version), with `_table`."""
 
     def __init__(self, options: Mapping[str, Any], schema: StructType):
-        from lance_cdf.streaming.source import LanceCdfBatchReader, event_struct
-
         self.options = parse(options, streaming=False)
         self.schema = schema
         self.target = arrow_target(schema)
@@ -348,7 +352,8 @@ class DatabaseBatchReader(_SliceReading, DataSourceReader):
             try:
                 resolved = _resolved(self.options, uri, None, streaming=False)
             except StableRowIdsRequiredError:
-                log.warning("table %s is not read: %s", name, _why(StableRowIdsRequiredError()))
+                why = why_not_read(StableRowIdsRequiredError())
+                log.warning("table %s is not read: %s", name, why)
                 continue
             except NoVersionSinceError:
                 continue  # nothing committed since startingTimestamp: no events
