@@ -97,9 +97,12 @@ def measure(
 ) -> dict:
     """Seconds per step for table `name`: its first use, then its second."""
     from lance_cdf.avro.schema import TableName
+    from lance_cdf.clientconfig import KafkaConnection
     from lance_cdf.feed import ChangeFeed
-    from lance_cdf.kafka import database
+    from lance_cdf.kafka import database_sink
+    from lance_cdf.kafka.outage import RideOut
     from lance_cdf.kafka.publisher import KafkaChangePublisher
+    from lance_cdf.kafka.topics import TopicSettings
     from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
     from lance_cdf.streaming.handoff import table_digest
 
@@ -112,8 +115,10 @@ def measure(
         return value
 
     topic = f"{prefix}.{name}"
-    uri = step("w.table_uri", lambda: database.table_uri(root, name, table_digest(path), {}))
-    step("w.topics", lambda: database.table_topic(bootstrap, topic, 2, {}, f"{topic}.transaction"))
+    uri = step("w.table_uri", lambda: database_sink.table_uri(root, name, table_digest(path), {}))
+    step("w.topics", lambda: database_sink.table_topic(
+        KafkaConnection(bootstrap), topic, TopicSettings.of(2), f"{topic}.transaction",
+        RideOut(bootstrap, None)))  # fmt: skip
     feed = step("w.feed", lambda: ChangeFeed(uri, {}, check_latest=False))
     schema = step("w.feed", lambda: feed.schema_at(feed.latest_version()))
     pub = step("w.publisher", lambda: KafkaChangePublisher(

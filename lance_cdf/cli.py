@@ -26,7 +26,7 @@ from lance_cdf.errors import LanceCdfError
 if TYPE_CHECKING:
     from lance_cdf.kafka.publish import Database
     from lance_cdf.kafka.topics import TopicSettings
-    from lance_cdf.replicate.database import DatabaseReplicator
+    from lance_cdf.replicate.database_replicator import DatabaseReplicator
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -300,7 +300,7 @@ def _replicate_parser(sub: Subcommands) -> None:
     _kafka_endpoint(rep, topic_required=False)
     rep.add_argument("--target", default=None,
                      help="replica table path or URI (with --topic)")  # fmt: skip
-    # a whole database: every topic of a prefix into its table (replicate/database.py)
+    # a whole database: every topic of a prefix into its table (replicate/database_replicator.py)
     rep.add_argument("--database-target", default=None, metavar="URI",
                      help="instead of --topic/--target: replicate every topic PREFIX.<table> "
                      "(see --topic-prefix) into the table of that qualified name (sales.orders: "
@@ -676,9 +676,10 @@ def _replicate(args: argparse.Namespace) -> int:
 
 
 def _replicate_database(args: argparse.Namespace) -> int:
-    """`lance-cdf replicate --database-target URI --topic-prefix P` (replicate/database.py)."""
+    """`lance-cdf replicate --database-target URI --topic-prefix P`
+    (replicate/database_replicator.py)."""
     from lance_cdf.clientconfig import redact_url
-    from lance_cdf.replicate.database import DatabaseReplicator
+    from lance_cdf.replicate.database_replicator import DatabaseReplicator
 
     if args.database_target is None or args.topic_prefix is None:
         raise LanceCdfError("--database-target and --topic-prefix go together")
@@ -721,7 +722,7 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
     version and Kafka lag per replica table (`table` label: the tables replicated now), and
     with --source-database each table's source and lag gauges."""
     from lance_cdf.metrics import PipelineMetrics, Progress
-    from lance_cdf.replicate.database import SourceTables
+    from lance_cdf.replicate.database_replicator import SourceTables
 
     options = _options(args.source_storage_option, "--source-storage-option")
     sources = SourceTables(args.source_database, options) if args.source_database else None
@@ -840,7 +841,7 @@ def _database_status(args: argparse.Namespace) -> int:
     from lance_cdf.feed import ChangeFeed
     from lance_cdf.namespace import list_tables
     from lance_cdf.streaming.checkpoint import committed_tables
-    from lance_cdf.streaming.database import read_report
+    from lance_cdf.streaming.database_stream import read_report
 
     if not args.checkpoint or args.replica:
         raise LanceCdfError("status --database takes --checkpoint (the publisher's), no --replica")

@@ -351,6 +351,7 @@ def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
             pub.key_writer.header = b"\x00\x00\x00\x00\x07"
             pub.value_writer.header = b"\x00\x00\x00\x01\x02"
             pub.producer = _FakeProducer()
+            pub.topic_ready = True  # (no broker: the fake producer's topic needs no making)
             pub.vectorised = vectorised
             n = pub.publish(events, OPS)
             assert n == len(pub.producer.sent)

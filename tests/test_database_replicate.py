@@ -29,7 +29,7 @@ from oracle import table_state
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.namespace import list_tables, resolve_table, table_location
-from lance_cdf.replicate.database import table_topics
+from lance_cdf.replicate.database_replicator import table_topics
 from lance_cdf.replicate.replica import SOURCE_ROWID, ReplicaTable, source_version_of
 
 lancedb = pytest.importorskip("lancedb")

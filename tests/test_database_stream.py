@@ -1,5 +1,5 @@
-"""The database stream's driver side (streaming/database.py) and the sink's resolution of
-its work items (kafka/database.py), without Spark: offsets per table, tables that come, go
+"""The database stream's driver side (streaming/database_stream.py) and the sink's resolution of
+its work items (kafka/database_sink.py), without Spark: offsets per table, tables that come, go
 or cannot be followed, and the events each work item reads back equal `read_changes` of
 its table (the oracle) from the table's first version."""
 
@@ -13,8 +13,8 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 import lance_cdf
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, WorkItemError
-from lance_cdf.kafka.database import table_works
-from lance_cdf.streaming.database import DatabaseReader, not_followable
+from lance_cdf.kafka.database_sink import table_works
+from lance_cdf.streaming.database_stream import DatabaseReader, not_followable
 from lance_cdf.streaming.handoff import WorkItem
 
 lancedb = pytest.importorskip("lancedb")

@@ -19,7 +19,7 @@ from typing import TextIO
 import lance
 import pyarrow as pa
 
-from lance_cdf.demo.progress import Probe, Snapshot, line, render
+from lance_cdf.demo.live_view import Probe, Snapshot, line, render
 from lance_cdf.demo.sample import TABLES, Writer, create
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.namespace import resolve_table

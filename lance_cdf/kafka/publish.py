@@ -24,7 +24,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming import StreamingQuery
 
-    from lance_cdf.kafka.progress import QueryFollower
+    from lance_cdf.kafka.query_progress import QueryFollower
     from lance_cdf.lease import Lease
 
 
@@ -95,7 +95,7 @@ def publish(
     `transaction_metadata`: a BEGIN and an END record per commit version on
     `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
     `database`: every matching table of a database instead (`table` and `topic` unused:
-    each table to `<topic_prefix>.<qualified name>`; streaming/database.py).
+    each table to `<topic_prefix>.<qualified name>`; streaming/database_stream.py).
     `trigger_interval`: Spark's micro-batch interval; default `DEFAULT_TRIGGER` for a
     table, `DEFAULT_DATABASE_TRIGGER` for a database.
     `topics`: how the topics publish writes are created if missing (partitions, replication
@@ -210,7 +210,7 @@ def hand_off(work: DataFrame) -> DataFrame:
     on vectors, and it grows with the workers (docs/benchmarks.md, "Inside the publisher")."""
     from pyspark.sql import functions as F
 
-    from lance_cdf.kafka.progress import OBSERVED
+    from lance_cdf.kafka.query_progress import OBSERVED
     from lance_cdf.stream_columns import WORK_EVENTS
 
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
@@ -397,7 +397,7 @@ def _publish(
         t = time.monotonic()
         check_broker(bootstrap_servers, producer_config)
         check_registry(schema_registry, registry_config)
-        if database is not None:  # each table's topic is made on first use (kafka/database.py)
+        if database is not None:  # each table's topic is made on first use (kafka/database_sink.py)
             stages["checks"] = time.monotonic() - t
             return writers or 2
         from lance_cdf.kafka.topics import KNOWN
@@ -711,8 +711,8 @@ def _database_options(
     sink_options: dict[str, str],
     checkpoint: str,
 ) -> None:
-    """The source and sink options of a database publisher (streaming/database.py,
-    kafka/database.py) in place of a table's."""
+    """The source and sink options of a database publisher (streaming/database_stream.py,
+    kafka/database_sink.py) in place of a table's."""
     del source_options["path"]
     source_options["database"] = database.uri
     for key, value in (("include", database.include), ("exclude", database.exclude),
@@ -818,7 +818,7 @@ def _serve_metrics(
     database publisher's per followed table (`database_tables`)."""
     if port is None:
         return None
-    from lance_cdf.kafka.progress import QueryFollower
+    from lance_cdf.kafka.query_progress import QueryFollower
     from lance_cdf.metrics import PipelineMetrics
 
     follower = QueryFollower(query, checkpoint=checkpoint).start()
@@ -838,7 +838,7 @@ def database_tables(checkpoint: str) -> dict[str, tuple[str, int | None]]:
     """A database publisher's followed tables (its stream's report) and the version each
     is published through (the checkpoint's last committed offsets): name -> (URI, version)."""
     from lance_cdf.streaming.checkpoint import committed_tables
-    from lance_cdf.streaming.database import read_report
+    from lance_cdf.streaming.database_stream import read_report
 
     path = report_path(checkpoint)
     followed = ((read_report(path) if path else None) or {}).get("followed") or {}

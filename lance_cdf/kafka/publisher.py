@@ -211,8 +211,10 @@ class KafkaChangePublisher:
         topic_settings: TopicSettings | None = None,
     ):
         self.topic = topic
-        # how the topic is made if missing, before the first record (kafka/topics.py)
+        # how the topic is made if missing, before the first record (kafka/topics.py);
+        # `topic_ready`: known to exist (set once made sure of, or by a caller that knows)
         self.topic_settings = topic_settings or TopicSettings()
+        self.topic_ready = False
         self.user_schema = user_schema
         self.user_columns = list(user_schema.names)
         self.vectorised = can_encode(user_schema)
@@ -388,14 +390,16 @@ class KafkaChangePublisher:
         for part, i in zip(uniq.tolist(), sent[::-1][first].tolist(), strict=True):
             self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
 
-    def ensure_topic(self) -> int:
-        """The topic's partition count, the topic created first if it does not exist
-        (once per process and topic)."""
-        return self.ride_out.call(
+    def ensure_topic(self) -> None:
+        """Create the topic first if it does not exist (once per process and topic)."""
+        if self.topic_ready:
+            return
+        self.ride_out.call(
             "making sure of the topic",
             lambda: KNOWN.ensure(self.connection, self.topic, self.topic_settings),
             (KafkaUnavailableError,),
         )
+        self.topic_ready = True
 
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
         """`_high_water_marks`, retried while the broker does not answer (kafka/outage.py)."""

@@ -41,7 +41,7 @@ Database mode (option `database`, instead of `table` and `topic`; with `topic.pr
 the work items of a database stream name their table, and each table goes to its own
 topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`, `source.table`
 its qualified name and its own transaction topic, every guarantee per table
-(kafka/database.py).
+(kafka/database_sink.py).
 """
 
 from __future__ import annotations
@@ -254,11 +254,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, iterator: Iterator[pa.RecordBatch], opts: dict[str, str]
     ) -> Published:
         """Database mode: each table's work items as a single-table sink would write them,
-        to the table's own topic (kafka/database.py)."""
+        to the table's own topic (kafka/database_sink.py)."""
         import logging
 
         from lance_cdf.clientconfig import KafkaConnection
-        from lance_cdf.kafka.database import is_gone, table_topic, table_works, with_partitions
+        from lance_cdf.kafka.database_sink import is_gone, table_topic, table_works, with_partitions
         from lance_cdf.kafka.outage import RideOut
         from lance_cdf.kafka.topics import TopicSettings
 

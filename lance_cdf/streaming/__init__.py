@@ -25,7 +25,7 @@ def register(spark: SparkSession) -> None:
 def lag(query: StreamingQuery) -> int | None:
     """Versions the table is ahead of what a `format("lance-cdf")` StreamingQuery
     delivered, from its last progress report (None before the first one)."""
-    from lance_cdf.streaming.progress import lag as _lag
+    from lance_cdf.streaming.stream_lag import lag as _lag
 
     return _lag(query)
 

@@ -4,7 +4,7 @@ a LanceDB database / Lance directory namespace whose qualified name matches `inc
 not `exclude`, in the single-table source's columns plus `_table` (the qualified name,
 `sales.orders`, `items`).
 
-Stream (`DatabaseEventReader`): the database stream of streaming/database.py (one offset
+Stream (`DatabaseEventReader`): the database stream of streaming/database_stream.py (one offset
 map of the tables' own offsets, tables taken up, let go and skipped as there, each table's
 identity checked on restart), with a single-table `LanceCdfStreamReader` per table instead
 of a hand-off reader: a micro-batch's partitions are each table's own partitions, in its
@@ -48,7 +48,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.namespace import list_tables
 from lance_cdf.stream_columns import EVENT_ORDER, KEY_HASH
-from lance_cdf.streaming.database import DatabaseOptions, DatabaseReader, why_not_read
+from lance_cdf.streaming.database_stream import DatabaseOptions, DatabaseReader, why_not_read
 from lance_cdf.streaming.partitions import SourcePartition
 from lance_cdf.streaming.readers import (
     LanceCdfBatchReader,

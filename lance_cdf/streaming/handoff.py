@@ -10,7 +10,7 @@ A work item is plain data in four columns, never code:
 - `_work` (string): JSON, `{"format": 1, "table": digest, "slots": n, "kafkaPartitions":
   p, "keyHash": [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts":
   [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them,
-  and in a database stream (streaming/database.py) `"name"`: the table's qualified name;
+  and in a database stream (streaming/database_stream.py) `"name"`: the table's qualified name;
 - `_read_schema` (binary): the Arrow schema (IPC) of the columns the events carry, with
   their Lance field ids, as fixed when the query started (`load()`).
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader
 from pyspark.sql.types import StructType
 
-from lance_cdf.streaming.database import DatabaseOptions, DatabaseReader, is_database_stream
 from lance_cdf.streaming.database_events import (
     DatabaseBatchReader,
     DatabaseEventReader,
     database_schema,
     is_database_events,
 )
+from lance_cdf.streaming.database_stream import DatabaseOptions, DatabaseReader, is_database_stream
 from lance_cdf.streaming.handoff import work_struct
 from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
 from lance_cdf.streaming.options import SourceOptions

@@ -1,5 +1,5 @@
 """The `lance-cdf-kafka` sink in database mode (`lance-cdf publish --database`): the work
-items of a database stream (streaming/database.py) name their table; a writer task
+items of a database stream (streaming/database_stream.py) name their table; a writer task
 resolves each name to the table's URI (the sink's own `database` and `storage.<key>`
 options: the items hold no location and no secret), its topic `<topic.prefix>.<name>`
 (created on first use if missing, with the sink's `topic.*` settings (kafka/topics.py),

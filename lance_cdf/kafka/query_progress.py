@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from lance_cdf.kafka.outage import read_state
 from lance_cdf.metrics import Progress
-from lance_cdf.streaming.progress import source_versions
+from lance_cdf.streaming.stream_lag import source_versions
 
 if TYPE_CHECKING:
     from pyspark.sql.streaming import StreamingQuery
