@@ -22,7 +22,7 @@ from lance_cdf.stream_columns import KEY_HASH, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from lance_cdf.kafka.progress import QueryFollower
     from lance_cdf.lease import Lease

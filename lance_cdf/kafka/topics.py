@@ -130,7 +130,7 @@ def _describe(
     from lance_cdf.kafka.endpoints import DENIED, denied
 
     try:
-        found = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        found: TopicMetadata | None = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
     except KafkaException as exc:
         raise PublishError(
             f"cannot describe topic {topic!r} on {redact_url(connection.bootstrap_servers)} "
