@@ -228,7 +228,7 @@ def _jvm_ignores_sigterm() -> Iterator[None]:
     ignored: HotSpot installs no shutdown handler for it (as for `nohup java`)."""
     from pyspark import java_gateway
 
-    popen = java_gateway.Popen
+    popen = java_gateway.Popen  # type: ignore[attr-defined]  # pyspark's subprocess.Popen
 
     def launch(*args: Any, **kwargs: Any) -> Any:
         inner = kwargs.get("preexec_fn")
@@ -240,11 +240,11 @@ def _jvm_ignores_sigterm() -> Iterator[None]:
 
         return popen(*args, **{**kwargs, "preexec_fn": preexec})
 
-    java_gateway.Popen = launch  # type: ignore[assignment,misc]
+    java_gateway.Popen = launch  # type: ignore[attr-defined,assignment]
     try:
         yield
     finally:
-        java_gateway.Popen = popen  # type: ignore[misc]
+        java_gateway.Popen = popen  # type: ignore[attr-defined]
 
 
 @contextmanager
