@@ -926,8 +926,9 @@ def main(argv: list[str] | None = None) -> int:
     status; `LanceCdfError`s and missing extras become one line on stderr and status 2."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    command: Callable[[argparse.Namespace], int] = args.func  # set_defaults(func=cmd_...)
     try:
-        return args.func(args)
+        return command(args)
     except LanceCdfError as exc:
         from lance_cdf.clientconfig import scrub
 

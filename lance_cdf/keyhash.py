@@ -26,7 +26,8 @@ def _splitmix(x: np.ndarray) -> np.ndarray:
         x = x + np.uint64(0x9E3779B97F4A7C15)
         x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
         x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return x ^ (x >> np.uint64(31))
+        h: np.ndarray = x ^ (x >> np.uint64(31))
+        return h
 
 
 def _bytes_hash(arr: pa.Array) -> np.ndarray:
@@ -50,7 +51,7 @@ def _column_hash(arr: pa.Array) -> np.ndarray:
     if pa.types.is_dictionary(t):
         arr, t = arr.cast(t.value_type), t.value_type
     if pa.types.is_integer(t) or pa.types.is_boolean(t):
-        values = pc.cast(arr, pa.int64()).fill_null(0).to_numpy().view(np.uint64)
+        values: np.ndarray = pc.cast(arr, pa.int64()).fill_null(0).to_numpy().view(np.uint64)
     elif pa.types.is_temporal(t):
         width = pa.int32() if t.bit_width == 32 else pa.int64()
         values = pc.cast(arr.cast(width), pa.int64()).fill_null(0).to_numpy().view(np.uint64)

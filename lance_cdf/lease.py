@@ -39,12 +39,16 @@ import secrets
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lance_cdf.errors import LanceCdfError, LeaseHeldError, LeaseLostError, StorageAccessError
 from lance_cdf.format.io import local_path
+
+if TYPE_CHECKING:
+    from obstore import PutMode
 
 log = logging.getLogger("lance_cdf.lease")
 
@@ -142,7 +146,7 @@ class _LocalStore:
         self.where = self.path
 
     @contextlib.contextmanager
-    def locked(self) -> Any:
+    def locked(self) -> Iterator[None]:
         """An exclusive flock of `<lease>.lock`. Release removes that file (under the
         lock), so a lock taken on a file that was removed meanwhile is taken again."""
         import fcntl
@@ -228,7 +232,7 @@ class _ObjectStore:
             ) from None
 
     @contextlib.contextmanager
-    def locked(self) -> Any:
+    def locked(self) -> Iterator[None]:
         yield  # the conditional writes are the lock
 
     def _failed(self, exc: Exception) -> StorageAccessError:
@@ -251,7 +255,7 @@ class _ObjectStore:
     def write(self, state: _State, expect: str | None, create: bool) -> str | None:
         from obstore.exceptions import AlreadyExistsError, PreconditionError
 
-        mode: Any = "create" if create else {"e_tag": expect}
+        mode: PutMode = "create" if create else {"e_tag": expect}
         try:
             put = self._obstore.put(self.store, self.name, state.to_bytes(), mode=mode)
         except (AlreadyExistsError, PreconditionError):

@@ -7,6 +7,7 @@ no value). Both are bulk numpy / Arrow work over the `_rowid` and
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
+from typing import cast
 
 import numpy as np
 import pyarrow as pa
@@ -32,7 +33,7 @@ _INS, _PRE, _POST, _DEL, _SNAP = range(len(_KINDS))
 
 
 def _column(table: pa.Table, name: str) -> np.ndarray:
-    return table.column(name).combine_chunks().to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, table.column(name).combine_chunks().to_numpy(zero_copy_only=False))
 
 
 def kind_codes(change_types: pa.ChunkedArray | pa.Array) -> np.ndarray:
@@ -45,7 +46,7 @@ def kind_codes(change_types: pa.ChunkedArray | pa.Array) -> np.ndarray:
     if unknown:
         raise LanceCdfError(f"unknown _change_type value(s) {unknown}; expected one of {_KINDS}")
     lookup = np.array([_CODE[n] for n in names], dtype=np.int8)
-    return lookup[encoded.indices.to_numpy(zero_copy_only=False)]
+    return cast(np.ndarray, lookup[encoded.indices.to_numpy(zero_copy_only=False)])
 
 
 def _kind_array(codes: np.ndarray) -> pa.Array:
@@ -117,14 +118,14 @@ def net_changes(events: pa.Table) -> pa.Table:
 
 
 def _valid(array: pa.Array) -> np.ndarray:
-    return array.is_valid().to_numpy(zero_copy_only=False)
+    return cast(np.ndarray, array.is_valid().to_numpy(zero_copy_only=False))
 
 
 def _all_per_row(child_equal: np.ndarray, lengths: np.ndarray) -> np.ndarray:
     """Per list row: are all of its `lengths[i]` child comparisons true?"""
     rows = np.repeat(np.arange(lengths.size), lengths)
     mismatches = np.bincount(rows[~child_equal], minlength=lengths.size)
-    return mismatches == 0
+    return cast(np.ndarray, mismatches == 0)
 
 
 def values_equal(a: pa.Array, b: pa.Array) -> np.ndarray:
@@ -166,7 +167,7 @@ def values_equal(a: pa.Array, b: pa.Array) -> np.ndarray:
         if pa.types.is_floating(a.type):
             nan = pc.and_(pc.is_nan(a), pc.is_nan(b)).fill_null(False)
             same |= nan.to_numpy(zero_copy_only=False)
-    return (~valid_a & ~valid_b) | (both & same)
+    return cast(np.ndarray, (~valid_a & ~valid_b) | (both & same))
 
 
 def drop_unchanged_updates(events: pa.Table) -> pa.Table:

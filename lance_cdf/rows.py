@@ -18,7 +18,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -730,11 +730,11 @@ def _window_gap(schema: pa.Schema, columns: list[str], remote: bool) -> int:
 def _value_bytes(t: pa.DataType) -> int:
     """A rough size of one value (variable-width types: a guess)."""
     if pa.types.is_fixed_size_list(t):
-        return t.list_size * _value_bytes(t.value_type)
+        return cast(int, t.list_size) * _value_bytes(t.value_type)
     if pa.types.is_struct(t):
         return sum(_value_bytes(f.type) for f in t)
     try:
-        return max(t.bit_width // 8, 1)
+        return max(cast(int, t.bit_width) // 8, 1)
     except ValueError:
         return 64
 

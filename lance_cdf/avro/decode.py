@@ -110,7 +110,7 @@ def _varint(buf: np.ndarray, pos: np.ndarray, err: np.ndarray) -> np.ndarray:
     continuation bits, the 7-bit groups packed with shifts; the few longer than 8
     bytes (values of 57-64 bits) byte by byte."""
     b = buf[pos]
-    val = (b & 0x7F).astype(np.uint64)
+    val: np.ndarray = (b & 0x7F).astype(np.uint64)
     more = np.flatnonzero(b & 0x80)
     pos += 1
     if not more.size:
@@ -158,7 +158,7 @@ def _fixed(
     ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray, dtype: np.dtype[Any]
 ) -> np.ndarray:
     """A `dtype` value (little-endian float or double) at each cursor; advances `pos`."""
-    out = _at_every_byte(ctx.buf, dtype.str)[pos]
+    out: np.ndarray = _at_every_byte(ctx.buf, dtype.str)[pos]
     pos += dtype.itemsize
     _check_end(pos, end, err)
     return out

@@ -22,6 +22,7 @@ the batch.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 import numpy.typing as npt
@@ -29,7 +30,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.types as pat
 
-from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TOTAL_ORDER, TableName
+from lance_cdf.avro.names import TableName
+from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TOTAL_ORDER
 from lance_cdf.errors import AvroEncodeDeclined
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
@@ -46,7 +48,7 @@ class Padded:
 
     @property
     def width(self) -> int:
-        return self.m.shape[1]
+        return cast(int, self.m.shape[1])
 
     def lengths(self) -> np.ndarray:
         if self.lens is None:
@@ -136,7 +138,7 @@ def _side_by_side(columns: list[np.ndarray], widths: list[int], n: int) -> np.nd
 def _prefix_mask(lens: np.ndarray, w: int) -> np.ndarray:
     """(n,) V{w} voids whose first lens[i] bytes are 1, the rest 0."""
     table = (np.arange(w)[None, :] < np.arange(w + 1)[:, None]).astype(np.uint8)
-    return table.view(f"V{w}").reshape(w + 1)[lens]
+    return cast(np.ndarray, table.view(f"V{w}").reshape(w + 1)[lens])
 
 
 def _side_by_side_parts(group: list[Padded], n: int) -> np.ndarray:
@@ -230,7 +232,7 @@ def _varint(z: np.ndarray) -> Padded:
 
 
 def varint_bytes(value: int) -> bytes:
-    return _zigzag_varint(np.array([value], np.int64)).m[0].tobytes()
+    return cast(bytes, _zigzag_varint(np.array([value], np.int64)).m[0].tobytes())
 
 
 def _string_bytes(text: str) -> bytes:
@@ -241,13 +243,15 @@ def _string_bytes(text: str) -> bytes:
 def _valid(arr: pa.Array) -> np.ndarray | None:
     if arr.null_count == 0:
         return None
-    return arr.is_valid().to_numpy(zero_copy_only=False)
+    valid: np.ndarray = arr.is_valid().to_numpy(zero_copy_only=False)
+    return valid
 
 
 def _numbers(arr: pa.Array, dtype: npt.DTypeLike) -> np.ndarray:
     if arr.null_count:
         arr = arr.fill_null(pa.scalar(False if pat.is_boolean(arr.type) else 0, arr.type))
-    return arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    values: np.ndarray = arr.to_numpy(zero_copy_only=False).astype(dtype, copy=False)
+    return values
 
 
 def _bytes_view(values: np.ndarray) -> Padded:
@@ -263,7 +267,7 @@ def _float32(values: np.ndarray) -> np.ndarray:
         return values
     bits = values.view(np.uint32)
     signalling = ((bits & 0x7FC00000) == 0x7F800000) & ((bits & 0x003FFFFF) != 0)
-    return (bits | (signalling.astype(np.uint32) << 22)).view(np.float32)
+    return cast(np.ndarray, (bits | (signalling.astype(np.uint32) << 22)).view(np.float32))
 
 
 def _long_values(arr: pa.Array) -> np.ndarray:
@@ -294,7 +298,7 @@ def _supported(t: pa.DataType) -> bool:
     ):  # fmt: skip
         return True
     if pat.is_timestamp(t) or pat.is_time(t):
-        return t.unit != "ns"
+        return cast(str, t.unit) != "ns"
     if pat.is_list(t) or pat.is_large_list(t) or pat.is_fixed_size_list(t):
         return _supported(t.value_type)
     if pat.is_struct(t):
@@ -420,7 +424,8 @@ def _commit_millis(arr: pa.Array) -> np.ndarray:
     if pat.is_timestamp(t) and t.tz is not None:  # fastavro: floor to the millisecond
         if t.unit == "ns":
             raise AvroEncodeDeclined("nanosecond commit timestamp")
-        return (arr.cast(pa.int64()).to_numpy() * _US[t.unit]) // 1000
+        millis: np.ndarray = (arr.cast(pa.int64()).to_numpy() * _US[t.unit]) // 1000
+        return millis
     raise AvroEncodeDeclined(f"commit timestamp of type {t}")
 
 

@@ -80,7 +80,8 @@ TOTAL_ORDER = "_total_order"
 
 
 def load_avsc(name: str) -> dict[str, Any]:
-    return json.loads((SCHEMAS / f"{name}.avsc").read_text())
+    schema: dict[str, Any] = json.loads((SCHEMAS / f"{name}.avsc").read_text())
+    return schema
 
 
 def avro_type(t: pa.DataType, path: str, names: Namer) -> Any:
@@ -207,7 +208,7 @@ def key_schema(
 def _python_rows(table: pa.Table) -> list[dict[str, Any]]:
     """Arrow rows as Python values fastavro accepts (maps as dicts)."""
     maps = [f.name for f in table.schema if pat.is_map(f.type)]
-    rows = table.to_pylist()
+    rows: list[dict[str, Any]] = table.to_pylist()
     if maps:
         string_keyed = {
             f.name for f in table.schema if pat.is_map(f.type) and pat.is_string(f.type.key_type)
@@ -222,7 +223,7 @@ def _python_rows(table: pa.Table) -> list[dict[str, Any]]:
     return rows
 
 
-def _millis(ts: Any) -> int:
+def _millis(ts: int | dt.datetime) -> int:
     """Milliseconds since the epoch of a commit timestamp (as fastavro writes
     timestamp-millis: floored)."""
     if isinstance(ts, int):

@@ -122,7 +122,10 @@ def run(
     paths = Paths(root)
     shutil.rmtree(paths.root, ignore_errors=True)
     os.makedirs(paths.logs)
-    say = lambda text: print(text, file=out, flush=True)  # noqa: E731
+
+    def say(text: str) -> None:
+        print(text, file=out, flush=True)
+
     say("provisioning Kafka and the schema registry (cached after the first run)...")
     provision()
     broker = KafkaBroker(os.path.join(paths.root, "kafka"))

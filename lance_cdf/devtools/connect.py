@@ -30,7 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from lance_cdf.devtools.maven import connect_lib, connect_plugins, provision_connect
 from lance_cdf.devtools.process import ChildService, free_port, java_executable
@@ -122,7 +122,7 @@ class KafkaConnect(ChildService):
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/connector-plugins", timeout=2) as resp:
-                return resp.status == 200
+                return cast(int, resp.status) == 200
         except (urllib.error.URLError, OSError):
             return False
 
@@ -143,13 +143,14 @@ class KafkaConnect(ChildService):
         return json.loads(text) if text else None
 
     def put_connector(self, name: str, config: dict[str, str]) -> dict[str, Any]:
-        return self._request("PUT", f"/connectors/{name}/config", {"name": name, **config})
+        body = {"name": name, **config}
+        return cast(dict[str, Any], self._request("PUT", f"/connectors/{name}/config", body))
 
     def delete_connector(self, name: str) -> None:
         self._request("DELETE", f"/connectors/{name}")
 
     def status(self, name: str) -> dict[str, Any]:
-        return self._request("GET", f"/connectors/{name}/status")
+        return cast(dict[str, Any], self._request("GET", f"/connectors/{name}/status"))
 
     def failures(self, name: str) -> list[str]:
         """The traces of the connector's failed parts (empty while it runs)."""

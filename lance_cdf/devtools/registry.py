@@ -10,7 +10,7 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from typing import Any
+from typing import Any, cast
 
 from lance_cdf.devtools.maven import registry_jar
 from lance_cdf.devtools.process import ChildService, JavaService, free_port, java_executable
@@ -62,7 +62,7 @@ class SchemaRegistry(JavaService):
     def _ready(self) -> bool:
         try:
             with urllib.request.urlopen(f"{self.url}/subjects", timeout=2) as resp:
-                return resp.status == 200
+                return cast(int, resp.status) == 200
         except (urllib.error.URLError, OSError):
             return False
 
@@ -124,7 +124,7 @@ class SecureSchemaRegistry(ChildService):
         )
         try:
             with urllib.request.urlopen(req, timeout=2, context=ctx) as resp:
-                return resp.status == 200
+                return cast(int, resp.status) == 200
         except (urllib.error.URLError, OSError):
             return False
 

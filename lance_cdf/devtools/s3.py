@@ -15,7 +15,7 @@ import sys
 import urllib.error
 import urllib.request
 from collections import Counter
-from typing import Any
+from typing import Any, cast
 
 from lance_cdf.devtools.process import ChildService, free_port
 from lance_cdf.devtools.s3app import COUNTS_PATH
@@ -66,7 +66,7 @@ class S3Server(ChildService):
     def _request(self, method: str, path: str) -> bytes:
         req = urllib.request.Request(f"{self.endpoint}{path}", method=method)
         with urllib.request.urlopen(req, timeout=10) as resp:
-            return resp.read()
+            return cast(bytes, resp.read())
 
     def _ready(self) -> bool:
         try:

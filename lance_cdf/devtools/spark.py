@@ -17,7 +17,7 @@ import os
 import urllib.error
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from lance_cdf.devtools.process import ChildService, free_port, java_executable
 
@@ -69,7 +69,7 @@ class SparkMaster(_SparkDaemon):
     def state(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.ui_port}/json/"
         with urllib.request.urlopen(url, timeout=3) as resp:
-            return json.loads(resp.read())
+            return cast(dict[str, Any], json.loads(resp.read()))
 
     def _ready(self) -> bool:
         try:

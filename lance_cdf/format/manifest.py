@@ -14,6 +14,7 @@ import struct
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
+from typing import cast
 
 from google.protobuf.message import DecodeError
 
@@ -151,7 +152,7 @@ class FragmentInfo:
         if "_deletion" not in memo:
             has = self.proto.HasField("deletion_file")
             memo["_deletion"] = self.proto.deletion_file if has else None
-        return memo["_deletion"]
+        return cast("table_pb2.DeletionFile | None", memo["_deletion"])
 
     @property
     def deletion_path(self) -> str | None:
@@ -161,7 +162,7 @@ class FragmentInfo:
         if "_deletion_path" not in memo:
             d = self.deletion
             memo["_deletion_path"] = None if d is None else deletion_file_path(self.id, d)
-        return memo["_deletion_path"]
+        return cast("str | None", memo["_deletion_path"])
 
     @property
     def num_deleted(self) -> int:
@@ -213,7 +214,9 @@ class FragmentInfo:
                 got = memo[oneof] = (name, paths)
             else:
                 got = memo[oneof] = (name, getattr(self.proto, name) if name else None)
-        return got
+        return cast(
+            "tuple[str | None, bytes | table_pb2.ExternalFile | tuple[str, ...] | None]", got
+        )
 
     def same_lineage(self, other: FragmentInfo) -> bool:
         """Whether `other` has the same id, rows, row IDs and versions (its deletion file
@@ -282,7 +285,7 @@ class Manifest:
     @property
     def timestamp_us(self) -> int:
         ts = self.proto.timestamp
-        return ts.seconds * 1_000_000 + ts.nanos // 1000
+        return cast(int, ts.seconds * 1_000_000 + ts.nanos // 1000)
 
     @property
     def next_row_id(self) -> int:
@@ -358,7 +361,7 @@ class Manifest:
 
 def parse_transaction(data: bytes, path: str) -> transaction_pb2.Transaction:
     try:
-        return transaction_pb2.Transaction.FromString(data)
+        return cast(transaction_pb2.Transaction, transaction_pb2.Transaction.FromString(data))
     except DecodeError as exc:
         raise CorruptFileError(
             f"transaction {path} is corrupt ({exc}); its operation cannot be named. Restore "

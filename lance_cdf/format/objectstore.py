@@ -14,7 +14,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlparse
 
 from lance_cdf.errors import LanceCdfError, StorageAccessError, UnsupportedStorageError
@@ -160,11 +160,12 @@ class ObjectStoreFileSystem:
             raise self._error(exc, path) from None
 
     def read(self, path: str) -> bytes:
-        return self._call("get", path, self._obstore.get, path).bytes().to_bytes()
+        return cast(bytes, self._call("get", path, self._obstore.get, path).bytes().to_bytes())
 
     def read_range(self, path: str, offset: int, size: int) -> bytes:
         get_range = self._obstore.get_range
-        return self._call("get_range", path, get_range, path, start=offset, length=size).to_bytes()
+        got = self._call("get_range", path, get_range, path, start=offset, length=size)
+        return cast(bytes, got.to_bytes())
 
     def list_dir(self, path: str) -> list[str]:
         """Names directly under `path`. Counted as one LIST request per 1000 names, the

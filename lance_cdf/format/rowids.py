@@ -8,7 +8,7 @@ physical row. Everything here is vectorised: no Python loop runs per row.
 
 from __future__ import annotations
 
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import numpy as np
 from google.protobuf.message import DecodeError, Message
@@ -76,7 +76,7 @@ def segment_values(seg: rowids_pb2.U64Segment) -> np.ndarray:
     if kind == "range_with_bitmap":
         r = seg.range_with_bitmap
         n = r.end - r.start
-        return np.arange(r.start, r.end, dtype=U64)[_bitmap_mask(r.bitmap, n)]
+        return cast(np.ndarray, np.arange(r.start, r.end, dtype=U64)[_bitmap_mask(r.bitmap, n)])
     if kind == "sorted_array":
         return decode_u64_array(seg.sorted_array)
     if kind == "array":
@@ -208,13 +208,14 @@ class RowIdSequence:
         if offsets.size and (offsets.min() < 0 or offsets.max() >= len(self)):
             raise IndexError("offset outside the fragment's row-ID sequence")
         if self._values is not None:
-            return self._values[offsets]
+            return cast(np.ndarray, self._values[offsets])
         if self._range_starts is not None:
             if self._range_starts.size == 1:
-                return self._range_starts[0] + offsets.astype(U64)
+                return cast(np.ndarray, self._range_starts[0] + offsets.astype(U64))
             seg = np.searchsorted(self._starts, offsets, side="right") - 1
-            return self._range_starts[seg] + (offsets - self._starts[seg]).astype(U64)
-        return self.to_numpy()[offsets]
+            ids = self._range_starts[seg] + (offsets - self._starts[seg]).astype(U64)
+            return cast(np.ndarray, ids)
+        return cast(np.ndarray, self.to_numpy()[offsets])
 
 
 class VersionSequence:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -362,7 +362,7 @@ class TableLog:
         decoded = frag.__dict__.setdefault("_decoded", {})
         fs, seq = decoded.get(oneof, (None, None))
         if fs is self.fs:  # decoded from this table's files (external sequences are paths)
-            return seq
+            return cast(_Seq, seq)
         cache = self.__dict__.get("_sequences")
         if cache is None:
             cache = self._sequences = LruCache(1024)
@@ -373,7 +373,7 @@ class TableLog:
             if key is not None:
                 cache.put(key, seq)
         decoded[oneof] = (self.fs, seq)
-        return seq
+        return cast(_Seq, seq)
 
     def row_ids(self, frag: FragmentInfo) -> RowIdSequence:
         return self._cached_sequence(frag, "row_id_sequence", lambda: self._row_ids(frag))

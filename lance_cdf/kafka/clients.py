@@ -19,7 +19,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from lance_cdf.cache import LruCache
 
@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 # A client's key: its settings, sorted (values as strings; callbacks are not settings)
 Key = tuple[tuple[str, str], ...]
+_Client = TypeVar("_Client")
 
 
 def _key(config: Mapping[str, Any]) -> Key:
@@ -69,12 +70,14 @@ def producer(config: Mapping[str, Any]) -> SharedProducer:
 
         return SharedProducer(Producer({**settings, "on_delivery": on_delivery}), failures)
 
-    return cast(SharedProducer, _made(_PRODUCERS, config, make))
+    return _made(_PRODUCERS, config, make)
 
 
 def _made(
-    cache: LruCache[Key, Any], config: Mapping[str, Any], make: Callable[[dict[str, Any]], Any]
-) -> Any:
+    cache: LruCache[Key, _Client],
+    config: Mapping[str, Any],
+    make: Callable[[dict[str, Any]], _Client],
+) -> _Client:
     key = _key(config)
     with _LOCK:
         made = cache.get(key)
@@ -88,21 +91,21 @@ def consumer(config: Mapping[str, Any]) -> Consumer:
     no offsets committed), for reading a partition's last record."""
     from confluent_kafka import Consumer
 
-    return cast("Consumer", _made(_CONSUMERS, config, Consumer))
+    return _made(_CONSUMERS, config, Consumer)
 
 
 def admin(config: Mapping[str, Any]) -> AdminClient:
     """This process's admin client with `config`."""
     from confluent_kafka.admin import AdminClient
 
-    return cast("AdminClient", _made(_ADMINS, config, AdminClient))
+    return _made(_ADMINS, config, AdminClient)
 
 
 def registry(config: Mapping[str, Any]) -> SchemaRegistryClient:
     """This process's schema-registry client with `config` (`url` and its settings)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 
-    return cast("SchemaRegistryClient", _made(_REGISTRIES, config, SchemaRegistryClient))
+    return _made(_REGISTRIES, config, SchemaRegistryClient)
 
 
 def close_all(timeout: float = 60.0) -> None:

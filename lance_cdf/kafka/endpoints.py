@@ -16,7 +16,7 @@ from confluent_kafka import (
     KafkaException,
     TopicPartition,
 )
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.clientconfig import KafkaConnection, redact_url, registry_config, scrub
@@ -125,7 +125,7 @@ def _metadata(
     flag: str,
     timeout: float,
     topic: str | None = None,
-) -> Any:
+) -> ClusterMetadata:
     """`admin.list_topics`, in short steps that serve `error_cb`: a decisive cause ends
     the wait at once, named; running out of time names the address and the last error."""
     deadline = time.monotonic() + timeout

@@ -22,7 +22,7 @@ from lance_cdf.stream_columns import KEY_HASH, PARTITION_COLUMN
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
     from lance_cdf.kafka.query_progress import QueryFollower
     from lance_cdf.lease import Lease
@@ -226,7 +226,7 @@ def _jvm_ignores_sigterm() -> Iterator[None]:
     ignored: HotSpot installs no shutdown handler for it (as for `nohup java`)."""
     from pyspark import java_gateway
 
-    popen = java_gateway.Popen
+    popen = java_gateway.Popen  # type: ignore[attr-defined]  # pyspark's subprocess.Popen
 
     def launch(*args: Any, **kwargs: Any) -> Any:
         inner = kwargs.get("preexec_fn")
@@ -238,11 +238,11 @@ def _jvm_ignores_sigterm() -> Iterator[None]:
 
         return popen(*args, **{**kwargs, "preexec_fn": preexec})
 
-    java_gateway.Popen = launch  # type: ignore[assignment,misc]
+    java_gateway.Popen = launch  # type: ignore[attr-defined,assignment]
     try:
         yield
     finally:
-        java_gateway.Popen = popen  # type: ignore[misc]
+        java_gateway.Popen = popen  # type: ignore[attr-defined]
 
 
 @contextmanager

@@ -18,7 +18,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Collection, Iterable, Iterator
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -26,10 +26,10 @@ import pyarrow.compute as pc
 from confluent_kafka import KafkaException
 
 from lance_cdf import __version__
-from lance_cdf.avro.encode import AvroEncodeDeclined, EncodedChanges, can_encode, encode_changes
+from lance_cdf.avro.encode import EncodedChanges, can_encode, encode_changes
+from lance_cdf.avro.names import TableName
 from lance_cdf.avro.schema import (
     TOTAL_ORDER,
-    TableName,
     change_records,
     envelope_schema,
     key_schema,
@@ -37,10 +37,14 @@ from lance_cdf.avro.schema import (
 from lance_cdf.avro.wire import WireWriter
 from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.clientconfig import registry_config as registry_settings
-from lance_cdf.errors import KafkaUnavailableError, LanceCdfError
+from lance_cdf.errors import (
+    AvroEncodeDeclined,
+    KafkaUnavailableError,
+    LanceCdfError,
+    PublishError,
+)
 from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka import clients
-from lance_cdf.kafka.endpoints import PublishError
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.transactions import VersionCounts
@@ -140,16 +144,17 @@ def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
     """Lexicographically (positions, sub) > marks, row by row (marks (n, 4); -1: none)."""
     v, g, o = positions[:, 0], positions[:, 1], positions[:, 2]
     mv, mg, mo, ms = marks[:, 0], marks[:, 1], marks[:, 2], marks[:, 3]
-    return (v > mv) | (v == mv) & (
+    return cast(np.ndarray, (v > mv) | (v == mv) & (
         (g > mg) | (g == mg) & ((o > mo) | (o == mo) & (sub > ms))
-    )  # fmt: skip
+    ))  # fmt: skip
 
 
 def record_partitions(events: pa.Table) -> list[int] | None:
     """The Kafka partition of each record, or None to let the producer choose."""
     if PARTITION_COLUMN not in events.column_names:
         return None
-    return pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
+    partitions: list[int] = pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
+    return partitions
 
 
 def record_headers(events: pa.Table) -> list[Headers]:
@@ -189,7 +194,8 @@ def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
     tombstone (sub 1), built in Arrow rather than one Python string per record."""
     digits = [pa.array(positions[:, i]).cast(pa.string()) for i in range(3)]
     joined = pc.binary_join_element_wise(*digits, pa.scalar(str(sub)), ".")
-    return joined.cast(pa.binary()).to_pylist()
+    values: list[bytes] = joined.cast(pa.binary()).to_pylist()
+    return values
 
 
 class KafkaChangePublisher:

@@ -13,7 +13,7 @@ from lance_cdf.metrics import Progress
 from lance_cdf.streaming.stream_lag import source_versions
 
 if TYPE_CHECKING:
-    from pyspark.sql.streaming import StreamingQuery
+    from pyspark.sql.streaming.query import StreamingQuery
 
 log = logging.getLogger("lance_cdf.kafka")
 

@@ -434,7 +434,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
-    from lance_cdf.avro.schema import Namer, avro_type
+    from lance_cdf.avro.names import Namer
+    from lance_cdf.avro.schema import avro_type
 
     return avro_type(t, "c", Namer())
 

@@ -20,7 +20,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -29,7 +29,7 @@ from lance_cdf.errors import KafkaUnavailableError, PublishError, TransactionMet
 from lance_cdf.kafka import clients
 
 if TYPE_CHECKING:
-    from confluent_kafka.admin import TopicMetadata
+    from confluent_kafka.admin import AdminClient, TopicMetadata
 
 # topic settings the transaction topic does not take from the change topic's: its BEGIN
 # and END records of a version share a key, so compaction would drop the BEGINs
@@ -131,7 +131,7 @@ def ensure_topic(
 
 
 def _describe(
-    admin: Any, topic: str, connection: KafkaConnection, other: str
+    admin: AdminClient, topic: str, connection: KafkaConnection, other: str
 ) -> TopicMetadata | None:
     """The topic's metadata, None if it does not exist; an ACL denial named."""
     from lance_cdf.kafka.endpoints import DENIED, denied
@@ -153,7 +153,7 @@ def _describe(
 
 
 def _create(
-    admin: Any, topic: str, settings: TopicSettings, connection: KafkaConnection, other: str
+    admin: AdminClient, topic: str, settings: TopicSettings, connection: KafkaConnection, other: str
 ) -> None:
     from confluent_kafka.admin import NewTopic
 
@@ -184,7 +184,7 @@ def _create(
         raise PublishError(_create_failure(topic, settings, code, _text(exc))) from None
 
 
-def _create_failure(topic: str, settings: TopicSettings, code: Any, text: str) -> str:
+def _create_failure(topic: str, settings: TopicSettings, code: int | None, text: str) -> str:
     """One line for a CreateTopics answer other than success."""
     head = f"could not create topic {topic!r} ({text})"
     if code == KafkaError.INVALID_REPLICATION_FACTOR:
@@ -201,7 +201,7 @@ def _create_failure(topic: str, settings: TopicSettings, code: Any, text: str) -
 
 
 def _wait_for_metadata(
-    admin: Any, topic: str, connection: KafkaConnection, other: str
+    admin: AdminClient, topic: str, connection: KafkaConnection, other: str
 ) -> TopicMetadata:
     """The new topic's metadata once every partition has a leader (asked with a growing
     pause: a busy controller publishes a new topic seconds after creating it)."""

@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from confluent_kafka import Producer
+from confluent_kafka import KafkaError, Producer, TopicPartition
 
 from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 
 
 def replica_consumer_config(
-    connection: KafkaConnection, group_id: str, on_commit: Callable[..., Any]
+    connection: KafkaConnection,
+    group_id: str,
+    on_commit: Callable[[KafkaError | None, list[TopicPartition]], None],
 ) -> dict[str, Any]:
     """A replicator's consumer: committed transactions only, offsets committed by the
     replicator with the replica's own record of its position."""

@@ -440,7 +440,9 @@ class TableReading:
             order = np.arange(position, position + table.num_rows, dtype=np.int64)
             position += table.num_rows
             table = table.append_column(KEY_HASH, pa.array(key_hash(table, keys)))
-            return table.append_column(EVENT_ORDER, pa.array(order)).to_batches()
+            table = table.append_column(EVENT_ORDER, pa.array(order))
+            batches: list[pa.RecordBatch] = table.to_batches()
+            return batches
 
         for batch in batches:
             table = pa.Table.from_batches([batch])
