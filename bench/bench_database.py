@@ -210,24 +210,46 @@ def main() -> int:
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--load-seconds", type=float, default=120)
-    ap.add_argument("--sample-every", type=float, default=30,
-                    help="seconds between memory samples of the tree during the load")
-    ap.add_argument("--warmup-seconds", type=float, default=60,
-                    help="commits of the load's first N seconds are reported apart (warm-up)")
-    ap.add_argument("--quiet-at", type=float, action="append", default=[],
-                    help="a quiet gap (no commit) starting this many seconds into the load "
-                         "(repeatable): Spark stops Python workers idle for a minute")
+    ap.add_argument(
+        "--sample-every",
+        type=float,
+        default=30,
+        help="seconds between memory samples of the tree during the load",
+    )
+    ap.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=60,
+        help="commits of the load's first N seconds are reported apart (warm-up)",
+    )
+    ap.add_argument(
+        "--quiet-at",
+        type=float,
+        action="append",
+        default=[],
+        help="a quiet gap (no commit) starting this many seconds into the load "
+        "(repeatable): Spark stops Python workers idle for a minute",
+    )
     ap.add_argument("--quiet-seconds", type=float, default=75)
-    ap.add_argument("--daemon-module", default=None,
-                    help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
-                         "pyspark.daemon for cold workers (publish's default for a local "
-                         "session is lance_cdf.kafka.daemon, warm)")
-    ap.add_argument("--fixed-phase", action="store_true",
-                    help="commits exactly a second apart (one phase to the trigger all run)")
+    ap.add_argument(
+        "--daemon-module",
+        default=None,
+        help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
+        "pyspark.daemon for cold workers (publish's default for a local "
+        "session is lance_cdf.kafka.daemon, warm)",
+    )
+    ap.add_argument(
+        "--fixed-phase",
+        action="store_true",
+        help="commits exactly a second apart (one phase to the trigger all run)",
+    )
     ap.add_argument("--keep-log", default=None, help="copy publish's log here at the end")
-    ap.add_argument("--single", action="store_true",
-                    help="one single-table `lance-cdf publish --table` per table instead of "
-                         "the database publisher (the memory they take side by side)")
+    ap.add_argument(
+        "--single",
+        action="store_true",
+        help="one single-table `lance-cdf publish --table` per table instead of "
+        "the database publisher (the memory they take side by side)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -423,10 +445,12 @@ def main() -> int:
             ]  # fmt: skip
             if memory:
                 result["load_memory_series_mb"] = memory
-                result["load_rss_mb_per_min_last_two_thirds"] = round(slope(
-                    [m["t"] for m in memory], [m["rss"] * 1024 for m in memory]), 2)
-                result["load_pss_mb_per_min_last_two_thirds"] = round(slope(
-                    [m["t"] for m in memory], [m["pss"] * 1024 for m in memory]), 2)
+                result["load_rss_mb_per_min_last_two_thirds"] = round(
+                    slope([m["t"] for m in memory], [m["rss"] * 1024 for m in memory]), 2
+                )
+                result["load_pss_mb_per_min_last_two_thirds"] = round(
+                    slope([m["t"] for m in memory], [m["pss"] * 1024 for m in memory]), 2
+                )
                 result["load_rss_mb_per_min_last_two_thirds_by_role"] = {
                     r: round(slope([m["t"] for m in memory],
                                    [m["by_role"].get(r, {}).get("rss", 0) * 1024

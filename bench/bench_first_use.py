@@ -137,8 +137,10 @@ def measure(
     writer = step("d.txn_writer", lambda: TransactionWriter(
         bootstrap, f"{topic}.transaction", registry_url, f"{prefix}.{name}"))  # fmt: skip
     for v, use in ((1, "first"), (2, "second")):
-        step(f"d.txn_write_{use}", lambda v=v: retried(
-            lambda: writer.write([VersionCounts(v, {0: (1, 1)})])))
+        step(
+            f"d.txn_write_{use}",
+            lambda v=v: retried(lambda: writer.write([VersionCounts(v, {0: (1, 1)})])),
+        )
     out["w.first_use_total"] = sum(
         out[k] for k in ("w.table_uri", "w.topics", "w.feed", "w.publisher", "w.subjects",
                          "w.marks_first", "w.produce_first")

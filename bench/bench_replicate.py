@@ -74,8 +74,9 @@ def publish(kafka, registry, uri, topic, version) -> int:
                                user_schema_of(events.schema), uri)  # fmt: skip
     sent = pub.publish(events, {version: feed.table.manifest(version).operation})
     if MARKERS:  # BEGIN/END as publish's driver commit writes them (one-partition topic)
-        TransactionWriter(kafka.bootstrap_servers, default_topic(topic), registry.url,
-                          topic).write([VersionCounts(version, {0: (events.num_rows, sent)})])
+        TransactionWriter(kafka.bootstrap_servers, default_topic(topic), registry.url, topic).write(
+            [VersionCounts(version, {0: (events.num_rows, sent)})]
+        )
     return sent
 
 
@@ -377,8 +378,13 @@ def main() -> None:
     from lance_cdf.devtools import KafkaBroker, SchemaRegistry
 
     os.makedirs(args.dir, exist_ok=True)
-    results: dict = {"rows": args.rows, "batch_rows": args.batch_rows, "arenas": args.arenas,
-                     "keep_freed": args.keep_freed, "mmap_threshold": args.mmap_threshold}
+    results: dict = {
+        "rows": args.rows,
+        "batch_rows": args.batch_rows,
+        "arenas": args.arenas,
+        "keep_freed": args.keep_freed,
+        "mmap_threshold": args.mmap_threshold,
+    }
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         if not args.skip_throughput:
             run_throughput(kafka, registry, args, results)

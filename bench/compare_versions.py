@@ -59,11 +59,15 @@ def main() -> None:
             / (b["read_changes"][0] / b["delta"][0]),
         }  # fmt: skip
         rows.append(row)
-        print(f"| {row['cell']} | {v} | {row['before_ms']:.1f} → {row['after_ms']:.1f} "
-              f"| {row['x_wall']:.2f} | {row['x_cpu']:.2f} | {row['x_vs_delta']:.2f} |")
+        print(
+            f"| {row['cell']} | {v} | {row['before_ms']:.1f} → {row['after_ms']:.1f} "
+            f"| {row['x_wall']:.2f} | {row['x_cpu']:.2f} | {row['x_vs_delta']:.2f} |"
+        )
     worst = max(rows, key=lambda r: min(r["x_wall"], r["x_cpu"]))
-    print(f"\nworst (by the smaller of wall and CPU): {worst['cell']} ({worst['versions']}): "
-          f"{worst['x_wall']:.2f}x wall, {worst['x_cpu']:.2f}x CPU")
+    print(
+        f"\nworst (by the smaller of wall and CPU): {worst['cell']} ({worst['versions']}): "
+        f"{worst['x_wall']:.2f}x wall, {worst['x_cpu']:.2f}x CPU"
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"before": args.before, "after": args.after, "versions": rows}, f, indent=1)

@@ -254,8 +254,12 @@ def _publish_parser(sub: Subcommands) -> None:
                      "parallelism; at most the topic's partition count)")  # fmt: skip
     pub.add_argument("--at-least-once", action="store_true",
                      help="do not skip, on a replay, records the topic already holds")  # fmt: skip
-    pub.add_argument("--transaction-topic", default=None, metavar="TOPIC",
-                     help="BEGIN/END records per commit version (default <topic>.transaction)")
+    pub.add_argument(
+        "--transaction-topic",
+        default=None,
+        metavar="TOPIC",
+        help="BEGIN/END records per commit version (default <topic>.transaction)",
+    )
     pub.add_argument("--no-transaction-metadata", action="store_true",
                      help="write no BEGIN/END records (a replica then records no source "
                      "version it cannot prove complete)")  # fmt: skip
@@ -307,10 +311,18 @@ def _replicate_parser(sub: Subcommands) -> None:
                      "table orders of namespace sales) of this LanceDB database / Lance "
                      "directory namespace, with one consumer; new topics are picked up, "
                      "deleted ones let go")  # fmt: skip
-    rep.add_argument("--topic-prefix", default=None, metavar="P",
-                     help="with --database-target: the publisher's --topic-prefix")
-    rep.add_argument("--include", default=None, metavar="REGEX",
-                     help="with --database-target: only tables whose qualified name matches")
+    rep.add_argument(
+        "--topic-prefix",
+        default=None,
+        metavar="P",
+        help="with --database-target: the publisher's --topic-prefix",
+    )
+    rep.add_argument(
+        "--include",
+        default=None,
+        metavar="REGEX",
+        help="with --database-target: only tables whose qualified name matches",
+    )
     rep.add_argument("--exclude", default=None, metavar="REGEX",
                      help="with --database-target: not the tables whose qualified name "
                      "matches")  # fmt: skip
@@ -358,8 +370,11 @@ def _applying_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument("--transaction-topic", default=None, metavar="TOPIC",
                      help="publish's BEGIN/END records (default <topic>.transaction): each "
                      "replica commit then equals the source at one version")  # fmt: skip
-    rep.add_argument("--no-transaction-topic", action="store_true",
-                     help="apply records as they come; no source version is recorded")
+    rep.add_argument(
+        "--no-transaction-topic",
+        action="store_true",
+        help="apply records as they come; no source version is recorded",
+    )
     rep.add_argument("--max-pending-records", type=int, default=200_000, metavar="N",
                      help="records of unfinished versions held in memory; beyond, they are "
                      "applied as a piece; status says the replica is inside a version")  # fmt: skip
@@ -423,8 +438,6 @@ def _status_parser(sub: Subcommands) -> None:
                         metavar="KEY=VALUE", help="storage option for --replica "
                         "(repeatable; default: the --storage-option ones)")  # fmt: skip
     status.set_defaults(func=cmd_status)
-
-
 
 
 def _seconds(value: str) -> float:
@@ -517,8 +530,12 @@ def _database_flags(pub: argparse.ArgumentParser) -> None:
     group.add_argument("--topic-prefix", default=None, metavar="PREFIX",
                        help="with --database: table sales.orders goes to topic "
                        "PREFIX.sales.orders (records PREFIX.sales.orders.Envelope)")  # fmt: skip
-    group.add_argument("--include", default=None, metavar="REGEX",
-                       help="with --database: only tables whose whole qualified name matches")
+    group.add_argument(
+        "--include",
+        default=None,
+        metavar="REGEX",
+        help="with --database: only tables whose whole qualified name matches",
+    )
     group.add_argument("--exclude", default=None, metavar="REGEX",
                        help="with --database: leave out tables whose whole qualified name "
                        "matches")  # fmt: skip
@@ -562,7 +579,6 @@ def cmd_publish(args: argparse.Namespace) -> int:
     registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
     import threading
 
-
     database = _publish_target(args)
     # SIGTERM / SIGINT stop publishing: the query is stopped, the checkpoint kept
     stop = threading.Event()
@@ -570,9 +586,7 @@ def cmd_publish(args: argparse.Namespace) -> int:
         return _run_publish(args, database, stop)
 
 
-def _run_publish(
-    args: argparse.Namespace, database: Database | None, stop: threading.Event
-) -> int:
+def _run_publish(args: argparse.Namespace, database: Database | None, stop: threading.Event) -> int:
     from lance_cdf.kafka.publish import publish
 
     return publish(

@@ -201,9 +201,7 @@ class ColumnHistory:
             prev_fields, prev_tokens, cur, commit.operation == "Overwrite", self._fresh(v)
         )
 
-    def _before_origin(
-        self, r: int, at: int, r_fields: tuple[FieldState, ...]
-    ) -> dict[int, str]:
+    def _before_origin(self, r: int, at: int, r_fields: tuple[FieldState, ...]) -> dict[int, str]:
         """Tokens (of this history) of the fields of version `r` < origin, as met at
         version `at` (a restore of `r`, or a read of `r` itself): followed from `r` to the
         origin where those versions are there; else what the fields say (`_matched`)."""

@@ -228,7 +228,8 @@ class PipelineMetrics:
             )
         if p.kafka_retries is not None:
             yield CounterMetricFamily(
-                "lance_cdf_kafka_retries", "requests to the broker repeated during outages",
+                "lance_cdf_kafka_retries",
+                "requests to the broker repeated during outages",
                 value=p.kafka_retries,
             )
         if p.kafka_lag is not None:

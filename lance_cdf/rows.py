@@ -58,7 +58,6 @@ if TYPE_CHECKING:
 METADATA_CACHE_BYTES = 16 << 20
 
 
-
 # Open data file readers, shared by every RowReader of the process: a data file never
 # changes once written (its name is unique), so a reader serves every version of a range,
 # every call of a ChangeFeed and every read_changes call.

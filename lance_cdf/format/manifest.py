@@ -425,9 +425,9 @@ def parse_manifest(
 # -- the top level of a Manifest message: C (_decode.c) where built, else protobuf whole ----
 
 
-def _manifest_entries(data: bytes | memoryview | mmap.mmap, start: int, end: int) -> tuple[
-    list[tuple[int, int, int]], list[tuple[int, int]]
-] | None:
+def _manifest_entries(
+    data: bytes | memoryview | mmap.mmap, start: int, end: int
+) -> tuple[list[tuple[int, int, int]], list[tuple[int, int]]] | None:
     """The top level of the Manifest message in data[start:end] (see _decode.c), or None:
     then protobuf parses the whole message (also where the C reader is not built)."""
     if _native is None:

@@ -54,7 +54,6 @@ _SequenceKey = (
 UNKNOWN_VERSION = 0
 
 
-
 # The manifests a TableLog keeps (besides at most `cache_size` of them): a manifest holds an
 # entry per fragment, so a table that only grows in fragments (no compaction) made each
 # cached manifest larger, version after version, and every process following the table

@@ -39,9 +39,7 @@ class TableWork:
     works: list[SlotWork] = field(default_factory=list)
 
 
-def table_works(
-    rows: Any, database: str, storage_options: dict[str, str]
-) -> dict[str, TableWork]:
+def table_works(rows: Any, database: str, storage_options: dict[str, str]) -> dict[str, TableWork]:
     """The work items of a database stream's rows by table (every row checked first:
     `WorkItemError` if one is not lance-cdf's, or names no table)."""
     out: dict[str, TableWork] = {}
@@ -64,9 +62,7 @@ def table_works(
     return out
 
 
-def table_uri(
-    database: str, name: str, digest: str, storage_options: dict[str, str]
-) -> str | None:
+def table_uri(database: str, name: str, digest: str, storage_options: dict[str, str]) -> str | None:
     """The URI of table `name` whose path has digest `digest` (the one the work item was
     planned for): from this process's cache, else from a fresh listing; None if the
     database no longer has it. A table of that name elsewhere (dropped and created again)

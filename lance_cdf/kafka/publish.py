@@ -158,9 +158,7 @@ class Database:
         return f"{self.topic_prefix}.{name}"
 
 
-def checkpoint_lease(
-    checkpoint: str, topic: str, storage_options: dict[str, str] | None
-) -> Lease:
+def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str] | None) -> Lease:
     """One publisher per checkpoint: the lease `<checkpoint>/publisher.lease`
     (lance_cdf/lease.py), taken before anything is read or sent, so a second `publish`
     on the same checkpoint is refused (LeaseHeldError naming the holder) instead of both
@@ -171,7 +169,7 @@ def checkpoint_lease(
 
     location = checkpoint.removeprefix("file://")
     if location.startswith("s3a://"):
-        location = "s3://" + location[len("s3a://"):]
+        location = "s3://" + location[len("s3a://") :]
     lease = Lease.acquire(location, "publisher", storage_options,
                           command=f"lance-cdf publish to {topic}", target=checkpoint)  # fmt: skip
     lease.keep_alive()
@@ -339,9 +337,7 @@ def _session_builder(
                 # daemon's memory would move away from (not measured for it).
                 submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
                 if database is not None and "spark.python.daemon.module" not in submit_args:
-                    builder = builder.config(
-                        "spark.python.daemon.module", "lance_cdf.kafka.daemon"
-                    )
+                    builder = builder.config("spark.python.daemon.module", "lance_cdf.kafka.daemon")
             builder = builder.config("spark.driver.extraJavaOptions", options)
     return builder, chosen
 

@@ -332,7 +332,8 @@ class KafkaChangePublisher:
         parts = np.asarray(partitions, np.int64)
         # one 1-d key per (version, partition): partitions (and -1) below 2**20
         pairs, inverse, events_n = np.unique(
-            versions.astype(np.int64) * (1 << 20) + parts + 1, return_inverse=True,
+            versions.astype(np.int64) * (1 << 20) + parts + 1,
+            return_inverse=True,
             return_counts=True,
         )
         tombs = np.bincount(inverse.reshape(-1), weights=tombstones, minlength=len(pairs))
@@ -591,7 +592,8 @@ class KafkaChangePublisher:
 def user_schema_of(events_schema: pa.Schema) -> pa.Schema:
     return pa.schema(
         [
-            f for f in events_schema
+            f
+            for f in events_schema
             if f.name not in META_COLUMNS + [PARTITION_COLUMN, EVENT_ORDER, TOTAL_ORDER]
         ]  # fmt: skip
     )

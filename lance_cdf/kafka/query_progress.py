@@ -33,9 +33,7 @@ def planned_events(report: dict[str, Any]) -> int | None:
 class QueryFollower:
     """Accumulates the progress reports of a running StreamingQuery into `Progress`."""
 
-    def __init__(
-        self, query: StreamingQuery, interval: float = 1.0, checkpoint: str | None = None
-    ):
+    def __init__(self, query: StreamingQuery, interval: float = 1.0, checkpoint: str | None = None):
         self.query, self.interval = query, interval
         self.checkpoint = checkpoint  # where the writer tasks leave Kafka's state
         self.state = Progress()

@@ -179,7 +179,6 @@ def _archives_last() -> Iterator[None]:
         sys.path[:] = saved
 
 
-
 def client_options(
     options: dict[str, str],
 ) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
@@ -195,6 +194,7 @@ def client_options(
         if k.lower().startswith("registry.")
     }  # fmt: skip
     return lowered, producer, registry
+
 
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     """The sink's writer: `write` runs in each Spark task (produce, wait for every
@@ -447,6 +447,7 @@ def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema
     Dates and times keep Spark's form (same values; Spark's microsecond units are the
     ones the Avro mapping writes)."""
     import pyarrow as pa
+
     table = feed.schema_at(version)
     fields = []
     for f in widened:
@@ -465,6 +466,7 @@ def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema
 def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
     """`events` with the user columns cast to `exact` (see `table_types`)."""
     import pyarrow as pa
+
     for f in exact:
         i = events.schema.get_field_index(f.name)
         if i < 0 or events.schema.field(i).type == f.type:

@@ -93,7 +93,6 @@ class SlotWork:
             total = np.where(index >= 0, rank[np.maximum(index, 0)], 0)
             yield batch.append_column(TOTAL_ORDER, pa.array(total, pa.int64()))
 
-
     def _snapshot_bases(self) -> dict[int, int]:
         """Per snapshot version of the micro-batch: its live rows before the micro-batch's
         first slice of it (a snapshot spans micro-batches; its slices in one are

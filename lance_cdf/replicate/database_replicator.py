@@ -171,7 +171,9 @@ class DatabaseReplicator:
             schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
         ))  # fmt: skip
         self.shared = SharedClients(
-            self.consumer, self.group_id, SchemaDecoder(registry, outage_s=registry_outage_s),
+            self.consumer,
+            self.group_id,
+            SchemaDecoder(registry, outage_s=registry_outage_s),
             dead_letter_producer(connection, dead_letter_topic) if dead_letter_topic else None,
             LeaseKeeper(),
         )
@@ -201,8 +203,12 @@ class DatabaseReplicator:
                 table.missing = 0
                 added = table.replicator.added_partitions(sorted(meta.topics[topic].partitions))
                 if added:  # (a topic's partitions can be increased, never decreased)
-                    log.info("table %s: topic %r gained partitions %s",
-                             table.table.qualified_name, topic, [tp.partition for tp in added])
+                    log.info(
+                        "table %s: topic %r gained partitions %s",
+                        table.table.qualified_name,
+                        topic,
+                        [tp.partition for tp in added],
+                    )
                     self.consumer.incremental_assign(added)
                     table.partitions.extend(added)
                 continue

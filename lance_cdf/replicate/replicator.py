@@ -155,7 +155,6 @@ def consume_ready(consumer: Consumer, limit: int, wait: float, window: float,
     return out
 
 
-
 class FinalStates(NamedTuple):
     """What a batch of records leaves behind: the last state of each key."""
 
@@ -284,8 +283,8 @@ def _registry_refused(exc: Exception) -> bool:
     if not isinstance(exc, SchemaRegistryError):
         return False
     status = exc.http_status_code
-    return status is not None and 400 <= status < 500 and status != 429 and (
-        exc.error_code != 40403
+    return (
+        status is not None and 400 <= status < 500 and status != 429 and (exc.error_code != 40403)
     )
 
 
@@ -353,10 +352,7 @@ def _distinct_sources(
         return [(first, 0)]
     table = pa.Table.from_arrays([*columns, pa.array(np.arange(n))], [*SOURCE_FIELDS, "_i"])
     groups = table.group_by(list(SOURCE_FIELDS), use_threads=False).aggregate([("_i", "min")])
-    return [
-        ({f: row[f] for f in SOURCE_FIELDS}, int(row["_i_min"]))
-        for row in groups.to_pylist()
-    ]
+    return [({f: row[f] for f in SOURCE_FIELDS}, int(row["_i_min"])) for row in groups.to_pylist()]
 
 
 def _offset(m: Message) -> int:
@@ -552,17 +548,25 @@ class Replicator:
             prewarm=preload_index, key_map=key_map,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
         )  # fmt: skip
-        self.decoder = shared.decoder if shared is not None else _Decoder(
-            # a request timeout (the client has none: a hung registry would hang the
-            # replicator for good), and no retries of its own: an outage is retried, and
-            # logged, by _Decoder._schema
-            SchemaRegistryClient(registry_settings(
-                schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
-            )),  # fmt: skip
-            outage_s=registry_outage_s,
+        self.decoder = (
+            shared.decoder
+            if shared is not None
+            else _Decoder(
+                # a request timeout (the client has none: a hung registry would hang the
+                # replicator for good), and no retries of its own: an outage is retried, and
+                # logged, by _Decoder._schema
+                SchemaRegistryClient(
+                    registry_settings(
+                        schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
+                    )
+                ),  # fmt: skip
+                outage_s=registry_outage_s,
+            )
         )
-        self.consumer = shared.consumer if shared is not None else Consumer(
-            replica_consumer_config(connection, self.group_id, self._on_commit)
+        self.consumer = (
+            shared.consumer
+            if shared is not None
+            else Consumer(replica_consumer_config(connection, self.group_id, self._on_commit))
         )
         dlq = None
         if dead_letter_topic and not shared:
@@ -657,8 +661,10 @@ class Replicator:
                     self._take(msgs)
                     got = bool(msgs)
                     del msgs
-                if not got and idle_timeout is not None and self._idle(
-                    idle_timeout, last_data, started
+                if (
+                    not got
+                    and idle_timeout is not None
+                    and self._idle(idle_timeout, last_data, started)
                 ):
                     break
         finally:
@@ -1033,7 +1039,7 @@ class Replicator:
         self._paused = ahead
 
     def _start_mode(self) -> str:
-        """"versions" when the transaction topic exists (the gate positioned from the
+        """ "versions" when the transaction topic exists (the gate positioned from the
         replica), else "records"."""
         txn = self.transaction_topic
         found = None
@@ -1228,9 +1234,7 @@ class Replicator:
                 return None
             source = env.field("source")
             kept = rows_idx[good]
-            self._check_sources(
-                [(s, msgs[kept[i]]) for s, i in _distinct_sources(source, good)]
-            )
+            self._check_sources([(s, msgs[kept[i]]) for s, i in _distinct_sources(source, good)])
             tables.append(table)
             op = env.field("op").to_numpy(zero_copy_only=False)[good]
             meta.append((

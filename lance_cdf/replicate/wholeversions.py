@@ -270,9 +270,7 @@ class VersionGate:
                 "of what follows until that version completes",
                 len(msgs), self.max_pending, inside, self.version,
             )  # fmt: skip
-            return Take(
-                msgs, self.version, self.transaction_offset, dict(self.base), inside, upto
-            )
+            return Take(msgs, self.version, self.transaction_offset, dict(self.base), inside, upto)
         return None
 
     def _caught_up(self) -> bool:

@@ -164,9 +164,7 @@ def _matching(options: DatabaseOptions) -> dict[str, str]:
     return {r.qualified_name: r.uri for r in listed if options.matches(r.qualified_name)}
 
 
-def _resolved(
-    options: DatabaseOptions, uri: str, start: str | None, streaming: bool
-) -> Resolved:
+def _resolved(options: DatabaseOptions, uri: str, start: str | None, streaming: bool) -> Resolved:
     table = dict(options.table_options)
     if start is not None:  # else the start the options give
         table = {k: v for k, v in table.items() if k.lower() != "startingversion"}
