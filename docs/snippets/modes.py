@@ -1,7 +1,6 @@
 lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(
-    pa.table({"id": [1], "s": ["a"]})
-)  # version 4: rewrites id 1 as is
-lance.dataset(uri).update({"s": "'w'"}, where="id = 2")  # version 5
+    pa.table({"id": [1], "s": ["a"]}))                          # version 4: rewrites id 1 as is
+lance.dataset(uri).update({"s": "'w'"}, where="id = 2")          # version 5
 
 # a replica's bootstrap: the table at version 3, then the changes of 4 and 5
 boot = lance_cdf.read_changes(uri, 3, snapshot=True).read_all()

@@ -1,10 +1,5 @@
-changes = (
-    spark.readStream.format("lance-cdf")
-    .option("database", "/tmp/db")
-    .option("include", r"sales\..*|items")
-    .option("startingVersion", 1)
-    .load()
-)
+changes = (spark.readStream.format("lance-cdf").option("database", "/tmp/db")
+           .option("include", r"sales\..*|items").option("startingVersion", 1).load())
 query = changes.writeStream.format("memory").queryName("dbc").trigger(availableNow=True).start()
 query.awaitTermination()
 

@@ -12,13 +12,10 @@ registry = SchemaRegistryClient(
     {"url": os.environ.get("REGISTRY", "http://127.0.0.1:8081/apis/ccompat/v7")}
 )
 decode = AvroDeserializer(registry)
-consumer = Consumer(
-    {
-        "bootstrap.servers": os.environ.get("BOOTSTRAP", "127.0.0.1:9092"),
-        "group.id": os.environ.get("GROUP", "whole-commits"),
-        "auto.offset.reset": "earliest",
-    }
-)
+consumer = Consumer({
+    "bootstrap.servers": os.environ.get("BOOTSTRAP", "127.0.0.1:9092"),
+    "group.id": os.environ.get("GROUP", "whole-commits"), "auto.offset.reset": "earliest",
+})
 consumer.subscribe([topic, transactions])
 events: Counter[int] = Counter()  # commit version -> events read
 expected: dict[int, int] = {}  # commit version -> its END's event_count
