@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import DatabaseNotFoundError, LanceCdfError, TableNameError
@@ -18,17 +17,7 @@ from lance_cdf.format.io import local_path
 if TYPE_CHECKING:
     from lance.namespace import DirectoryNamespace
 
-DELIMITER = "$"  # between namespace levels and the table name in an object id
-_SHOWN = 12  # table names an unknown-name error lists
-
-
-@dataclass(frozen=True)
-class TableRef:
-    """One table of a database."""
-
-    qualified_name: str  # namespace levels and table name joined by "." (root table: its name)
-    uri: str
-    identifier: tuple[str, ...] = ()  # namespace levels, then the table name
+from lance_cdf.namespace import _SHOWN, DELIMITER, TableRef  # the same answers, its way
 
 
 def list_tables(root: str, storage_options: dict[str, str] | None = None) -> list[TableRef]:
