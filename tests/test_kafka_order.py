@@ -9,7 +9,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
-from confluent_kafka import Consumer
+from confluent_kafka import Consumer, KafkaError
 from confluent_kafka.admin import AdminClient, NewTopic
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer
@@ -70,20 +70,33 @@ def consume_by_key(
     registry_config=None,
 ):  # fmt: skip
     """Per key: its records in partition order; stops after `count` records or 60 s idle.
-    `config` / `registry_config`: client settings (a secured broker and registry)."""
+    `config` / `registry_config`: client settings (a secured broker and registry).
+
+    A caller proving that no record is extra asks for one more than it expects: at
+    `count - 1` records the read goes on until every partition is read to its end (the
+    topic holds nothing more), or 10 s idle; a record beyond its end would be counted."""
     client = SchemaRegistryClient({"url": registry_url, **(registry_config or {})})
     key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
                   "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "isolation.level": isolation, **(config or {})})  # fmt: skip
+                  "isolation.level": isolation, "enable.partition.eof": True,
+                  **(config or {})})  # fmt: skip
+    partitions = len(c.list_topics(topic, timeout=30).topics[topic].partitions)
     c.subscribe([topic])
     out, partition_of, seen, idle = defaultdict(list), {}, 0, 0
+    at_end: set[int] = set()  # partitions read to their end (since their last record)
     try:
         while seen < count and idle < (120 if seen < count - 1 else 20):
             m = c.poll(0.5)
+            if m is not None and m.error() and m.error().code() == KafkaError._PARTITION_EOF:
+                at_end.add(m.partition())
+                if seen == count - 1 and len(at_end) == partitions:
+                    break  # the whole topic is read: the one more asked for is not there
+                continue
             if m is None or m.error():
                 idle += 1
                 continue
+            at_end.discard(m.partition())
             seen += 1
             key = key_de(m.key(), SerializationContext(topic, MessageField.KEY))["id"]
             assert partition_of.setdefault(key, m.partition()) == m.partition()

@@ -406,6 +406,9 @@ def test_unreachable_broker_is_named(tmp_path, schema_registry):
         Replicator("127.0.0.1:1", "t", schema_registry.url, str(tmp_path / "r.lance"))
 
 
+REGISTRY_TIMEOUT_S = 2  # the registry client's request timeout in the outage test
+
+
 @contextlib.contextmanager
 def registry_down(registry):
     """The registry's process group stopped (SIGSTOP): connections hang, requests time
@@ -437,9 +440,12 @@ def test_a_registry_outage_is_waited_out_never_dead_lettered(
     published = publish(kafka_broker, schema_registry, src, topic, published + 1)
 
     def replicator(group, **kw):  # a group of its own: no wait for the last one to leave
+        # a 2-s registry request timeout (the replicator's is 10 s, overridable through
+        # registry_config): each unanswered request is waited out 5x sooner
         return Replicator(
             kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
-            group_id=f"{group}-{topic}", max_batch_interval=0.5, dead_letter_topic=dlq, **kw,
+            group_id=f"{group}-{topic}", max_batch_interval=0.5, dead_letter_topic=dlq,
+            registry_config={"timeout": REGISTRY_TIMEOUT_S}, **kw,
         )  # fmt: skip
 
     # short of the wait: the outage is ridden out
@@ -448,7 +454,9 @@ def test_a_registry_outage_is_waited_out_never_dead_lettered(
         done = []
         runner = threading.Thread(target=lambda: done.append(rep.run(idle_timeout=3)))
         runner.start()
-        time.sleep(16)  # it meets the new schema id meanwhile: a 10 s timeout, retries
+        # it meets the new schema id meanwhile: a timed-out request, retries (as before
+        # with 10-s requests and 16 s down, the fetch has to start in the first 6 s)
+        time.sleep(6 + REGISTRY_TIMEOUT_S)
     runner.join(120)
     assert done and done[0].dead_letters == 0 and done[0].registry_retries > 0
     assert_replica_equals_source(src, dst)
