@@ -62,6 +62,7 @@ bench: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_cdf tests bench docs
+	$(VENV)/bin/ruff format --check lance_cdf tests bench docs
 	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing

@@ -39,8 +39,7 @@ def snapshot_events(uri: str, version: int, storage_options=None) -> list[tuple]
         elif (
             _common_differ(before[rid], row, *by_values)
             if by_values
-            else row["_row_last_updated_at_version"]
-            != before[rid]["_row_last_updated_at_version"]
+            else row["_row_last_updated_at_version"] != before[rid]["_row_last_updated_at_version"]
         ):
             events.append(("update_preimage", rid, _values(before[rid])))
             events.append(("update_postimage", rid, _values(row)))

@@ -30,9 +30,7 @@ def _records(bootstrap, topic) -> int:
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex})
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return sum(
-            c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts
-        )
+        return sum(c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts)
     finally:
         c.close()
 

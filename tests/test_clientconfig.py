@@ -224,14 +224,26 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
              "allow.auto.create.topics": "true"}  # fmt: skip
     c = KafkaConnection("127.0.0.1:9", given)
     producer = c.producer(defaults={"acks": "all", "linger.ms": 20}, fixed={"retries": 3})
-    assert producer == {**connection_settings, **producer_only, "retries": 3,
-                        "bootstrap.servers": "127.0.0.1:9", "allow.auto.create.topics": False}
-    consumer = c.consumer(defaults={"auto.offset.reset": "earliest"},
-                          fixed={"group.id": "g", "isolation.level": "read_committed"})
-    assert consumer == {**connection_settings, "auto.offset.reset": "earliest",
-                        "fetch.wait.max.ms": "7", "group.id": "g",
-                        "isolation.level": "read_committed",
-                        "bootstrap.servers": "127.0.0.1:9", "allow.auto.create.topics": False}
+    assert producer == {
+        **connection_settings,
+        **producer_only,
+        "retries": 3,
+        "bootstrap.servers": "127.0.0.1:9",
+        "allow.auto.create.topics": False,
+    }
+    consumer = c.consumer(
+        defaults={"auto.offset.reset": "earliest"},
+        fixed={"group.id": "g", "isolation.level": "read_committed"},
+    )
+    assert consumer == {
+        **connection_settings,
+        "auto.offset.reset": "earliest",
+        "fetch.wait.max.ms": "7",
+        "group.id": "g",
+        "isolation.level": "read_committed",
+        "bootstrap.servers": "127.0.0.1:9",
+        "allow.auto.create.topics": False,
+    }
     admin = c.admin()
     assert admin == {**connection_settings, "bootstrap.servers": "127.0.0.1:9",
                      "allow.auto.create.topics": False}  # fmt: skip
@@ -242,7 +254,9 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
     AdminClient(admin)
     reg = {"ssl.ca.location": "/ca.pem", "basic.auth.user.info": "a:b", "timeout": 5}
     assert registry_config("https://r", reg, defaults={"timeout": 10, "max.retries": 0}) == {
-        **reg, "max.retries": 0, "url": "https://r"
+        **reg,
+        "max.retries": 0,
+        "url": "https://r",
     }
 
 

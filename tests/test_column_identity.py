@@ -398,6 +398,7 @@ class NestedWorkload:
 
     def _rows(self, ids, sub: list[tuple[str, pa.DataType]], extras: list[str]) -> pa.Table:
         ids = list(ids)
+
         def value(t: pa.DataType):
             return self.rng.randrange(1000) if t == pa.int64() else f"s{self.rng.randrange(99)}"
 

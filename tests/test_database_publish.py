@@ -233,6 +233,8 @@ def test_database_publish_follows_every_table_exactly_once(
     for name, path in live.items():
         latest = lance.dataset(path).version
         assert status["tables"][name] == {
-            "latest_version": latest, "checkpoint_version": latest, "checkpoint_lag": 0
+            "latest_version": latest,
+            "checkpoint_version": latest,
+            "checkpoint_lag": 0,
         }, name
     assert list(status["skipped"]) == ["legacy"]

@@ -31,8 +31,8 @@ def test_raw_file_reader_takes_and_reads_ranges_as_the_public_reader(table):
     offsets = np.unique(rng.integers(0, 5000, 300)).astype(np.uint64)
     public = reader.take_rows(offsets.tolist()).to_table()
     assert raw.take_rows(offsets, 1024, 16).read_all().equals(public)
-    assert raw.read_range(100, 250, 8192, 16).read_all().equals(
-        reader.read_range(100, 250).to_table()
+    assert (
+        raw.read_range(100, 250, 8192, 16).read_all().equals(reader.read_range(100, 250).to_table())
     )
 
 

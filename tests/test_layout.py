@@ -38,32 +38,85 @@ ALLOWED = {
     "modes": {"events", "errors"},
     "candidates": {"modes", "rows", "columns", "plan", "errors"},
     "feed": {
-        "candidates", "modes", "snapshot", "events", "rows", "columns", "plan", "format",
-        "namespace", "errors", "cache",
+        "candidates",
+        "modes",
+        "snapshot",
+        "events",
+        "rows",
+        "columns",
+        "plan",
+        "format",
+        "namespace",
+        "errors",
+        "cache",
     },
     "render": {"events"},
     "metrics": {"format", "errors", "cache", "clientconfig"},
     "lease": {"format", "errors"},
     # Spark, Kafka, replica
     "streaming": {
-        "feed", "snapshot", "modes", "events", "columns", "plan", "keyhash", "stream_columns",
-        "internals", "namespace", "errors", "cache",
+        "feed",
+        "snapshot",
+        "modes",
+        "events",
+        "columns",
+        "plan",
+        "keyhash",
+        "stream_columns",
+        "internals",
+        "namespace",
+        "errors",
+        "cache",
     },
     "kafka": {
-        "avro", "events", "feed", "streaming", "metrics", "keyhash", "stream_columns",
-        "clientconfig", "lease", "namespace", "errors", "cache", "",
+        "avro",
+        "events",
+        "feed",
+        "streaming",
+        "metrics",
+        "keyhash",
+        "stream_columns",
+        "clientconfig",
+        "lease",
+        "namespace",
+        "errors",
+        "cache",
+        "",
     },
     "replicate": {
-        "avro", "kafka", "internals", "clientconfig", "lease", "namespace", "malloc", "errors",
+        "avro",
+        "kafka",
+        "internals",
+        "clientconfig",
+        "lease",
+        "namespace",
+        "malloc",
+        "errors",
     },
     # entry points
     "": {"errors", "feed", "malloc"},
     "cli": {
-        "", "feed", "render", "metrics", "streaming", "kafka", "replicate", "malloc",
-        "clientconfig", "lease", "namespace", "errors",
+        "",
+        "feed",
+        "render",
+        "metrics",
+        "streaming",
+        "kafka",
+        "replicate",
+        "malloc",
+        "clientconfig",
+        "lease",
+        "namespace",
+        "errors",
     },
     "demo": {
-        "devtools", "feed", "render", "streaming", "replicate", "namespace", "clientconfig",
+        "devtools",
+        "feed",
+        "render",
+        "streaming",
+        "replicate",
+        "namespace",
+        "clientconfig",
         "errors",
     },
 }
@@ -231,8 +284,16 @@ print(sorted(m for m in ("pyarrow", "numpy", "pandas", "lance") if m in sys.modu
 # (the Spark worker daemon, the test services, the demo) may set them; the library may only
 # where the function says why: (module, function) -> the reason.
 SWITCHES = {
-    "signal.signal", "gc.disable", "gc.enable", "gc.freeze", "gc.set_threshold",
-    "os.environ.setdefault", "os.environ.pop", "os.environ.update", "os.putenv", "mallopt",
+    "signal.signal",
+    "gc.disable",
+    "gc.enable",
+    "gc.freeze",
+    "gc.set_threshold",
+    "os.environ.setdefault",
+    "os.environ.pop",
+    "os.environ.update",
+    "os.putenv",
+    "mallopt",
 }
 PROGRAMS = {"cli.py", "kafka/daemon.py"}  # main programs of their processes
 ALLOWED_SWITCHES = {
@@ -340,6 +401,11 @@ def test_the_wheel_holds_what_users_run(tmp_path):
     (wheel,) = tmp_path.glob("lance_cdf-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert not [n for n in names if n.startswith(("lance_cdf/devtools/", "lance_cdf/demo/"))]
-    for wanted in ("lance_cdf/cli.py", "lance_cdf/py.typed", "lance_cdf/avro/schemas/key.avsc",
-                   "pyspark_lance_cdf/__init__.py", "pyspark_lance_cdf_kafka/__init__.py"):
+    for wanted in (
+        "lance_cdf/cli.py",
+        "lance_cdf/py.typed",
+        "lance_cdf/avro/schemas/key.avsc",
+        "pyspark_lance_cdf/__init__.py",
+        "pyspark_lance_cdf_kafka/__init__.py",
+    ):
         assert wanted in names, wanted

@@ -275,7 +275,8 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         applied = lambda m: {  # noqa: E731
-            t: v for (n, t), v in scrape_tables(url).items() if n == "lance_cdf_applied_version"}
+            t: v for (n, t), v in scrape_tables(url).items() if n == "lance_cdf_applied_version"
+        }
         scrape_until(url, lambda m: applied(m) == published and m["lance_cdf_events_total"] >= sent,
                      proc)  # fmt: skip
         m, by_table = scrape(url), scrape_tables(url)

@@ -293,6 +293,7 @@ def test_a_call_leaves_no_reader_for_the_cyclic_collector(tmp_path):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).update({"id": "id + 10"}, where="id = 1")
+
     def ours() -> set[int]:  # (other tests' readers may live on in their caches)
         return {id(o) for o in gc.get_objects() if isinstance(o, RowReader | TableLog)}
 

@@ -245,10 +245,14 @@ def test_two_replicators_on_one_replica_the_second_is_refused(
         os.kill(first.pid, signal.SIGCONT)
         _, err = first.communicate(timeout=120)
         assert first.returncode == 2, err[-2000:]
-        assert err.strip().splitlines()[-1].startswith(
-            f"lance-cdf: error: lost the lease on the replica {dst} ({dst}/_lance_cdf/"
-            "replica.lease): another writer took it over after this one did not renew it "
-            "for 2 s (free now). Stopped without writing further"
+        assert (
+            err.strip()
+            .splitlines()[-1]
+            .startswith(
+                f"lance-cdf: error: lost the lease on the replica {dst} ({dst}/_lance_cdf/"
+                "replica.lease): another writer took it over after this one did not renew it "
+                "for 2 s (free now). Stopped without writing further"
+            )
         )
         assert lance.dataset(dst).version == version
     finally:
@@ -265,8 +269,11 @@ def test_two_replicators_on_one_replica_the_second_is_refused(
     holder.wait()
     run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"))
     assert run.returncode == 0, run.stderr[-2000:]
-    assert f"took over the lease {dst}/_lance_cdf/replica.lease from 'lance-cdf replicate" \
-        in run.stderr and f"its process {holder.pid} is gone" in run.stderr
+    assert (
+        f"took over the lease {dst}/_lance_cdf/replica.lease from 'lance-cdf replicate"
+        in run.stderr
+        and f"its process {holder.pid} is gone" in run.stderr
+    )
     assert_replica_equals_source(src, dst)
     assert not os.path.exists(f"{dst}/_lance_cdf/replica.lease")  # released at exit
 
@@ -285,9 +292,7 @@ def test_the_lease_on_an_s3_replica(tmp_path, kafka_broker, schema_registry, s3_
 
         def applied():
             try:
-                return lance.dataset(s3_uri, storage_options=options).count_rows() == len(
-                    expected
-                )
+                return lance.dataset(s3_uri, storage_options=options).count_rows() == len(expected)
             except (ValueError, OSError):
                 return False
 
@@ -316,8 +321,10 @@ def test_idle_timeout_counts_from_start_when_the_topic_does_not_exist(
     run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"),
                   timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-2000:]
-    assert f"topic {topic!r} does not exist yet; waiting for it (--idle-timeout, if given, " \
+    assert (
+        f"topic {topic!r} does not exist yet; waiting for it (--idle-timeout, if given, "
         "counts from start)" in run.stderr
+    )
     assert f"topic {topic!r} still does not exist" in run.stderr
     assert "--idle-timeout reached, stopping (nothing applied)" in run.stderr
     assert not os.path.exists(os.path.join(dst, "_versions"))

@@ -242,8 +242,11 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
             ("replicate", txn, [f"topic '{txn}.transaction'", "Read", "--transaction-topic"]),
             ("replicate", unread, [f"topic {unread!r}", "Describe and Read", "--topic"]),
             ("replicate", grouped, [f"consumer group {group!r}", "Read", "--group-id"]),
-            ("replicate-database", unread,
-             [f"topic '{unread}.items'", "Describe and Read", "--exclude"]),
+            (
+                "replicate-database",
+                unread,
+                [f"topic '{unread}.items'", "Describe and Read", "--exclude"],
+            ),
         ]
         for i, (command, topic, expected) in enumerate(cases):
             work = tmp_path / f"case{i}"

@@ -270,8 +270,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     )
     reg = tmp_path / "registry.properties"
     reg.write_text(
-        "basic.auth.user.info=${env:T_REGISTRY_USERINFO}\n"
-        f"ssl.ca.location={registry.ca_pem}\n"
+        f"basic.auth.user.info=${{env:T_REGISTRY_USERINFO}}\nssl.ca.location={registry.ca_pem}\n"
     )
     secrets_env = {
         "T_KAFKA_PASSWORD": kafka.password,
@@ -283,8 +282,16 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
             "--max-rows-per-trigger", "60", "--producer-config-file", str(client),
             "--registry-config-file", str(reg)]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
-    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
-           "--master", "local[2,100]"]  # fmt: skip  (local[N,F]: a failed task is retried)
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        *args,
+        "--trigger-interval",
+        "0 seconds",
+        "--master",
+        "local[2,100]",
+    ]  # fmt: skip  (local[N,F]: a failed task is retried)
     kills = publish_under_kills(
         cmd, env, uri, random.Random(34), kills_total=5, group_most=2, group_p=0.3,
         pause=(2, 6), commits=30, restart_at=3, restart=kafka.restart,

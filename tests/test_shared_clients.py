@@ -31,9 +31,7 @@ def test_publishers_with_the_same_settings_share_their_clients():
     clients.close_all(5)
 
 
-def test_tables_sharing_a_consumer_each_read_their_own_last_records(
-    kafka_broker, schema_registry
-):
+def test_tables_sharing_a_consumer_each_read_their_own_last_records(kafka_broker, schema_registry):
     """Alternating tables through one shared consumer: each table's high-water marks and
     transaction topic's last record are its own topic's, never what the consumer read of
     the other table just before (which would make a replay skip or repeat records)."""

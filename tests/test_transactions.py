@@ -186,9 +186,7 @@ def docs_example() -> str:
     return (Path(__file__).parent.parent / "docs/snippets/transaction_example.py").read_text()
 
 
-def test_docs_consumer_example_sees_each_version_complete(
-    tmp_path, kafka_broker, schema_registry
-):
+def test_docs_consumer_example_sees_each_version_complete(tmp_path, kafka_broker, schema_registry):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
     lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
