@@ -82,6 +82,13 @@ def writer(uri, stop, commits=60):
         time.sleep(0.5)
 
 
+def killable_publish(args):
+    """`lance-cdf publish ARGS` as a command to kill: a trigger that never waits, and a
+    local master that retries a failed task (local[N,F])."""
+    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds"]
+    return [*cmd, "--master", "local[2,100]"]
+
+
 def publish_under_kills(cmd, env, uri, rng, kills_total, group_most, group_p, pause,
                         commits=60, restart_at=None, restart=None):  # fmt: skip
     """Run `cmd` (a `lance-cdf publish`) while `writer` commits to `uri`, SIGKILLing, at
@@ -137,16 +144,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
             str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
             "--max-rows-per-trigger", "60"]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        *args,
-        "--trigger-interval",
-        "0 seconds",
-        "--master",
-        "local[2,100]",
-    ]  # fmt: skip  (local[N,F]: a failed task is retried)
+    cmd = killable_publish(args)
     kills = publish_under_kills(
         cmd, env, uri, random.Random(20), kills_total=12, group_most=3, group_p=0.25,
         pause=(1, 5), restart_at=6, restart=kafka_broker.restart,

@@ -248,7 +248,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     import numpy as np
     import pyarrow as pa
     from confluent_kafka.admin import AdminClient, NewTopic
-    from test_exactly_once import publish_under_kills
+    from test_exactly_once import killable_publish, publish_under_kills
     from test_kafka_order import consume_by_key, expected_by_key
 
     from lance_cdf.cli import main
@@ -282,16 +282,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
             "--max-rows-per-trigger", "60", "--producer-config-file", str(client),
             "--registry-config-file", str(reg)]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        *args,
-        "--trigger-interval",
-        "0 seconds",
-        "--master",
-        "local[2,100]",
-    ]  # fmt: skip  (local[N,F]: a failed task is retried)
+    cmd = killable_publish(args)
     kills = publish_under_kills(
         cmd, env, uri, random.Random(34), kills_total=5, group_most=2, group_p=0.3,
         pause=(2, 6), commits=30, restart_at=3, restart=kafka.restart,
