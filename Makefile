@@ -24,10 +24,10 @@ venv: $(STAMP)
 # `provision-demo`: what the demo needs (broker, registry); `provision` adds what only the
 # tests use (Kafka Connect, the Debezium JDBC sink, embedded PostgreSQL).
 provision-demo: $(STAMP)
-	$(PY) -m lance_cdf.devtools provision
+	$(PY) -m lance_cdf_devtools provision
 
 provision: provision-demo
-	$(PY) -m lance_cdf.devtools connect
+	$(PY) -m lance_cdf_devtools connect
 
 # CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
 # exits non-zero (5) when it collects nothing, so an empty run fails too.
@@ -44,7 +44,7 @@ test-integration: provision
 	$(PY) -m pytest -m integration $(PYTEST_ARGS)
 
 demo: provision-demo
-	$(PY) -m lance_cdf.demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)
+	$(PY) -m lance_cdf_demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)
 
 # Regenerate lance_cdf/format/_proto from protos/ (generated modules are committed).
 proto: $(STAMP)
@@ -61,8 +61,8 @@ bench: $(STAMP)
 	$(PY) bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse --repeat 20 --out bench/results_plan.json
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check lance_cdf tests bench docs
-	$(VENV)/bin/ruff format --check lance_cdf tests bench docs
+	$(VENV)/bin/ruff check lance_cdf lance_cdf_devtools lance_cdf_demo pyspark_lance_cdf pyspark_lance_cdf_kafka tests bench docs
+	$(VENV)/bin/ruff format --check lance_cdf lance_cdf_devtools lance_cdf_demo pyspark_lance_cdf pyspark_lance_cdf_kafka tests bench docs
 	$(VENV)/bin/mypy
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict: a broken link, a missing

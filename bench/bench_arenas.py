@@ -9,7 +9,7 @@ what a replica sees between compactions: 20 appends of 100 rows, a delete of 500
 Each variant runs in a fresh process (an arena limit must be set before threads start),
 variants alternated --repeat times on copies of one base table:
   * default   glibc's own limit (8 arenas per core);
-  * arenas2   `lance_cdf.malloc.bound_arenas(2)` (what `lance-cdf` does);
+  * arenas2   `lance_cdf.ops.malloc.bound_arenas(2)` (what `lance-cdf` does);
   * arenas2+trim  and `malloc_trim(0)` after each compaction (`release_freed_memory`, what
               the replicator does after each).
 Reports the process's RSS (VmRSS) after the base table is opened and after every round,
@@ -29,7 +29,7 @@ import tempfile
 
 CHILD = r"""
 import json, os, sys
-from lance_cdf import malloc
+from lance_cdf.ops import malloc
 variant, uri, rounds = sys.argv[1], sys.argv[2], int(sys.argv[3])
 if variant != "default":
     malloc.bound_arenas(2)

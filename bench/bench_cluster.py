@@ -2,7 +2,7 @@
 
     python bench/bench_cluster.py --rows 1000000 --commits 5 --out bench/results_cluster.json
 
-A master and N workers (1 core, 1 GB each) on 127.0.0.1 (lance_cdf.devtools.SparkCluster),
+A master and N workers (1 core, 1 GB each) on 127.0.0.1 (lance_cdf_devtools.SparkCluster),
 a real broker and registry; `spark-submit` runs cluster_publish_job.py, which streams the
 table's commits (one per micro-batch) into the lance-cdf-kafka sink as `lance-cdf publish`
 does, one writer task per worker. Reported per cluster size: the steady rate (micro-batches
@@ -31,7 +31,7 @@ JOB = Path(__file__).with_name("cluster_publish_job.py")
 def run(workers, uri, kafka, registry, partitions, workdir) -> dict:
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.devtools.spark import SparkCluster, spark_home
+    from lance_cdf_devtools.spark import SparkCluster, spark_home
 
     topic = f"cluster-bench-{uuid.uuid4().hex[:6]}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
     uri = str(workdir / "narrow.lance")

@@ -40,7 +40,7 @@ import pyarrow as pa
 from tables import id_name_vec  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.core.feed import ChangeFeed
 
 DIM = 128
 CHANGES = ["insert", "update", "delete", "merge_insert", "range"]
@@ -234,7 +234,7 @@ def main() -> None:
     )  # fmt: skip
     args = ap.parse_args()
     if not args.malloc_default:
-        # the documented opt-in (lance_cdf.malloc): builds before issue 30 did it by
+        # the documented opt-in (lance_cdf.ops.malloc): builds before issue 30 did it by
         # themselves in every process that read rows
         lance_cdf.keep_freed_memory()
     os.makedirs(args.dir, exist_ok=True)

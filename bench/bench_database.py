@@ -4,7 +4,7 @@ following --tables tables.
     python bench/bench_database.py --tables 200 --idle-seconds 60 --load-seconds 120 \
         --out bench/results_database.json
 
-Starts a real local broker and Apicurio registry (lance_cdf.devtools) and a LanceDB
+Starts a real local broker and Apicurio registry (lance_cdf_devtools) and a LanceDB
 database of --tables small tables with stable row IDs (a tenth in a child namespace),
 creates each table's topic (2 partitions), and runs `lance-cdf publish --database` with its
 defaults (local[2], a trigger a second) as a subprocess. Once it follows every table:
@@ -236,7 +236,7 @@ def main() -> int:
         default=None,
         help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
         "pyspark.daemon for cold workers (publish's default for a local "
-        "session is lance_cdf.kafka.daemon, warm)",
+        "session is lance_cdf.spark.sink.warm_daemon, warm)",
     )
     ap.add_argument(
         "--fixed-phase",
@@ -257,7 +257,7 @@ def main() -> int:
     from confluent_kafka import OFFSET_END, Consumer, TopicPartition
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     work = tempfile.mkdtemp(prefix="bench-database-")
     root, checkpoint = os.path.join(work, "db"), os.path.join(work, "ck")

@@ -24,7 +24,7 @@ import statistics
 import time
 
 import lance_cdf
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.format import deletions, rowids, table
 
 SPENT = {"deletions": 0.0, "manifest": 0.0, "rowids": 0.0}

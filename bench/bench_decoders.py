@@ -45,7 +45,7 @@ import pyarrow as pa
 from bench_core import Table, build  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.format import deletions, manifest, rowids
 
 CHANGES = ["insert", "update", "delete", "merge_insert"]

@@ -2,10 +2,10 @@
 
     python bench/bench_first_use.py --tables 200 --sample 12 --out bench/results_first_use.json
 
-Starts a real local broker and Apicurio registry (lance_cdf.devtools), a LanceDB database of
+Starts a real local broker and Apicurio registry (lance_cdf_devtools), a LanceDB database of
 --tables small tables (each table's topic created beforehand with 2 partitions, as
 bench_database.py does), then in this one process, for --sample tables in turn, times each
-step a writer task (kafka/sink.py `_write_database`) and the driver's commit (BEGIN/END)
+step a writer task (spark/sink/kafka_sink.py `_write_database`) and the driver's commit (BEGIN/END)
 take the first time they meet a table, then the same steps again (the table's second use):
 
 - writer: the table's URI (a database listing on a cache miss), its topic and transaction
@@ -47,7 +47,7 @@ def main() -> int:
 
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     work = tempfile.mkdtemp(prefix="bench-first-use-")
     root = os.path.join(work, "db")
@@ -97,14 +97,14 @@ def measure(
 ) -> dict:
     """Seconds per step for table `name`: its first use, then its second."""
     from lance_cdf.avro.schema import TableName
-    from lance_cdf.clientconfig import KafkaConnection
-    from lance_cdf.feed import ChangeFeed
-    from lance_cdf.kafka import database_sink
+    from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.kafka.outage import RideOut
     from lance_cdf.kafka.publisher import KafkaChangePublisher
     from lance_cdf.kafka.topics import TopicSettings
     from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
-    from lance_cdf.streaming.handoff import table_digest
+    from lance_cdf.ops.clientconfig import KafkaConnection
+    from lance_cdf.spark.sink import database_sink
+    from lance_cdf.spark.source.handoff import table_digest
 
     out: dict[str, float] = {}
 

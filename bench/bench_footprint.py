@@ -3,7 +3,7 @@
     python bench/bench_footprint.py --minutes 5 --variant after=.venv/bin/lance-cdf \
         --variant before=/work/main/.venv/bin/lance-cdf --out bench/results_footprint.json
 
-Starts a real local broker and Apicurio registry (lance_cdf.devtools), a small table
+Starts a real local broker and Apicurio registry (lance_cdf_devtools), a small table
 (--rows rows with a --dim float32 vector), then for each --variant LABEL=LANCE_CDF_BIN in
 turn (alternately, --rounds times): `lance-cdf publish` with defaults as a subprocess in its
 own session, a writer committing about once a second (append / update / delete in turn),
@@ -116,7 +116,10 @@ def _role(pid: int, root: int, parent_cmd: str, cmd: str) -> str:
         return "publish"
     if "java" in cmd.split(" ", 1)[0]:
         return "jvm"
-    daemons = ("pyspark.daemon", "lance_cdf.kafka.daemon")  # (the warm one: kafka/daemon.py)
+    daemons = (
+        "pyspark.daemon",
+        "lance_cdf.spark.sink.warm_daemon",
+    )  # (the warm one: spark/sink/warm_daemon.py)
     if any(d in cmd for d in daemons):
         return "py-worker" if any(d in parent_cmd for d in daemons) else "py-daemon"
     if "python" in cmd.split(" ", 1)[0]:
@@ -423,7 +426,7 @@ def main() -> None:
         v.split("=", 1)
         for v in (args.variant or [f"this={shutil.which('lance-cdf') or 'lance-cdf'}"])
     ]
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     work = tempfile.mkdtemp(prefix="bench-footprint-")
     args.base_table = os.path.join(work, "base")

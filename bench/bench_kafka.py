@@ -2,7 +2,7 @@
 
     python bench/bench_kafka.py --narrow-rows 1000000 --vector-rows 100000 --commits 5
 
-Runs a real local broker and Apicurio registry (lance_cdf.devtools). For each
+Runs a real local broker and Apicurio registry (lance_cdf_devtools). For each
 table (narrow: 5 scalar columns; vector: id + 768-d float32 embedding), --commits
 commits insert the rows; the streams read one commit per micro-batch
 (maxVersionsPerTrigger 1). Each stream's time runs from the query's start to its last
@@ -59,7 +59,7 @@ def lance_cdf_publish(
     publish`), or with `handoff` that many writer slots reading their own share (option
     writerSlots, what `lance-cdf publish` does now; `per_batch`: the events of each
     micro-batch, as its rows are work items)."""
-    from lance_cdf.kafka.publish import route
+    from lance_cdf.spark.publish.runner import route
 
     t0 = time.perf_counter()
     changes = spark.readStream.format("lance-cdf").option("path", uri)
@@ -243,9 +243,9 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
-    from lance_cdf.kafka.sink import register as register_sink
-    from lance_cdf.streaming import register
+    from lance_cdf.spark.sink.kafka_sink import register as register_sink
+    from lance_cdf.spark.source import register
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     v = args.spark_kafka_version
     spark = (

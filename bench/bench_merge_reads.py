@@ -20,7 +20,7 @@ import statistics
 import time
 
 import lance_cdf
-import lance_cdf.feed as feed
+import lance_cdf.core.feed as feed
 
 ON = feed._GROUP_IMAGES
 
@@ -40,7 +40,7 @@ _READERS: dict = {}
 def _run_source(uri: str, a: int, b: int) -> tuple[float, object]:
     import pyarrow as pa
 
-    from lance_cdf.streaming.source import LanceCdfDataSource
+    from lance_cdf.spark.source.data_source import LanceCdfDataSource
 
     key = (uri, a, b)
     if key not in _READERS:

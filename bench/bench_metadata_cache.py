@@ -1,4 +1,4 @@
-"""What bounding pylance's metadata cache (lance_cdf.rows.METADATA_CACHE_BYTES) costs
+"""What bounding pylance's metadata cache (lance_cdf.core.rows.METADATA_CACHE_BYTES) costs
 change extraction, and what it saves (issue 32).
 
     python bench/bench_metadata_cache.py --rows 1000000 --fragments 200 --versions 300 \
@@ -57,13 +57,13 @@ def build(path: str, rows: int, fragments: int, versions: int, dim: int) -> None
 
 
 def child(path: str, bound: str) -> dict:
-    import lance_cdf.rows
-    from lance_cdf.feed import ChangeFeed
+    import lance_cdf.core.rows
+    from lance_cdf.core.feed import ChangeFeed
 
     if bound != "default":
-        lance_cdf.rows.METADATA_CACHE_BYTES = int(float(bound) * (1 << 20))
+        lance_cdf.core.rows.METADATA_CACHE_BYTES = int(float(bound) * (1 << 20))
     else:
-        lance_cdf.rows.METADATA_CACHE_BYTES = None  # type: ignore[assignment]
+        lance_cdf.core.rows.METADATA_CACHE_BYTES = None  # type: ignore[assignment]
     feed = ChangeFeed(path)
     latest = feed.latest_version()
     start = 2

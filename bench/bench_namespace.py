@@ -1,11 +1,11 @@
-"""Listing a database's tables: lance_cdf.namespace (its own reading of `__manifest` and of
+"""Listing a database's tables: lance_cdf.format.namespace (its own reading of `__manifest` and of
 the root's `.lance` directories) against the same functions on pylance's DirectoryNamespace
 (bench/namespace_pylance.py), alternated in one run on the same databases.
 
     python bench/bench_namespace.py --tables 200 --rounds 5 --out bench/results_namespace.json
 
 Builds a LanceDB database of --tables tables of 20 rows, a tenth in child namespace `ns`
-(as bench_database.py does), on local disk and on `lance_cdf.devtools.S3Server` (moto on
+(as bench_database.py does), on local disk and on `lance_cdf_devtools.S3Server` (moto on
 127.0.0.1). Each round, with each implementation (the order swapped every round) and on
 each database: the time of `list_tables`, and on S3 the requests the server served for it
 (by kind); the same for `resolve_table` of a namespaced table by its qualified name
@@ -31,7 +31,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from lance_cdf.devtools import S3Server
+from lance_cdf_devtools import S3Server
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
 BUCKET = "bench-namespace"
@@ -70,7 +70,7 @@ def main() -> None:
 
     import namespace_pylance  # bench/ (this script's directory) is on sys.path
 
-    import lance_cdf.namespace as hand
+    import lance_cdf.format.namespace as hand
 
     def names(ns: Any) -> list[tuple[str, ...]]:
         return list(namespace_pylance._identifiers(ns))

@@ -5,7 +5,7 @@ and the object-store requests each commit step costs.
         --out bench/results_objectstore_1m.json
 
 Writes the same table (id int64, name string, vec fixed_size_list<float32>[16], stable
-row IDs) to local disk and to `lance_cdf.devtools.S3Server` (moto on 127.0.0.1), then
+row IDs) to local disk and to `lance_cdf_devtools.S3Server` (moto on 127.0.0.1), then
 applies the same commits to both, each touching a known number of fragments. For each
 commit `v` it times the extraction (`ChangeFeed` planning + reading, which is what
 `read_changes(uri, v, v)` does) on both, and counts requests for one extraction:
@@ -33,8 +33,8 @@ import numpy as np
 import pyarrow as pa
 from tables import id_name_vec  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.devtools import S3Server
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.core.feed import ChangeFeed
+from lance_cdf_devtools import S3Server
 
 DIM = 16
 
@@ -169,7 +169,7 @@ def main() -> None:
         meta = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
             "rows": args.rows, "rows_per_file": args.rows_per_file, "fragments": fragments,
-            "repeat": args.repeat, "server": "moto (lance_cdf.devtools.S3Server) on 127.0.0.1",
+            "repeat": args.repeat, "server": "moto (lance_cdf_devtools.S3Server) on 127.0.0.1",
             "python": platform.python_version(), "pylance": lance.__version__,
             "machine": platform.machine(), "cpus": os.cpu_count(),
         }  # fmt: skip

@@ -27,8 +27,8 @@ import time
 
 from bench_core import Table, build  # noqa: E402  (bench/ is on sys.path)
 
+from lance_cdf.core.plan import plan_version
 from lance_cdf.format.table import TableLog
-from lance_cdf.plan import plan_version
 
 SHAPES = [
     (change, layout)

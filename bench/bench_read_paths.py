@@ -24,7 +24,7 @@ import time
 import lance
 from bench_objectstore import build, extract  # noqa: E402  (bench/ is on sys.path)
 
-import lance_cdf.rows as rows_mod
+import lance_cdf.core.rows as rows_mod
 
 
 def main() -> None:

@@ -3,7 +3,7 @@
     python bench/bench_replicate.py --rows 1000000 --latency-commits 50 \
         --latency-replica-rows 10000000 --out bench/results_replicate.json
 
-Runs a real local broker and Apicurio registry (lance_cdf.devtools). Measured in one run:
+Runs a real local broker and Apicurio registry (lance_cdf_devtools). Measured in one run:
   * upserts    1,000,000 insert records (narrow rows, 5 scalar columns) applied by the
                Replicator to an empty replica (merge_insert in batches of --batch-rows),
                against one direct merge_insert of the same 1,000,000 rows (the ceiling);
@@ -45,7 +45,7 @@ from confluent_kafka import Consumer  # noqa: E402
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
 import lance_cdf  # noqa: E402
-from lance_cdf.feed import ChangeFeed  # noqa: E402
+from lance_cdf.core.feed import ChangeFeed  # noqa: E402
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of  # noqa: E402
 from lance_cdf.kafka.transactions import (  # noqa: E402
     TransactionWriter,
@@ -227,8 +227,8 @@ APPLY_PHASES = ("open", "lookup", "delete", "write", "commit", "map")
 def latency(
     spark, kafka, registry, root, commits: int, replica_rows: int = 0, key_map: bool = True
 ) -> list[float]:
-    from lance_cdf.kafka.sink import register as register_sink
-    from lance_cdf.streaming import register
+    from lance_cdf.spark.sink.kafka_sink import register as register_sink
+    from lance_cdf.spark.source import register
 
     register(spark)
     register_sink(spark)
@@ -349,13 +349,13 @@ def main() -> None:
         "--profile", default=None, help="cProfile the replicator runs into PREFIX.<topic>.prof"
     )
     ap.add_argument("--arenas", type=int, default=0,
-                    help="hold glibc to N arenas (lance_cdf.malloc.bound_arenas, as "
+                    help="hold glibc to N arenas (lance_cdf.ops.malloc.bound_arenas, as "
                     "`lance-cdf replicate` does: 2); 0: glibc's own limit")  # fmt: skip
     ap.add_argument("--keep-freed", action="store_true",
-                    help="lance_cdf.malloc.keep_freed_memory(), as the `lance-cdf` command's "
+                    help="lance_cdf.ops.malloc.keep_freed_memory(), as the `lance-cdf` command's "
                     "process does")  # fmt: skip
     ap.add_argument("--mmap-threshold", type=int, default=0,
-                    help="map blocks of N bytes and more (lance_cdf.malloc.map_large_blocks, as "
+                    help="map blocks of N bytes and more (ops.malloc.map_large_blocks, as "
                     "`lance-cdf replicate` does: 1 MiB); 0: glibc's dynamic threshold")  # fmt: skip
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
@@ -363,11 +363,11 @@ def main() -> None:
     global MARKERS
     MARKERS = not args.no_transaction_metadata
     if args.arenas > 0:  # before any thread starts
-        from lance_cdf import malloc
+        from lance_cdf.ops import malloc
 
         malloc.bound_arenas(args.arenas)
     if args.keep_freed or args.mmap_threshold > 0:
-        from lance_cdf import malloc
+        from lance_cdf.ops import malloc
 
         if args.keep_freed:
             malloc.keep_freed_memory()
@@ -375,7 +375,7 @@ def main() -> None:
             malloc.map_large_blocks(args.mmap_threshold)
     from pyspark.sql import SparkSession
 
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     os.makedirs(args.dir, exist_ok=True)
     results: dict = {

@@ -5,7 +5,7 @@
     python bench/bench_soak.py --phase quiet=3 --phase loaded=3 \
         --out bench/results_load.json                        # latency under load
 
-Starts a real local broker and Apicurio registry (lance_cdf.devtools), a table (--rows rows
+Starts a real local broker and Apicurio registry (lance_cdf_devtools), a table (--rows rows
 with a --dim float32 vector) and a 3-partition topic, then `lance-cdf publish` and
 `lance-cdf replicate` with their defaults, each a subprocess in its own session, and a
 writer committing about once a second (append / update / delete / merge_insert in turn).
@@ -355,7 +355,7 @@ def main() -> None:
     phases = [(p.split("=")[0], float(p.split("=")[1])) for p in (args.phase or ["quiet=30"])]
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     work = tempfile.mkdtemp(prefix="bench-soak-")
     failed: list[str] = []  # processes that exited during the run: the work dir is kept

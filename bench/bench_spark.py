@@ -79,7 +79,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from lance_cdf.streaming import register
+    from lance_cdf.spark.source import register
 
     spark = (
         SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")

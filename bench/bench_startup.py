@@ -78,7 +78,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--before", default=None, help="a checkout whose lance_cdf is 'before'")
     args = ap.parse_args()
-    from lance_cdf.devtools import KafkaBroker, SchemaRegistry
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     workdir = tempfile.mkdtemp(prefix="bench-startup-")
     uri = os.path.join(workdir, "one.lance")

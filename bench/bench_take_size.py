@@ -36,9 +36,9 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from lance_cdf.core.plan import RowSet
+from lance_cdf.core.rows import RowReader
 from lance_cdf.format.table import TableLog
-from lance_cdf.plan import RowSet
-from lance_cdf.rows import RowReader
 
 
 def pick(ds: lance.LanceDataset, fragments: int, n: int, seed: int) -> RowSet:

@@ -21,8 +21,8 @@ def main(args: dict) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("executors did not register within 120 s")
         time.sleep(0.5)
-    from lance_cdf.kafka.publish import hand_off
-    from lance_cdf.kafka.query_progress import planned_events
+    from lance_cdf.spark.publish.query_progress import planned_events
+    from lance_cdf.spark.publish.runner import hand_off
 
     work = (
         spark.readStream.format("lance-cdf").option("path", args["table"])

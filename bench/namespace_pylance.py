@@ -1,4 +1,4 @@
-"""lance_cdf.namespace's `list_tables` and `resolve_table` written on pylance's
+"""lance_cdf.format.namespace's `list_tables` and `resolve_table` written on pylance's
 `DirectoryNamespace` (compatibility mode: `list_namespaces` / `list_tables` walked from the
 root, `describe_table` for each table's location), the same answers, for
 bench_namespace.py to measure against the hand-written reading that lance_cdf uses.
@@ -17,7 +17,7 @@ from lance_cdf.format.io import local_path
 if TYPE_CHECKING:
     from lance.namespace import DirectoryNamespace
 
-from lance_cdf.namespace import _SHOWN, DELIMITER, TableRef  # the same answers, its way
+from lance_cdf.format.namespace import _SHOWN, DELIMITER, TableRef  # the same answers, its way
 
 
 def list_tables(root: str, storage_options: dict[str, str] | None = None) -> list[TableRef]:

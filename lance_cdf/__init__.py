@@ -3,13 +3,13 @@
 The public names:
 
 - `read_changes(uri, start_version, end_version, ...)`: the changes of a version range as a
-  `pyarrow.RecordBatchReader` (`lance_cdf.feed.read_changes`);
+  `pyarrow.RecordBatchReader` (`lance_cdf.core.feed.read_changes`);
 - `ChangeFeed(uri)`: a table held open for many calls: plans and events per commit
-  (`lance_cdf.feed.ChangeFeed`);
+  (`lance_cdf.core.feed.ChangeFeed`);
 - `LanceCdfError`: the base class of every error lance-cdf raises on purpose (the others
   are in `lance_cdf.errors`);
 - `keep_freed_memory()`: opt in, once per process, to glibc keeping freed decode buffers
-  (`lance_cdf.malloc`).
+  (`lance_cdf.ops.malloc`).
 """
 
 from typing import TYPE_CHECKING
@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING
 from lance_cdf.errors import LanceCdfError
 
 if TYPE_CHECKING:  # loaded lazily by __getattr__; named here for type checkers
-    from lance_cdf.feed import ChangeFeed, read_changes
-    from lance_cdf.malloc import keep_freed_memory
+    from lance_cdf.core.feed import ChangeFeed, read_changes
+    from lance_cdf.ops.malloc import keep_freed_memory
 
 __version__ = "0.1.0"
 
@@ -29,11 +29,11 @@ def __getattr__(name: str) -> object:
     """`ChangeFeed` and `read_changes` load the change-feed core on first use, so a process
     that imports one part (a Spark worker of the Kafka sink) does not pay for the rest."""
     if name in ("ChangeFeed", "read_changes"):
-        from lance_cdf import feed
+        from lance_cdf.core import feed
 
         return getattr(feed, name)
     if name == "keep_freed_memory":
-        from lance_cdf import malloc
+        from lance_cdf.ops import malloc
 
         return malloc.keep_freed_memory
     raise AttributeError(f"module 'lance_cdf' has no attribute {name!r}")

@@ -108,7 +108,7 @@ class ClientConfigError(LanceCdfError):
 
 # the replicator: one writer per target, a replica that knows whose it is
 class LeaseHeldError(LanceCdfError):
-    """Another live writer holds the target's lease (`lance_cdf.lease`)."""
+    """Another live writer holds the target's lease (`lance_cdf.ops.lease`)."""
 
 
 class LeaseLostError(LanceCdfError):

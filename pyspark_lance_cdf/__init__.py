@@ -7,6 +7,6 @@ The lookup runs in a Python worker started with the driver's `PYSPARK_PYTHON`:
 lance-cdf must be installed in that interpreter (or on its PYTHONPATH).
 """
 
-from lance_cdf.streaming.source import LanceCdfDataSource as DefaultSource
+from lance_cdf.spark.source.data_source import LanceCdfDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -13,7 +13,7 @@ A unit-only run (`make test-unit`: `LANCE_CDF_UNIT_ONLY=1`, or `-m unit`) proves
 it starts nothing:
 - every selected test must be `unit` (else a usage error before anything runs);
 - setting up a service plugin's fixture fails the test;
-- `lance_cdf.devtools`' services (broker, registry, Connect, PostgreSQL, S3 server,
+- `lance_cdf_devtools`' services (broker, registry, Connect, PostgreSQL, S3 server,
   Spark master/worker) refuse to start;
 - `JAVA_HOME` and the front of `PATH` point at a `java` that records its call and
   exits 97, so a JVM started by a subprocess (spark-submit, a PySpark session, the
@@ -108,7 +108,7 @@ def pytest_configure(config):
     os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
     config.stash[_java_home] = home
 
-    from lance_cdf.devtools.process import ChildService
+    from lance_cdf_devtools.process import ChildService
 
     def refuse(self, *args, **kwargs):
         pytest.fail(

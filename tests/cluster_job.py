@@ -1,7 +1,7 @@
 """Driver script that tests/test_cluster.py submits to a standalone cluster with
 `spark-submit --py-files lance_cdf.zip`. It records where executors found lance_cdf
 and which executor read which slice, then publishes the table's changes to Kafka
-with `lance_cdf.kafka.publish.publish` (the code path of `lance-cdf publish`).
+with `lance_cdf.spark.publish.runner.publish` (the code path of `lance-cdf publish`).
 
     spark-submit ... cluster_job.py '<json arguments>'
 """
@@ -34,9 +34,9 @@ def main(args: dict) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("executors did not register within 120 s")
         time.sleep(0.5)
-    import lance_cdf.streaming
+    import lance_cdf.spark.source
 
-    lance_cdf.streaming.register(spark)
+    lance_cdf.spark.source.register(spark)
     found = sc.parallelize(range(8), 8).map(where_python_runs).distinct().collect()
 
     reader = spark.read.format("lance-cdf").option("path", args["table"])
@@ -47,7 +47,7 @@ def main(args: dict) -> None:
     partitions = changes.rdd.getNumPartitions()
     slices = changes.rdd.mapPartitions(count_slice).collect()
 
-    from lance_cdf.kafka.publish import publish
+    from lance_cdf.spark.publish.runner import publish
 
     code = publish(
         args["table"], args["bootstrap_servers"], args["topic"], args["schema_registry"],

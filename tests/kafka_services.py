@@ -1,5 +1,5 @@
 """pytest plugin: one real Kafka broker (KRaft) and one real Apicurio schema registry
-per test session (`lance_cdf.devtools`), stopped when the session ends; and, for the
+per test session (`lance_cdf_devtools`), stopped when the session ends; and, for the
 tests that ask, a SASL_SSL broker and a registry behind HTTPS + basic auth.
 
 Register with `pytest_plugins = ["kafka_services"]` (tests/ on sys.path) or
@@ -7,7 +7,7 @@ Register with `pytest_plugins = ["kafka_services"]` (tests/ on sys.path) or
 
 import pytest
 
-from lance_cdf.devtools import (
+from lance_cdf_devtools import (
     KafkaBroker,
     SchemaRegistry,
     SecureKafkaBroker,

@@ -1,4 +1,4 @@
-"""pytest plugin: one local S3-compatible server (moto, `lance_cdf.devtools.S3Server`)
+"""pytest plugin: one local S3-compatible server (moto, `lance_cdf_devtools.S3Server`)
 per test session, and a fresh table URI on it per test.
 
 Register with `pytest_plugins = ["s3_services"]` (tests/ on sys.path)."""
@@ -7,7 +7,7 @@ import uuid
 
 import pytest
 
-from lance_cdf.devtools import S3Server
+from lance_cdf_devtools import S3Server
 
 BUCKET = "lance-cdf-tests"
 

@@ -21,8 +21,8 @@ def spark():
         .config("spark.driver.memory", "1g")
         .getOrCreate()
     )
-    import lance_cdf.streaming
+    import lance_cdf.spark.source
 
-    lance_cdf.streaming.register(session)
+    lance_cdf.spark.source.register(session)
     yield session
     session.stop()

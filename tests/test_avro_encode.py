@@ -364,7 +364,7 @@ def test_publisher_sends_the_same_records_on_both_paths(monkeypatch):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_transaction_block_is_byte_identical_and_decodes(seed):
-    """With `_total_order` (kafka/work.py numbers the records) each value ends with the
+    """With `_total_order` (spark/sink/work.py numbers the records) each value ends with the
     `transaction` block; without it, with null (as before the field existed)."""
     rng = np.random.default_rng(seed)
     events = random_events(rng, 40)

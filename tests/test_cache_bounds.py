@@ -4,8 +4,8 @@
 import lance
 import pyarrow as pa
 
+import lance_cdf.core.rows as rows_mod
 import lance_cdf.replicate.replica as replica_mod
-import lance_cdf.rows as rows_mod
 from lance_cdf.format.table import TableLog
 from lance_cdf.replicate.replica import ReplicaTable
 

@@ -1,4 +1,4 @@
-"""A stream's offsets know their table and start (streaming/identity.py): a checkpoint given
+"""A stream's offsets know their table and start (spark/source/identity.py): a checkpoint given
 another table, or another --starting-version, is refused; a moved table is accepted. Driver
 side without a Spark session; the last test runs `lance-cdf publish` against the real broker."""
 
@@ -16,8 +16,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
 from lance_cdf.errors import CheckpointMismatchError, VersionNotFoundError
-from lance_cdf.streaming.readers import LanceCdfStreamReader, resolve
-from lance_cdf.streaming.types import spark_schema
+from lance_cdf.spark.source.readers import LanceCdfStreamReader, resolve
+from lance_cdf.spark.source.types import spark_schema
 
 
 def history(uri, versions=15):

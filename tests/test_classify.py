@@ -28,7 +28,7 @@ def test_dynamic_service_fixture(request):
 
 
 def test_broker_started_by_hand(tmp_path):
-    from lance_cdf.devtools import KafkaBroker
+    from lance_cdf_devtools import KafkaBroker
 
     KafkaBroker(tmp_path).start()
 

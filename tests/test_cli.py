@@ -192,7 +192,8 @@ cli.entry()
 
 _MAPPED_PROBE = r"""
 import ctypes
-from lance_cdf import cli, malloc
+from lance_cdf.cli import replicate_command
+from lance_cdf.ops import malloc
 
 class Info(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in (
@@ -212,8 +213,8 @@ def mapped_by_a_2mib_block(args):
     return 0
 
 malloc.keep_freed_memory()  # as `lance-cdf` (entry) does before any command
-cli._replicate = mapped_by_a_2mib_block
-cli.cmd_replicate(None)
+replicate_command._replicate = mapped_by_a_2mib_block
+replicate_command.cmd_replicate(None)
 """
 
 

@@ -20,7 +20,7 @@ import lancedb
 import pytest
 from workload import Workload
 
-from lance_cdf.clientconfig import ALWAYS
+from lance_cdf.ops.clientconfig import ALWAYS
 
 pytestmark = pytest.mark.integration  # the secured services, Spark in subprocesses
 

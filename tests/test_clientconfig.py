@@ -1,5 +1,5 @@
 """Client settings from files and the environment, and the redaction rule
-(lance_cdf/clientconfig.py; issue 34)."""
+(lance_cdf/ops/clientconfig.py; issue 34)."""
 
 import json
 import logging
@@ -8,7 +8,9 @@ import subprocess
 import pytest
 
 from lance_cdf import cli
-from lance_cdf.clientconfig import (
+from lance_cdf.cli import flags
+from lance_cdf.errors import ClientConfigError
+from lance_cdf.ops.clientconfig import (
     LIBRDKAFKA_SENSITIVE,
     ScrubFilter,
     expand_env,
@@ -20,7 +22,6 @@ from lance_cdf.clientconfig import (
     scrub,
     settings,
 )
-from lance_cdf.errors import ClientConfigError
 
 # what Kafka users write in client.properties, with the corners of the format
 PROPERTIES = r"""# a comment
@@ -77,7 +78,7 @@ def test_parse_properties_the_subset_kafka_users_write():
 
 @pytest.mark.integration  # runs the JDK: java.util.Properties is the oracle
 def test_parse_properties_agrees_with_java_util_properties(tmp_path):
-    from lance_cdf.devtools.process import java_executable
+    from lance_cdf_devtools.process import java_executable
 
     (tmp_path / "p.properties").write_text(PROPERTIES, encoding="utf-8")
     (tmp_path / "Dump.java").write_text(
@@ -188,10 +189,13 @@ def test_cli_reads_settings_files_and_env(tmp_path, monkeypatch):
         "--producer-config-file", str(f), "--producer-config", "acks=1",
         "--registry-config-file", str(f), "--storage-option", "aws_secret_access_key=${env:PW}",
     ])  # fmt: skip
-    assert cli._settings(args, "producer_config") == {"sasl.password": "from-env", "acks": "1"}
-    assert cli._settings(args, "registry_config") == {"sasl.password": "from-env",
+    assert flags.client_settings(args, "producer_config") == {
+        "sasl.password": "from-env",
+        "acks": "1",
+    }
+    assert flags.client_settings(args, "registry_config") == {"sasl.password": "from-env",
                                                       "acks": "all"}  # fmt: skip
-    assert cli._options(args.storage_option) == {"aws_secret_access_key": "from-env"}
+    assert flags.storage_options(args.storage_option) == {"aws_secret_access_key": "from-env"}
 
 
 def test_cli_error_names_the_variable_and_exits_2(tmp_path, capsys, monkeypatch):
@@ -210,7 +214,7 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
     from confluent_kafka import Consumer, Producer
     from confluent_kafka.admin import AdminClient
 
-    from lance_cdf.clientconfig import CONSUMER_ONLY, KafkaConnection, registry_config
+    from lance_cdf.ops.clientconfig import CONSUMER_ONLY, KafkaConnection, registry_config
 
     connection_settings = {
         "security.protocol": "SASL_SSL", "enable.ssl.certificate.verification": "false",
@@ -261,8 +265,8 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
 
 
 def test_a_registry_error_names_the_url_without_its_user_info():
-    from lance_cdf.devtools.process import free_port
     from lance_cdf.kafka.endpoints import check_registry
+    from lance_cdf_devtools.process import free_port
 
     url = f"http://reg-user:Reg-Secret-91@127.0.0.1:{free_port()}/apis/ccompat/v7"
     with pytest.raises(Exception) as err:  # noqa: PT011 - the message is what is checked

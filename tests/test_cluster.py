@@ -19,7 +19,7 @@ import pytest
 from test_kafka_sink import consume_all
 
 import lance_cdf
-from lance_cdf.devtools.spark import SparkCluster, spark_home
+from lance_cdf_devtools.spark import SparkCluster, spark_home
 
 pytestmark = pytest.mark.integration  # a Spark standalone cluster and spark-submit
 

@@ -306,7 +306,7 @@ def test_a_gap_left_by_cleanup_is_crossed_only_where_the_fields_tell(tmp_path):
     columns of the versions still there: unchanged fields cross the gap; a field id that
     names a column of another name after it (renamed, or the id handed out again?) is
     refused by name rather than guessed."""
-    from lance_cdf.feed import ChangeFeed
+    from lance_cdf.core.feed import ChangeFeed
 
     uri = str(tmp_path / "t.lance")
     _write(uri, {"id": [1, 2], "x": ["a", "b"]})
@@ -332,7 +332,7 @@ def test_the_replica_of_a_table_that_reused_ids_equals_it(tmp_path, kafka_broker
     with the source's values, whatever ids pylance handed out again on the way."""
     import uuid
 
-    from lance_cdf.feed import ChangeFeed
+    from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
     from lance_cdf.replicate.replica import SOURCE_ROWID
     from lance_cdf.replicate.replicator import Replicator

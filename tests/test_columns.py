@@ -11,8 +11,8 @@ import pytest
 from oracle import apply_events, table_state
 
 import lance_cdf
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
-from lance_cdf.feed import ChangeFeed
 
 META = ["_rowid", "_change_type", "_commit_version", "_commit_timestamp"]
 

@@ -17,7 +17,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 import lance_cdf
 from lance_cdf.errors import CheckpointMismatchError, DatabaseSchemaError, LanceCdfError
-from lance_cdf.streaming.database_events import (
+from lance_cdf.spark.source.database_events import (
     TABLE_COLUMN,
     DatabaseBatchReader,
     DatabaseEventReader,
@@ -159,7 +159,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     """LanceDB drops a root table's directory and creates a new table of that name at the same
     path: an executor that read the old table (its feed, with cached manifests) must read the
     new table's events from the new table's manifests."""
-    from lance_cdf.streaming import readers
+    from lance_cdf.spark.source import readers
 
     root = str(tmp_path / "db")
     db = lancedb.connect(root)

@@ -28,7 +28,7 @@ from confluent_kafka.admin import AdminClient
 from oracle import table_state
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.namespace import list_tables, resolve_table, table_location
+from lance_cdf.format.namespace import list_tables, resolve_table, table_location
 from lance_cdf.replicate.database_replicator import table_topics
 from lance_cdf.replicate.replica import SOURCE_ROWID, ReplicaTable, source_version_of
 
@@ -50,7 +50,7 @@ def qualified(name: str, namespace: list[str] | None) -> str:
 def publish_all(src: str, prefix: str, kafka, registry, ck: str, only: str | None = None):
     """Each table of the database published by the single-table publisher (until caught
     up) to `prefix.<qualified name>`, as `publish --database` names its topics."""
-    from lance_cdf.kafka.publish import publish
+    from lance_cdf.spark.publish.runner import publish
 
     for ref in list_tables(src):
         if only is not None and ref.qualified_name != only:

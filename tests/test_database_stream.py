@@ -1,5 +1,5 @@
-"""The database stream's driver side (streaming/database_stream.py) and the sink's resolution of
-its work items (kafka/database_sink.py), without Spark: offsets per table, tables that come, go
+"""The database stream's driver side (spark/source/database_stream.py) and the sink's resolution of
+its work items (spark/sink/database_sink.py), without Spark: offsets per table, tables that come, go
 or cannot be followed, and the events each work item reads back equal `read_changes` of
 its table (the oracle) from the table's first version."""
 
@@ -13,9 +13,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 import lance_cdf
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, WorkItemError
-from lance_cdf.kafka.database_sink import table_works
-from lance_cdf.streaming.database_stream import DatabaseReader, not_followable
-from lance_cdf.streaming.handoff import WorkItem
+from lance_cdf.spark.sink.database_sink import table_works
+from lance_cdf.spark.source.database_stream import DatabaseReader, not_followable
+from lance_cdf.spark.source.handoff import WorkItem
 
 lancedb = pytest.importorskip("lancedb")
 STABLE = {"new_table_enable_stable_row_ids": "true"}
@@ -163,7 +163,7 @@ def test_publish_flags_one_table_or_a_database(flags, says, capsys):
 
 
 def test_clients_per_process_are_bounded_and_flushed_when_evicted():
-    from lance_cdf.kafka import sink
+    from lance_cdf.spark.sink import kafka_sink as sink
 
     class Client:
         def __init__(self):
@@ -189,7 +189,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     path: its versions 1, 2, ... are not the old table's. A writer process that read the old
     table (its feed, with cached manifests, kept from an earlier micro-batch) must read the
     new table's items from the new table's manifests: the events equal its read_changes."""
-    from lance_cdf.streaming import readers
+    from lance_cdf.spark.source import readers
 
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
@@ -221,7 +221,7 @@ def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch
     still equal each table's read_changes."""
     import random
 
-    from lance_cdf.streaming import readers
+    from lance_cdf.spark.source import readers
 
     monkeypatch.setattr(readers, "FEEDS_KEPT", 3)
     monkeypatch.setattr(readers, "_FEEDS", readers.LruCache(3))

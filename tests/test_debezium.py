@@ -27,10 +27,10 @@ import pyarrow as pa
 import pytest
 
 import lance_cdf
-from lance_cdf.devtools.connect import KafkaConnect, PostgresServer, wait_until
-from lance_cdf.devtools.tls import java_truststore
-from lance_cdf.feed import ChangeFeed
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher
+from lance_cdf_devtools.connect import KafkaConnect, PostgresServer, wait_until
+from lance_cdf_devtools.tls import java_truststore
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]  # Connect, PostgreSQL
 ROOT = Path(__file__).resolve().parents[1]

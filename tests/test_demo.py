@@ -17,7 +17,7 @@ def test_demo_pipeline_ends_with_replica_equal_to_source(tmp_path):
     `lance-cdf status` (an independent reader of the checkpoint and the replicas) agrees."""
     root = tmp_path / "demo"
     run = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.demo", "--dir", str(root), "--seconds", "12",
+        [sys.executable, "-m", "lance_cdf_demo", "--dir", str(root), "--seconds", "12",
          "--commit-interval", "1"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -51,7 +51,7 @@ def test_demo_pipeline_ends_with_replica_equal_to_source(tmp_path):
 
 def test_walkthrough_prints_the_feed(tmp_path):
     run = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.demo", "--walkthrough", "--dir", str(tmp_path)],
+        [sys.executable, "-m", "lance_cdf_demo", "--walkthrough", "--dir", str(tmp_path)],
         capture_output=True, text=True, timeout=300, check=True,
     )  # fmt: skip
     assert "merge_insert" in run.stdout and "update" in run.stdout

@@ -18,9 +18,9 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from confluent_kafka.schema_registry.avro import AvroDeserializer, AvroSerializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
-from lance_cdf.devtools import maven
+from lance_cdf_devtools import maven
 
-pytestmark = pytest.mark.integration  # `lance_cdf.devtools up` in a subprocess
+pytestmark = pytest.mark.integration  # `lance_cdf_devtools up` in a subprocess
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = """{"type": "record", "name": "Probe", "namespace": "lance_cdf.test", "fields": [
@@ -141,7 +141,7 @@ def _spawn(args):
 
 
 def test_up_prints_both_and_sigterm_stops_both(kafka_broker):
-    proc = _spawn(["-m", "lance_cdf.devtools", "up", "--cache-dir", str(kafka_broker.cache_dir)])
+    proc = _spawn(["-m", "lance_cdf_devtools", "up", "--cache-dir", str(kafka_broker.cache_dir)])
     try:
         lines = [proc.stdout.readline() for _ in range(3)]
         bootstrap = lines[0].split()[-1]
@@ -163,9 +163,9 @@ def test_up_prints_both_and_sigterm_stops_both(kafka_broker):
 def test_up_secure_serves_sasl_ssl_and_https_with_credentials_in_files_only(kafka_broker):
     """`up --secure`: a SASL_SSL broker and an HTTPS + basic-auth registry that the
     printed settings files reach, and that refuse clients without them."""
-    from lance_cdf.clientconfig import parse_properties
+    from lance_cdf.ops.clientconfig import parse_properties
 
-    proc = _spawn(["-m", "lance_cdf.devtools", "up", "--secure",
+    proc = _spawn(["-m", "lance_cdf_devtools", "up", "--secure",
                    "--cache-dir", str(kafka_broker.cache_dir)])  # fmt: skip
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
@@ -204,7 +204,7 @@ def test_up_secure_serves_sasl_ssl_and_https_with_credentials_in_files_only(kafk
 )
 def test_a_killed_owner_leaves_no_java_behind(kafka_broker, tmp_path):
     code = (
-        "from lance_cdf.devtools import SchemaRegistry\n"
+        "from lance_cdf_devtools import SchemaRegistry\n"
         f"r = SchemaRegistry({str(tmp_path)!r}, cache_dir={str(kafka_broker.cache_dir)!r})\n"
         "r.start()\n"
         "print(r.pid, flush=True)\n"

@@ -14,7 +14,7 @@ import pytest
 from workload import Workload
 
 import lance_cdf
-from lance_cdf.devtools.spark import SparkCluster, spark_home
+from lance_cdf_devtools.spark import SparkCluster, spark_home
 
 pytestmark = pytest.mark.integration  # Spark in subprocesses, local and on a standalone cluster
 

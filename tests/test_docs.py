@@ -73,17 +73,17 @@ def test_the_cli_page_has_every_subcommand_and_flag(site):
 
 
 def test_the_metrics_page_has_every_metric_the_module_documents(site):
-    import lance_cdf.metrics
+    import lance_cdf.ops.metrics
 
-    documented = set(re.findall(r"lance_cdf_[a-z_]+", lance_cdf.metrics.__doc__ or ""))
+    documented = set(re.findall(r"lance_cdf_[a-z_]+", lance_cdf.ops.metrics.__doc__ or ""))
     assert len(documented) >= 10
     page = _text(site / "reference/metrics/index.html")
     served = set(re.findall(r"lance_cdf_[a-z_]+", page))
-    assert documented <= served, f"in lance_cdf.metrics, not on the page: {documented - served}"
+    assert documented <= served, f"in lance_cdf.ops.metrics, not on the page: {documented - served}"
 
 
 def test_the_spark_options_page_has_every_option_the_source_accepts(site):
-    from lance_cdf.streaming.options import KNOWN, STORAGE_PREFIX
+    from lance_cdf.spark.source.options import KNOWN, STORAGE_PREFIX
 
     page = _text(site / "reference/spark-options/index.html").lower()
     missing = sorted(o for o in KNOWN if o not in page)
@@ -259,7 +259,7 @@ def test_the_readme_spark_lines_run_as_written(tmp_path, capsys, spark):
     assert progress is not None
     end = progress["sources"][0]["endOffset"]
     end = json.loads(end) if isinstance(end, str) else end
-    assert end["version"] == 3  # (with the table's identity and start: streaming/identity.py)
+    assert end["version"] == 3  # (with the table's identity and start: spark/source/identity.py)
 
 
 FENCE = re.compile(r"^```(python|bash|sql|properties)\n(.*?)^```", flags=re.S | re.M)

@@ -42,7 +42,7 @@ def _children(pid):
 
 def python_workers(root):
     """Spark's Python workers under `root` (children of a pyspark daemon process: Spark's
-    own, or lance_cdf.kafka.daemon that publish's writer tasks fork from)."""
+    own, or lance_cdf.spark.sink.warm_daemon that publish's writer tasks fork from)."""
     todo, workers = [root], []
     while todo:
         pid = todo.pop()
@@ -53,7 +53,7 @@ def python_workers(root):
                     parent_cmd = f.read()
             except OSError:
                 continue
-            if b"pyspark.daemon" in parent_cmd or b"lance_cdf.kafka.daemon" in parent_cmd:
+            if b"pyspark.daemon" in parent_cmd or b"lance_cdf.spark.sink.warm_daemon" in parent_cmd:
                 workers.append(child)
     return workers
 

@@ -1,4 +1,4 @@
-"""`publish`'s head start (kafka/headstart.py): where it may start, and that what it
+"""`publish`'s head start (spark/publish/headstart.py): where it may start, and that what it
 publishes is then skipped by the writers that publish the same versions again, so a
 read_committed consumer finds each change once, in per-key order (read_changes is the
 oracle). Real broker and registry; the writers are the sink's own code, run in-process."""
@@ -12,8 +12,8 @@ import pyarrow as pa
 from confluent_kafka.admin import AdminClient, NewTopic
 from test_kafka_order import consume_by_key, expected_by_key
 
-from lance_cdf.kafka import headstart
-from lance_cdf.kafka.headstart import head_start, start_offset
+from lance_cdf.spark.publish import headstart
+from lance_cdf.spark.publish.headstart import head_start, start_offset
 
 PARTITIONS = 3
 

@@ -1,4 +1,4 @@
-"""The private pylance and PySpark interfaces lance-cdf uses (`lance_cdf.internals`) are
+"""The private pylance and PySpark interfaces lance-cdf uses (`lance_cdf.ops.internals`) are
 still there and still behave as the public ones: an upgrade that changes one fails here,
 by name, instead of silently falling back or breaking elsewhere."""
 
@@ -10,7 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_cdf import internals
+from lance_cdf.ops import internals
 
 
 @pytest.fixture
@@ -26,7 +26,9 @@ def test_raw_file_reader_takes_and_reads_ranges_as_the_public_reader(table):
     path = f"{table}/data/{ds.get_fragments()[0].data_files()[0].path}"
     reader = lance.file.LanceFileReader(path, columns=["id", "s"])
     raw = internals.raw_file_reader(reader)
-    assert raw is not None, "pylance's LanceFileReader has no _reader: update lance_cdf.internals"
+    assert raw is not None, (
+        "pylance's LanceFileReader has no _reader: update lance_cdf.ops.internals"
+    )
     rng = np.random.default_rng(7)
     offsets = np.unique(rng.integers(0, 5000, 300)).astype(np.uint64)
     public = reader.take_rows(offsets.tolist()).to_table()
@@ -41,7 +43,7 @@ def test_fragment_delete_rows_is_the_public_call(table):
     public = lance.dataset(table).get_fragment(0).delete_rows(offsets)
     fragment = lance.dataset(table).get_fragment(0)
     assert getattr(getattr(fragment, "_fragment", None), "delete_rows", None) is not None, (
-        "pylance's LanceFragment._fragment.delete_rows is gone: update lance_cdf.internals"
+        "pylance's LanceFragment._fragment.delete_rows is gone: update lance_cdf.ops.internals"
     )
     private = internals.delete_rows(fragment, offsets)
     assert private.deletion_file.num_deleted_rows == public.deletion_file.num_deleted_rows == 3
@@ -53,7 +55,7 @@ def test_fragment_delete_rows_is_the_public_call(table):
 @pytest.mark.parametrize("module", sorted(internals.PYSPARK_STREAMING_RUNNERS))
 def test_pyspark_streaming_runners_exist(module):
     assert importlib.util.find_spec(module) is not None, (
-        f"PySpark has no module {module}: update lance_cdf.internals.PYSPARK_STREAMING_RUNNERS"
+        f"PySpark has no module {module}: update lance_cdf.ops.internals.PYSPARK_STREAMING_RUNNERS"
     )
 
 

@@ -16,11 +16,11 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import lance_cdf
-from lance_cdf.kafka import sink as spark_sink
-from lance_cdf.kafka.publish import route
 from lance_cdf.kafka.publisher import commit_order
-from lance_cdf.kafka.work import SlotWork
-from lance_cdf.streaming.handoff import WorkItem
+from lance_cdf.spark.publish.runner import route
+from lance_cdf.spark.sink import kafka_sink as spark_sink
+from lance_cdf.spark.sink.work import SlotWork
+from lance_cdf.spark.source.handoff import WorkItem
 
 PARTITIONS = 4
 

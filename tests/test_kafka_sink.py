@@ -12,8 +12,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import lance_cdf
-from lance_cdf.kafka import sink as spark_sink
 from lance_cdf.kafka.endpoints import PublishError, check_broker, check_registry
+from lance_cdf.spark.sink import kafka_sink as spark_sink
 
 pytestmark = pytest.mark.integration  # a broker of its own, `lance-cdf publish` in a subprocess
 
@@ -286,7 +286,7 @@ def _frozen(image):
 
 def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, schema_registry):
     from lance_cdf.errors import LanceCdfError
-    from lance_cdf.kafka.publish import publish
+    from lance_cdf.spark.publish.runner import publish
 
     uri = str(tmp_path / "evo.lance")
     lance.write_dataset(
@@ -446,7 +446,7 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
 
 
 def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_registry):
-    from lance_cdf.kafka.publish import publish
+    from lance_cdf.spark.publish.runner import publish
 
     uri = str(tmp_path / "rb.lance")
     blob = pa.field("img", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
@@ -529,9 +529,9 @@ def test_publish_then_replicate_keeps_the_tables_types(tmp_path, kafka_broker, s
 
 def test_the_sink_restores_the_types_spark_widened(tmp_path):
     """Unit check of the sink's type restoration: Spark's forms of the columns (as
-    streaming/types makes them) go back to the table's own types, values intact."""
-    from lance_cdf.feed import ChangeFeed
-    from lance_cdf.streaming.types import sparkable
+    spark/source/types makes them) go back to the table's own types, values intact."""
+    from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.spark.source.types import sparkable
 
     table = pa.table(
         {

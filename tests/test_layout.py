@@ -1,5 +1,6 @@
-"""The package's imports point down the flow (manifest → plan → rows → events → Kafka →
-replica): each part may import only the parts listed for it, lazy imports included."""
+"""The package's imports point down the flow (format → core → Kafka → Spark → replica →
+command line): each part may import only the parts listed for it, lazy imports included;
+inside every part, no module imports one that imports it."""
 
 import ast
 import io
@@ -11,121 +12,44 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[1] / "lance_cdf"
 
-# part -> the lance_cdf parts it may import ("" is the package root: __version__), from the
-# bottom up: the flow manifest (format) -> plan -> rows -> events -> Kafka -> replica, with
-# the entry points (streaming, cli, demo) above what they drive. Every part of the package
-# is listed (test_every_part_is_listed): a new module says where it belongs.
+# part -> the lance_cdf parts it may import ("" is the package root: __version__ and the
+# public names), from the bottom up. A part is a top-level module or package of lance_cdf;
+# spark's three packages are parts of their own (the source, the sink that reads with it,
+# the publish job that runs both). Every part is listed (test_every_part_is_listed): a new
+# package says where it belongs.
 ALLOWED = {
-    # no lance_cdf imports at all
-    "cache": set(),
-    "pools": set(),
     "errors": set(),
-    "malloc": set(),
-    "internals": set(),
-    "devtools": set(),
-    "stream_columns": set(),
-    "keyhash": {"errors"},
+    "format": {"errors"},
+    "ops": {"format", "errors"},
+    "core": {"ops", "format", "errors"},
     "avro": {"errors"},
-    "clientconfig": {"errors"},
-    # the change feed, in flow order
-    "format": {"errors", "cache", "pools"},
-    "namespace": {"format", "errors"},
-    "plan": {"format", "errors", "cache"},
-    "columns": {"errors"},
-    "rows": {"columns", "plan", "format", "internals", "malloc", "errors", "cache", "pools"},
-    "events": {"rows", "columns", "plan", "pools"},
-    "snapshot": {"events", "rows", "columns", "plan", "format", "errors", "cache"},
-    "modes": {"events", "errors"},
-    "candidates": {"modes", "rows", "columns", "plan", "errors"},
-    "feed": {
-        "candidates",
-        "modes",
-        "snapshot",
-        "events",
-        "rows",
-        "columns",
-        "plan",
-        "format",
-        "namespace",
-        "errors",
-        "cache",
-    },
-    "render": {"events"},
-    "metrics": {"format", "errors", "cache", "clientconfig"},
-    "lease": {"format", "errors"},
-    # Spark, Kafka, replica
-    "streaming": {
-        "feed",
-        "snapshot",
-        "modes",
-        "events",
-        "columns",
-        "plan",
-        "keyhash",
-        "stream_columns",
-        "internals",
-        "namespace",
-        "errors",
-        "cache",
-    },
-    "kafka": {
-        "avro",
-        "events",
-        "feed",
-        "streaming",
-        "metrics",
-        "keyhash",
-        "stream_columns",
-        "clientconfig",
-        "lease",
-        "namespace",
-        "errors",
-        "cache",
-        "",
-    },
-    "replicate": {
-        "avro",
-        "kafka",
-        "internals",
-        "clientconfig",
-        "lease",
-        "namespace",
-        "malloc",
-        "errors",
-    },
-    # entry points
-    "": {"errors", "feed", "malloc"},
+    "": {"core", "ops", "errors"},
+    "kafka": {"", "avro", "core", "ops", "format", "errors"},
+    "spark.source": {"core", "ops", "format", "errors"},
+    "spark.sink": {"spark.source", "kafka", "avro", "core", "ops", "format", "errors"},
+    "spark.publish": {"spark.sink", "spark.source", "kafka", "core", "ops", "format", "errors"},
+    "replicate": {"kafka", "avro", "ops", "format", "errors"},
     "cli": {
         "",
-        "feed",
-        "render",
-        "metrics",
-        "streaming",
+        "replicate",
+        "spark.publish",
+        "spark.source",
         "kafka",
-        "replicate",
-        "malloc",
-        "clientconfig",
-        "lease",
-        "namespace",
-        "errors",
-    },
-    "demo": {
-        "devtools",
-        "feed",
-        "render",
-        "streaming",
-        "replicate",
-        "namespace",
-        "clientconfig",
+        "core",
+        "ops",
+        "format",
         "errors",
     },
 }
+SPLIT = {"spark"}  # packages whose subpackages are parts of their own
 
 
 def _part(module: str) -> str:
-    """lance_cdf.x.y -> x; lance_cdf -> ''."""
-    parts = module.split(".")
-    return parts[1] if len(parts) > 1 else ""
+    """lance_cdf.x.y -> x (spark.x for lance_cdf.spark.x.y); lance_cdf -> ''."""
+    parts = module.split(".")[1:]
+    if parts and parts[0] in SPLIT and len(parts) > 1:
+        return f"{parts[0]}.{parts[1]}"
+    return parts[0] if parts else ""
 
 
 def _imports(path: Path) -> set[str]:
@@ -140,7 +64,7 @@ def _imports(path: Path) -> set[str]:
                     for a in node.names
                 }
             elif node.module.startswith("lance_cdf."):
-                found.add(_part(node.module))
+                found |= {_part(f"{node.module}.{a.name}") for a in node.names}
         elif isinstance(node, ast.Import):
             found |= {_part(a.name) for a in node.names if a.name.startswith("lance_cdf")}
     return found
@@ -149,7 +73,7 @@ def _imports(path: Path) -> set[str]:
 def _files(part: str) -> list[Path]:
     if part == "":
         return [PACKAGE / "__init__.py"]
-    d = PACKAGE / part
+    d = PACKAGE.joinpath(*part.split("."))
     return sorted(d.rglob("*.py")) if d.is_dir() else [PACKAGE / f"{part}.py"]
 
 
@@ -162,9 +86,14 @@ def test_imports_point_down(part):
         assert not wrong, f"{f.relative_to(PACKAGE)} imports {sorted(wrong)} (not below it)"
 
 
+def _packages(root: Path) -> set[str]:
+    return {p.name for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+
+
 def test_every_part_is_listed():
     parts = {p.stem for p in PACKAGE.glob("*.py") if p.name != "__init__.py"}
-    parts |= {p.name for p in PACKAGE.iterdir() if p.is_dir() and (p / "__init__.py").exists()}
+    parts |= _packages(PACKAGE) - SPLIT
+    parts |= {f"{s}.{sub}" for s in SPLIT for sub in _packages(PACKAGE / s)}
     assert parts - set(ALLOWED) == set(), "parts of lance_cdf not placed in ALLOWED"
     assert set(ALLOWED) - parts - {""} == set(), "ALLOWED lists parts that do not exist"
 
@@ -238,22 +167,27 @@ def _documented_layout() -> str:
 
 def test_documented_layout_matches_the_tree():
     """The Layout section of the docs (docs/reference/internals.md) names every part of the
-    package, and nothing that is not there (modules of subpackages: `name (...)` words
-    after the package's line)."""
-    import re
-
+    package, and nothing that is not there; each package's entry names each of its modules
+    (the words after the package's line, up to the next entry)."""
     layout = _documented_layout()
-    named = set(re.findall(r"^  ([a-z_]+)(?:\.py|/)", layout, re.M))
-    assert named == set(ALLOWED) - {""}, "the Layout page and the package's parts differ"
+    top = set(re.findall(r"^  ([a-z_]+)(?:\.py|/)", layout, re.M))
+    nested = {f"{s}.{n}" for s in SPLIT for n in re.findall(r"^    ([a-z_]+)/", layout, re.M)}
+    listed = {p.split(".")[0] for p in ALLOWED if p} | set(ALLOWED) - {""}
+    assert top | nested == listed, "the Layout page and the package's parts differ"
     files = set(re.findall(r"\b([a-z_]+\.(?:py|c))\b", layout))
     for name in files:
-        assert list(PACKAGE.rglob(name)), f"the Layout page names {name}, which does not exist"
-    entries = re.split(r"\n(?=  [a-z_])", layout)
-    for sub in ("format", "streaming", "avro", "kafka", "replicate"):
-        block = next(e for e in entries if e.startswith(f"  {sub}/"))
-        modules = {p.stem for p in (PACKAGE / sub).glob("*.py") if p.stem != "__init__"}
+        found = list(PACKAGE.parent.glob(f"lance_cdf*/**/{name}"))
+        assert found, f"the Layout page names {name}: no such file"
+    entries = re.split(r"\n(?=  {1,3}[a-z_])", layout)
+    for part in sorted(set(ALLOWED) - {""}):
+        folder = PACKAGE.joinpath(*part.split("."))
+        if not folder.is_dir():
+            continue
+        head = f"    {part.split('.')[1]}/" if "." in part else f"  {part}/"
+        block = next(e for e in entries if e.startswith(head))
+        modules = {p.stem for p in folder.glob("*.py")} - {"__init__"}
         missing = sorted(m for m in modules if not re.search(rf"\b{m}\b", block))
-        assert not missing, f"the Layout page does not describe {sub}/{missing}"
+        assert not missing, f"the Layout page does not describe {part}: {missing}"
 
 
 def test_sparks_commit_process_loads_neither_pyarrow_nor_numpy():
@@ -266,8 +200,8 @@ def test_sparks_commit_process_loads_neither_pyarrow_nor_numpy():
 
     code = """
 import sys
-from lance_cdf.kafka.sink import LanceCdfKafkaSink
-from lance_cdf.streaming.handoff import work_struct
+from lance_cdf.spark.sink.kafka_sink import LanceCdfKafkaSink
+from lance_cdf.spark.source.handoff import work_struct
 options = {"kafka.bootstrap.servers": "b:9092", "topic": "t", "table": "/t.lance",
            "schema.registry.url": "http://r"}
 writer = LanceCdfKafkaSink(options).streamWriter(work_struct(), False)
@@ -280,7 +214,7 @@ print(sorted(m for m in ("pyarrow", "numpy", "pandas", "lance") if m in sys.modu
 
 
 # Process-wide switches: signal handlers, the garbage collector, the environment, glibc's
-# malloc. The command line (cli.py) and the processes lance-cdf is the main program of
+# malloc. The command line (cli/) and the processes lance-cdf is the main program of
 # (the Spark worker daemon, the test services, the demo) may set them; the library may only
 # where the function says why: (module, function) -> the reason.
 SWITCHES = {
@@ -295,13 +229,13 @@ SWITCHES = {
     "os.putenv",
     "mallopt",
 }
-PROGRAMS = {"cli.py", "kafka/daemon.py"}  # main programs of their processes
+PROGRAMS = {"cli/", "spark/sink/warm_daemon.py"}  # main programs of their processes
 ALLOWED_SWITCHES = {
-    ("malloc.py", "_mallopt"): "the opt-ins `lance-cdf` turns on for its own process",
+    ("ops/malloc.py", "_mallopt"): "the opt-ins `lance-cdf` turns on for its own process",
     ("replicate/replicator.py", "_gc_paused"): "only with pause_gc, which `replicate` sets",
-    ("kafka/publish.py", "_jvm_ignores_sigterm"): "in the JVM's child, before exec",
-    ("kafka/publish.py", "_signal_handlers_kept"): "puts back the caller's handlers",
-    ("kafka/publish.py", "_python_for_spark"): "while Spark starts; removed after",
+    ("spark/publish/runner.py", "_jvm_ignores_sigterm"): "in the JVM's child, before exec",
+    ("spark/publish/runner.py", "_signal_handlers_kept"): "puts back the caller's handlers",
+    ("spark/publish/runner.py", "_python_for_spark"): "while Spark starts; removed after",
 }
 
 
@@ -309,7 +243,7 @@ def test_the_library_sets_no_process_wide_switch_and_starts_no_thread_at_import(
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         rel = path.relative_to(PACKAGE).as_posix()
-        if rel in PROGRAMS or rel.startswith(("devtools/", "demo/", "format/_proto/")):
+        if rel.startswith((*PROGRAMS, "format/_proto/")):
             continue
         tree = ast.parse(path.read_text())
         for node in tree.body:  # at import: no pool, no thread
@@ -388,7 +322,13 @@ def test_the_wheel_holds_what_users_run(tmp_path):
     import zipfile
 
     root, src = PACKAGE.parent, tmp_path / "src"  # (a copy: no build/ left in the checkout)
-    for name in ("lance_cdf", "pyspark_lance_cdf", "pyspark_lance_cdf_kafka"):
+    for name in (
+        "lance_cdf",
+        "lance_cdf_devtools",
+        "lance_cdf_demo",
+        "pyspark_lance_cdf",
+        "pyspark_lance_cdf_kafka",
+    ):
         shutil.copytree(root / name, src / name, ignore=shutil.ignore_patterns("__pycache__"))
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
@@ -400,9 +340,10 @@ def test_the_wheel_holds_what_users_run(tmp_path):
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = tmp_path.glob("lance_cdf-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
-    assert not [n for n in names if n.startswith(("lance_cdf/devtools/", "lance_cdf/demo/"))]
+    assert not [n for n in names if n.startswith(("lance_cdf_devtools/", "lance_cdf_demo/"))]
     for wanted in (
-        "lance_cdf/cli.py",
+        "lance_cdf/cli/__init__.py",
+        "lance_cdf/spark/source/data_source.py",
         "lance_cdf/py.typed",
         "lance_cdf/avro/schemas/key.avsc",
         "pyspark_lance_cdf/__init__.py",

@@ -1,4 +1,4 @@
-"""One writer per target (`lance_cdf.lease`): on local disk, and on the S3 server
+"""One writer per target (`lance_cdf.ops.lease`): on local disk, and on the S3 server
 (conditional PUTs), with real processes holding and dying."""
 
 import json
@@ -14,13 +14,13 @@ import uuid
 import pytest
 
 from lance_cdf.errors import LeaseHeldError, LeaseLostError
-from lance_cdf.lease import Lease, LeaseKeeper
+from lance_cdf.ops.lease import Lease, LeaseKeeper
 
 pytest_plugins = ["s3_services"]
 
 HOLD = """
 import sys, time
-from lance_cdf.lease import Lease, LeaseKeeper
+from lance_cdf.ops.lease import Lease, LeaseKeeper
 opts = dict(a.split("=", 1) for a in sys.argv[3:])
 lease = Lease.acquire(sys.argv[1], "replica", opts or None, ttl_s=float(sys.argv[2]),
                       command="holder-process")
@@ -57,7 +57,7 @@ def _expired_is_taken_over(location, options, caplog):
     with pytest.raises(LeaseHeldError):
         Lease.acquire(location, "replica", options, ttl_s=1.0)
     time.sleep(1.3)
-    with caplog.at_level("WARNING", logger="lance_cdf.lease"):
+    with caplog.at_level("WARNING", logger="lance_cdf.ops.lease"):
         new = Lease.acquire(location, "replica", options, ttl_s=30, command="new writer")
     assert "took over the lease" in caplog.text and "'stalled writer'" in caplog.text
     assert "expired" in caplog.text
@@ -97,7 +97,7 @@ def test_local_killed_holder_taken_over_without_waiting(tmp_path, caplog):
     finally:
         proc.kill()
         proc.wait()
-    with caplog.at_level("WARNING", logger="lance_cdf.lease"):
+    with caplog.at_level("WARNING", logger="lance_cdf.ops.lease"):
         Lease.acquire(location, "replica").release()
     assert f"process {proc.pid} is gone" in caplog.text
 
@@ -142,7 +142,7 @@ def test_one_keeper_thread_renews_many_leases(tmp_path, caplog):
     # lease 1 now names another writer (its file replaced at once, as a takeover writes
     # it): the keeper reports it lost and lets it go, the others are still kept
     thief = Lease.acquire(str(tmp_path / "other"), "replica", command="another writer")
-    with caplog.at_level("ERROR", logger="lance_cdf.lease"):
+    with caplog.at_level("ERROR", logger="lance_cdf.ops.lease"):
         stolen = os.path.join(locations[1], "replica.lease")
         shutil.copy(os.path.join(tmp_path, "other", "replica.lease"), stolen + ".new")
         os.replace(stolen + ".new", stolen)
@@ -183,7 +183,7 @@ def test_s3_second_writer_refused_and_killed_holder_taken_over_after_ttl(s3_serv
     proc = hold_in_child(base, 2.0, options)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
-    with caplog.at_level("WARNING", logger="lance_cdf.lease"):
+    with caplog.at_level("WARNING", logger="lance_cdf.ops.lease"):
         lease = Lease.acquire(base, "replica", options, command="after the kill")
     assert "'holder-process'" in caplog.text
     lease.release()

@@ -18,8 +18,8 @@ from test_replicate import publish
 from workload import Workload
 
 import lance_cdf
-from lance_cdf.devtools.process import free_port
-from lance_cdf.metrics import PipelineMetrics, Progress
+from lance_cdf.ops.metrics import PipelineMetrics, Progress
+from lance_cdf_devtools.process import free_port
 
 CHANGING = ["append", "update", "upsert", "delete_sparse", "upsert_delete_missing"]
 
@@ -242,7 +242,7 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     table (label `table`, only the tables replicated), the counters summed over them."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.namespace import table_location
+    from lance_cdf.format.namespace import table_location
 
     src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
     prefix = f"mdb{uuid.uuid4().hex[:6]}"

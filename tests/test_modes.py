@@ -18,8 +18,8 @@ from oracle import (
 from workload import Workload
 
 import lance_cdf
+from lance_cdf.core.modes import net_changes, values_equal
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
-from lance_cdf.modes import net_changes, values_equal
 
 
 class CarryOverWorkload(Workload):

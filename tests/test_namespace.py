@@ -1,4 +1,4 @@
-"""Tables by name in a LanceDB database / Lance directory namespace (lance_cdf.namespace,
+"""Tables by name in a LanceDB database / Lance directory namespace (lance_cdf.format.namespace,
 issue 33), against pylance's own DirectoryNamespace (lance.namespace) as the oracle."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import pytest
 import lance_cdf
 from lance_cdf.cli import main
 from lance_cdf.errors import DatabaseNotFoundError, TableNameError, TableNotFoundError
-from lance_cdf.namespace import TableRef, list_tables, resolve_table
+from lance_cdf.format.namespace import TableRef, list_tables, resolve_table
 
 lancedb = pytest.importorskip("lancedb")
 

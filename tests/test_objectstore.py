@@ -14,8 +14,8 @@ from obstore.store import from_url
 from s3_services import BUCKET
 
 import lance_cdf
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.errors import StorageAccessError, TableNotFoundError, UnsupportedStorageError
-from lance_cdf.feed import ChangeFeed
 from lance_cdf.format.objectstore import ObjectStoreFileSystem, store_arguments
 from lance_cdf.format.table import TableLog
 

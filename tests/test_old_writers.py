@@ -16,13 +16,13 @@ import pytest
 from oracle import feed_events, snapshot_events, values_events
 
 import lance_cdf
-from lance_cdf.candidates import UndecidableChangeError
-from lance_cdf.columns import BLOB, FIELD_ID
+from lance_cdf.core.candidates import UndecidableChangeError
+from lance_cdf.core.columns import BLOB, FIELD_ID
+from lance_cdf.core.feed import ChangeFeed
+from lance_cdf.core.plan import diff_manifests
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.feed import ChangeFeed
 from lance_cdf.format._proto import table_pb2
 from lance_cdf.format.manifest import Manifest
-from lance_cdf.plan import diff_manifests
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "old_tables"
 RELEASES = ["0.32.1", "0.36.0", "0.38.3"]
@@ -203,9 +203,9 @@ def test_undecidable_candidates_raise_naming_fragment_version_and_writer(tmp_pat
     uri = str(tmp_path / "t.lance")
     shutil.copytree(FIXTURES / "pylance-0.36.0.lance", uri)
     feed = ChangeFeed(uri)
-    plan = __import__("lance_cdf.plan", fromlist=["plan_version"]).plan_version(feed.table, 2)
+    plan = __import__("lance_cdf.core.plan", fromlist=["plan_version"]).plan_version(feed.table, 2)
     assert plan.num_candidates > 0
-    # a blob column as the tagged schemas carry it (lance_cdf.columns.annotate)
+    # a blob column as the tagged schemas carry it (lance_cdf.core.columns.annotate)
     meta = {FIELD_ID: b"9", BLOB: b"1"}
     blob = pa.schema([pa.field("b", pa.large_binary(), metadata=meta)])
     monkeypatch.setattr(feed.reader, "tagged", lambda version, origin: blob)

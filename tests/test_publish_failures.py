@@ -17,7 +17,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from test_kafka_order import consume_by_key, expected_by_key
 
 from lance_cdf.kafka.outage import read_state
-from lance_cdf.streaming.checkpoint import checkpoint_version
+from lance_cdf.spark.source.checkpoint import checkpoint_version
 
 PARTITIONS = 2
 

@@ -62,7 +62,7 @@ def test_publish_stops_cleanly_on_signal(sig, group, tmp_path, kafka_broker, sch
 RAISE = """
 import sys, types
 sys.modules["__main__"].__spec__ = types.SimpleNamespace(name={main!r})
-from lance_cdf.streaming.hangup import quiet_when_spark_hangs_up
+from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
 quiet_when_spark_hangs_up()
 try:
     try:

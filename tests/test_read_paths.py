@@ -18,9 +18,9 @@ from oracle import feed_events_renamed, snapshot_events
 from workload import Workload
 
 import lance_cdf
-import lance_cdf.feed as feed
-import lance_cdf.rows as rows_mod
-from lance_cdf import internals
+import lance_cdf.core.feed as feed
+import lance_cdf.core.rows as rows_mod
+from lance_cdf.ops import internals
 
 
 def _events(uri: str) -> pa.Table:
@@ -201,7 +201,7 @@ def test_spark_source_partitions_read_merged_as_separately(tmp_path, monkeypatch
     """The Spark source's partitions pack small consecutive versions; their image reads
     are merged per data file too (ChangeFeed.reading_together): every partition reads the
     same events, routing columns included, as with each version read on its own."""
-    from lance_cdf.streaming.source import LanceCdfDataSource
+    from lance_cdf.spark.source.data_source import LanceCdfDataSource
 
     uri, _ = _history(tmp_path, 8, ["update", "delete_sparse", "upsert", "delete_sparse",
                                      "update", "delete_dense"], 6)  # fmt: skip
@@ -244,7 +244,7 @@ libc.free(block)
 def test_reading_rows_leaves_malloc_alone_unless_asked(tmp_path, monkeypatch):
     """Reading rows changes no process-wide state by itself: the threshold raise runs only
     for a process that opted in (the call, or the variable lance-cdf's commands set)."""
-    from lance_cdf import malloc
+    from lance_cdf.ops import malloc
 
     calls = []
     monkeypatch.setattr(malloc, "keep_freed_memory", lambda: calls.append(1))
@@ -287,8 +287,8 @@ def test_a_call_leaves_no_reader_for_the_cyclic_collector(tmp_path):
     on an aged 10M-row table ran 50-60% slower in the memory they held."""
     import gc
 
+    from lance_cdf.core.rows import RowReader
     from lance_cdf.format.table import TableLog
-    from lance_cdf.rows import RowReader
 
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": [1, 2]}), uri, enable_stable_row_ids=True)

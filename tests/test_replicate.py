@@ -22,8 +22,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from workload import Workload
 
 import lance_cdf
+from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.errors import RegistryUnavailableError
-from lance_cdf.feed import ChangeFeed
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID, ReplicaTable
 from lance_cdf.replicate.replicator import ReplicateError, Replicator
@@ -526,7 +526,7 @@ def test_the_access_check_survives_a_fresh_brokers_coordinator(tmp_path):
     its own thread (it did to the replicator at start in bench runs). Four processes
     asking at once on each of two fresh brokers: with the offset fetch at least one died
     on every broker (4 of 4 tried); none may."""
-    from lance_cdf.devtools import KafkaBroker
+    from lance_cdf_devtools import KafkaBroker
 
     for i in range(2):
         checks = [

@@ -17,13 +17,13 @@ import uuid
 import pytest
 from workload import Workload
 
-from lance_cdf.clientconfig import KafkaConnection
-from lance_cdf.devtools.__main__ import _properties
-from lance_cdf.devtools.kafka import SecureKafkaBroker
-from lance_cdf.devtools.tls import CertAuthority
 from lance_cdf.errors import PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.topics import TopicSettings, ensure_topic
+from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf_devtools.__main__ import _properties
+from lance_cdf_devtools.kafka import SecureKafkaBroker
+from lance_cdf_devtools.tls import CertAuthority
 
 AUTH = "refused the client's credentials"
 VERIFY = "TLS verification of the Kafka broker"
@@ -199,10 +199,10 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
         run = uuid.uuid4().hex[:8]
         denied, txn, unread, grouped = (f"{n}-{run}" for n in ("denied", "txn", "unread", "grp"))
         group = f"lance-cdf-replicate-{grouped}"  # replicate's default group of `grouped`
-        # the denials an outsider makes with `python -m lance_cdf.devtools deny`
+        # the denials an outsider makes with `python -m lance_cdf_devtools deny`
         admin_file = _properties(tmp_path / "admin.properties", config)
         deny = subprocess.run(
-            [sys.executable, "-m", "lance_cdf.devtools", "deny", "--admin-config-file",
+            [sys.executable, "-m", "lance_cdf_devtools", "deny", "--admin-config-file",
              str(admin_file), "--topic", denied, "--topic", f"{txn}.transaction",
              "--group", group],
             capture_output=True, text=True, timeout=60,

@@ -23,7 +23,7 @@ import pytest
 from test_replicate import assert_replica_equals_source
 from workload import Workload
 
-from lance_cdf.devtools.process import free_port
+from lance_cdf_devtools.process import free_port
 
 pytestmark = pytest.mark.integration  # lance-cdf publish / replicate / status as subprocesses
 

@@ -15,8 +15,8 @@ from pyspark.sql.types import ArrayType, FloatType, IntegerType, LongType, Short
 
 import lance_cdf
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
-from lance_cdf.streaming.options import SourceOptions
-from lance_cdf.streaming.readers import (
+from lance_cdf.spark.source.options import SourceOptions
+from lance_cdf.spark.source.readers import (
     ChangeSlices,
     LanceCdfStreamReader,
     earliest_readable,
@@ -25,7 +25,7 @@ from lance_cdf.streaming.readers import (
     spans,
     unreadable,
 )
-from lance_cdf.streaming.types import arrow_target, spark_schema, to_spark
+from lance_cdf.spark.source.types import arrow_target, spark_schema, to_spark
 
 KEY = ["_commit_version", "_change_type", "_rowid"]
 
@@ -178,7 +178,7 @@ def test_data_loss_fails_or_is_skipped_with_a_warning(tmp_path, caplog):
     with pytest.raises(VersionNotFoundError, match="failOnDataLoss=false"):
         strict.partitions({"version": 0}, {"version": 8})
     lenient = stream_reader(uri, startingVersion=1, failOnDataLoss="false")
-    with caplog.at_level(logging.WARNING, logger="lance_cdf.streaming"):
+    with caplog.at_level(logging.WARNING, logger="lance_cdf.spark.source"):
         assert lenient.latestOffset({"version": 2}, ReadMaxFiles(1))["version"] == 8
     assert "version(s) 3..7" in caplog.text and "Skipping them" in caplog.text
     parts = lenient.partitions({"version": 0}, {"version": 8})
@@ -235,7 +235,7 @@ def test_types_spark_cannot_hold_are_widened():
     assert spark["vec"].dataType == ArrayType(FloatType(), True)
     assert spark["st"].dataType.fields[0].dataType == IntegerType()
     assert spark["_rowid"].dataType == LongType() and not spark["_rowid"].nullable
-    events = pa.schema(list(schema) + list(lance_cdf.events.META_FIELDS))
+    events = pa.schema(list(schema) + list(lance_cdf.core.events.META_FIELDS))
     row = {
         "u8": 200,
         "u32": 2**32 - 1,
@@ -285,7 +285,7 @@ def test_the_source_runner_takes_the_schema_from_load_not_from_pylance(tmp_path)
 
     from pyspark import cloudpickle
 
-    from lance_cdf.streaming.source import LanceCdfDataSource
+    from lance_cdf.spark.source.data_source import LanceCdfDataSource
 
     def run(uri: str) -> tuple[list[str], str]:
         source = LanceCdfDataSource({"path": uri, "startingVersion": "1"})

@@ -14,8 +14,8 @@ import pyarrow as pa
 from oracle import apply_events, table_state
 
 import lance_cdf
-from lance_cdf.snapshot import SnapshotFragment
-from lance_cdf.streaming.readers import (
+from lance_cdf.core.snapshot import SnapshotFragment
+from lance_cdf.spark.source.readers import (
     LanceCdfBatchReader,
     LanceCdfStreamReader,
     NetSlice,
@@ -23,7 +23,7 @@ from lance_cdf.streaming.readers import (
     advance,
     resolve,
 )
-from lance_cdf.streaming.types import spark_schema
+from lance_cdf.spark.source.types import spark_schema
 
 COLUMNS = ["id", "s", "_rowid", "_change_type", "_commit_version", "_commit_timestamp"]
 
@@ -71,7 +71,7 @@ def drain(reader, start, limit=None):
 
 
 def plain(offset):
-    """An offset without the table identity and start it carries (streaming/identity.py)."""
+    """An offset without the table identity and start it carries (spark/source/identity.py)."""
     return {k: v for k, v in offset.items() if k not in ("table", "from")}
 
 

@@ -23,10 +23,10 @@ from test_kafka_order import consume_by_key, expected_by_key, make_table
 from test_transactions import change_counts, check_transactions, transactions
 
 from lance_cdf.cli import main
-from lance_cdf.clientconfig import KafkaConnection
-from lance_cdf.devtools import KafkaBroker
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.kafka.topics import TopicSettings, ensure_topic
+from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf_devtools import KafkaBroker
 
 pytestmark = pytest.mark.integration  # brokers of their own; publish (Spark) in-process
 

@@ -1,4 +1,4 @@
-"""lance_cdf.kafka.daemon (issue 35 item 3): the preload leaves one thread (so forking
+"""lance_cdf.spark.sink.warm_daemon (issue 35 item 3): the preload leaves one thread (so forking
 warm workers is safe), a thread-starting setting makes it fall back to pyspark's own
 daemon, and importing the module alone does nothing."""
 
@@ -16,7 +16,7 @@ pytestmark = pytest.mark.unit
 _KNOBS = ("OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")
 _PROBE = """
 import json, os, sys
-from lance_cdf.kafka import daemon
+from lance_cdf.spark.sink import warm_daemon as daemon
 before = {m: m in sys.modules for m in daemon.PRELOAD}
 env_before = {k: os.environ.get(k) for k in ("OPENBLAS_NUM_THREADS", "JE_ARROW_MALLOC_CONF")}
 n = daemon.preload()
@@ -69,7 +69,7 @@ def test_main_serves_warm_or_falls_back_to_pyspark_daemon(jemalloc: str | None) 
     if jemalloc:
         env["JE_ARROW_MALLOC_CONF"] = jemalloc
     out = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.kafka.daemon", "pyspark.worker"],
+        [sys.executable, "-m", "lance_cdf.spark.sink.warm_daemon", "pyspark.worker"],
         env=env,
         stdin=subprocess.DEVNULL,
         capture_output=True,
@@ -80,7 +80,7 @@ def test_main_serves_warm_or_falls_back_to_pyspark_daemon(jemalloc: str | None) 
 
 
 def test_only_the_per_batch_workers_daemons_preload() -> None:
-    from lance_cdf.kafka.daemon import warms
+    from lance_cdf.spark.sink.warm_daemon import warms
 
     assert warms(["daemon", "pyspark.worker"]) and warms(["daemon"])
     assert warms(["daemon", "pyspark.sql.worker.python_streaming_sink_runner"])

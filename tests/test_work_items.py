@@ -22,10 +22,10 @@ from test_kafka_order import consume_by_key
 
 import lance_cdf
 from lance_cdf.errors import WorkItemError
-from lance_cdf.kafka import sink as spark_sink
-from lance_cdf.streaming.handoff import WorkItem, work_struct
-from lance_cdf.streaming.partitions import ChangeSlices, NetSlice, SnapshotSlice
-from lance_cdf.streaming.source import LanceCdfDataSource
+from lance_cdf.spark.sink import kafka_sink as spark_sink
+from lance_cdf.spark.source.data_source import LanceCdfDataSource
+from lance_cdf.spark.source.handoff import WorkItem, work_struct
+from lance_cdf.spark.source.partitions import ChangeSlices, NetSlice, SnapshotSlice
 
 FIX = 'write only the stream of readStream.format("lance-cdf") with option writerSlots'
 
@@ -107,7 +107,7 @@ def test_a_work_item_reads_back_as_written_and_nothing_else(tmp_path):
 def test_work_items_of_another_table_are_refused(tmp_path):
     """The sink reads events from its own `table` option: work items whose stream read
     another table are refused (a digest of the path, not the path, is in the row)."""
-    from lance_cdf.streaming.readers import work_reading
+    from lance_cdf.spark.source.readers import work_reading
 
     uri = str(tmp_path / "t.lance")
     churn(uri)

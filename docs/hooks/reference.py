@@ -6,7 +6,7 @@ A page asks for a table with a marker line:
     <!-- generated: cli -->       every `lance-cdf` subcommand, its usage, flags and help
                                   (from `lance_cdf.cli.build_parser()`)
     <!-- generated: metrics -->   every Prometheus metric of publish / replicate, its type
-                                  and help (collected from `lance_cdf.metrics.PipelineMetrics`)
+                                  and help (collected from `lance_cdf.ops.metrics.PipelineMetrics`)
 
 tests/test_docs.py imports `cli_markdown` and `metrics_markdown` from here.
 """
@@ -105,7 +105,7 @@ def cli_markdown() -> str:
 
 def metrics_markdown() -> str:
     """The metrics reference: what a scrape of each role exposes, with its type and help."""
-    from lance_cdf.metrics import PipelineMetrics, Progress
+    from lance_cdf.ops.metrics import PipelineMetrics, Progress
 
     class _Offline(PipelineMetrics):  # no table to read: a made-up latest version
         def _source(self, version: int | None) -> tuple[int | None, float | None]:
@@ -113,7 +113,7 @@ def metrics_markdown() -> str:
 
     seen: dict[str, dict[str, Any]] = {}
     for role in ("publish", "replicate"):
-        # only replicate's progress has a Kafka lag (cli.py's cmd_replicate sets it)
+        # only replicate's progress has a Kafka lag (cli/replicate_command.py sets it)
         progress = Progress(version=1, kafka_lag=0 if role == "replicate" else None)
         if role == "publish":  # known once the writer tasks met an outage (kafka/outage.py)
             progress.kafka_unavailable_s, progress.kafka_retries = 0.0, 0

@@ -12,7 +12,6 @@ from typing import Any, TypeVar, cast
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.cache import LruCache
 from lance_cdf.errors import (
     CLEANUP,
     KEEP_VERSIONS,
@@ -23,6 +22,7 @@ from lance_cdf.errors import (
     VersionNotFoundError,
 )
 from lance_cdf.format._proto import table_pb2, transaction_pb2
+from lance_cdf.format.cache import LruCache
 from lance_cdf.format.deletions import DeletionVector, deletion_file_path, read_deletion_vector
 from lance_cdf.format.io import FileSystem, LocalFileSystem, open_filesystem
 from lance_cdf.format.manifest import (
@@ -34,9 +34,9 @@ from lance_cdf.format.manifest import (
     parse_manifest,
     parse_transaction,
 )
+from lance_cdf.format.pools import DELETIONS
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
-from lance_cdf.pools import DELETIONS
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from lance_cdf.cache import LruCache
+from lance_cdf.format.cache import LruCache
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer

@@ -19,8 +19,8 @@ from confluent_kafka import (
 from confluent_kafka.admin import AdminClient, ClusterMetadata
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.clientconfig import KafkaConnection, redact_url, registry_config, scrub
 from lance_cdf.errors import KafkaAuthorizationError, PublishError
+from lance_cdf.ops.clientconfig import KafkaConnection, redact_url, registry_config, scrub
 
 _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
 

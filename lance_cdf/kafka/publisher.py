@@ -35,20 +35,20 @@ from lance_cdf.avro.schema import (
     key_schema,
 )
 from lance_cdf.avro.wire import WireWriter
-from lance_cdf.clientconfig import KafkaConnection
-from lance_cdf.clientconfig import registry_config as registry_settings
+from lance_cdf.core.events import META_COLUMNS
+from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN
 from lance_cdf.errors import (
     AvroEncodeDeclined,
     KafkaUnavailableError,
     LanceCdfError,
     PublishError,
 )
-from lance_cdf.events import META_COLUMNS
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.transactions import VersionCounts
-from lance_cdf.stream_columns import EVENT_ORDER, PARTITION_COLUMN
+from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
 log = logging.getLogger("lance_cdf.kafka")
 

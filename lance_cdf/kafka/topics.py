@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaError, KafkaException
 
-from lance_cdf.clientconfig import KafkaConnection, redact_url
 from lance_cdf.errors import KafkaUnavailableError, PublishError, TransactionMetadataError
 from lance_cdf.kafka import clients
+from lance_cdf.ops.clientconfig import KafkaConnection, redact_url
 
 if TYPE_CHECKING:
     from confluent_kafka.admin import AdminClient, TopicMetadata

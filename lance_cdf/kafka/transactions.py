@@ -28,11 +28,11 @@ import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.avro.wire import WireWriter, split
-from lance_cdf.clientconfig import KafkaConnection
-from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
 SUFFIX = ".transaction"
 # the flags that name another transaction topic, or none (for the messages)

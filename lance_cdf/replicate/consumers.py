@@ -9,8 +9,8 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Producer, TopicPartition
 
-from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.ops.clientconfig import KafkaConnection
 
 
 def replica_consumer_config(

@@ -33,8 +33,6 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.clientconfig import KafkaConnection, redact_url
-from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
@@ -42,10 +40,12 @@ from lance_cdf.errors import (
     ReplicaPositionError,
     ReplicateError,
 )
+from lance_cdf.format.namespace import list_tables, table_location
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
-from lance_cdf.lease import LeaseKeeper
-from lance_cdf.namespace import list_tables, table_location
+from lance_cdf.ops.clientconfig import KafkaConnection, redact_url
+from lance_cdf.ops.clientconfig import registry_config as registry_settings
+from lance_cdf.ops.lease import LeaseKeeper
 from lance_cdf.replicate.consumers import dead_letter_producer, replica_consumer_config
 from lance_cdf.replicate.replicator import (
     Counters,

@@ -47,8 +47,8 @@ import pyarrow.compute as pc
 from lance.dataset import IndexInformation, LanceOperation, Transaction
 from lance.fragment import FragmentMetadata, RowIdSequence, write_fragments
 
-from lance_cdf import internals
 from lance_cdf.errors import DuplicateKeysError, LanceCdfError, ReplicaError
+from lance_cdf.ops import internals
 from lance_cdf.replicate.keymap import GONE, KeyMap
 
 if TYPE_CHECKING:

@@ -59,7 +59,6 @@ from confluent_kafka import (
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
-from lance_cdf import malloc
 from lance_cdf.avro.decode import (
     OK,
     REASONS,
@@ -70,8 +69,6 @@ from lance_cdf.avro.decode import (
 )
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.clientconfig import KafkaConnection, scrub
-from lance_cdf.clientconfig import registry_config as registry_settings
 from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
@@ -88,7 +85,10 @@ from lance_cdf.kafka.endpoints import (
     denied,
 )
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
-from lance_cdf.lease import Lease, LeaseKeeper
+from lance_cdf.ops import malloc
+from lance_cdf.ops.clientconfig import KafkaConnection, scrub
+from lance_cdf.ops.clientconfig import registry_config as registry_settings
+from lance_cdf.ops.lease import Lease, LeaseKeeper
 from lance_cdf.replicate.consumers import dead_letter_producer, replica_consumer_config
 from lance_cdf.replicate.replica import (
     INSIDE_VERSION_PROPERTY,
@@ -1156,7 +1156,7 @@ class Replicator:
         if compact:
             self._since_compaction = 0
             # what the compaction's threads freed, back to the kernel (in `lance-cdf
-            # replicate`, whose process holds glibc to two arenas; lance_cdf.malloc)
+            # replicate`, whose process holds glibc to two arenas; lance_cdf.ops.malloc)
             malloc.release_freed_memory()
         if done:
             crash_point("after-maintenance")

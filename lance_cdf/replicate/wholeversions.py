@@ -31,11 +31,11 @@ from typing import TYPE_CHECKING
 import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
-from lance_cdf.clientconfig import KafkaConnection
 from lance_cdf.errors import TransactionMetadataError
 from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
 from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
+from lance_cdf.ops.clientconfig import KafkaConnection
 
 if TYPE_CHECKING:
     from confluent_kafka import Message

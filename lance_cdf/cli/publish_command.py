@@ -1,0 +1,160 @@
+"""`lance-cdf publish`: a table's (or a database's) changes to Kafka through Spark."""
+
+from __future__ import annotations
+
+import argparse
+import threading
+from typing import TYPE_CHECKING
+
+from lance_cdf.cli.flags import (
+    Subcommands,
+    client_settings,
+    client_settings_flags,
+    database_flags,
+    kafka_endpoint_flags,
+    metrics_flags,
+    on_signals,
+    registry_url,
+    storage_options,
+    topic_flags,
+    topic_settings,
+    trigger_interval,
+)
+from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    from lance_cdf.spark.publish.runner import Database
+
+# what `add_subparsers` returns: each command's parser is made with its `add_parser`
+
+
+def publish_parser(sub: Subcommands) -> None:
+    """`lance-cdf publish`: one table, or a whole database."""
+    pub = sub.add_parser(
+        "publish",
+        help="stream a table's changes to Kafka as Avro",
+        description="Stream the table's changes to a Kafka topic as Debezium-style Avro records "
+        "(Confluent wire format, schema registry), restartable from a checkpoint.",
+        epilog="example:\n  lance-cdf publish --table /data/events.lance --bootstrap-servers "
+        "127.0.0.1:9092 --topic events.cdf \\\n      --schema-registry "
+        "http://127.0.0.1:8081 --checkpoint /data/ck/events --starting-version 1",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    pub.add_argument(
+        "--table", default=None, help="table path or URI (file://, s3://, gs://, az://)"
+    )
+    kafka_endpoint_flags(pub)
+    database_flags(pub)
+    pub.add_argument(
+        "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
+    )
+    pub.add_argument("--starting-version", default=None,
+                     help="first version of a new checkpoint: a number, latest (default) or "
+                     "earliest; with an existing checkpoint only its own start")  # fmt: skip
+    pub.add_argument("--snapshot", action="store_true",
+                     help="bootstrap: publish the table as it stands when the query first "
+                     "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
+    pub.add_argument("--drop-unchanged-updates", action="store_true",
+                     help="do not publish updates that changed no column value")  # fmt: skip
+    pub.add_argument("--trigger-interval", type=trigger_interval, default=None,
+                     help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second' "
+                     "(default 500ms; 1s with --database: each table is listed per "
+                     "trigger)")  # fmt: skip
+    pub.add_argument("--available-now", action="store_true",
+                     help="publish everything up to the latest version, then exit")  # fmt: skip
+    pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
+    pub.add_argument("--table-name", default=None, metavar="PREFIX.TABLE",
+                     help="names the Avro records PREFIX.TABLE.Envelope/.Value/.Key and fills "
+                     "source.name/source.table (default lancecdf.<table directory)")  # fmt: skip
+    pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
+    pub.add_argument("--max-rows-per-trigger", type=int, default=None)
+    pub.add_argument("--writers", type=int, default=None, metavar="N",
+                     help="parallel writer tasks per micro-batch (default: Spark's default "
+                     "parallelism; at most the topic's partition count)")  # fmt: skip
+    pub.add_argument("--at-least-once", action="store_true",
+                     help="do not skip, on a replay, records the topic already holds")  # fmt: skip
+    pub.add_argument(
+        "--transaction-topic",
+        default=None,
+        metavar="TOPIC",
+        help="BEGIN/END records per commit version (default <topic>.transaction)",
+    )
+    pub.add_argument("--no-transaction-metadata", action="store_true",
+                     help="write no BEGIN/END records (a replica then records no source "
+                     "version it cannot prove complete)")  # fmt: skip
+    pub.add_argument("--no-head-start", action="store_true",
+                     help="do not publish the commits waiting at start from this process "
+                     "while Spark starts; the query publishes everything")  # fmt: skip
+    topic_flags(pub)
+    client_settings_flags(pub, "producer", "the source table")
+    pub.add_argument("--master", default=None, metavar="URL",
+                     help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
+    metrics_flags(pub)
+    pub.set_defaults(func=cmd_publish)
+
+
+def _publish_target(args: argparse.Namespace) -> Database | None:
+    """The table and topic, or the database (publish.Database); one line if mixed."""
+    from lance_cdf.spark.publish.runner import Database
+
+    if args.database is None:
+        if args.table is None or args.topic is None or args.topic_prefix or args.include \
+                or args.exclude:  # fmt: skip
+            raise LanceCdfError(
+                "publish needs --table and --topic (one table), or --database and "
+                "--topic-prefix (--include / --exclude: which of its tables)"
+            )
+        return None
+    if args.table is not None or args.topic is not None or not args.topic_prefix:
+        raise LanceCdfError(
+            "--database publishes every table to --topic-prefix PREFIX.<table>: give "
+            "--topic-prefix, and leave out --table and --topic"
+        )
+    import re
+
+    if not all(re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", p) for p in args.topic_prefix.split(".")):
+        raise LanceCdfError(
+            f"--topic-prefix {args.topic_prefix!r} also names the Avro records "
+            "(PREFIX.<table>.Envelope): use dot-separated parts of letters, digits and _, "
+            "not starting with a digit, e.g. shop or cdf.prod"
+        )
+    return Database(args.database, args.topic_prefix, args.include, args.exclude)
+
+
+def cmd_publish(args: argparse.Namespace) -> int:
+    """`lance-cdf publish`: stream a table's changes to a Kafka topic until stopped (or, with
+    `--available-now`, until caught up), exactly once, through `kafka.publish.publish`.
+
+    Returns 0 after a clean stop or catch-up; a failed query ends with one line naming the
+    cause (Spark's text in `<checkpoint>/lance-cdf-publish.log`) and a non-zero status.
+    Raises `LanceCdfError` (exit 2) for refused settings, an unreachable or refusing broker /
+    registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
+    import threading
+
+    database = _publish_target(args)
+    # SIGTERM / SIGINT stop publishing: the query is stopped, the checkpoint kept
+    stop = threading.Event()
+    with on_signals(lambda *_: stop.set()):
+        return _run_publish(args, database, stop)
+
+
+def _run_publish(args: argparse.Namespace, database: Database | None, stop: threading.Event) -> int:
+    from lance_cdf.spark.publish.runner import publish
+
+    return publish(
+        args.table or "", args.bootstrap_servers, args.topic or "", registry_url(args),
+        args.checkpoint,
+        starting_version=args.starting_version, trigger_interval=args.trigger_interval,
+        available_now=args.available_now, key=args.key, tombstones=not args.no_tombstones,
+        producer_config=client_settings(args, "producer_config"),
+        registry_config=client_settings(args, "registry_config"),
+        storage_options=storage_options(args.storage_option),
+        max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
+        drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
+        table_name=args.table_name,
+        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
+        writers=args.writers, exactly_once=not args.at_least_once,
+        head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_metadata, database=database,
+        topics=topic_settings(args), stop=stop,
+    )  # fmt: skip

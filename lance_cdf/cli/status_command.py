@@ -1,0 +1,200 @@
+"""`lance-cdf status`: where a stream's checkpoint and its table stand."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from typing import TYPE_CHECKING
+
+from lance_cdf.cli.flags import Subcommands, storage_options
+from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    pass
+
+# what `add_subparsers` returns: each command's parser is made with its `add_parser`
+
+
+def status_parser(sub: Subcommands) -> None:
+    """`lance-cdf status`."""
+    status = sub.add_parser(
+        "status",
+        help="latest version of a table and how far a publisher / replica got",
+        description="Print the table's latest version and, when given, the version a "
+        "`lance-cdf publish` checkpoint delivered through and the source version a replica "
+        "holds, with the lag of each in versions.",
+        epilog="example:\n  lance-cdf status --table /data/events.lance --checkpoint "
+        "/data/ck/events --replica /data/replica.lance",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    status.add_argument("--table", default=None,
+                        help="source table path or URI (required unless --database or "
+                        "--database-target)")  # fmt: skip
+    status.add_argument("--database", default=None, metavar="URI",
+                        help="a database publisher's database (publish --database): every "
+                        "table it follows, with its lag, and the tables it skips")  # fmt: skip
+    status.add_argument("--database-target", default=None, metavar="URI",
+                        help="instead: every replica table of a `replicate --database-target` "
+                        "database, one line each (the source version it holds)")  # fmt: skip
+    status.add_argument("--checkpoint", default=None, metavar="DIR",
+                        help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
+    status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
+    status.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
+                        help="storage option for --table, and for --replica unless "
+                        "--replica-storage-option is given (repeatable)")  # fmt: skip
+    status.add_argument("--replica-storage-option", action="append", default=[],
+                        metavar="KEY=VALUE", help="storage option for --replica "
+                        "(repeatable; default: the --storage-option ones)")  # fmt: skip
+    status.set_defaults(func=cmd_status)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """`lance-cdf status --table T [--checkpoint C] [--replica R]`: where a pipeline stands —
+    the table's latest version, the publisher's committed version and lag, the replica's
+    source version — as text or `--json`; `--database D --checkpoint C`: the same for every
+    table a database publisher follows (and those it skips); `--database-target URI`: the
+    source version each replica table of a database replicator holds.
+
+    Returns 0. Raises `LanceCdfError` (exit 2) for a table or replica that cannot be read."""
+    import datetime as dt
+
+    from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.ops.clientconfig import redact_url
+
+    if args.database_target is not None:
+        return _status_database(args)
+    if (args.table is None) == (args.database is None):
+        raise LanceCdfError(
+            "status needs --table (one table), --database (and --checkpoint) or --database-target"
+        )
+    if args.database is not None:
+        return _database_status(args)
+
+    options = storage_options(args.storage_option)
+    feed = ChangeFeed(args.table, options)
+    latest = feed.latest_version()
+    when = dt.datetime.fromtimestamp(feed.table.manifest(latest).timestamp_us / 1e6, dt.UTC)
+    report: dict[str, object] = {"table": redact_url(args.table), "latest_version": latest,
+                    "committed_at": when.isoformat(timespec="seconds")}  # fmt: skip
+    shown = redact_url(args.table)
+    lines = [f"table       {shown}: latest version {latest} (committed {when:%F %T} UTC)"]
+    if args.checkpoint:
+        from lance_cdf.spark.source.checkpoint import checkpoint_version
+
+        done = checkpoint_version(args.checkpoint)
+        report["checkpoint_version"] = done
+        report["checkpoint_lag"] = None if done is None else latest - done
+        lines.append(
+            f"checkpoint  {redact_url(args.checkpoint)}: "
+            + ("no micro-batch completed yet" if done is None
+               else f"delivered through version {done} (lag {latest - done} versions)")
+        )  # fmt: skip
+        from lance_cdf.kafka.outage import describe_state
+
+        kafka = describe_state(args.checkpoint)
+        if kafka is not None:
+            report["kafka"], line = kafka
+            lines.append(f"kafka       {line}")
+    if args.replica:
+        from lance_cdf.replicate.replica import (
+            INSIDE_VERSION_PROPERTY,
+            ReplicaTable,
+            describe_position,
+            source_version_of,
+        )
+
+        replica_options = (
+            storage_options(args.replica_storage_option, "--replica-storage-option")
+            if args.replica_storage_option else options
+        )  # fmt: skip
+        position = ReplicaTable(args.replica, [], replica_options).position()
+        held = source_version_of(position)
+        inside = position.get(INSIDE_VERSION_PROPERTY)
+        report["replica_version"] = held
+        report["replica_inside_version"] = None if inside is None else int(inside)
+        report["replica_lag"] = None if held is None else latest - held
+        lag = "" if held is None else (
+            f" ({latest - held} versions behind; commits that change no rows publish nothing)"
+        )  # fmt: skip
+        lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
+    print(json.dumps(report) if args.json else "\n".join(lines))
+    return 0
+
+
+def _database_status(args: argparse.Namespace) -> int:
+    """`lance-cdf status --database D --checkpoint C`: each table a database publisher
+    follows, its latest version and how far the checkpoint delivered it; the skipped ones."""
+    from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.format.namespace import list_tables
+    from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.spark.source.checkpoint import committed_tables
+    from lance_cdf.spark.source.database_stream import read_report
+
+    if not args.checkpoint or args.replica:
+        raise LanceCdfError("status --database takes --checkpoint (the publisher's), no --replica")
+    options = storage_options(args.storage_option)
+    delivered = committed_tables(args.checkpoint) or {}
+    root = args.checkpoint.removeprefix("file://")
+    report = read_report(os.path.join(root, "database-tables.json")) or {}
+    followed: dict[str, str] = dict(report.get("followed") or {})
+    skipped: dict[str, str] = dict(report.get("skipped") or {})
+    uris = {ref.qualified_name: ref.uri for ref in list_tables(args.database, options)}
+    tables: dict[str, dict[str, object]] = {}
+    lines = [f"database    {redact_url(args.database)} (checkpoint {redact_url(args.checkpoint)})"]
+    for name in sorted(set(followed) | set(delivered)):
+        done = delivered.get(name)
+        uri = uris.get(name)
+        if uri is None:
+            tables[name] = {"gone": True, "checkpoint_version": done}
+            lines.append(f"table       {name}: gone from the database")
+            continue
+        latest = ChangeFeed(uri, options).latest_version()
+        lag = None if done is None else latest - done
+        tables[name] = {"latest_version": latest, "checkpoint_version": done,
+                        "checkpoint_lag": lag}  # fmt: skip
+        lines.append(
+            f"table       {name}: latest version {latest}, "
+            + ("no micro-batch delivered it yet" if done is None
+               else f"delivered through version {done} (lag {lag} versions)")
+        )  # fmt: skip
+    for name, why in sorted(skipped.items()):
+        lines.append(f"skipped     {name}: {why}")
+    document = {"database": redact_url(args.database), "tables": tables, "skipped": skipped}
+    print(json.dumps(document) if args.json else "\n".join(lines))
+    return 0
+
+
+def _status_database(args: argparse.Namespace) -> int:
+    """`lance-cdf status --database-target URI`: each replica table of the database (by
+    qualified name), the topic it follows and the source version it holds."""
+    from lance_cdf.format.namespace import list_tables
+    from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.replicate.replica import (
+        INSIDE_VERSION_PROPERTY,
+        TOPIC_PROPERTY,
+        ReplicaTable,
+        describe_position,
+        source_version_of,
+    )
+
+    options = storage_options(args.replica_storage_option or args.storage_option)
+    refs = list_tables(args.database_target, options)
+    replicas: list[dict[str, object]] = []
+    width = max([len(r.qualified_name) for r in refs] or [0])
+    lines = [f"database    {redact_url(args.database_target)}: {len(refs)} replica tables"]
+    for ref in refs:
+        position = ReplicaTable(ref.uri, [], options).position()
+        inside = position.get(INSIDE_VERSION_PROPERTY)
+        replicas.append({
+            "table": ref.qualified_name, "uri": redact_url(ref.uri),
+            "topic": position.get(TOPIC_PROPERTY), "source_version": source_version_of(position),
+            "inside_version": None if inside is None else int(inside),
+        })  # fmt: skip
+        topic = position.get(TOPIC_PROPERTY)
+        lines.append(f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
+                     + (f" (topic {topic})" if topic else ""))  # fmt: skip
+    report = {"database_target": redact_url(args.database_target), "replicas": replicas}
+    print(json.dumps(report) if args.json else "\n".join(lines))
+    return 0

@@ -1,0 +1,115 @@
+"""The `lance-cdf-kafka` sink in database mode (`lance-cdf publish --database`): the work
+items of a database stream (spark/source/database_stream.py) name their table; a writer task
+resolves each name to the table's URI (the sink's own `database` and `storage.<key>`
+options: the items hold no location and no secret), its topic `<topic.prefix>.<name>`
+(created on first use if missing, with the sink's `topic.*` settings (kafka/topics.py),
+and its transaction topic `<topic>.transaction`), and its record names `<topic.prefix>.<name>.*`.
+Everything else is the single-table path, per table (spark/sink/kafka_sink.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from lance_cdf.errors import KafkaUnavailableError
+from lance_cdf.format.cache import LruCache
+from lance_cdf.format.namespace import list_tables
+from lance_cdf.kafka.outage import RideOut
+from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf.spark.sink.work import SlotWork, slot_works
+from lance_cdf.spark.source.handoff import table_digest
+
+log = logging.getLogger("lance_cdf.kafka")
+
+# this process's view: qualified name -> table URI (per database), topic -> partitions
+_URIS: LruCache[tuple[str, str], str] = LruCache(16384)
+_URIS_LOCK = threading.Lock()
+
+
+@dataclass
+class TableWork:
+    """One table's work items of a writer task."""
+
+    name: str  # qualified name
+    uri: str | None  # None: the table is gone from the database
+    works: list[SlotWork] = field(default_factory=list)
+
+
+def table_works(rows: Any, database: str, storage_options: dict[str, str]) -> dict[str, TableWork]:
+    """The work items of a database stream's rows by table (every row checked first:
+    `WorkItemError` if one is not lance-cdf's, or names no table)."""
+    out: dict[str, TableWork] = {}
+    for batch in rows:
+        for work in slot_works(batch, "", storage_options):
+            name = work.item.name
+            if name is None:
+                from lance_cdf.errors import WorkItemError
+
+                raise WorkItemError(
+                    "a work item that names no table reached a database sink: write the "
+                    'stream of readStream.format("lance-cdf").option("database", ...) to it'
+                )
+            entry = out.get(name)
+            if entry is None:
+                uri = table_uri(database, name, work.item.table, storage_options)
+                entry = out[name] = TableWork(name, uri)
+            if entry.uri is not None:
+                entry.works.append(replace(work, table=entry.uri))
+    return out
+
+
+def table_uri(database: str, name: str, digest: str, storage_options: dict[str, str]) -> str | None:
+    """The URI of table `name` whose path has digest `digest` (the one the work item was
+    planned for): from this process's cache, else from a fresh listing; None if the
+    database no longer has it. A table of that name elsewhere (dropped and created again)
+    is left to the work item's own check (it refuses another table's items)."""
+    key = (database, name)
+    with _URIS_LOCK:
+        cached = _URIS.get(key)
+    if cached is not None and table_digest(cached) == digest:
+        return cached
+    refs = list_tables(database, storage_options)
+    with _URIS_LOCK:
+        for ref in refs:
+            _URIS.put((database, ref.qualified_name), ref.uri)
+    return next((r.uri for r in refs if r.qualified_name == name), None)
+
+
+def table_topic(
+    connection: KafkaConnection,
+    topic: str,
+    settings: TopicSettings,
+    transaction_topic: str | None,
+    ride_out: RideOut,
+) -> int:
+    """The partition count of a table's topic, created with `settings` if it does not
+    exist (and its transaction topic, before any record: a replicator finding records
+    finds the topic that completes their versions); brokers that do not answer are
+    waited for as `ride_out` says."""
+
+    def ensure() -> int:
+        count = KNOWN.ensure(connection, topic, settings, other="--topic-prefix")
+        if transaction_topic is not None:
+            KNOWN.ensure(connection, transaction_topic, settings.for_transactions(),
+                         one_partition=True, other="--no-transaction-metadata")  # fmt: skip
+        return count
+
+    return ride_out.call("making sure of the table's topics", ensure, (KafkaUnavailableError,))
+
+
+def with_partitions(works: list[SlotWork], partitions: int) -> list[SlotWork]:
+    """The works with their topic's partition count (the source planned without Kafka)."""
+    return [replace(w, item=replace(w.item, kafka_partitions=partitions)) for w in works]
+
+
+def is_gone(database: str, name: str, storage_options: dict[str, str]) -> bool:
+    """Whether the database no longer has table `name` (a failed read of it is then the
+    drop, not a fault)."""
+    try:
+        return all(r.qualified_name != name for r in list_tables(database, storage_options))
+    except Exception:  # noqa: BLE001 (the database unreadable: not "gone")
+        return False

@@ -1,0 +1,493 @@
+"""Spark streaming sink `format("lance-cdf-kafka")`: the lance-cdf stream to Kafka.
+
+Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
+(the source table's URI: `source.db`, the operation in `source.operation`, and for
+work items the table their events are read from),
+`table.name` (`prefix.table`: the records' Avro names `prefix.table.Envelope`, and
+`source.name` / `source.table`; default `lancecdf.<table directory name>`), `key`
+(comma-separated key columns; default `_rowid`),
+`tombstones` (default true), `exactlyOnce` (default true; routed streams: a replayed
+micro-batch skips what each partition already holds, see `high_water_marks`), and
+`transactionMetadata` (default true: after every writer task of a micro-batch
+succeeded, the driver's commit writes a BEGIN and an END record per commit version to
+`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py),
+`topic.partitions`, `topic.replicationFactor` and `topic.config.<key>` (how the topic
+and its transaction topic are created if missing: kafka/topics.py; the broker's defaults
+otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
+`registry.<setting>` to the registry client, `storage.<key>` the table's storage
+options (as for the source: the sink reads each commit's operation from the table's
+manifests, and the events of work items).
+
+The topic's schema carries the table's own types, not Spark's: Spark widens what it
+cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
+streaming/types.py); the sink reads the table's Arrow schema and casts such columns
+back before building the Avro schema (`arrow.fixedSize`, `fixed`, `arrow.type`).
+
+Per-key order needs each key's records of a micro-batch written by one task, in
+commit order. `lance-cdf publish` routes the stream for that (`publish.route`: a
+`_kafka_partition` column from the key's hash, a repartition on it); each task then
+sorts its share into commit order (Spark cannot sort a stream) and produces each
+record to its `_kafka_partition`. A stream without those columns must be written by
+one task in order (`changes.coalesce(1).writeStream...`): the producer's
+partitioner picks partitions.
+
+A stream read with option writerSlots (what `lance-cdf publish` writes) carries work
+items instead of events (spark/source/handoff.py): each writer task reads its slot's share
+of the micro-batch itself from the table (spark/sink/work.py) with the sink's `table` and
+`storage.<key>` options; the items hold no option of the source. A `_work` column that is
+not exactly lance-cdf's is refused with `WorkItemError`.
+
+Database mode (option `database`, instead of `table` and `topic`; with `topic.prefix`):
+the work items of a database stream name their table, and each table goes to its own
+topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`, `source.table`
+its qualified name and its own transaction topic, every guarantee per table
+(spark/sink/database_sink.py).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from pyspark.sql.datasource import DataSource, DataSourceStreamArrowWriter, WriterCommitMessage
+from pyspark.sql.types import StructType
+
+from lance_cdf.avro.names import TableName
+from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.spark.source.handoff import check_work_columns
+from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
+
+if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer tasks)
+    from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+    from pyspark.sql import SparkSession
+
+    from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.kafka.publisher import KafkaChangePublisher
+
+# The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
+# encoder) and pyarrow / numpy are imported by the writer tasks only: Spark also loads this
+# module in the data-source lookup, the writer's creation and the commit, one Python process
+# each, on the way to the first record (docs/benchmarks.md, "Start-up"); the writer's
+# creation and the commit's processes stay up beside the query, smaller without pyarrow and
+# numpy (docs/benchmarks.md, "Publisher footprint").
+# one KafkaChangePublisher per writer setting: (sorted options, user schema)
+_PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
+
+
+# Publishers (and transaction writers) kept per process at most, least recently used first
+# out: a database publisher writes a topic per table. Each holds its table's schemas and its
+# partitions' last positions only (tens of KB); the producer, consumer and registry client
+# they use are the process's, one per setting (kafka/clients.py). An evicted one is flushed
+# first; its successor re-reads the topic's marks.
+MAX_CLIENTS = 512
+
+
+def _evict(cache: dict[Any, Any]) -> None:
+    while len(cache) >= MAX_CLIENTS:
+        oldest = cache.pop(next(iter(cache)))
+        oldest.producer.flush(60)  # nothing of it still in flight
+        close = getattr(oldest, "close", None)
+        if close is not None:
+            close()
+
+
+def close_publishers() -> None:
+    """Close and forget this process's publishers and their clients (the driver's, after a
+    head start)."""
+    from lance_cdf.kafka import clients
+
+    while _PUBLISHERS:
+        _PUBLISHERS.popitem()[1].close()
+    clients.close_all()
+
+
+@dataclass
+class Published(WriterCommitMessage):
+    records: int  # sent by this attempt
+    # per commit version: the task's records per Kafka partition, sent or already held
+    # (a replayed micro-batch counts what it skips): the transaction metadata's counts
+    versions: dict[int, VersionCounts] = field(default_factory=dict)
+    # database mode: the same per table (qualified name)
+    tables: dict[str, dict[int, VersionCounts]] = field(default_factory=dict)
+
+
+# one TransactionWriter per sink setting, in the process running the driver's commits
+_TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
+
+
+def _options(raw: dict[str, Any]) -> dict[str, str]:
+    opts = {str(k): str(v) for k, v in raw.items()}
+    lower = {k.lower(): v for k, v in opts.items()}
+    table = ("database", "topic.prefix") if lower.get("database") else ("topic", "table")
+    for required in ("kafka.bootstrap.servers", "schema.registry.url", *table):
+        if not lower.get(required):
+            raise LanceCdfError(f'the lance-cdf-kafka sink needs option "{required}"')
+    return opts
+
+
+class LanceCdfKafkaSink(DataSource):
+    """The Spark sink `writeStream.format("lance-cdf-kafka")`: a `lance-cdf` stream's events
+    (or its work items) to a Kafka topic as Avro change records in Debezium's envelope,
+    registered in a schema registry; options in this module's docstring (`table`, `topic`,
+    `kafka.bootstrap.servers`, `schema.registry.url`, `kafka.<setting>`, `registry.<setting>`,
+    `storage.<key>`, `key`, `tombstones`, `exactlyOnce`, `transactionMetadata`).
+
+    A micro-batch commits only after every record is acknowledged; a replayed one skips
+    what each partition already holds (exactly once per record). Raises `LanceCdfError`
+    for a missing required option and `WorkItemError` for a `_work` column that is not
+    lance-cdf's; a task fails (and Spark retries it) when the broker does not acknowledge.
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return "lance-cdf-kafka"
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
+        quiet_when_spark_hangs_up()  # in the commit's runner process (spark/source/hangup.py)
+        writer = KafkaStreamWriter(_options(dict(self.options)))
+        writer.handoff = WORK_COLUMN in schema.fieldNames()
+        if writer.handoff:  # a foreign `_work` column is refused here, before any task
+            check_work_columns(schema)
+        writer.routed = writer.handoff or EVENT_ORDER in schema.fieldNames()
+        return writer
+
+
+@contextmanager
+def _archives_last() -> Iterator[None]:
+    """Imports with the archives (zips, jars) at the end of `sys.path`. Spark puts them first
+    on a Python worker's path: the jars of `spark.jars.packages`, pyspark.zip, py4j's zip,
+    spark-core's jar. Importing the registry client looks a package's version up through
+    importlib.metadata, which lists every archive ahead of site-packages: a noticeable
+    part of a new worker process's start, most with the Kafka/Avro packages jars, next to
+    nothing with the archives last (docs/benchmarks.md, "Inside the publisher"). Modules
+    already imported are not affected."""
+    saved = list(sys.path)
+    archive = (".zip", ".jar")
+    sys.path[:] = [p for p in saved if not p.endswith(archive)] + [
+        p for p in saved if p.endswith(archive)
+    ]
+    try:
+        yield
+    finally:
+        sys.path[:] = saved
+
+
+def client_options(
+    options: dict[str, str],
+) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """The sink's options lower-cased, its producer settings (`kafka.*` but the bootstrap
+    servers) and its registry client settings (`registry.*`), prefixes stripped."""
+    lowered = {k.lower(): v for k, v in options.items()}
+    producer = {
+        k[len("kafka.") :]: v for k, v in options.items()
+        if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
+    }  # fmt: skip
+    registry = {
+        k[len("registry.") :]: v for k, v in options.items()
+        if k.lower().startswith("registry.")
+    }  # fmt: skip
+    return lowered, producer, registry
+
+
+class KafkaStreamWriter(DataSourceStreamArrowWriter):
+    """The sink's writer: `write` runs in each Spark task (produce, wait for every
+    acknowledgement), `commit` on the driver (transaction metadata after all tasks)."""
+
+    routed = False
+    handoff = False
+
+    def __init__(self, options: dict[str, str]):
+        self.options = options
+
+    def _publisher(
+        self, user_schema: pa.Schema, options: dict[str, str], name: TableName
+    ) -> KafkaChangePublisher:
+        from lance_cdf.kafka.publisher import KafkaChangePublisher
+
+        o, producer, registry = client_options(options)
+        key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
+        cache_key = (tuple(sorted(options.items())), user_schema)
+        publisher = _PUBLISHERS.pop(cache_key, None)
+        if publisher is not None:
+            _PUBLISHERS[cache_key] = publisher  # the most recently used last
+        else:
+            from lance_cdf.kafka.topics import TopicSettings
+
+            _evict(_PUBLISHERS)
+            publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
+                o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
+                table_name=name, key_columns=key_cols or None,
+                tombstones=o.get("tombstones", "true").lower() == "true",
+                producer_config=producer, registry_config=registry,
+                checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
+                topic_settings=TopicSettings.from_options(options),
+            )  # fmt: skip
+        return publisher
+
+    def _storage(self) -> dict[str, str]:
+        return {
+            k[len("storage.") :]: v for k, v in self.options.items()
+            if k.lower().startswith("storage.")
+        }  # fmt: skip
+
+    def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
+        opts = {k.lower(): v for k, v in self.options.items()}
+        if opts.get("database"):
+            return self._write_database(iterator, opts)
+        table = opts["table"]
+        storage = self._storage()
+        if self.handoff:  # option writerSlots: the task reads its slot's share itself
+            from lance_cdf.spark.sink.work import handed_off
+
+            iterator = handed_off(iterator, table, storage)
+        name = TableName.of(opts.get("table.name"), uri=table)
+        return self._write(iterator, self.options, name, table, storage)
+
+    def _write_database(
+        self, iterator: Iterator[pa.RecordBatch], opts: dict[str, str]
+    ) -> Published:
+        """Database mode: each table's work items as a single-table sink would write them,
+        to the table's own topic (spark/sink/database_sink.py)."""
+        import logging
+
+        from lance_cdf.kafka.outage import RideOut
+        from lance_cdf.kafka.topics import TopicSettings
+        from lance_cdf.ops.clientconfig import KafkaConnection
+        from lance_cdf.spark.sink.database_sink import (
+            is_gone,
+            table_topic,
+            table_works,
+            with_partitions,
+        )
+
+        database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
+        _, producer, _ = client_options(self.options)
+        txn = opts.get("transactionmetadata", "true").lower() == "true"
+        out = Published(0)
+        ride_out = RideOut(opts["kafka.bootstrap.servers"], opts.get("checkpointlocation"))
+        for name, work in table_works(iterator, database, storage).items():
+            if work.uri is None:
+                logging.getLogger("lance_cdf.kafka").warning(
+                    "table %s is gone from the database: its work is let go", name
+                )
+                continue
+            topic = f"{prefix}.{name}"
+            partitions = table_topic(
+                KafkaConnection(opts["kafka.bootstrap.servers"], producer), topic,
+                TopicSettings.from_options(opts), f"{topic}.transaction" if txn else None,
+                ride_out,
+            )  # fmt: skip
+            works = with_partitions(work.works, partitions)
+            options = {**self.options, "topic": topic, "table": work.uri}
+            events = (batch for w in works for batch in w.events())
+            try:
+                done = self._write(events, options, TableName(prefix, name, work.uri), work.uri,
+                                   storage)  # fmt: skip
+            except Exception:
+                if is_gone(database, name, storage):  # dropped while being read: let go
+                    logging.getLogger("lance_cdf.kafka").warning(
+                        "table %s was dropped while being published: let go", name
+                    )
+                    continue
+                raise
+            out.records += done.records
+            out.tables[name] = done.versions
+        return out
+
+    def _write(
+        self,
+        iterator: Iterator[pa.RecordBatch],
+        options: dict[str, str],
+        name: TableName,
+        table: str,
+        storage: dict[str, str],
+    ) -> Published:
+        """The events of one table to its topic (`options`: the sink's, for that table)."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        from lance_cdf.core.feed import ChangeFeed
+
+        with _archives_last():
+            from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
+
+        opts = {k.lower(): v for k, v in options.items()}
+        feed: ChangeFeed | None = None
+        publisher: KafkaChangePublisher | None = None
+        sent = 0
+        exact = None
+        owned: list[int] = []
+        if self.routed:
+            # a routed stream (publish.route): the task's whole share, put in commit order
+            # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
+            # (a task whose share is empty gets no batch at all: nothing to write)
+            batches = [b for b in iterator if b.num_rows]
+            if not batches:
+                return Published(0)
+            whole = commit_order(pa.Table.from_batches(batches))
+            owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            # in batches of 65,536 (a share filtered from many small reads arrives in small
+            # chunks; the encoder's per-batch cost made them ~20% slower per record)
+            iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
+        exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
+        marks = None
+        for events in carry_update_pairs(iterator):
+            versions = np.unique(events["_commit_version"].to_numpy()).tolist()
+            if feed is None or publisher is None:  # (both made together)
+                # the source checked the table; the latest manifest is not needed here
+                feed = ChangeFeed(table, storage, check_latest=False)
+                exact = table_types(user_schema_of(events.schema), feed, max(versions))
+                with _archives_last():  # the registry client looks its version up
+                    publisher = self._publisher(exact, options, name)
+                publisher.begin()  # a retried task starts clean
+                if exactly_once:  # how far an earlier attempt got, per owned partition
+                    marks = publisher.high_water_marks(owned)
+            events = restore_types(events, exact)
+            operations = {v: feed.table.manifest(v).operation for v in versions}
+            sent += publisher.send(events, operations, marks)  # acks are awaited once, below
+        if publisher is None:
+            return Published(sent)
+        publisher.flush()  # every record acknowledged, or the micro-batch fails
+        return Published(sent, dict(publisher.version_counts))
+
+    def commit(  # noqa: N803 (Spark's name)
+        self, messages: list[WriterCommitMessage | None], batchId: int
+    ) -> None:
+        """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
+        (kafka/transactions.py), written once however often the micro-batch runs."""
+        opts = {k.lower(): v for k, v in self.options.items()}
+        if opts.get("transactionmetadata", "true").lower() != "true":
+            return
+        with _archives_last():
+            from lance_cdf.kafka.transactions import merge
+
+        if not all(isinstance(m, Published) for m in messages):
+            raise LanceCdfError(
+                f"micro-batch {batchId}: a writer task returned no record counts, so its "
+                "versions' transaction metadata would be wrong; the micro-batch is not "
+                "committed (restart publish to retry it)"
+            )
+        published = [m for m in messages if isinstance(m, Published)]
+        if opts.get("database"):  # per table, to its own transaction topic
+            prefix = opts["topic.prefix"]
+            for table in sorted({t for m in published for t in m.tables}):
+                versions = merge([m.tables[table] for m in published if table in m.tables])
+                if versions:
+                    name = TableName(prefix, table)
+                    topic = f"{prefix}.{table}"
+                    options = {**self.options, "topic": topic, "table": table}
+                    self._write_markers(self._transaction_writer(options, name), versions)
+            return
+        versions = merge([m.versions for m in published])
+        if versions:
+            o = {k.lower(): v for k, v in self.options.items()}
+            name = TableName.of(o.get("table.name"), uri=o["table"])
+            self._write_markers(self._transaction_writer(self.options, name), versions)
+
+    def _write_markers(self, writer: TransactionWriter, versions: list[VersionCounts]) -> None:
+        """`writer.write(versions)`, a broker outage ridden out as the writer tasks ride it
+        out (kafka/outage.py: up to RIDE_OUT_S, then one line): a failed commit would stop
+        the query. A retry first waits until no record of the failed attempt is queued, so
+        the topic's last record is what it reads (no BEGIN/END written twice)."""
+        from confluent_kafka import KafkaException
+
+        from lance_cdf.errors import PublishError
+        from lance_cdf.kafka.outage import RideOut
+
+        o = {k.lower(): v for k, v in self.options.items()}
+        ride_out = RideOut(o["kafka.bootstrap.servers"], o.get("checkpointlocation"))
+
+        def attempt() -> int:
+            if writer.producer.flush(10):
+                raise PublishError("transaction records of an earlier attempt still queued")
+            return writer.write(versions)
+
+        ride_out.call("writing transaction metadata", attempt, (KafkaException, PublishError))
+
+    def _transaction_writer(self, options: dict[str, str], name: TableName) -> TransactionWriter:
+        with _archives_last():
+            from lance_cdf.kafka.topics import TopicSettings
+            from lance_cdf.kafka.transactions import TransactionWriter, default_topic
+
+        cache_key = tuple(sorted(options.items()))
+        writer = _TRANSACTION_WRITERS.pop(cache_key, None)
+        if writer is not None:
+            _TRANSACTION_WRITERS[cache_key] = writer  # the most recently used last
+        else:
+            _evict(_TRANSACTION_WRITERS)
+            o, producer, registry = client_options(options)
+            topic = o.get("transaction.topic") or default_topic(o["topic"])
+            writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
+                o["kafka.bootstrap.servers"], topic,
+                o["schema.registry.url"], name.namespace, producer, registry,
+                topic_settings=TopicSettings.from_options(options),
+            )  # fmt: skip
+        return writer
+
+    def abort(  # noqa: N803
+        self, messages: list[WriterCommitMessage | None], batchId: int
+    ) -> None:
+        pass
+
+
+def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
+    from lance_cdf.avro.names import Namer
+    from lance_cdf.avro.schema import avro_type
+
+    return avro_type(t, "c", Namer())
+
+
+def table_types(widened: pa.Schema, feed: ChangeFeed, version: int) -> pa.Schema:
+    """`widened` (the user columns as Spark delivers them) with each column whose Avro
+    type Spark changed (unsigned and narrow integers, float16, fixed-size lists and
+    binaries, inside lists and structs too) back in the table's own type at `version`.
+    Dates and times keep Spark's form (same values; Spark's microsecond units are the
+    ones the Avro mapping writes)."""
+    import pyarrow as pa
+
+    table = feed.schema_at(version)
+    fields = []
+    for f in widened:
+        own = table.field(f.name) if f.name in table.names else None
+        if own is not None and own.type != f.type and not pa.types.is_temporal(own.type):
+            try:
+                changed = _avro_of(own.type) != _avro_of(f.type)
+            except LanceCdfError:
+                changed = False
+            if changed:
+                f = f.with_type(own.type)
+        fields.append(f)
+    return pa.schema(fields)
+
+
+def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
+    """`events` with the user columns cast to `exact` (see `table_types`)."""
+    import pyarrow as pa
+
+    for f in exact:
+        i = events.schema.get_field_index(f.name)
+        if i < 0 or events.schema.field(i).type == f.type:
+            continue
+        try:
+            column = events.column(i).cast(f.type)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise LanceCdfError(
+                f"column {f.name!r}: Spark delivered {events.schema.field(i).type}, which does "
+                f"not cast back to the table's {f.type} ({exc}); leave the column out with "
+                "the columns option."
+            ) from None
+        events = events.set_column(i, events.schema.field(i).with_type(f.type), column)
+    return events
+
+
+def register(spark: SparkSession) -> None:
+    """Make `format("lance-cdf-kafka")` available in this Spark session."""
+    spark.dataSource.register(LanceCdfKafkaSink)

@@ -1,0 +1,417 @@
+"""A whole database as one stream (`lance-cdf publish --database`): the `lance-cdf` source
+with option `database` and no `path`, read with option writerSlots, follows every table of a
+LanceDB database / Lance directory namespace (lance_cdf.format.namespace) whose qualified name
+matches option `include` and not option `exclude` (regexes, `re.fullmatch`), in one query.
+
+The offset is a map of the tables' own offsets, each exactly what a single-table stream of
+that table would have (its version, snapshot position, identity and start:
+streaming/identity.py), checked per table on restart:
+`{"tables": {"sales.orders": {"version": 7, ...}, ...}, "from": <the start given>}`.
+
+Each table is followed by a single-table `HandOffReader` kept on the driver, made when the
+table is first seen: the tables there when the query first started begin where the start
+option says (`startingVersion`, default latest); a table that appears later (created, or
+newly matching) begins at its first readable version, or with its snapshot under
+`startingVersion=snapshot`. A table enters the offset at its initial offset first (a
+micro-batch that sends nothing), so a replayed micro-batch never has to recompute where a
+table began. Each micro-batch is `writerSlots` partitions; a slot's partition holds one
+work item per table with changes, naming its table (`WorkItem.name`); the sink resolves the
+name to the table's URI, topic and record names itself (spark/sink/kafka_sink.py).
+
+Cost: an idle table costs one listing of its `_versions/` per trigger (the latest version),
+nothing else; the database is listed every `LIST_EVERY` seconds (new tables within that).
+A table that cannot be followed (no stable row IDs, unreadable, a name that cannot be a
+topic, a checkpoint that is another table's) is reported in one line and left out; a table
+that disappears from the database is reported and let go; the others go on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import pyarrow as pa
+from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+
+from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
+from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
+from lance_cdf.format.namespace import TableRef, list_tables
+from lance_cdf.spark.source.readers import (
+    HandOffReader,
+    LanceCdfStreamReader,
+    Resolved,
+    event_struct,
+    forget_feed,
+    resolve,
+)
+
+log = logging.getLogger("lance_cdf.spark.source")
+
+LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
+TRANSACTION_SUFFIX = ".transaction"  # kafka/transactions.py's default transaction topic
+# options of the database stream itself (the rest are each table's source options)
+DATABASE_OPTIONS = {"database", "include", "exclude", "report"}
+# a qualified name whose parts are Avro names (each part names a record namespace level)
+_AVRO_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def is_database_stream(options: Mapping[str, Any]) -> bool:
+    """Option `database` without `path`: the whole database (with `path`, one table of it)."""
+    lower = {str(k).lower(): v for k, v in options.items()}
+    return bool(lower.get("database")) and not lower.get("path")
+
+
+@dataclass(frozen=True)
+class DatabaseOptions:
+    database: str
+    include: re.Pattern[str] | None
+    exclude: re.Pattern[str] | None
+    table_options: dict[str, str]  # each table's source options, but its path
+    storage_options: dict[str, str]
+    report: str | None  # a local file the followed and skipped tables are written to
+    starting: str | None  # the start given (startingVersion), None: the default (latest)
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any], events: bool = False) -> DatabaseOptions:
+        """`events`: the event stream of every table (spark/source/database_events.py), whose
+        own start options are checked there; else the work items of publish --database."""
+        options = {str(k): str(v) for k, v in raw.items()}
+        lower = {k.lower(): v for k, v in options.items()}
+        if not events and not lower.get("writerslots"):
+            raise LanceCdfError(
+                'option "database" without "path" reads every table of the database: it is '
+                "for lance-cdf publish --database (option writerSlots); to read one table, "
+                'give its name as option "path"'
+            )
+        if not events and ("startingtimestamp" in lower or "endingversion" in lower):
+            raise LanceCdfError(
+                "a database stream takes startingVersion (a number, latest, earliest or "
+                "snapshot), not startingTimestamp or endingVersion"
+            )
+        patterns = {}
+        for key in ("include", "exclude"):
+            text = lower.get(key)
+            try:
+                patterns[key] = re.compile(text) if text else None
+            except re.error as exc:
+                raise LanceCdfError(
+                    f"option {key} {text!r} is not a regular expression ({exc}); it is matched "
+                    "against whole qualified names, e.g. 'sales\\..*'"
+                ) from None
+        table_options = {k: v for k, v in options.items() if k.lower() not in DATABASE_OPTIONS}
+        storage = {
+            k[len("storage.") :]: v for k, v in options.items() if k.lower().startswith("storage.")
+        }
+        return cls(
+            database=lower["database"], include=patterns["include"], exclude=patterns["exclude"],
+            table_options=table_options, storage_options=storage, report=lower.get("report"),
+            starting=lower.get("startingversion"),
+        )  # fmt: skip
+
+    def matches(self, name: str) -> bool:
+        if self.include is not None and not self.include.fullmatch(name):
+            return False
+        return self.exclude is None or not self.exclude.fullmatch(name)
+
+
+def not_followable(name: str, names: set[str]) -> str | None:
+    """Why table `name` (of a database whose matching tables are `names`) cannot have its
+    own topic `<prefix>.<name>`, or None."""
+    bad = [p for p in name.split(".") if not _AVRO_PART.fullmatch(p)]
+    if bad:
+        return (
+            f"its name part(s) {bad} cannot name Avro records (letters, digits and _, not "
+            "starting with a digit); rename the table or leave it out with --exclude"
+        )
+    if name.endswith(TRANSACTION_SUFFIX) and name[: -len(TRANSACTION_SUFFIX)] in names:
+        return (
+            f"its topic would be table {name[: -len(TRANSACTION_SUFFIX)]!r}'s transaction "
+            "topic; rename it or leave it out with --exclude"
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class DatabaseSlot(InputPartition):
+    """Writer slot `slot` of a micro-batch: the work items (rows of `work_struct()`, one per
+    table with changes) it hands to the sink's writer task, as plain values."""
+
+    slot: int
+    rows: tuple[tuple[int, int, str, bytes], ...]
+
+
+class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """The database stream's reader: the tables' `HandOffReader`s on the driver, their
+    offsets in one map (see the module's doc)."""
+
+    EVENTS = False  # the work items of publish --database (database_events.py: events)
+
+    def __init__(self, options: Mapping[str, Any]):
+        self.options = DatabaseOptions.parse(options, events=self.EVENTS)
+        self.readers: dict[str, LanceCdfStreamReader] = {}  # name -> its reader (driver only)
+        self.refs: dict[str, TableRef] = {}  # the matching tables at the last listing
+        self.listed_at = -LIST_EVERY
+        self.skipped: dict[str, str] = {}  # name -> why it is not followed
+        self.available_now = False
+        self.reported: str | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # executors need nothing of it: the partitions carry the work items
+        return {"options": self.options, "readers": {}, "refs": {}, "listed_at": 0.0,
+                "skipped": {}, "available_now": False, "reported": None}  # fmt: skip
+
+    # -- tables -----------------------------------------------------------
+    def _tables(self, force: bool = False) -> dict[str, TableRef]:
+        """The matching tables, listed again every LIST_EVERY seconds (or when `force`)."""
+        now = time.monotonic()
+        if not force and (self.available_now or now - self.listed_at < LIST_EVERY):
+            return self.refs
+        try:
+            listed = list_tables(self.options.database, self.options.storage_options)
+        except Exception as exc:
+            if self.listed_at < 0:
+                raise  # the first listing: the database itself is wrong
+            log.warning("listing the database failed (%s); trying again in %.0f s",
+                        why_not_read(exc), LIST_EVERY)  # fmt: skip
+            self.listed_at = now
+            return self.refs
+        refs = {r.qualified_name: r for r in listed if self.options.matches(r.qualified_name)}
+        self.listed_at = now
+        for name in sorted(set(self.refs) - set(refs)):
+            self.readers.pop(name, None)  # (latestOffset reports it, once)
+        for name in [n for n in self.skipped if n not in refs]:
+            del self.skipped[name]  # a table of that name may come back: judged afresh
+        for name in sorted(refs):
+            why = self._not_followable(name, set(refs))
+            if why is not None and name not in self.skipped:
+                self._skip(name, why)
+        self.refs = refs
+        return refs
+
+    def _not_followable(self, name: str, names: set[str]) -> str | None:
+        """Why a matching table is left out by its name alone (here: it cannot be a topic)."""
+        return not_followable(name, names)
+
+    def _stops_on(self, exc: Exception, followed: bool) -> bool:
+        """Whether a table's error (`followed`: one it was already following, else one it
+        takes up) stops the query instead of leaving the table out."""
+        return False
+
+    def _skip(self, name: str, why: str) -> None:
+        log.warning("table %s is not followed: %s", name, why)
+        self.skipped[name] = why
+        self.readers.pop(name, None)
+
+    def _reader(self, name: str, starting: str | None) -> LanceCdfStreamReader:
+        """The table's reader, made on first use (`starting`: its start, if it is new)."""
+        reader = self.readers.get(name)
+        if reader is None:
+            options = {**self.options.table_options, "path": self.refs[name].uri}
+            forget_feed(self.refs[name].uri, self.options.storage_options)  # read afresh
+            options = {k: v for k, v in options.items() if k.lower() != "startingversion"}
+            if starting is not None:
+                options["startingVersion"] = starting
+            resolved = resolve(options, streaming=True)
+            reader = self._make_reader(name, resolved)
+            reader.given = None  # the start is checked for the whole database (`_check`)
+            if self.available_now:
+                reader.prepareForTriggerAvailableNow()
+            self.readers[name] = reader
+        return reader
+
+    def _make_reader(self, name: str, resolved: Resolved) -> LanceCdfStreamReader:
+        """A table's reader from its resolved options (here: one that hands off work items)."""
+        return HandOffReader(resolved, event_struct(resolved))
+
+    def _later_start(self) -> str:
+        """Where a table seen after the query first started begins: its first version."""
+        return "snapshot" if self.options.starting == "snapshot" else "earliest"
+
+    # -- offsets ----------------------------------------------------------
+    def initialOffset(self) -> dict[str, Any]:
+        tables: dict[str, Any] = {}
+        for name in sorted(self._tables(force=True)):
+            if name in self.skipped:
+                continue
+            try:
+                tables[name] = self._reader(name, self.options.starting).initialOffset()
+            except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
+                if self._stops_on(exc, False):
+                    raise
+                self._skip(name, why_not_read(exc))
+        self._report(tables)
+        return {"tables": tables, "from": self.options.starting or "latest"}
+
+    def _check(self, start: Mapping[str, Any]) -> None:
+        held = start.get("from")
+        given = self.options.starting or "latest"
+        if self.options.starting is not None and held is not None and held != given:
+            raise CheckpointMismatchError(
+                f"the checkpoint was started with --starting-version {held}; "
+                f"--starting-version {given} applies to a new checkpoint only. Leave it out "
+                "(or give the same) to resume, or give a new --checkpoint"
+            )
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._tables(force=True)
+        self.available_now = True
+        for reader in self.readers.values():
+            reader.prepareForTriggerAvailableNow()
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raw = {k.lower(): v for k, v in self.options.table_options.items()}
+        rows = raw.get("maxrowspertrigger")
+        return ReadMaxRows(int(rows)) if rows else ReadAllAvailable()
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        self._check(start)
+        held: dict[str, Any] = dict(start.get("tables") or {})
+        refs = self._tables()
+        tables: dict[str, Any] = {}
+        for name in sorted(refs):
+            if name in self.skipped:
+                continue
+            offset = held.get(name)
+            try:
+                if offset is None:  # new: it enters the map at its initial offset first
+                    tables[name] = self._reader(name, self._later_start()).initialOffset()
+                    log.warning("table %s: followed from now on", name)
+                else:
+                    tables[name] = self._reader(name, None).latestOffset(offset, limit)
+            except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
+                if self._gone(name):
+                    log.warning("table %s is gone from the database: let go", name)
+                    self.readers.pop(name, None)
+                    tables.pop(name, None)
+                elif self._stops_on(exc, offset is not None):
+                    raise
+                else:
+                    self._skip(name, why_not_read(exc))
+        for name in sorted(set(held) - set(refs)):
+            if name not in self.skipped:
+                log.warning("table %s is gone from the database: let go", name)
+        self._report(tables)
+        return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
+
+    def table_partitions(
+        self, start: dict[str, Any], end: dict[str, Any]
+    ) -> Iterator[tuple[str, LanceCdfStreamReader, Sequence[Any]]]:
+        """Each table with changes between the offsets `start` and `end`: its name, its
+        single-table reader and that reader's partitions (a table gone from the database
+        meanwhile is reported and let go)."""
+        held: dict[str, Any] = start.get("tables") or {}
+        for name, until in sorted((end.get("tables") or {}).items()):
+            since = held.get(name)
+            if since is None or since == until:
+                continue  # a new table's first offset is its initial one: nothing yet
+            try:
+                if name not in self.refs:
+                    self._tables(force=True)
+                reader = self._reader(name, None)
+                parts = reader.partitions(since, until)
+            except Exception as exc:
+                if self._gone(name):
+                    log.warning("table %s is gone from the database: let go (%s)", name,
+                                why_not_read(exc))  # fmt: skip
+                    continue
+                raise
+            yield name, reader, parts
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
+        count = 0
+        for name, reader, shares in self.table_partitions(start, end):
+            kafka_partitions = reader.opts.kafka_partitions
+            assert kafka_partitions is not None  # (a work-item stream's: SourceOptions.parse)
+            for share in shares:
+                item = replace(reader.reading.work(share, kafka_partitions), name=name)
+                batch = item.to_batch()
+                row = (
+                    share.slot, batch.column(1)[0].as_py(), batch.column(2)[0].as_py(),
+                    batch.column(3)[0].as_py(),
+                )  # fmt: skip
+                slots.setdefault(share.slot, []).append(row)
+                count = max(count, share.slots)
+        return [DatabaseSlot(s, tuple(slots.get(s, ()))) for s in range(count)]
+
+    def _gone(self, name: str) -> bool:
+        try:
+            return name not in self._tables(force=True)
+        except Exception:  # noqa: BLE001 (the database itself is unreadable: not "gone")
+            return False
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, DatabaseSlot)
+        if not partition.rows:
+            return
+        slot, events, work, schema = zip(*partition.rows, strict=True)
+        yield pa.RecordBatch.from_arrays(
+            [pa.array(slot, pa.int32()), pa.array(events, pa.int64()),
+             pa.array(work, pa.string()), pa.array(schema, pa.binary())],
+            names=[WORK_SLOT, WORK_EVENTS, WORK_COLUMN, WORK_SCHEMA],
+        )  # fmt: skip
+
+    def commit(self, end: dict[str, Any]) -> None:
+        for name, offset in (end.get("tables") or {}).items():
+            reader = self.readers.get(name)
+            if reader is not None:
+                reader.commit(offset)
+
+    # -- the report status reads -----------------------------------------
+    def _report(self, tables: Mapping[str, Any]) -> None:
+        """The followed tables (their URIs) and the skipped ones (why) to option `report`, a
+        local JSON file, when they change."""
+        path = self.options.report
+        if not path:
+            return
+        document = {
+            "followed": {n: self.refs[n].uri for n in sorted(tables) if n in self.refs},
+            "skipped": dict(sorted(self.skipped.items())),
+        }
+        text = json.dumps(document, indent=1, sort_keys=True)
+        if text == self.reported:
+            return
+        try:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
+            with os.fdopen(fd, "w") as f:
+                f.write(text)
+            os.replace(temp, path)
+            self.reported = text
+        except OSError as exc:
+            log.warning("could not write the database report %s: %s", path, exc)
+
+
+def why_not_read(exc: BaseException) -> str:
+    """An error in one line (no stack: the table is reported and left out)."""
+    if isinstance(exc, StableRowIdsRequiredError):
+        return (
+            "it was created without stable row IDs, which a change feed needs (they cannot "
+            "be turned on later); recreate it with them (LanceDB: storage option "
+            "new_table_enable_stable_row_ids='true') or leave it out with --exclude"
+        )
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else '(no message)'}"
+
+
+def read_report(path: str) -> dict[str, Any] | None:
+    """The report a database stream wrote (`_report`), or None."""
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None

@@ -1,0 +1,80 @@
+"""The process behind `S3Server`: moto's S3-compatible server, plus a counter of the
+requests it serves (GET/PUT/LIST/HEAD/...), read and reset over HTTP at
+`/_lance_cdf/requests` (GET returns JSON counts, DELETE resets them).
+
+    python -m lance_cdf_devtools.s3app --port 9000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from urllib.parse import parse_qs
+from wsgiref.types import StartResponse, WSGIApplication, WSGIEnvironment
+
+COUNTS_PATH = "/_lance_cdf/requests"
+
+
+def request_kind(method: str, path: str, query: str, headers: dict[str, str]) -> str:
+    """The S3 operation a request is: list, get, get_range, head, put, delete, post, ..."""
+    params = parse_qs(query, keep_blank_values=True)
+    parts = [p for p in path.split("/") if p]
+    if method == "GET" and (len(parts) <= 1 or "list-type" in params):
+        return "list"
+    if method == "GET":
+        return "get_range" if "HTTP_RANGE" in headers else "get"
+    return method.lower()
+
+
+class CountingApp:
+    """WSGI middleware: counts each request by kind, serves the counts."""
+
+    def __init__(self, app: WSGIApplication):
+        self.app = app
+        self.counts: Counter[str] = Counter()
+        self.lock = threading.Lock()
+
+    def __call__(self, environ: WSGIEnvironment, start_response: StartResponse) -> Iterable[bytes]:
+        path = environ.get("PATH_INFO", "")
+        method = environ.get("REQUEST_METHOD", "GET")
+        if path == COUNTS_PATH:
+            with self.lock:
+                body = json.dumps(dict(self.counts)).encode()
+                if method == "DELETE":
+                    self.counts.clear()
+            start_response("200 OK", [("Content-Type", "application/json")])
+            return [body]
+        kind = request_kind(method, path, environ.get("QUERY_STRING", ""), environ)
+        with self.lock:
+            self.counts[kind] += 1
+        return self.app(environ, start_response)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    args = parser.parse_args(argv)
+    try:
+        from moto.moto_server.werkzeug_app import (
+            DomainDispatcherApplication,
+            MotoRequestHandler,
+            create_backend_app,
+        )
+        from werkzeug.serving import run_simple
+    except ImportError as exc:
+        raise SystemExit(
+            f"the local S3 server needs moto's server extra ({exc}); "
+            "install it with: pip install 'moto[s3,server]'"
+        ) from None
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)  # no line per request
+    app = CountingApp(DomainDispatcherApplication(create_backend_app))
+    run_simple(args.host, args.port, app, threaded=True, request_handler=MotoRequestHandler)
+
+
+if __name__ == "__main__":
+    main()
