@@ -78,10 +78,15 @@ def main() -> None:
         rng = np.random.default_rng(0)
         vec = pa.array(rng.random(args.rows * args.dim, dtype=np.float32))
         lance.write_dataset(
-            pa.table({"k": pa.array(np.arange(args.rows, dtype=np.int64)),
-                      "vec": pa.FixedSizeListArray.from_arrays(vec, args.dim)}),
-            base, enable_stable_row_ids=True,
-        )  # fmt: skip
+            pa.table(
+                {
+                    "k": pa.array(np.arange(args.rows, dtype=np.int64)),
+                    "vec": pa.FixedSizeListArray.from_arrays(vec, args.dim),
+                }
+            ),
+            base,
+            enable_stable_row_ids=True,
+        )
         runs = []
         for rep in range(args.repeat):
             for variant in VARIANTS:
@@ -89,26 +94,37 @@ def main() -> None:
                 shutil.copytree(base, uri)
                 out = subprocess.run(
                     [sys.executable, "-c", CHILD, variant, uri, str(args.rounds)],
-                    capture_output=True, text=True, check=True,
+                    capture_output=True,
+                    text=True,
+                    check=True,
                     env={**os.environ, "LANCE_CDF_MALLOC_ARENAS": "0"},
-                )  # fmt: skip
+                )
                 shutil.rmtree(uri)
                 series = json.loads(out.stdout.strip().splitlines()[-1])
                 steady = series[1 + len(series) // 3 :]
-                runs.append({
-                    "variant": variant, "repeat": rep, "rss_mb": [round(x, 1) for x in series],
-                    "opened_mb": round(series[0], 1),
-                    "steady_median_mb": round(statistics.median(steady), 1),
-                    "steady_max_mb": round(max(steady), 1),
-                })  # fmt: skip
+                runs.append(
+                    {
+                        "variant": variant,
+                        "repeat": rep,
+                        "rss_mb": [round(x, 1) for x in series],
+                        "opened_mb": round(series[0], 1),
+                        "steady_median_mb": round(statistics.median(steady), 1),
+                        "steady_max_mb": round(max(steady), 1),
+                    }
+                )
                 r = runs[-1]
-                print(f"{variant:13} opened {r['opened_mb']:6.1f} MB, after compactions: "
-                      f"median {r['steady_median_mb']:6.1f}, max {r['steady_max_mb']:6.1f} MB",
-                      flush=True)  # fmt: skip
+                print(
+                    f"{variant:13} opened {r['opened_mb']:6.1f} MB, after compactions: "
+                    f"median {r['steady_median_mb']:6.1f}, max {r['steady_max_mb']:6.1f} MB",
+                    flush=True,
+                )
         if args.out:
             with open(args.out, "w") as f:
-                json.dump({"rows": args.rows, "dim": args.dim, "rounds": args.rounds,
-                           "runs": runs}, f, indent=1)  # fmt: skip
+                json.dump(
+                    {"rows": args.rows, "dim": args.dim, "rounds": args.rounds, "runs": runs},
+                    f,
+                    indent=1,
+                )
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -40,9 +40,14 @@ def bodies_of(rows: pa.Table) -> tuple[dict, list[bytes]]:
     out = []
     for start in range(0, n, 100_000):
         records = change_records(
-            events.slice(start, 100_000), rows.column_names, {1: "Append"}, "bench", None,
-            "0.1", 0,
-        )  # fmt: skip
+            events.slice(start, 100_000),
+            rows.column_names,
+            {1: "Append"},
+            "bench",
+            None,
+            "0.1",
+            0,
+        )
         for _, value, _ in records:
             buf = io.BytesIO()
             fastavro.schemaless_writer(buf, parsed, value)
@@ -69,10 +74,13 @@ def run(name: str, rows: pa.Table, repeat_old: int) -> dict:
     t_new, b = timed(new_path, schema, bodies, repeat=3)
     assert a.equals(b.cast(a.schema)), "the two paths disagree"
     result = {
-        "workload": name, "records": n, "bytes_per_record": sum(map(len, bodies)) / n,
-        "fastavro_us_per_record": t_old / n * 1e6, "vectorized_us_per_record": t_new / n * 1e6,
+        "workload": name,
+        "records": n,
+        "bytes_per_record": sum(map(len, bodies)) / n,
+        "fastavro_us_per_record": t_old / n * 1e6,
+        "vectorized_us_per_record": t_new / n * 1e6,
         "speedup": t_old / t_new,
-    }  # fmt: skip
+    }
     print(
         f"{name:8s} {n:>9,} records ({result['bytes_per_record']:.0f} B each): "
         f"fastavro+from_pylist {result['fastavro_us_per_record']:.2f} us/record, "

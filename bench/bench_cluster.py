@@ -37,19 +37,45 @@ def run(workers, uri, kafka, registry, partitions, workdir) -> dict:
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(30)
     out = workdir / f"result-{workers}.json"
-    args = {"executors": workers, "table": uri, "partitions": partitions, "topic": topic,
-            "bootstrap_servers": kafka.bootstrap_servers, "schema_registry": registry.url,
-            "checkpoint": str(workdir / f"ck-{workers}"), "out": str(out)}  # fmt: skip
+    args = {
+        "executors": workers,
+        "table": uri,
+        "partitions": partitions,
+        "topic": topic,
+        "bootstrap_servers": kafka.bootstrap_servers,
+        "schema_registry": registry.url,
+        "checkpoint": str(workdir / f"ck-{workers}"),
+        "out": str(out),
+    }
     py = sys.executable
-    env = {**os.environ, "PYSPARK_PYTHON": py, "PYSPARK_DRIVER_PYTHON": py,
-           "SPARK_LOCAL_IP": "127.0.0.1"}  # fmt: skip
-    with SparkCluster(workdir / f"cluster-{workers}", workers=workers, cores=1,
-                      memory="1g") as cluster:  # fmt: skip
-        cmd = [str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
-               "--driver-memory", "1g", "--conf", f"spark.pyspark.python={py}",
-               "--conf", "spark.executor.memory=1g", "--conf", "spark.executor.cores=1",
-               "--conf", "spark.ui.enabled=false", "--conf", "spark.sql.session.timeZone=UTC",
-               str(JOB), json.dumps(args)]  # fmt: skip
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": py,
+        "PYSPARK_DRIVER_PYTHON": py,
+        "SPARK_LOCAL_IP": "127.0.0.1",
+    }
+    with SparkCluster(
+        workdir / f"cluster-{workers}", workers=workers, cores=1, memory="1g"
+    ) as cluster:
+        cmd = [
+            str(spark_home() / "bin" / "spark-submit"),
+            "--master",
+            cluster.master_url,
+            "--driver-memory",
+            "1g",
+            "--conf",
+            f"spark.pyspark.python={py}",
+            "--conf",
+            "spark.executor.memory=1g",
+            "--conf",
+            "spark.executor.cores=1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.session.timeZone=UTC",
+            str(JOB),
+            json.dumps(args),
+        ]
         log = workdir / f"submit-{workers}.log"
         with open(log, "wb") as fh:
             done = subprocess.run(cmd, env=env, stdout=fh, stderr=subprocess.STDOUT, timeout=1800)
@@ -81,8 +107,13 @@ def main() -> None:
     step = -(-args.rows // args.commits)
     for i in range(0, args.rows, step):
         mode = "append" if i else "create"
-        lance.write_dataset(table.slice(i, step), uri, enable_stable_row_ids=True,
-                            max_rows_per_file=250_000, mode=mode)  # fmt: skip
+        lance.write_dataset(
+            table.slice(i, step),
+            uri,
+            enable_stable_row_ids=True,
+            max_rows_per_file=250_000,
+            mode=mode,
+        )
     results = []
     try:
         with KafkaBroker(heap="1g") as kafka, SchemaRegistry() as registry:

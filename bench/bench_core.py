@@ -228,10 +228,11 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write JSON results here")
     ap.add_argument("--reuse", action="store_true", help="reuse existing base tables")
     ap.add_argument(
-        "--malloc-default", action="store_true",
+        "--malloc-default",
+        action="store_true",
         help="leave glibc's malloc as a fresh process has it (default: opt in with "
         "lance_cdf.keep_freed_memory(), as the lance-cdf command does)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     if not args.malloc_default:
         # the documented opt-in (lance_cdf.ops.malloc): builds before issue 30 did it by
@@ -243,9 +244,11 @@ def main() -> None:
     meta = dict(
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        pylance=lance.__version__, pyarrow=pa.__version__, repeat=args.repeat,
+        pylance=lance.__version__,
+        pyarrow=pa.__version__,
+        repeat=args.repeat,
         total_s=time.perf_counter() - t0,
-    )  # fmt: skip
+    )
     for size in sizes:
         print(f"\n{size['rows']:,} rows, {size['fragments']} fragments: ms wall (CPU)\n")
         print(

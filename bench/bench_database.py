@@ -144,8 +144,7 @@ class TreeWatcher(threading.Thread):
                     cmd = _short_cmd(pid)
                     start = _start_time(pid)
                     if cmd is not None and start is not None:
-                        self.seen[pid] = {"start": start, "end": None, "cmd": cmd,
-                                          "parent": parent}  # fmt: skip
+                        self.seen[pid] = {"start": start, "end": None, "cmd": cmd, "parent": parent}
                 stack.extend((k, pid) for k in kids.get(pid, []))
             now = time.time()
             for pid, p in self.seen.items():
@@ -189,10 +188,12 @@ def tail_figures(rows: list[dict], warmup: float, quiet_ends: tuple[float, ...] 
         phases.append(("after_quiet", [r for r in rows if after_quiet(r)]))
     phases.append(("steady", [r for r in rows if r["load_s"] >= warmup and not after_quiet(r)]))
     out["restarts"] = [
-        {"at_load_s": at,
-         "first_latencies_s": [r["latency_s"] for r in rows if r["load_s"] >= at][:5]}
+        {
+            "at_load_s": at,
+            "first_latencies_s": [r["latency_s"] for r in rows if r["load_s"] >= at][:5],
+        }
         for at in (0.0, *quiet_ends)
-    ]  # fmt: skip
+    ]
     for phase, sel in phases:
         out[phase] = figures(sel)
         out[phase]["first_use"] = figures([r for r in sel if r["first_use"]])
@@ -205,8 +206,9 @@ def tail_figures(rows: list[dict], warmup: float, quiet_ends: tuple[float, ...] 
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--idle-seconds", type=float, default=60)
     ap.add_argument("--load-seconds", type=float, default=120)
@@ -262,8 +264,11 @@ def main() -> int:
     work = tempfile.mkdtemp(prefix="bench-database-")
     root, checkpoint = os.path.join(work, "db"), os.path.join(work, "ck")
     prefix = f"bench{uuid.uuid4().hex[:6]}"
-    result: dict = {"tables": args.tables, "idle_seconds": args.idle_seconds,
-                    "load_seconds": args.load_seconds}  # fmt: skip
+    result: dict = {
+        "tables": args.tables,
+        "idle_seconds": args.idle_seconds,
+        "load_seconds": args.load_seconds,
+    }
     procs: list[subprocess.Popen] = []
     try:
         with KafkaBroker() as kafka, SchemaRegistry() as registry:
@@ -276,8 +281,12 @@ def main() -> int:
                 [NewTopic(tp, 2, 1) for tp in topics.values()]
             ).items():
                 future.result(60)
-            common = ["--bootstrap-servers", kafka.bootstrap_servers,
-                      "--schema-registry", registry.url]  # fmt: skip
+            common = [
+                "--bootstrap-servers",
+                kafka.bootstrap_servers,
+                "--schema-registry",
+                registry.url,
+            ]
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
             if args.daemon_module:
                 result["daemon_module"] = args.daemon_module
@@ -289,17 +298,42 @@ def main() -> int:
             if args.single:  # one publisher per table, each its own Spark application
                 result["mode"] = "single-table publishers"
                 for i, name in enumerate(sorted(paths)):
-                    cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--table",
-                           paths[name], "--topic", topics[name], *common, "--checkpoint",
-                           f"{checkpoint}-{i}"]  # fmt: skip
-                    procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
-                                                  start_new_session=True))  # fmt: skip
+                    cmd = [
+                        sys.executable,
+                        "-m",
+                        "lance_cdf.cli",
+                        "publish",
+                        "--table",
+                        paths[name],
+                        "--topic",
+                        topics[name],
+                        *common,
+                        "--checkpoint",
+                        f"{checkpoint}-{i}",
+                    ]
+                    procs.append(
+                        subprocess.Popen(
+                            cmd, env=env, stdout=log, stderr=log, start_new_session=True
+                        )
+                    )
             else:
                 result["mode"] = "database publisher"
-                cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", root,
-                       "--topic-prefix", prefix, *common, "--checkpoint", checkpoint]  # fmt: skip
-                procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=log,
-                                              start_new_session=True))  # fmt: skip
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "lance_cdf.cli",
+                    "publish",
+                    "--database",
+                    root,
+                    "--topic-prefix",
+                    prefix,
+                    *common,
+                    "--checkpoint",
+                    checkpoint,
+                ]
+                procs.append(
+                    subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
+                )
             report = os.path.join(checkpoint, "database-tables.json")
             while True:
                 if any(p.poll() is not None for p in procs):
@@ -330,17 +364,27 @@ def main() -> int:
                 mb: dict = {k: round(v / 1024) for k, v in total.items()}
                 if by_role:  # which process grows: the JVM, the driver, the Python workers
                     mb["procs"] = [
-                        {"pid": q["pid"], "role": q["role"], "cmd": q["cmd"][-60:],
-                         "rss": round(q["rss"] / 1024), "pss": round(q["pss"] / 1024)}
-                        for m in taken for q in m["procs"]
-                    ]  # fmt: skip
+                        {
+                            "pid": q["pid"],
+                            "role": q["role"],
+                            "cmd": q["cmd"][-60:],
+                            "rss": round(q["rss"] / 1024),
+                            "pss": round(q["pss"] / 1024),
+                        }
+                        for m in taken
+                        for q in m["procs"]
+                    ]
                     roles = {r for m in taken for r in m["by_role"]}
                     mb["by_role"] = {
-                        r: {"n": sum(m["by_role"][r]["n"] for m in taken),
-                            **{k: round(sum(m["by_role"][r][k] for m in taken) / 1024)
-                               for k in ("rss", "pss")}}
+                        r: {
+                            "n": sum(m["by_role"][r]["n"] for m in taken),
+                            **{
+                                k: round(sum(m["by_role"][r][k] for m in taken) / 1024)
+                                for k in ("rss", "pss")
+                            },
+                        }
                         for r in sorted(roles)
-                    }  # fmt: skip
+                    }
                 return mb, sum(m["n"] for m in taken)
 
             cpu0, t0 = cpu(), time.monotonic()
@@ -350,9 +394,12 @@ def main() -> int:
             result["idle_memory_mb"], result["idle_processes"] = memory_now()
 
             consumer = Consumer(
-                {"bootstrap.servers": kafka.bootstrap_servers, "group.id": uuid.uuid4().hex,
-                 "enable.auto.commit": False}
-            )  # fmt: skip
+                {
+                    "bootstrap.servers": kafka.bootstrap_servers,
+                    "group.id": uuid.uuid4().hex,
+                    "enable.auto.commit": False,
+                }
+            )
             consumer.assign(
                 [TopicPartition(tp, p, OFFSET_END) for tp in topics.values() for p in (0, 1)]
             )
@@ -418,31 +465,42 @@ def main() -> int:
             }
             for label, keys in (("first_use", first_use), ("later", set(commits) - first_use)):
                 got = [arrived[k] - commits[k] for k in keys if k in arrived]
-                result["load"][label] = {"commits": len(keys), "missing": len(keys) - len(got),
-                                         **latency_figures(got)}  # fmt: skip
+                result["load"][label] = {
+                    "commits": len(keys),
+                    "missing": len(keys) - len(got),
+                    **latency_figures(got),
+                }
             rows = []
             for k, c in sorted(commits.items(), key=lambda kv: kv[1]):
                 got = arrived.get(k)
-                rows.append({
-                    "topic": k[0], "version": k[1], "load_s": round(c - t0_wall, 2),
-                    "since_publish_start_s": round(c - started_wall, 2),
-                    # where in the second it landed (the trigger fires on whole seconds)
-                    "phase_s": round(c % 1.0, 3),
-                    "latency_s": None if got is None else round(got - c, 3),
-                    "first_use": k in first_use,
-                    # a worker started for this commit's micro-batch, or for the one before
-                    # that it waited behind
-                    "new_python": [] if got is None else watcher.started_between(c - 3, got),
-                })  # fmt: skip
+                rows.append(
+                    {
+                        "topic": k[0],
+                        "version": k[1],
+                        "load_s": round(c - t0_wall, 2),
+                        "since_publish_start_s": round(c - started_wall, 2),
+                        # where in the second it landed (the trigger fires on whole seconds)
+                        "phase_s": round(c % 1.0, 3),
+                        "latency_s": None if got is None else round(got - c, 3),
+                        "first_use": k in first_use,
+                        # a worker started for this commit's micro-batch, or for the one before
+                        # that it waited behind
+                        "new_python": [] if got is None else watcher.started_between(c - 3, got),
+                    }
+                )
             ends = tuple(b for _, b in quiet)
             result["load"].update(tail_figures(rows, args.warmup_seconds, ends))
             result["commits"] = rows
             result["python_processes"] = [
-                {"pid": pid, "cmd": p["cmd"], "parent": p["parent"],
-                 "start_load_s": round(p["start"] - t0_wall, 2),
-                 "end_load_s": None if p["end"] is None else round(p["end"] - t0_wall, 2)}
+                {
+                    "pid": pid,
+                    "cmd": p["cmd"],
+                    "parent": p["parent"],
+                    "start_load_s": round(p["start"] - t0_wall, 2),
+                    "end_load_s": None if p["end"] is None else round(p["end"] - t0_wall, 2),
+                }
                 for pid, p in sorted(watcher.seen.items(), key=lambda kv: kv[1]["start"])
-            ]  # fmt: skip
+            ]
             if memory:
                 result["load_memory_series_mb"] = memory
                 result["load_rss_mb_per_min_last_two_thirds"] = round(
@@ -452,11 +510,15 @@ def main() -> int:
                     slope([m["t"] for m in memory], [m["pss"] * 1024 for m in memory]), 2
                 )
                 result["load_rss_mb_per_min_last_two_thirds_by_role"] = {
-                    r: round(slope([m["t"] for m in memory],
-                                   [m["by_role"].get(r, {}).get("rss", 0) * 1024
-                                    for m in memory]), 2)
+                    r: round(
+                        slope(
+                            [m["t"] for m in memory],
+                            [m["by_role"].get(r, {}).get("rss", 0) * 1024 for m in memory],
+                        ),
+                        2,
+                    )
                     for r in memory[-1]["by_role"]
-                }  # fmt: skip
+                }
             result["load_memory_mb"], result["load_processes"] = memory_now()
             for p in procs:
                 os.killpg(p.pid, signal.SIGTERM)

@@ -100,8 +100,10 @@ def timed_cold(uri: str, v: int) -> tuple[float, float, int]:
 
 
 def measure(uri: str, v: int, modes: list[str], paths: dict, repeat: int) -> dict:
-    samples = {m: {op: {"wall": [], "cpu": [], "rows": set()} for op in ("cold", "followed")}
-               for m in modes}  # fmt: skip
+    samples = {
+        m: {op: {"wall": [], "cpu": [], "rows": set()} for op in ("cold", "followed")}
+        for m in modes
+    }
     for r in range(repeat):
         order = modes[r % len(modes) :] + modes[: r % len(modes)]
         for mode in order:
@@ -147,8 +149,15 @@ def run_size(args, rows: int, paths: dict) -> dict:
                 v = table.version
                 cold(uri, v)  # untimed: the data pages every mode reads
                 repeat = args.repeat if changes < 100_000 else max(3, args.repeat // 2)
-                row = dict(rows=rows, level=level, changes=changes, change=change,
-                           layout=layout, version=v, repeat=repeat)  # fmt: skip
+                row = dict(
+                    rows=rows,
+                    level=level,
+                    changes=changes,
+                    change=change,
+                    layout=layout,
+                    version=v,
+                    repeat=repeat,
+                )
                 row.update(measure(uri, v, modes, paths, repeat))
                 results.append(row)
                 print(json.dumps(row), flush=True)
@@ -173,21 +182,33 @@ def main() -> None:
     meta = dict(
         date=datetime.now(UTC).isoformat(timespec="seconds"),
         machine=f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
-        pylance=lance.__version__, pyarrow=pa.__version__, hand_paths=sorted(paths),
-        changes=args.changes, total_s=time.perf_counter() - t0,
-    )  # fmt: skip
+        pylance=lance.__version__,
+        pyarrow=pa.__version__,
+        hand_paths=sorted(paths),
+        changes=args.changes,
+        total_s=time.perf_counter() - t0,
+    )
     for size in sizes:
         print(f"\n{size['rows']:,} rows: saving of each hand path, medians, wall (CPU)\n")
         heads = [f"saving {name}" for name in paths]
-        print("| level | changed | change | layout | op | events | hand ms | " +
-              " | ".join(heads) + " |")  # fmt: skip
+        print(
+            "| level | changed | change | layout | op | events | hand ms | "
+            + " | ".join(heads)
+            + " |"
+        )
         print("|" + "---|" * (7 + len(heads)))
         for r in size["results"]:
             for op in ("cold", "followed"):
                 c = r[op]
-                cells = [str(r["level"]), f"{r['changes']:,}", r["change"], r["layout"], op,
-                         f"{c['events']:,}",
-                         f"{c['hand_wall_ms']:.1f} ({c['hand_cpu_ms']:.1f})"]  # fmt: skip
+                cells = [
+                    str(r["level"]),
+                    f"{r['changes']:,}",
+                    r["change"],
+                    r["layout"],
+                    op,
+                    f"{c['events']:,}",
+                    f"{c['hand_wall_ms']:.1f} ({c['hand_cpu_ms']:.1f})",
+                ]
                 for name in paths:
                     cells.append(
                         f"{c[f'saving_{name}_wall']:+.0%} ({c[f'saving_{name}_cpu']:+.0%})"

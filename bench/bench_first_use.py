@@ -38,8 +38,9 @@ from bench_database import make_database  # noqa: E402
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--tables", type=int, default=200)
     ap.add_argument("--sample", type=int, default=12)
     ap.add_argument("--out", default=None)
@@ -62,15 +63,15 @@ def main() -> int:
             ).items():
                 future.result(60)
             names = sorted(paths)[:: max(1, len(paths) // args.sample)][: args.sample]
-            runs = [measure(kafka.bootstrap_servers, registry.url, root, prefix, n, paths[n])
-                    for n in names]  # fmt: skip
+            runs = [
+                measure(kafka.bootstrap_servers, registry.url, root, prefix, n, paths[n])
+                for n in names
+            ]
     finally:
         shutil.rmtree(work, ignore_errors=True)
     steps = list(runs[0])
     result["process_first_table_s"] = {s: round(runs[0][s], 4) for s in steps}
-    result["median_s"] = {
-        s: round(statistics.median(r[s] for r in runs[1:]), 4) for s in steps
-    }  # fmt: skip
+    result["median_s"] = {s: round(statistics.median(r[s] for r in runs[1:]), 4) for s in steps}
     result["max_s"] = {s: round(max(r[s] for r in runs[1:]), 4) for s in steps}
     print(json.dumps(result, indent=1))
     if args.out:
@@ -116,13 +117,24 @@ def measure(
 
     topic = f"{prefix}.{name}"
     uri = step("w.table_uri", lambda: database_sink.table_uri(root, name, table_digest(path), {}))
-    step("w.topics", lambda: database_sink.table_topic(
-        KafkaConnection(bootstrap), topic, TopicSettings.of(2), f"{topic}.transaction",
-        RideOut(bootstrap, None)))  # fmt: skip
+    step(
+        "w.topics",
+        lambda: database_sink.table_topic(
+            KafkaConnection(bootstrap),
+            topic,
+            TopicSettings.of(2),
+            f"{topic}.transaction",
+            RideOut(bootstrap, None),
+        ),
+    )
     feed = step("w.feed", lambda: ChangeFeed(uri, {}, check_latest=False))
     schema = step("w.feed", lambda: feed.schema_at(feed.latest_version()))
-    pub = step("w.publisher", lambda: KafkaChangePublisher(
-        bootstrap, topic, registry_url, schema, TableName(prefix, name, uri)))  # fmt: skip
+    pub = step(
+        "w.publisher",
+        lambda: KafkaChangePublisher(
+            bootstrap, topic, registry_url, schema, TableName(prefix, name, uri)
+        ),
+    )
     step("w.subjects", lambda: (pub.key_writer.wire_header(), pub.value_writer.wire_header()))
     for use in ("first", "second"):
         step(f"w.marks_{use}", lambda: pub.high_water_marks([0, 1]))
@@ -134,17 +146,29 @@ def measure(
 
         step(f"w.produce_{use}", produce)
     pub.close()
-    writer = step("d.txn_writer", lambda: TransactionWriter(
-        bootstrap, f"{topic}.transaction", registry_url, f"{prefix}.{name}"))  # fmt: skip
+    writer = step(
+        "d.txn_writer",
+        lambda: TransactionWriter(
+            bootstrap, f"{topic}.transaction", registry_url, f"{prefix}.{name}"
+        ),
+    )
     for v, use in ((1, "first"), (2, "second")):
         step(
             f"d.txn_write_{use}",
             lambda v=v: retried(lambda: writer.write([VersionCounts(v, {0: (1, 1)})])),
         )
     out["w.first_use_total"] = sum(
-        out[k] for k in ("w.table_uri", "w.topics", "w.feed", "w.publisher", "w.subjects",
-                         "w.marks_first", "w.produce_first")
-    )  # fmt: skip
+        out[k]
+        for k in (
+            "w.table_uri",
+            "w.topics",
+            "w.feed",
+            "w.publisher",
+            "w.subjects",
+            "w.marks_first",
+            "w.produce_first",
+        )
+    )
     out["w.second_use_total"] = out["w.marks_second"] + out["w.produce_second"]
     return out
 

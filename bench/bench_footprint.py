@@ -274,8 +274,10 @@ def _native_memory(procs: list[dict]) -> str | None:
         if p["role"] == "jvm":
             out = subprocess.run(
                 ["jcmd", str(p["pid"]), "VM.native_memory", "summary"],
-                capture_output=True, text=True, timeout=30,
-            )  # fmt: skip
+                capture_output=True,
+                text=True,
+                timeout=30,
+            )
             if "Native Memory Tracking" in out.stdout:
                 return out.stdout
     return None

@@ -68,17 +68,23 @@ def lance_cdf_publish(
         changes = changes.load().coalesce(1)
     elif handoff:
         changes = (
-            changes.option("keyHash", "_rowid").option("writerSlots", writers)
-            .option("kafkaPartitions", partitions).load()
-        )  # fmt: skip
+            changes.option("keyHash", "_rowid")
+            .option("writerSlots", writers)
+            .option("kafkaPartitions", partitions)
+            .load()
+        )
     else:
         changes = route(changes.option("keyHash", "_rowid").load(), partitions, writers)
     q = (
         changes.writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", registry.url).option("table", uri)
-        .option("checkpointLocation", ck).trigger(availableNow=True).start()
-    )  # fmt: skip
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("topic", topic)
+        .option("schema.registry.url", registry.url)
+        .option("table", uri)
+        .option("checkpointLocation", ck)
+        .trigger(availableNow=True)
+        .start()
+    )
     return _finish(q, t0, per_batch if handoff else 0)
 
 
@@ -142,15 +148,22 @@ def _finish(q, t0, per_batch=0) -> dict:
     if q.exception():
         raise RuntimeError(q.exception())
     total = time.perf_counter() - t0
-    batches = [(per_batch or p.numInputRows, p.durationMs["triggerExecution"] / 1000)
-               for p in q.recentProgress if p.numInputRows]  # fmt: skip
+    batches = [
+        (per_batch or p.numInputRows, p.durationMs["triggerExecution"] / 1000)
+        for p in q.recentProgress
+        if p.numInputRows
+    ]
     if os.environ.get("BENCH_DURATIONS"):  # where each micro-batch's time went (Spark's split)
         for p in q.recentProgress:
             print("durations", p.batchId, p.numInputRows, dict(p.durationMs), flush=True)
     rest = batches[1:]
     steady = sum(n for n, _ in rest) / sum(s for _, s in rest) if rest else None
-    out = {"s": total, "first_batch_s": batches[0][1] if batches else None, "steady_eps": steady,
-           "batches": len(batches)}  # fmt: skip
+    out = {
+        "s": total,
+        "first_batch_s": batches[0][1] if batches else None,
+        "steady_eps": steady,
+        "batches": len(batches),
+    }
     progress = [p for p in q.recentProgress if p.numInputRows]
     if MACHINE is not None and len(progress) > 1:  # the machine's CPU over micro-batches 2..
         last = progress[-1]
@@ -166,8 +179,9 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
 
     reader = lance_cdf.read_changes(uri, 1, batch_size=20_000)  # every commit
     ops = {v: "Append" for v in range(1, lance.dataset(uri).version + 1)}
-    pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
-                               user_schema_of(reader.schema), uri)  # fmt: skip
+    pub = KafkaChangePublisher(
+        kafka.bootstrap_servers, topic, registry.url, user_schema_of(reader.schema), uri
+    )
     from lance_cdf.avro.schema import change_records
 
     payload = []
@@ -179,9 +193,16 @@ def ceiling(uri, kafka, registry, topic) -> tuple[float, int]:
             continue
         records = change_records(table, pub.user_columns, ops, uri, None, "x", 0)
         payload += [(pub.key_writer.encode(k), pub.value_writer.encode(v)) for k, v, _ in records]
-    producer = Producer({"bootstrap.servers": kafka.bootstrap_servers, "enable.idempotence": True,
-                         "acks": "all", "compression.type": "lz4", "linger.ms": 20,
-                         "queue.buffering.max.messages": 500000})  # fmt: skip
+    producer = Producer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "enable.idempotence": True,
+            "acks": "all",
+            "compression.type": "lz4",
+            "linger.ms": 20,
+            "queue.buffering.max.messages": 500000,
+        }
+    )
     t0, wall0 = time.perf_counter(), time.time()
     for key, value in payload:
         while True:
@@ -205,9 +226,12 @@ def spark_kafka(spark, uri, kafka, topic, ck) -> dict:
 
     t0 = time.perf_counter()
     df = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("maxVersionsPerTrigger", 1).load()
-    )  # fmt: skip
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .option("maxVersionsPerTrigger", 1)
+        .load()
+    )
     user = [c for c in df.columns if not c.startswith("_")]
     envelope = F.struct(
         F.lit(None).cast("struct<x:int>").alias("before"),
@@ -218,9 +242,15 @@ def spark_kafka(spark, uri, kafka, topic, ck) -> dict:
     out = df.select(
         to_avro(F.struct(F.col("_rowid"))).alias("key"), to_avro(envelope).alias("value")
     )
-    q = (out.writeStream.format("kafka").option("kafka.bootstrap.servers", kafka.bootstrap_servers)
-         .option("topic", topic).option("kafka.acks", "all").option("checkpointLocation", ck)
-         .trigger(availableNow=True).start())  # fmt: skip
+    q = (
+        out.writeStream.format("kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("topic", topic)
+        .option("kafka.acks", "all")
+        .option("checkpointLocation", ck)
+        .trigger(availableNow=True)
+        .start()
+    )
     return _finish(q, t0)
 
 
@@ -249,13 +279,16 @@ def main() -> None:
 
     v = args.spark_kafka_version
     spark = (
-        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
         .config("spark.driver.memory", "4g")
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.jars.packages",
-                f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v},org.apache.spark:spark-avro_2.13:{v}")
+        .config(
+            "spark.jars.packages",
+            f"org.apache.spark:spark-sql-kafka-0-10_2.13:{v},org.apache.spark:spark-avro_2.13:{v}",
+        )
         .getOrCreate()
-    )  # fmt: skip
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
     register_sink(spark)
@@ -285,19 +318,33 @@ def main() -> None:
             cdf = routed = handoff = sk = none
             sk_err = ceil_s = ceil_eps = sent = None
             if "coalesce1" in args.paths:
-                cdf = lance_cdf_publish(spark, uri, kafka, registry,
-                                        new_topic(kafka, f"cdf-{label}-{tag}", p), ck)  # fmt: skip
+                cdf = lance_cdf_publish(
+                    spark, uri, kafka, registry, new_topic(kafka, f"cdf-{label}-{tag}", p), ck
+                )
             if "routed" in args.paths:
                 routed = lance_cdf_publish(
-                    spark, uri, kafka, registry, new_topic(kafka, f"routed-{label}-{tag}", p),
-                    ck + "-routed", writers=args.writers, partitions=p,
-                )  # fmt: skip
+                    spark,
+                    uri,
+                    kafka,
+                    registry,
+                    new_topic(kafka, f"routed-{label}-{tag}", p),
+                    ck + "-routed",
+                    writers=args.writers,
+                    partitions=p,
+                )
             if "handoff" in args.paths:
                 handoff = lance_cdf_publish(
-                    spark, uri, kafka, registry, new_topic(kafka, f"handoff-{label}-{tag}", p),
-                    ck + "-handoff", writers=args.writers, partitions=p, handoff=True,
+                    spark,
+                    uri,
+                    kafka,
+                    registry,
+                    new_topic(kafka, f"handoff-{label}-{tag}", p),
+                    ck + "-handoff",
+                    writers=args.writers,
+                    partitions=p,
+                    handoff=True,
                     per_batch=step_events,
-                )  # fmt: skip
+                )
             if "ceiling" in args.paths:
                 ceil_s, sent = ceiling(
                     uri, kafka, registry, new_topic(kafka, f"ceil-{label}-{tag}", p)
@@ -305,8 +352,9 @@ def main() -> None:
                 ceil_eps = sent / ceil_s
             if "spark" in args.paths:
                 try:
-                    sk = spark_kafka(spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p),
-                                     ck + "-sk")  # fmt: skip
+                    sk = spark_kafka(
+                        spark, uri, kafka, new_topic(kafka, f"sk-{label}-{tag}", p), ck + "-sk"
+                    )
                 except Exception as exc:  # jars missing or incompatible with this Spark
                     sk_err = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200]}"
 
@@ -315,14 +363,22 @@ def main() -> None:
 
             best = handoff if handoff else routed
             row = dict(
-                rows=n, records=sent, commits=args.commits, writers=args.writers,
-                lance_cdf_coalesce1=cdf, lance_cdf_routed=routed, lance_cdf=handoff,
-                spark_kafka=sk, spark_kafka_error=sk_err, ceiling_s=ceil_s, ceiling_eps=ceil_eps,
+                rows=n,
+                records=sent,
+                commits=args.commits,
+                writers=args.writers,
+                lance_cdf_coalesce1=cdf,
+                lance_cdf_routed=routed,
+                lance_cdf=handoff,
+                spark_kafka=sk,
+                spark_kafka_error=sk_err,
+                ceiling_s=ceil_s,
+                ceiling_eps=ceil_eps,
                 ceiling_cpu=dict(CEILING_CPU),
                 lance_cdf_steady_vs_spark=ratio(best.get("steady_eps"), sk.get("steady_eps")),
                 lance_cdf_steady_vs_ceiling=ratio(best.get("steady_eps"), ceil_eps),
                 routed_steady_vs_spark=ratio(routed.get("steady_eps"), sk.get("steady_eps")),
-            )  # fmt: skip
+            )
             results[label] = row
             print(label, json.dumps(row), flush=True)
     if args.out:

@@ -76,8 +76,17 @@ def main() -> None:
                 for merge in (True, False):
                     times[merge].append(run(uri, a, b, merge, args.source)[0])
             m, s = statistics.median(times[True]), statistics.median(times[False])
-            rows.append(dict(uri=uri, start=a, end=b, events=on.num_rows, merged_cpu_ms=m,
-                             separate_cpu_ms=s, source=args.source))  # fmt: skip
+            rows.append(
+                dict(
+                    uri=uri,
+                    start=a,
+                    end=b,
+                    events=on.num_rows,
+                    merged_cpu_ms=m,
+                    separate_cpu_ms=s,
+                    source=args.source,
+                )
+            )
             name = os.path.basename(uri.rstrip("/"))
             print(f"| {name} | {a}-{b} | {on.num_rows:,} | {m:.1f} | {s:.1f} | {m / s:.2f}x |")
     if args.out:

@@ -39,9 +39,12 @@ def build(path: str, rows: int, fragments: int, versions: int, dim: int) -> None
         return pa.table({"id": ids, "name": pa.array([f"n{i}" for i in ids]), "vec": vec})
 
     lance.write_dataset(
-        data(0, rows), path, mode="overwrite", enable_stable_row_ids=True,
+        data(0, rows),
+        path,
+        mode="overwrite",
+        enable_stable_row_ids=True,
         max_rows_per_file=-(-rows // fragments),
-    )  # fmt: skip
+    )
     next_id = rows
     for i in range(versions):
         ds = lance.dataset(path)
@@ -81,10 +84,14 @@ def child(path: str, bound: str) -> dict:
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
     return {
-        "bound": bound, "versions": latest - start + 1, "events": n,
-        "seconds": t1 - t0, "seconds_after_warmup": t1 - t_warm,
-        "session_mb": ds.session().size_bytes() / 2**20, "rss_mb": rss,
-    }  # fmt: skip
+        "bound": bound,
+        "versions": latest - start + 1,
+        "events": n,
+        "seconds": t1 - t0,
+        "seconds_after_warmup": t1 - t_warm,
+        "session_mb": ds.session().size_bytes() / 2**20,
+        "rss_mb": rss,
+    }
 
 
 def main() -> None:
@@ -112,11 +119,24 @@ def main() -> None:
     for r in range(args.rounds):
         for bound in args.bound or ["default", "32"]:
             out = subprocess.run(
-                [sys.executable, __file__, "--child", bound, "--dir", args.dir,
-                 "--rows", str(args.rows), "--fragments", str(args.fragments),
-                 "--versions", str(args.versions)],
-                check=True, capture_output=True, text=True,
-            ).stdout  # fmt: skip
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    bound,
+                    "--dir",
+                    args.dir,
+                    "--rows",
+                    str(args.rows),
+                    "--fragments",
+                    str(args.fragments),
+                    "--versions",
+                    str(args.versions),
+                ],
+                check=True,
+                capture_output=True,
+                text=True,
+            ).stdout
             res = json.loads(out.strip().splitlines()[-1]) | {
                 "round": r,
                 "load": os.getloadavg()[0],

@@ -48,9 +48,13 @@ def build(uri: str, n: int, rows_per_file: int, so: dict | None) -> None:
             yield from id_name_vec(start, min(chunk, n - start), start, DIM).to_batches()
 
     lance.write_dataset(
-        pa.RecordBatchReader.from_batches(schema, batches()), uri, schema=schema,
-        enable_stable_row_ids=True, max_rows_per_file=rows_per_file, storage_options=so,
-    )  # fmt: skip
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        uri,
+        schema=schema,
+        enable_stable_row_ids=True,
+        max_rows_per_file=rows_per_file,
+        storage_options=so,
+    )
 
 
 def commits(n: int, per_file: int) -> list[tuple[str, object]]:
@@ -78,13 +82,15 @@ def commits(n: int, per_file: int) -> list[tuple[str, object]]:
     return [
         ("update 1 row (1 fragment)", update("id = 3")),
         ("update 100 rows (1 fragment)", update("id >= 100 AND id < 200")),
-        (f"update 1 row in each of {min(10, frags)} fragments",
-         update(f"id % {per_file} = 5 AND id < {min(10, frags) * per_file}")),
+        (
+            f"update 1 row in each of {min(10, frags)} fragments",
+            update(f"id % {per_file} = 5 AND id < {min(10, frags) * per_file}"),
+        ),
         (f"update 1 row in each of {frags} fragments", update(f"id % {per_file} = 7")),
         (f"delete 1,000 rows across {frags} fragments", delete(f"id % {n // 1000} = 11")),
         ("append 1,000 rows (1 new fragment)", append),
         ("merge_insert 500 updates (1 fragment) + 500 inserts", upsert),
-    ]  # fmt: skip
+    ]
 
 
 def extract(uri: str, version: int, so: dict | None) -> tuple[int, ChangeFeed, object]:
@@ -100,8 +106,14 @@ def extract(uri: str, version: int, so: dict | None) -> tuple[int, ChangeFeed, o
 
 
 def changed_fragments(plan) -> int:
-    ids = np.concatenate([plan.inserted.fragment_ids, plan.deleted.fragment_ids,
-                          plan.update_pre.fragment_ids, plan.update_post.fragment_ids])  # fmt: skip
+    ids = np.concatenate(
+        [
+            plan.inserted.fragment_ids,
+            plan.deleted.fragment_ids,
+            plan.update_pre.fragment_ids,
+            plan.update_post.fragment_ids,
+        ]
+    )
     return int(np.unique(ids).size)
 
 
@@ -147,32 +159,47 @@ def main() -> None:
             t_local = timed(lambda: extract(local, v, None), args.repeat)  # noqa: B023
             t_remote = timed(lambda: extract(remote, v, so), args.repeat)  # noqa: B023
             row = {
-                "version": v, "commit": label, "changed_fragments": changed_fragments(plan),
-                "events": n_local, "local_s": round(t_local, 4), "s3_s": round(t_remote, 4),
+                "version": v,
+                "commit": label,
+                "changed_fragments": changed_fragments(plan),
+                "events": n_local,
+                "local_s": round(t_local, 4),
+                "s3_s": round(t_remote, 4),
                 "s3_over_local": round(t_remote / t_local, 2),
-                "client_requests": sum(client.values()), "client_by_kind": dict(client),
-                "server_requests": sum(server.values()), "server_by_kind": dict(server),
-            }  # fmt: skip
+                "client_requests": sum(client.values()),
+                "client_by_kind": dict(client),
+                "server_requests": sum(server.values()),
+                "server_by_kind": dict(server),
+            }
             results.append(row)
             print(json.dumps(row), flush=True)
     shutil.rmtree(work, ignore_errors=True)
     fragments = -(-args.rows // args.rows_per_file)
     print(f"\n{args.rows:,} rows in {fragments} fragments; medians of {args.repeat}\n")
-    print("| commit | changed fragments | events | local (s) | S3 (s) | S3 / local | "
-          "client requests | server requests |")  # fmt: skip
+    print(
+        "| commit | changed fragments | events | local (s) | S3 (s) | S3 / local | "
+        "client requests | server requests |"
+    )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
-        print(f"| {r['commit']} | {r['changed_fragments']} | {r['events']:,} | {r['local_s']} | "
-              f"{r['s3_s']} | {r['s3_over_local']}x | {r['client_requests']} | "
-              f"{r['server_requests']} |")  # fmt: skip
+        print(
+            f"| {r['commit']} | {r['changed_fragments']} | {r['events']:,} | {r['local_s']} | "
+            f"{r['s3_s']} | {r['s3_over_local']}x | {r['client_requests']} | "
+            f"{r['server_requests']} |"
+        )
     if args.out:
         meta = {
             "date": datetime.now(UTC).isoformat(timespec="seconds"),
-            "rows": args.rows, "rows_per_file": args.rows_per_file, "fragments": fragments,
-            "repeat": args.repeat, "server": "moto (lance_cdf_devtools.S3Server) on 127.0.0.1",
-            "python": platform.python_version(), "pylance": lance.__version__,
-            "machine": platform.machine(), "cpus": os.cpu_count(),
-        }  # fmt: skip
+            "rows": args.rows,
+            "rows_per_file": args.rows_per_file,
+            "fragments": fragments,
+            "repeat": args.repeat,
+            "server": "moto (lance_cdf_devtools.S3Server) on 127.0.0.1",
+            "python": platform.python_version(),
+            "pylance": lance.__version__,
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+        }
         with open(args.out, "w") as f:
             json.dump({"meta": meta, "results": results}, f, indent=2)
 

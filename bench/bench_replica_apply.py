@@ -68,7 +68,7 @@ from lance_cdf.replicate.replica import (
     VERSION_OFFSETS_PROPERTY,
     ReplicaTable,
     key_index_config,
-)  # fmt: skip
+)
 
 KEY = "id"
 
@@ -84,8 +84,9 @@ def build(path: str, n: int, zone: int = KEY_INDEX_ZONE_ROWS) -> float:
         pass
     t0 = time.perf_counter()
     config = key_index_config() if zone == KEY_INDEX_ZONE_ROWS else "BTREE"
-    other = base_path(os.path.dirname(path), n, 4096 if zone == KEY_INDEX_ZONE_ROWS else
-                      KEY_INDEX_ZONE_ROWS)  # fmt: skip
+    other = base_path(
+        os.path.dirname(path), n, 4096 if zone == KEY_INDEX_ZONE_ROWS else KEY_INDEX_ZONE_ROWS
+    )
     if os.path.exists(other):
         shutil.rmtree(path, ignore_errors=True)
         shutil.copytree(other, path)
@@ -101,8 +102,12 @@ def build(path: str, n: int, zone: int = KEY_INDEX_ZONE_ROWS) -> float:
             yield from narrow(min(chunk, n - start), start).to_batches()
 
     schema = narrow(1).schema
-    lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), path,
-                        mode="overwrite", enable_stable_row_ids=True)  # fmt: skip
+    lance.write_dataset(
+        pa.RecordBatchReader.from_batches(schema, batches()),
+        path,
+        mode="overwrite",
+        enable_stable_row_ids=True,
+    )
     lance.dataset(path).create_scalar_index(KEY, config)
     return time.perf_counter() - t0
 
@@ -142,19 +147,23 @@ def commit_props(r: int, bare: bool) -> dict[str, str]:
     if bare:
         return {OFFSETS_PROPERTY: offsets}
     return {
-        OFFSETS_PROPERTY: offsets, TOPIC_PROPERTY: "bench",
+        OFFSETS_PROPERTY: offsets,
+        TOPIC_PROPERTY: "bench",
         SOURCE_TABLE_PROPERTY: json.dumps({"table": "bench", "uri": "/data/bench.lance"}),
-        SOURCE_VERSION_PROPERTY: str(r + 2), TRANSACTION_OFFSET_PROPERTY: str(2 * r + 2),
+        SOURCE_VERSION_PROPERTY: str(r + 2),
+        TRANSACTION_OFFSET_PROPERTY: str(2 * r + 2),
         VERSION_OFFSETS_PROPERTY: json.dumps({"bench": {str(p): 1000 * r + p for p in range(4)}}),
         RECORDS_THROUGH_PROPERTY: str(r + 2),
-    }  # fmt: skip
+    }
 
 
-def merge_insert(path: str, rows: pa.Table, deletes: pa.Table, use_index: bool,
-                 props: dict[str, str]) -> None:  # fmt: skip
+def merge_insert(
+    path: str, rows: pa.Table, deletes: pa.Table, use_index: bool, props: dict[str, str]
+) -> None:
     ds = lance.dataset(path)
-    tx, _ = (ds.merge_insert(KEY).when_matched_delete().use_index(use_index)
-             .execute_uncommitted(deletes))  # fmt: skip
+    tx, _ = (
+        ds.merge_insert(KEY).when_matched_delete().use_index(use_index).execute_uncommitted(deletes)
+    )
     ds = lance.LanceDataset.commit(path, tx, read_version=ds.version)
     builder = ds.merge_insert(KEY).when_matched_update_all().when_not_matched_insert_all()
     tx, _ = builder.use_index(use_index).execute_uncommitted(rows)
@@ -196,9 +205,16 @@ def main() -> None:
         for b in args.batches:
             times: dict[str, list[float]] = {m: [] for m in args.methods}
             # one per method, kept across applies: the key index stays in its cache
-            replicas = {m: ReplicaTable(paths[m], [KEY], keep_row_ids=m == "replica_keep",
-                                        prewarm=m != "replica_prev", key_map=m == "replica")
-                        for m in args.methods}  # fmt: skip
+            replicas = {
+                m: ReplicaTable(
+                    paths[m],
+                    [KEY],
+                    keep_row_ids=m == "replica_keep",
+                    prewarm=m != "replica_prev",
+                    key_map=m == "replica",
+                )
+                for m in args.methods
+            }
             base_maps = {}
             row = {
                 "replica_rows": n,

@@ -70,8 +70,9 @@ MARKERS = True
 def publish(kafka, registry, uri, topic, version) -> int:
     feed = ChangeFeed(uri)
     events = lance_cdf.read_changes(uri, version, version).read_all()
-    pub = KafkaChangePublisher(kafka.bootstrap_servers, topic, registry.url,
-                               user_schema_of(events.schema), uri)  # fmt: skip
+    pub = KafkaChangePublisher(
+        kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri
+    )
     sent = pub.publish(events, {version: feed.table.manifest(version).operation})
     if MARKERS:  # BEGIN/END as publish's driver commit writes them (one-partition topic)
         TransactionWriter(kafka.bootstrap_servers, default_topic(topic), registry.url, topic).write(
@@ -81,9 +82,15 @@ def publish(kafka, registry, uri, topic, version) -> int:
 
 
 def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple[float, object]:
-    rep = Replicator(kafka.bootstrap_servers, topic, registry.url, target,
-                     group_id=f"bench-{topic}", max_batch_rows=batch_rows,
-                     max_batch_interval=2.0)  # fmt: skip
+    rep = Replicator(
+        kafka.bootstrap_servers,
+        topic,
+        registry.url,
+        target,
+        group_id=f"bench-{topic}",
+        max_batch_rows=batch_rows,
+        max_batch_interval=2.0,
+    )
     prof = None
     if profile:
         import cProfile
@@ -118,12 +125,17 @@ def consume_floor(kafka, topic, records: int, collect: bool) -> float:
     no idle wait; the garbage collector paused, as the replicator pauses it); with
     `collect`, each consume call's values also go into one Arrow
     binary array (what a bulk decoder would start from)."""
-    consumer = Consumer({
-        "bootstrap.servers": kafka.bootstrap_servers, "group.id": f"floor-{uuid.uuid4().hex}",
-        "enable.auto.commit": False, "auto.offset.reset": "earliest",
-        "isolation.level": "read_committed", "max.partition.fetch.bytes": 16 << 20,
-        "fetch.max.bytes": 64 << 20,
-    })  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": f"floor-{uuid.uuid4().hex}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_committed",
+            "max.partition.fetch.bytes": 16 << 20,
+            "fetch.max.bytes": 64 << 20,
+        }
+    )
     consumer.subscribe([topic])
     seen, arrays = 0, []
     gc.disable()  # as the replicator does while it consumes a batch
@@ -151,8 +163,16 @@ def floors(kafka, topic, records: int) -> dict:
 def times_of(c) -> dict:
     """Where the replicator's time went (its counters), and how many upserts skipped the
     key lookup."""
-    keys = ("poll_busy_s", "poll_s", "decode_s", "apply_s", "offset_commit_s", "upkeep_s",
-            "fresh_upserts", "batches")  # fmt: skip
+    keys = (
+        "poll_busy_s",
+        "poll_s",
+        "decode_s",
+        "apply_s",
+        "offset_commit_s",
+        "upkeep_s",
+        "fresh_upserts",
+        "batches",
+    )
     return {k: getattr(c, k, None) for k in keys}
 
 
@@ -208,12 +228,19 @@ def seeded_replica(root: str, dst: str, rows: int) -> None:
         # as the replicator would have left it: a position (no offsets of this topic, source
         # version 0, its highest key), its key index, marked as holding only rows that came
         # from records (its keys lie far above the source's row IDs)
-        props = {OFFSETS_PROPERTY: "{}", SOURCE_VERSION_PROPERTY: "0",
-                 MAX_ROWID_PROPERTY: str((1 << 40) + rows - 1),
-                 ORIGIN_PROPERTY: "records"}  # fmt: skip
-        lance.write_dataset(pa.RecordBatchReader.from_batches(schema, batches()), seed,
-                            mode="overwrite", enable_stable_row_ids=True,
-                            transaction_properties=props)  # fmt: skip
+        props = {
+            OFFSETS_PROPERTY: "{}",
+            SOURCE_VERSION_PROPERTY: "0",
+            MAX_ROWID_PROPERTY: str((1 << 40) + rows - 1),
+            ORIGIN_PROPERTY: "records",
+        }
+        lance.write_dataset(
+            pa.RecordBatchReader.from_batches(schema, batches()),
+            seed,
+            mode="overwrite",
+            enable_stable_row_ids=True,
+            transaction_properties=props,
+        )
         lance.dataset(seed).create_scalar_index(SOURCE_ROWID, key_index_config())
     shutil.copytree(seed, dst)
 
@@ -240,15 +267,29 @@ def latency(
         seeded_replica(root, dst, replica_rows)
     topic = f"lat-{uuid.uuid4().hex[:6]}"
     q = (
-        spark.readStream.format("lance-cdf").option("path", src).option("startingVersion", 1)
-        .load().coalesce(1).writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", registry.url).option("table", src)
+        spark.readStream.format("lance-cdf")
+        .option("path", src)
+        .option("startingVersion", 1)
+        .load()
+        .coalesce(1)
+        .writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", kafka.bootstrap_servers)
+        .option("topic", topic)
+        .option("schema.registry.url", registry.url)
+        .option("table", src)
         .option("checkpointLocation", os.path.join(root, f"lat-ck-{topic}"))
-        .trigger(processingTime="200 milliseconds").start()
-    )  # fmt: skip
-    rep = Replicator(kafka.bootstrap_servers, topic, registry.url, dst, group_id=f"g-{topic}",
-                     max_batch_interval=0.05, key_map=key_map)  # fmt: skip
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
+    rep = Replicator(
+        kafka.bootstrap_servers,
+        topic,
+        registry.url,
+        dst,
+        group_id=f"g-{topic}",
+        max_batch_interval=0.05,
+        key_map=key_map,
+    )
     errors: list[BaseException] = []
     applied: list[tuple[float, float, int]] = []  # (start, end, newest record timestamp ms)
     apply = rep._apply
@@ -279,9 +320,12 @@ def latency(
 
     def visible(marker: int, rowid: int) -> bool:
         try:  # the replica appears with the replicator's first batch
-            return lance.dataset(dst, session=session).count_rows(
-                filter=f"{SOURCE_ROWID} = {rowid} AND ts = {marker}"
-            ) > 0  # fmt: skip
+            return (
+                lance.dataset(dst, session=session).count_rows(
+                    filter=f"{SOURCE_ROWID} = {rowid} AND ts = {marker}"
+                )
+                > 0
+            )
         except ValueError:  # not created yet (or its first commit not written yet)
             return False
 
@@ -304,8 +348,11 @@ def latency(
             row = narrow(1, 10_000 + i)
             row = row.set_column(3, "ts", pa.array([marker]))
             lance.write_dataset(row, src, mode="append")
-        rowid = lance.dataset(src).to_table(columns=[], filter=f"ts = {marker}",
-                                            with_row_id=True)["_rowid"][0].as_py()  # fmt: skip
+        rowid = (
+            lance.dataset(src)
+            .to_table(columns=[], filter=f"ts = {marker}", with_row_id=True)["_rowid"][0]
+            .as_py()
+        )
         wait(marker, rowid, 0.01)
         out.append(time.perf_counter() - t0)
         wall1 = time.time()
@@ -342,21 +389,34 @@ def main() -> None:
         help="the latency run's replicator without the in-memory key map",
     )
     ap.add_argument("--skip-latency", action="store_true", help="only the throughput workloads")
-    ap.add_argument("--no-transaction-metadata", action="store_true",
-                    help="publish the throughput workloads' records without BEGIN/END markers "
-                    "(the replicator then applies records as they come)")  # fmt: skip
+    ap.add_argument(
+        "--no-transaction-metadata",
+        action="store_true",
+        help="publish the throughput workloads' records without BEGIN/END markers "
+        "(the replicator then applies records as they come)",
+    )
     ap.add_argument(
         "--profile", default=None, help="cProfile the replicator runs into PREFIX.<topic>.prof"
     )
-    ap.add_argument("--arenas", type=int, default=0,
-                    help="hold glibc to N arenas (lance_cdf.ops.malloc.bound_arenas, as "
-                    "`lance-cdf replicate` does: 2); 0: glibc's own limit")  # fmt: skip
-    ap.add_argument("--keep-freed", action="store_true",
-                    help="lance_cdf.ops.malloc.keep_freed_memory(), as the `lance-cdf` command's "
-                    "process does")  # fmt: skip
-    ap.add_argument("--mmap-threshold", type=int, default=0,
-                    help="map blocks of N bytes and more (ops.malloc.map_large_blocks, as "
-                    "`lance-cdf replicate` does: 1 MiB); 0: glibc's dynamic threshold")  # fmt: skip
+    ap.add_argument(
+        "--arenas",
+        type=int,
+        default=0,
+        help="hold glibc to N arenas (lance_cdf.ops.malloc.bound_arenas, as "
+        "`lance-cdf replicate` does: 2); 0: glibc's own limit",
+    )
+    ap.add_argument(
+        "--keep-freed",
+        action="store_true",
+        help="lance_cdf.ops.malloc.keep_freed_memory(), as the `lance-cdf` command's process does",
+    )
+    ap.add_argument(
+        "--mmap-threshold",
+        type=int,
+        default=0,
+        help="map blocks of N bytes and more (ops.malloc.map_large_blocks, as "
+        "`lance-cdf replicate` does: 1 MiB); 0: glibc's dynamic threshold",
+    )
     ap.add_argument("--dir", default="bench/out")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
@@ -395,9 +455,11 @@ def main() -> None:
             return
 
         spark = (
-            SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-            .config("spark.sql.session.timeZone", "UTC").getOrCreate()
-        )  # fmt: skip
+            SparkSession.builder.master("local[2]")
+            .config("spark.ui.enabled", "false")
+            .config("spark.sql.session.timeZone", "UTC")
+            .getOrCreate()
+        )
         spark.sparkContext.setLogLevel("ERROR")
         t0 = time.perf_counter()
         lat, split, lat_counters = latency(
@@ -413,17 +475,20 @@ def main() -> None:
         spark.stop()
         ms = np.array(lat) * 1000
         results["latency_ms"] = dict(
-            commits=len(lat), replica_rows=args.latency_replica_rows,
-            p50=float(np.percentile(ms, 50)), p99=float(np.percentile(ms, 99)),
+            commits=len(lat),
+            replica_rows=args.latency_replica_rows,
+            p50=float(np.percentile(ms, 50)),
+            p99=float(np.percentile(ms, 99)),
             max=float(ms.max()),
-        )  # fmt: skip
+        )
         if split:
             parts = np.array(split) * 1000
             for i, name in enumerate(("commit_to_kafka", "kafka_to_replica", "apply")):
                 results["latency_ms"][name] = dict(
                     p50=float(np.percentile(parts[:, i], 50)),
-                    p99=float(np.percentile(parts[:, i], 99)), max=float(parts[:, i].max()),
-                )  # fmt: skip
+                    p99=float(np.percentile(parts[:, i], 99)),
+                    max=float(parts[:, i].max()),
+                )
         results["latency_ms"]["timed_commits"] = len(split)
         results["latency_replicator"] = times_of(lat_counters)
         small = lat_counters.batch_phases
@@ -434,8 +499,11 @@ def main() -> None:
                 for k, v in ms.items()
             }
             results["latency_batch_phases_ms"]["batches"] = len(small)
-            print("latency_batch_phases_ms", json.dumps(results["latency_batch_phases_ms"]),
-                  flush=True)  # fmt: skip
+            print(
+                "latency_batch_phases_ms",
+                json.dumps(results["latency_batch_phases_ms"]),
+                flush=True,
+            )
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)
     if args.out:
         with open(args.out, "w") as f:
@@ -448,8 +516,9 @@ def run_throughput(kafka, registry, args, results) -> None:
     dst = os.path.join(args.dir, "rep_replica.lance")
     for p in (src, dst):
         shutil.rmtree(p, ignore_errors=True)
-    lance.write_dataset(narrow(args.rows), src, enable_stable_row_ids=True,
-                        max_rows_per_file=250_000)  # fmt: skip
+    lance.write_dataset(
+        narrow(args.rows), src, enable_stable_row_ids=True, max_rows_per_file=250_000
+    )
     # version 2: one merge_insert updating 90% of the rows and deleting the other 10%
     upd = narrow(args.rows)
     upd = upd.filter(pa.array(upd["id"].to_numpy() % 10 != 0))
@@ -462,8 +531,7 @@ def run_throughput(kafka, registry, args, results) -> None:
     for v, topic in topics.items():
         t0 = time.perf_counter()
         n = publish(kafka, registry, src, topic, v)
-        print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s",
-              flush=True)  # fmt: skip
+        print(f"published version {v}: {n} records in {time.perf_counter() - t0:.1f}s", flush=True)
 
     # the broker's first consumer group creates __consumer_offsets (seconds on a fresh
     # broker): done here, outside every clock, so it lands on none of the timed runs
@@ -477,11 +545,17 @@ def run_throughput(kafka, registry, args, results) -> None:
     # position; topics[2] (version 2 alone) only gives that workload's consume floor
     publish(kafka, registry, src, topics[1], 2)
     results["upserts"] = dict(
-        records=c.records, replicator_s=rep_s, replicator_rows_per_s=c.upserts / rep_s,
-        ceiling_s=ceil_s, ceiling_rows_per_s=up1.num_rows / ceil_s, ratio=rep_s / ceil_s,
-        **fl, ratio_to_consume=rep_s / fl["consume_s"],
-        floor_ratio=fl["consume_s"] / ceil_s, **times_of(c),
-    )  # fmt: skip
+        records=c.records,
+        replicator_s=rep_s,
+        replicator_rows_per_s=c.upserts / rep_s,
+        ceiling_s=ceil_s,
+        ceiling_rows_per_s=up1.num_rows / ceil_s,
+        ratio=rep_s / ceil_s,
+        **fl,
+        ratio_to_consume=rep_s / fl["consume_s"],
+        floor_ratio=fl["consume_s"] / ceil_s,
+        **times_of(c),
+    )
     print("upserts", json.dumps(results["upserts"]), flush=True)
 
     base = os.path.join(args.dir, "rep_base.lance")
@@ -493,12 +567,19 @@ def run_throughput(kafka, registry, args, results) -> None:
     fl2 = floors(kafka, topics[2], c2.records)
     rows = c2.upserts + c2.deletes
     results["mix_90_10"] = dict(
-        upserts=c2.upserts, deletes=c2.deletes, records=c2.records, replicator_s=s2,
-        replicator_rows_per_s=rows / s2, ceiling_s=ceil_mix,
-        ceiling_rows_per_s=rows / ceil_mix, ratio=s2 / ceil_mix,
-        **fl2, ratio_to_consume=s2 / fl2["consume_s"],
-        floor_ratio=fl2["consume_s"] / ceil_mix, **times_of(c2),
-    )  # fmt: skip
+        upserts=c2.upserts,
+        deletes=c2.deletes,
+        records=c2.records,
+        replicator_s=s2,
+        replicator_rows_per_s=rows / s2,
+        ceiling_s=ceil_mix,
+        ceiling_rows_per_s=rows / ceil_mix,
+        ratio=s2 / ceil_mix,
+        **fl2,
+        ratio_to_consume=s2 / fl2["consume_s"],
+        floor_ratio=fl2["consume_s"] / ceil_mix,
+        **times_of(c2),
+    )
     print("mix_90_10", json.dumps(results["mix_90_10"]), flush=True)
     src_rows = lance.dataset(src).count_rows()
     assert lance.dataset(dst).count_rows() == src_rows, "replica differs from the source"

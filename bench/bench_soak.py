@@ -56,8 +56,9 @@ from bench_footprint import make_table, sample, slope, summarize  # noqa: E402 (
 VERSION_HEADER = "lance-cdf.commit-version"
 
 
-def writer(path: str, dim: int, rows: int, stop: threading.Event, commits: list,
-           jitter: float = 0.0) -> None:  # fmt: skip
+def writer(
+    path: str, dim: int, rows: int, stop: threading.Event, commits: list, jitter: float = 0.0
+) -> None:
     """A commit about once a second: append 100 / update 50 / delete 20 / merge_insert 100
     (50 existing ids, 50 new) in turn; (version, op, commit wall time) into `commits`.
     `jitter` j: each period drawn from [1 - j, 1 + j] s (mean 1 s), so commits land at
@@ -328,9 +329,13 @@ def main() -> None:
     ap.add_argument("--chart", default=None)
     ap.add_argument("--reanalyze", default=None, help="a .raw.json of an earlier run")
     ap.add_argument("--replica-copy", default=None, help="with --reanalyze: its replica")
-    ap.add_argument("--jitter", type=float, default=0.5,
-                    help="writer period drawn from [1-J, 1+J] s (0: exactly 1 s, locked "
-                    "to the 1-s trigger's phase)")  # fmt: skip
+    ap.add_argument(
+        "--jitter",
+        type=float,
+        default=0.5,
+        help="writer period drawn from [1-J, 1+J] s (0: exactly 1 s, locked "
+        "to the 1-s trigger's phase)",
+    )
     ap.add_argument(
         "--publish-arg",
         action="append",
@@ -382,9 +387,13 @@ def main() -> None:
             admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
             admin.create_topics([NewTopic(topic, 3, 1)])[topic].result(30)
             common = [
-                "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
-                "--schema-registry", registry.url,
-            ]  # fmt: skip
+                "--bootstrap-servers",
+                kafka.bootstrap_servers,
+                "--topic",
+                topic,
+                "--schema-registry",
+                registry.url,
+            ]
             env = dict(os.environ)
             # the publisher's micro-batch durations, from Spark's event log (not a setting
             # publish makes: a measurement only)
@@ -399,17 +408,31 @@ def main() -> None:
             # (working directory first on sys.path), so from a checkout they would import
             # that checkout's lance_cdf, not --bin's
             pub = subprocess.Popen(
-                [os.path.abspath(args.bin), "publish", "--table", table, *common,
-                 "--checkpoint", os.path.join(work, "ck"), *args.publish_arg],
-                stdout=pub_log, stderr=subprocess.STDOUT, start_new_session=True, env=env,
+                [
+                    os.path.abspath(args.bin),
+                    "publish",
+                    "--table",
+                    table,
+                    *common,
+                    "--checkpoint",
+                    os.path.join(work, "ck"),
+                    *args.publish_arg,
+                ],
+                stdout=pub_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env=env,
                 cwd=work,
-            )  # fmt: skip
+            )
             procs.append(pub)
             rep = subprocess.Popen(
                 [os.path.abspath(args.bin), "replicate", *common, "--target", target],
-                stdout=rep_log, stderr=subprocess.STDOUT, start_new_session=True, cwd=work,
+                stdout=rep_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                cwd=work,
                 preexec_fn=_core_dumps,
-            )  # fmt: skip
+            )
             procs.append(rep)
             extras: dict[str, subprocess.Popen] = {}
             for spec in args.extra_replicator:
@@ -417,13 +440,22 @@ def main() -> None:
                 x_env = dict(os.environ)
                 x_env.update(kv.split("=", 1) for kv in kvs.split(",") if kv)
                 extras[label] = subprocess.Popen(
-                    [os.path.abspath(args.bin), "replicate", *common,
-                     "--target", os.path.join(work, f"replica-{label}.lance"),
-                     "--group-id", f"lance-cdf-replicate-{topic}-{label}"],
+                    [
+                        os.path.abspath(args.bin),
+                        "replicate",
+                        *common,
+                        "--target",
+                        os.path.join(work, f"replica-{label}.lance"),
+                        "--group-id",
+                        f"lance-cdf-replicate-{topic}-{label}",
+                    ],
                     stdout=open(os.path.join(work, f"replicate-{label}.log"), "w"),
-                    stderr=subprocess.STDOUT, start_new_session=True, cwd=work, env=x_env,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    cwd=work,
+                    env=x_env,
                     preexec_fn=_core_dumps,
-                )  # fmt: skip
+                )
                 procs.append(extras[label])
             txn_topic = f"{topic}.transaction"
             deadline = time.time() + 120  # publish creates it before its JVM starts: a
@@ -454,10 +486,15 @@ def main() -> None:
                         raise SystemExit(f"{p.args[1]} exited {p.returncode}; logs in {work}")
                 s_pub, s_rep = sample(pub.pid), sample(rep.pid)
                 series.append(
-                    {"t": round(time.time() - t0, 1), "phase": phase,
-                     "load": os.getloadavg(), "publish": s_pub, "replicate": s_rep,
-                     **{f"replicate-{k}": sample(x.pid) for k, x in extras.items()}}
-                )  # fmt: skip
+                    {
+                        "t": round(time.time() - t0, 1),
+                        "phase": phase,
+                        "load": os.getloadavg(),
+                        "publish": s_pub,
+                        "replicate": s_rep,
+                        **{f"replicate-{k}": sample(x.pid) for k, x in extras.items()},
+                    }
+                )
                 print(
                     f"[{phase}] {time.time() - t0:6.0f}s publish rss="
                     f"{s_pub['total']['rss'] / 1024:7.1f} (n={s_pub['n']}, jvm "
@@ -552,12 +589,10 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
         first = [first_at[v][0] - t for v, _, t in mine if v in first_at]
         endr = [end_at[v][0] - t for v, _, t in mine if v in end_at]
         produced = [first_at[v][1] - t for v, _, t in mine if v in first_at]
-        readable = [first_at[v][0] - first_at[v][1] for v, _, _ in mine
-                    if v in first_at]  # fmt: skip
+        readable = [first_at[v][0] - first_at[v][1] for v, _, _ in mine if v in first_at]
         end_made = [end_at[v][1] - t for v, _, t in mine if v in end_at]
         to_rep = [rtimes[v] - t for v, _, t in mine if v in rtimes]
-        end_to_rep = [rtimes[v] - end_at[v][0] for v, _, _ in mine
-                      if v in rtimes and v in end_at]  # fmt: skip
+        end_to_rep = [rtimes[v] - end_at[v][0] for v, _, _ in mine if v in rtimes and v in end_at]
         loads = [s["load"][0] for s in series if lo - t0 <= s["t"] < hi - t0]
         res = {
             "phase": name,
@@ -599,21 +634,27 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
     results["outside_consumer_records"] = raw["records"]
     results["series"] = [
         {
-            "t": s["t"], "phase": s["phase"], "load": s["load"],
-            **{role: {"n": s[role]["n"], "total": s[role]["total"],
-                      "by_role": s[role]["by_role"]}
-               for role in trees},
+            "t": s["t"],
+            "phase": s["phase"],
+            "load": s["load"],
+            **{
+                role: {"n": s[role]["n"], "total": s[role]["total"], "by_role": s[role]["by_role"]}
+                for role in trees
+            },
         }
         for s in series
-    ]  # fmt: skip
+    ]
     results["latencies"] = [
-        {"version": v, "op": k,
-         "kafka_s": round(first_at[v][0] - t, 3) if v in first_at else None,
-         "end_s": round(end_at[v][0] - t, 3) if v in end_at else None,
-         "replica_s": round(rtimes[v] - t, 3) if v in rtimes else None,
-         "t": round(t - t0, 1)}
+        {
+            "version": v,
+            "op": k,
+            "kafka_s": round(first_at[v][0] - t, 3) if v in first_at else None,
+            "end_s": round(end_at[v][0] - t, 3) if v in end_at else None,
+            "replica_s": round(rtimes[v] - t, 3) if v in rtimes else None,
+            "t": round(t - t0, 1),
+        }
         for v, k, t in commits
-    ]  # fmt: skip
+    ]
     if args.out:
         with open(args.out, "w") as f:
             json.dump(results, f, indent=1)
@@ -630,16 +671,23 @@ def chart(results: dict, path: str) -> None:
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(10, 8), sharex=True)
     t = [s["t"] / 60 for s in results["series"]]
     for role in ("publish", "replicate"):
-        ax1.plot(t, [s[role]["total"]["rss"] / 1024 for s in results["series"]],
-                 label=f"{role} tree RSS")  # fmt: skip
-    ax1.plot(t, [s["publish"]["by_role"]["jvm"]["rss"] / 1024 for s in results["series"]],
-             label="publish: JVM RSS", linestyle="--")  # fmt: skip
+        ax1.plot(
+            t, [s[role]["total"]["rss"] / 1024 for s in results["series"]], label=f"{role} tree RSS"
+        )
+    ax1.plot(
+        t,
+        [s["publish"]["by_role"]["jvm"]["rss"] / 1024 for s in results["series"]],
+        label="publish: JVM RSS",
+        linestyle="--",
+    )
     ax1.set_ylabel("MB")
     ax1.legend()
     ax1.grid(True)
     lat = results["latencies"]
-    for key, label in (("kafka_s", "commit -> Kafka (first record)"),
-                       ("replica_s", "commit -> replica")):  # fmt: skip
+    for key, label in (
+        ("kafka_s", "commit -> Kafka (first record)"),
+        ("replica_s", "commit -> replica"),
+    ):
         pts = [(r["t"] / 60, r[key]) for r in lat if r[key] is not None]
         ax2.plot([p[0] for p in pts], [p[1] for p in pts], ".", markersize=2, label=label)
     ax2.set_ylabel("seconds")

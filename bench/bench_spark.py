@@ -59,9 +59,10 @@ def pylance_direct(uri: str, version: int) -> int:
     post = ds.to_table(filter=f"_row_last_updated_at_version = {version}", with_row_id=True)
     n = post.num_rows
     updated = lance.dataset(uri, version=version).to_table(
-        columns=[], with_row_id=True,
+        columns=[],
+        with_row_id=True,
         filter=f"_row_last_updated_at_version = {version} AND _row_created_at_version < {version}",
-    )["_rowid"]  # fmt: skip
+    )["_rowid"]
     if len(updated):
         n += lance.dataset(uri, version=version - 1)._take_rows(updated.to_pylist()).num_rows
     return n
@@ -82,9 +83,11 @@ def main() -> None:
     from lance_cdf.spark.source import register
 
     spark = (
-        SparkSession.builder.master("local[2]").config("spark.ui.enabled", "false")
-        .config("spark.sql.session.timeZone", "UTC").getOrCreate()
-    )  # fmt: skip
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.session.timeZone", "UTC")
+        .getOrCreate()
+    )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
 
@@ -112,10 +115,14 @@ def main() -> None:
         )
         direct_s = timed(lambda v=version: pylance_direct(uri, v), args.repeat)
         results[label] = dict(
-            events=events, spark_s=spark_s, read_changes_s=cdf_s, pylance_s=direct_s,
-            spark_vs_pylance=spark_s / direct_s, spark_vs_read_changes=spark_s / cdf_s,
+            events=events,
+            spark_s=spark_s,
+            read_changes_s=cdf_s,
+            pylance_s=direct_s,
+            spark_vs_pylance=spark_s / direct_s,
+            spark_vs_read_changes=spark_s / cdf_s,
             spark_events_per_s=events / spark_s,
-        )  # fmt: skip
+        )
         print(label, json.dumps(results[label]), flush=True)
 
     # latency: commit -> visible in a foreachBatch sink, 500 ms trigger
@@ -128,9 +135,15 @@ def main() -> None:
 
     ck = os.path.join(args.dir, "spark-latency-ck")
     shutil.rmtree(ck, ignore_errors=True)
-    query = (spark.readStream.format("lance-cdf").option("path", uri).load().writeStream
-             .foreachBatch(sink).option("checkpointLocation", ck)
-             .trigger(processingTime="500 milliseconds").start())  # fmt: skip
+    query = (
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .load()
+        .writeStream.foreachBatch(sink)
+        .option("checkpointLocation", ck)
+        .trigger(processingTime="500 milliseconds")
+        .start()
+    )
     committed: dict[int, float] = {}
 
     def writer():
@@ -150,9 +163,12 @@ def main() -> None:
     query.stop()
     lat = sorted(seen[v] - t for v, t in committed.items() if v in seen)
     results["latency"] = dict(
-        commits=len(committed), visible=len(lat), p50_s=float(np.percentile(lat, 50)),
-        p99_s=float(np.percentile(lat, 99)), trigger="500 ms",
-    )  # fmt: skip
+        commits=len(committed),
+        visible=len(lat),
+        p50_s=float(np.percentile(lat, 50)),
+        p99_s=float(np.percentile(lat, 99)),
+        trigger="500 ms",
+    )
     print("latency", json.dumps(results["latency"]), flush=True)
     if args.out:
         with open(args.out, "w") as f:

@@ -33,22 +33,47 @@ from confluent_kafka import Consumer
 
 def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
     topic = f"start-{uuid.uuid4().hex[:8]}"
-    c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": topic,
-                  "auto.offset.reset": "earliest",
-                  "topic.metadata.refresh.interval.ms": 200})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": topic,
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 200,
+        }
+    )
     c.subscribe([topic])
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     if code_dir:
         env["PYTHONPATH"] = code_dir
-    cmd = [sys.executable, "-m", "lance_cdf.cli", "publish", "--table", uri,
-           "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
-           "--schema-registry", registry.url, "--checkpoint",
-           os.path.join(workdir, f"ck-{topic}"), "--starting-version", "1",
-           "--available-now", *extra]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        registry.url,
+        "--checkpoint",
+        os.path.join(workdir, f"ck-{topic}"),
+        "--starting-version",
+        "1",
+        "--available-now",
+        *extra,
+    ]
     if code_dir == "floor":  # the same Spark machinery without lance-cdf (startup_floor.py)
         floor = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_floor.py")
-        cmd = [sys.executable, floor, kafka.bootstrap_servers, topic,
-               os.path.join(workdir, f"ck-{topic}")]  # fmt: skip
+        cmd = [
+            sys.executable,
+            floor,
+            kafka.bootstrap_servers,
+            topic,
+            os.path.join(workdir, f"ck-{topic}"),
+        ]
         code_dir = None
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
@@ -85,9 +110,11 @@ def main() -> None:
     lance.write_dataset(pa.table({"id": [1]}), uri, enable_stable_row_ids=True)
     results: dict[str, list] = {"after": [], "no head start": [], "before": [], "floor": []}
     paths = (
-        ("before", args.before, ()), ("after", None, ()),
-        ("no head start", None, ("--no-head-start",)), ("floor", "floor", ()),
-    )  # fmt: skip
+        ("before", args.before, ()),
+        ("after", None, ()),
+        ("no head start", None, ("--no-head-start",)),
+        ("floor", "floor", ()),
+    )
     with KafkaBroker() as kafka, SchemaRegistry() as registry:
         for _ in range(args.runs):
             for label, code, extra in paths:
@@ -99,8 +126,10 @@ def main() -> None:
     for label, runs in results.items():
         if runs:
             best = min(runs, key=lambda r: r["first_record_s"])
-            print(f"{label}: first record {best['first_record_s']:.1f} s, exit "
-                  f"{best['exit_s']:.1f} s (best of {len(runs)})")  # fmt: skip
+            print(
+                f"{label}: first record {best['first_record_s']:.1f} s, exit "
+                f"{best['exit_s']:.1f} s (best of {len(runs)})"
+            )
 
 
 if __name__ == "__main__":

@@ -38,9 +38,10 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--out", default=None)
     ap.add_argument(
-        "--malloc-default", action="store_true",
+        "--malloc-default",
+        action="store_true",
         help="leave glibc's malloc as a fresh process has it (default: opt in, as bench_core)",
-    )  # fmt: skip
+    )
     args = ap.parse_args()
     import lance_cdf
 

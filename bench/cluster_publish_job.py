@@ -25,24 +25,35 @@ def main(args: dict) -> None:
     from lance_cdf.spark.publish.runner import hand_off
 
     work = (
-        spark.readStream.format("lance-cdf").option("path", args["table"])
-        .option("startingVersion", 1).option("maxVersionsPerTrigger", 1)
-        .option("keyHash", "_rowid").option("writerSlots", args["executors"])
-        .option("kafkaPartitions", args["partitions"]).load()
-    )  # fmt: skip
+        spark.readStream.format("lance-cdf")
+        .option("path", args["table"])
+        .option("startingVersion", 1)
+        .option("maxVersionsPerTrigger", 1)
+        .option("keyHash", "_rowid")
+        .option("writerSlots", args["executors"])
+        .option("kafkaPartitions", args["partitions"])
+        .load()
+    )
     t0 = time.perf_counter()
     q = (
-        hand_off(work).writeStream
-        .format("lance-cdf-kafka").option("kafka.bootstrap.servers", args["bootstrap_servers"])
-        .option("topic", args["topic"]).option("schema.registry.url", args["schema_registry"])
-        .option("table", args["table"]).option("checkpointLocation", args["checkpoint"])
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        hand_off(work)
+        .writeStream.format("lance-cdf-kafka")
+        .option("kafka.bootstrap.servers", args["bootstrap_servers"])
+        .option("topic", args["topic"])
+        .option("schema.registry.url", args["schema_registry"])
+        .option("table", args["table"])
+        .option("checkpointLocation", args["checkpoint"])
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination()
     if q.exception():
         raise SystemExit(str(q.exception()))
-    batches = [(planned_events(p), p.durationMs["triggerExecution"] / 1000)
-               for p in q.recentProgress if p.numInputRows]  # fmt: skip
+    batches = [
+        (planned_events(p), p.durationMs["triggerExecution"] / 1000)
+        for p in q.recentProgress
+        if p.numInputRows
+    ]
     with open(args["out"], "w") as f:
         json.dump({"s": time.perf_counter() - t0, "batches": batches}, f)
     spark.stop()

@@ -51,13 +51,15 @@ def main() -> None:
             continue
         b, a = before[v], after[v]
         row = {
-            "cell": names.get(v, "?"), "versions": v,
-            "before_ms": b["read_changes"][0], "after_ms": a["read_changes"][0],
+            "cell": names.get(v, "?"),
+            "versions": v,
+            "before_ms": b["read_changes"][0],
+            "after_ms": a["read_changes"][0],
             "x_wall": a["read_changes"][0] / b["read_changes"][0],
             "x_cpu": a["read_changes"][1] / b["read_changes"][1],
             "x_vs_delta": (a["read_changes"][0] / a["delta"][0])
             / (b["read_changes"][0] / b["delta"][0]),
-        }  # fmt: skip
+        }
         rows.append(row)
         print(
             f"| {row['cell']} | {v} | {row['before_ms']:.1f} → {row['after_ms']:.1f} "

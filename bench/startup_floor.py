@@ -87,10 +87,13 @@ def main() -> None:
     spark.dataSource.register(Floor)
     rows = spark.readStream.format("startup-floor").load().repartition(2, "id")
     q = (
-        rows.writeStream.format("startup-floor").option("bootstrap", bootstrap)
-        .option("topic", topic).option("checkpointLocation", checkpoint)
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        rows.writeStream.format("startup-floor")
+        .option("bootstrap", bootstrap)
+        .option("topic", topic)
+        .option("checkpointLocation", checkpoint)
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination()
     spark.stop()
 

@@ -13,10 +13,15 @@ DIM = 768
 def narrow(n: int, start: int = 0) -> pa.Table:
     """5 scalar columns: id int64, name string, score double, ts int64, flag bool."""
     ids = np.arange(start, start + n)
-    return pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids], pa.string()),
-        "score": ids * 0.5, "ts": ids * 1000, "flag": ids % 2 == 0,
-    })  # fmt: skip
+    return pa.table(
+        {
+            "id": ids,
+            "name": pa.array([f"n{i}" for i in ids], pa.string()),
+            "score": ids * 0.5,
+            "ts": ids * 1000,
+            "flag": ids % 2 == 0,
+        }
+    )
 
 
 def vectors(n: int, dim: int = DIM) -> pa.Table:
@@ -40,8 +45,10 @@ def timed(fn, *args, repeat: int = 1):
 def id_name_vec(start: int, n: int, seed: int, dim: int) -> pa.Table:
     """Rows start..start+n: id int64, name string, a dim-d float32 vector (random, seeded)."""
     vec = np.random.default_rng(seed).random((n, dim), dtype=np.float32)
-    return pa.table({
-        "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
-        "name": pa.array([f"name-{i}" for i in range(start, start + n)], pa.string()),
-        "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "id": pa.array(np.arange(start, start + n, dtype=np.int64)),
+            "name": pa.array([f"name-{i}" for i in range(start, start + n)], pa.string()),
+            "vec": pa.FixedSizeListArray.from_arrays(pa.array(vec.ravel()), dim),
+        }
+    )

@@ -20,14 +20,21 @@ def main(argv: list[str] | None = None) -> int:
         "`lance-cdf replicate --database-target` applies them to a replica database, and "
         "each replica table is checked against its source at the end.",
     )
-    ap.add_argument("--dir", default="demo-data", help="where the tables, checkpoint and logs "
-                    "go (recreated; default ./demo-data)")  # fmt: skip
+    ap.add_argument(
+        "--dir",
+        default="demo-data",
+        help="where the tables, checkpoint and logs go (recreated; default ./demo-data)",
+    )
     ap.add_argument("--seconds", type=float, default=60, help="how long the writer runs")
-    ap.add_argument("--commit-interval", type=float, default=1.5,
-                    help="seconds between random commits")  # fmt: skip
+    ap.add_argument(
+        "--commit-interval", type=float, default=1.5, help="seconds between random commits"
+    )
     ap.add_argument("--partitions", type=int, default=3, help="partitions of each table's topic")
-    ap.add_argument("--walkthrough", action="store_true",
-                    help="instead: the change feed of a few commits, no Kafka (fast)")  # fmt: skip
+    ap.add_argument(
+        "--walkthrough",
+        action="store_true",
+        help="instead: the change feed of a few commits, no Kafka (fast)",
+    )
     args = ap.parse_args(argv)
     if args.walkthrough:
         from lance_cdf_demo.walkthrough import main as walkthrough

@@ -75,8 +75,9 @@ class Probe:
     table URI), the publisher's `checkpoint`, the topics `<prefix>.<name>`, and the replica
     database `replica` (its tables appear as the replicator creates them)."""
 
-    def __init__(self, sources: dict[str, str], checkpoint: str, replica: str, bootstrap: str,
-                 prefix: str):  # fmt: skip
+    def __init__(
+        self, sources: dict[str, str], checkpoint: str, replica: str, bootstrap: str, prefix: str
+    ):
         self.sources, self.checkpoint, self.replica_root = sources, checkpoint, replica
         self.prefix = prefix
         self.replicas: dict[str, ReplicaTable] = {}
@@ -117,14 +118,16 @@ class Probe:
         for name, uri in self.sources.items():
             replica = self._replica(name)
             position = replica.position() if replica is not None else {}  # read once
-            tables.append(TableSnapshot(
-                name=name,
-                source_version=lance.dataset(uri).version,
-                published_version=published.get(name),
-                replicated_version=source_version_of(position),
-                kafka_records=self.kafka_records(self.topic(name)),
-                replicated_records=sum(offsets_of(position, self.topic(name)).values()),
-            ))  # fmt: skip
+            tables.append(
+                TableSnapshot(
+                    name=name,
+                    source_version=lance.dataset(uri).version,
+                    published_version=published.get(name),
+                    replicated_version=source_version_of(position),
+                    kafka_records=self.kafka_records(self.topic(name)),
+                    replicated_records=sum(offsets_of(position, self.topic(name)).values()),
+                )
+            )
         replicated = sum(t.replicated_records for t in tables)
         self._rate = [(t, n) for t, n in self._rate if now - t <= 10] + [(now, replicated)]
         (t0, n0), (t1, n1) = self._rate[0], self._rate[-1]
@@ -147,17 +150,24 @@ def render(s: Snapshot, total: float, phase: str) -> Table:
     """A rich renderable of one snapshot: a row per table."""
     from rich.table import Table
 
-    table = Table(title=f"lance-cdf demo — {phase} ({s.elapsed:.0f}s / {total:.0f}s)",
-                  show_header=True, header_style="bold")  # fmt: skip
+    table = Table(
+        title=f"lance-cdf demo — {phase} ({s.elapsed:.0f}s / {total:.0f}s)",
+        show_header=True,
+        header_style="bold",
+    )
     for column in ("table", "source v", "published v", "replicated v"):
         table.add_column(column, justify="left" if column == "table" else "right")
     table.add_column("Kafka records", justify="right")
     table.add_column("lag", justify="right")
     for t in s.tables:
         table.add_row(
-            t.name, str(t.source_version), _v(t.published_version), _v(t.replicated_version),
-            f"{t.kafka_records:,}", f"{t.lag_records:,} records",
-        )  # fmt: skip
+            t.name,
+            str(t.source_version),
+            _v(t.published_version),
+            _v(t.replicated_version),
+            f"{t.kafka_records:,}",
+            f"{t.lag_records:,} records",
+        )
     table.caption = (
         f"last commit: {s.last_commit}; {s.events_per_s:,.0f} events/s applied (10 s window)"
     )

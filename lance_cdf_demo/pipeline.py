@@ -139,26 +139,59 @@ def run(
         sources = create(paths.source)
         topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
         say(f"database {paths.source}: tables {', '.join(sources)} (sales: a child namespace)")
-        kafka = ["--bootstrap-servers", broker.bootstrap_servers,
-                 "--schema-registry", registry.url]  # fmt: skip
+        kafka = ["--bootstrap-servers", broker.bootstrap_servers, "--schema-registry", registry.url]
         pub_port, rep_port = free_port(), free_port()
-        children.start("publisher", ["publish", "--database", paths.source,
-                                     "--topic-prefix", PREFIX, *kafka,
-                                     "--checkpoint", paths.checkpoint, "--starting-version",
-                                     "1", "--trigger-interval", "1 second",
-                                     "--partitions", str(partitions),
-                                     "--metrics-port", str(pub_port)])  # fmt: skip
-        children.start("replicator", ["replicate", *kafka, "--database-target", paths.replica,
-                                      "--topic-prefix", PREFIX,
-                                      "--dead-letter-topic", DEAD_LETTERS,
-                                      "--max-batch-interval", "500ms", "--refresh-interval",
-                                      "1", "--source-database", paths.source,
-                                      "--metrics-port", str(rep_port)])  # fmt: skip
-        say(f"one publisher (publish --database) and one replicator (replicate "
+        children.start(
+            "publisher",
+            [
+                "publish",
+                "--database",
+                paths.source,
+                "--topic-prefix",
+                PREFIX,
+                *kafka,
+                "--checkpoint",
+                paths.checkpoint,
+                "--starting-version",
+                "1",
+                "--trigger-interval",
+                "1 second",
+                "--partitions",
+                str(partitions),
+                "--metrics-port",
+                str(pub_port),
+            ],
+        )
+        children.start(
+            "replicator",
+            [
+                "replicate",
+                *kafka,
+                "--database-target",
+                paths.replica,
+                "--topic-prefix",
+                PREFIX,
+                "--dead-letter-topic",
+                DEAD_LETTERS,
+                "--max-batch-interval",
+                "500ms",
+                "--refresh-interval",
+                "1",
+                "--source-database",
+                paths.source,
+                "--metrics-port",
+                str(rep_port),
+            ],
+        )
+        say(
+            f"one publisher (publish --database) and one replicator (replicate "
             f"--database-target) for the {len(sources)} tables, topics {PREFIX}.<table> "
-            f"(logs in {paths.logs}); writing for {seconds:.0f}s")  # fmt: skip
-        say(f"Prometheus metrics: publisher http://127.0.0.1:{pub_port}/metrics, "
-            f"replicator http://127.0.0.1:{rep_port}/metrics")  # fmt: skip
+            f"(logs in {paths.logs}); writing for {seconds:.0f}s"
+        )
+        say(
+            f"Prometheus metrics: publisher http://127.0.0.1:{pub_port}/metrics, "
+            f"replicator http://127.0.0.1:{rep_port}/metrics"
+        )
         probe = Probe(sources, paths.checkpoint, paths.replica, broker.bootstrap_servers, PREFIX)
         writer = Writer(sources)
         _drive(writer, probe, children, seconds, commit_interval, out)

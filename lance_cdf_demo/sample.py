@@ -92,9 +92,12 @@ def create(root: str) -> dict[str, str]:
     for spec in TABLES:
         uri = table_location(root, spec.identifier)
         lance.write_dataset(
-            spec.rows(np.arange(spec.size), 0), uri, mode="create",
-            enable_stable_row_ids=True, max_rows_per_file=500,
-        )  # fmt: skip
+            spec.rows(np.arange(spec.size), 0),
+            uri,
+            mode="create",
+            enable_stable_row_ids=True,
+            max_rows_per_file=500,
+        )
         uris[spec.name] = uri
     return uris
 

@@ -35,18 +35,25 @@ def _stop(*_: object) -> NoReturn:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lance_cdf_devtools", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)  # fmt: skip
+    ap = argparse.ArgumentParser(
+        prog="python -m lance_cdf_devtools",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     ap.add_argument("command", choices=["provision", "up", "s3", "connect", "deny"])
     ap.add_argument("--cache-dir", help="default: $LANCE_CDF_DEVTOOLS_CACHE or .cache/devtools")
     ap.add_argument("--no-auto-create-topics", action="store_true")
-    ap.add_argument("--secure", action="store_true",
-                    help="up: SASL_SSL broker, HTTPS + basic-auth registry")  # fmt: skip
+    ap.add_argument(
+        "--secure", action="store_true", help="up: SASL_SSL broker, HTTPS + basic-auth registry"
+    )
     ap.add_argument("--admin-config-file", help="deny: the admin settings `up --secure` wrote")
     ap.add_argument("--topic", action="append", default=[], help="deny: a topic (repeatable)")
     ap.add_argument("--group", action="append", default=[], help="deny: a group (repeatable)")
-    ap.add_argument("--principal", default=f"User:{SecureKafkaBroker.USERNAME}",
-                    help="deny: whom (default: the client user of `up --secure`)")  # fmt: skip
+    ap.add_argument(
+        "--principal",
+        default=f"User:{SecureKafkaBroker.USERNAME}",
+        help="deny: whom (default: the client user of `up --secure`)",
+    )
     args = ap.parse_args(argv)
     if args.command == "deny":
         return _deny(args)
@@ -93,18 +100,18 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(registry, SecureSchemaRegistry):
                 # credentials only in files (mode 0600), never on the terminal
                 client = _properties(kafka.workdir / "client.properties", kafka.client_config)
-                reg = _properties(registry.workdir / "registry.properties",
-                                  registry.client_config)  # fmt: skip
+                reg = _properties(registry.workdir / "registry.properties", registry.client_config)
                 print(f"--producer-config-file / --consumer-config-file {client}")
                 print(f"--registry-config-file {reg}")
                 if isinstance(kafka, SecureKafkaBroker):
                     admin = _properties(
                         kafka.workdir / "admin.properties",
-                        {"bootstrap.servers": kafka.bootstrap_servers,
-                         **kafka.admin_client_config},
-                    )  # fmt: skip
-                    print(f"broker admin (ACLs): python -m lance_cdf_devtools deny "
-                          f"--admin-config-file {admin} --topic NAME")  # fmt: skip
+                        {"bootstrap.servers": kafka.bootstrap_servers, **kafka.admin_client_config},
+                    )
+                    print(
+                        f"broker admin (ACLs): python -m lance_cdf_devtools deny "
+                        f"--admin-config-file {admin} --topic NAME"
+                    )
             print("Ctrl-C or SIGTERM stops both.", flush=True)
             while kafka.running() and registry.running():
                 time.sleep(1)

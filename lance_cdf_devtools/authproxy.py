@@ -18,8 +18,18 @@ import sys
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
-_HOP = {"connection", "keep-alive", "proxy-authorization", "te", "trailers",
-        "transfer-encoding", "upgrade", "authorization", "host", "content-length"}  # fmt: skip
+_HOP = {
+    "connection",
+    "keep-alive",
+    "proxy-authorization",
+    "te",
+    "trailers",
+    "transfer-encoding",
+    "upgrade",
+    "authorization",
+    "host",
+    "content-length",
+}
 
 
 def _handler(upstream: str, users: set[bytes]) -> type[BaseHTTPRequestHandler]:
@@ -54,8 +64,9 @@ def _handler(upstream: str, users: set[bytes]) -> type[BaseHTTPRequestHandler]:
             length = int(self.headers.get("Content-Length") or 0)
             body: bytes | None = self.rfile.read(length) if length else None
             headers = {k: v for k, v in self.headers.items() if k.lower() not in _HOP}
-            conn = http.client.HTTPConnection(target.hostname or "127.0.0.1", target.port,
-                                              timeout=30)  # fmt: skip
+            conn = http.client.HTTPConnection(
+                target.hostname or "127.0.0.1", target.port, timeout=30
+            )
             try:
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()

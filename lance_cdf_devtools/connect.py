@@ -99,9 +99,10 @@ class KafkaConnect(ChildService):
             "plugin.path": str(connect_plugins(self.cache_dir)),
             "plugin.discovery": "hybrid_warn",
             "config.providers": "file",
-            "config.providers.file.class":
-                "org.apache.kafka.common.config.provider.FileConfigProvider",
-        }  # fmt: skip
+            "config.providers.file.class": (
+                "org.apache.kafka.common.config.provider.FileConfigProvider"
+            ),
+        }
         # the worker's own clients, and those it makes for connectors
         for prefix in ("", "producer.", "consumer.", "admin."):
             props.update({prefix + k: v for k, v in self.client_config.items()})
@@ -111,13 +112,16 @@ class KafkaConnect(ChildService):
 
     def _command(self) -> list[str]:
         return [
-            java_executable(), f"-Xmx{self.heap}", "-XX:+ExitOnOutOfMemoryError",
+            java_executable(),
+            f"-Xmx{self.heap}",
+            "-XX:+ExitOnOutOfMemoryError",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
             f"-Djava.io.tmpdir={self.workdir}",
-            "-cp", f"{connect_lib(self.cache_dir)}/*",
+            "-cp",
+            f"{connect_lib(self.cache_dir)}/*",
             "org.apache.kafka.connect.cli.ConnectStandalone",
             str(self.workdir / "worker.properties"),
-        ]  # fmt: skip
+        ]
 
     def _ready(self) -> bool:
         try:
@@ -130,9 +134,11 @@ class KafkaConnect(ChildService):
         """The JSON of the response (None: an empty body)."""
         data = None if body is None else json.dumps(body).encode()
         req = urllib.request.Request(
-            f"{self.url}{path}", data=data, method=method,
+            f"{self.url}{path}",
+            data=data,
+            method=method,
             headers={"Content-Type": "application/json", "Accept": "application/json"},
-        )  # fmt: skip
+        )
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 text = resp.read().decode()
@@ -221,10 +227,23 @@ class PostgresServer(ChildService):
             os.chown(self.workdir, 65534, 65534)
             self._reachable_binaries()
         subprocess.run(
-            [*self._as_user(), str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres",
-             "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync"],
-            check=True, capture_output=True, cwd=self.workdir,
-        )  # fmt: skip
+            [
+                *self._as_user(),
+                str(self.bin / "initdb"),
+                "-D",
+                str(self.data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--locale=C",
+                "--no-sync",
+            ],
+            check=True,
+            capture_output=True,
+            cwd=self.workdir,
+        )
 
     def _reachable_binaries(self) -> None:
         """`nobody` must reach the server's binaries: a checkout under a private directory
@@ -244,10 +263,23 @@ class PostgresServer(ChildService):
 
     def _command(self) -> list[str]:
         return [
-            *self._as_user(), str(self.bin / "postgres"), "-D", str(self.data),
-            "-p", str(self.port), "-h", "127.0.0.1", "-k", str(self.workdir),
-            "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-        ]  # fmt: skip
+            *self._as_user(),
+            str(self.bin / "postgres"),
+            "-D",
+            str(self.data),
+            "-p",
+            str(self.port),
+            "-h",
+            "127.0.0.1",
+            "-k",
+            str(self.workdir),
+            "-c",
+            "fsync=off",
+            "-c",
+            "synchronous_commit=off",
+            "-c",
+            "full_page_writes=off",
+        ]
 
     def _ready(self) -> bool:
         import pg8000.dbapi

@@ -68,10 +68,14 @@ class KafkaBroker(JavaService):
 
     def _java(self, *args: str, heap: str | None = None) -> list[str]:
         return [
-            java_executable(), f"-Xmx{heap or self.heap}", "-Djava.awt.headless=true",
+            java_executable(),
+            f"-Xmx{heap or self.heap}",
+            "-Djava.awt.headless=true",
             f"-Dlog4j2.configurationFile={self.workdir / 'log4j2.properties'}",
-            "-cp", str(kafka_lib(self.cache_dir) / "*"), *args,
-        ]  # fmt: skip
+            "-cp",
+            str(kafka_lib(self.cache_dir) / "*"),
+            *args,
+        ]
 
     def _prepare(self) -> None:
         (self.workdir / "log4j2.properties").write_text(_LOG4J2)
@@ -101,9 +105,16 @@ class KafkaBroker(JavaService):
             + "\n"
         )
         cmd = self._java(
-            "kafka.tools.StorageTool", "format", "--standalone",
-            "-t", _cluster_id(), "-c", str(self.properties), *self._format_args(), heap="256m",
-        )  # fmt: skip
+            "kafka.tools.StorageTool",
+            "format",
+            "--standalone",
+            "-t",
+            _cluster_id(),
+            "-c",
+            str(self.properties),
+            *self._format_args(),
+            heap="256m",
+        )
         done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL)
         if done.returncode != 0:
             raise RuntimeError(
@@ -189,10 +200,12 @@ class SecureKafkaBroker(KafkaBroker):
     @property
     def client_config(self) -> dict[str, str]:
         return {
-            "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
-            "sasl.username": self.username, "sasl.password": self.password,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.MECHANISM,
+            "sasl.username": self.username,
+            "sasl.password": self.password,
             "ssl.ca.location": str(self.ca_pem),
-        }  # fmt: skip
+        }
 
     @property
     def java_client_config(self) -> dict[str, str]:
@@ -201,16 +214,21 @@ class SecureKafkaBroker(KafkaBroker):
             f'username="{self.username}" password="{self.password}";'
         )
         return {
-            "security.protocol": "SASL_SSL", "sasl.mechanism": self.MECHANISM,
+            "security.protocol": "SASL_SSL",
+            "sasl.mechanism": self.MECHANISM,
             "sasl.jaas.config": jaas,
-            "ssl.truststore.type": "PEM", "ssl.truststore.location": str(self.ca_pem),
-        }  # fmt: skip
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(self.ca_pem),
+        }
 
     @property
     def admin_client_config(self) -> dict[str, str]:
         """`client_config` as the broker's super user `admin` (for ACLs)."""
-        return {**self.client_config, "sasl.username": "admin",
-                "sasl.password": self._admin_password}  # fmt: skip
+        return {
+            **self.client_config,
+            "sasl.username": "admin",
+            "sasl.password": self._admin_password,
+        }
 
     def _listener_lines(self) -> list[str]:
         jaas = (
@@ -246,9 +264,11 @@ class SecureKafkaBroker(KafkaBroker):
         # SCRAM users exist before the first start (KRaft: kafka-storage format
         # --add-scram); the passwords are random per run and the format process is brief
         return [
-            "--add-scram", f"{self.MECHANISM}=[name=admin,password={self._admin_password}]",
-            "--add-scram", f"{self.MECHANISM}=[name={self.username},password={self.password}]",
-        ]  # fmt: skip
+            "--add-scram",
+            f"{self.MECHANISM}=[name=admin,password={self._admin_password}]",
+            "--add-scram",
+            f"{self.MECHANISM}=[name={self.username},password={self.password}]",
+        ]
 
 
 def deny(
@@ -269,11 +289,18 @@ def deny(
     )
 
     acls = [
-        AclBinding(kind, name, ResourcePatternType.LITERAL, principal, "*", AclOperation.ALL,
-                   AclPermissionType.DENY)
+        AclBinding(
+            kind,
+            name,
+            ResourcePatternType.LITERAL,
+            principal,
+            "*",
+            AclOperation.ALL,
+            AclPermissionType.DENY,
+        )
         for kind, names in ((ResourceType.TOPIC, topics), (ResourceType.GROUP, groups))
         for name in names
-    ]  # fmt: skip
+    ]
     admin = AdminClient({**admin_config, "log_level": 0})
     for future in admin.create_acls(acls).values():
         future.result(timeout=30)

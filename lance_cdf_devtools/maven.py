@@ -76,9 +76,12 @@ def _stamped(cache: Path, stamp_name: str, digest: str, *required: tuple[Path, s
 
 def _is_current(cache: Path) -> bool:
     return _stamped(
-        cache, _STAMP, _pom_hash(),
-        (kafka_lib(cache), "kafka_2.13-*.jar"), (cache / "apicurio", "*-runner.jar"),
-    )  # fmt: skip
+        cache,
+        _STAMP,
+        _pom_hash(),
+        (kafka_lib(cache), "kafka_2.13-*.jar"),
+        (cache / "apicurio", "*-runner.jar"),
+    )
 
 
 @contextlib.contextmanager
@@ -139,7 +142,8 @@ def provision(cache_dir: str | os.PathLike[str] | None = None) -> Path:
         _mvn(
             [
                 f"-Dmaven.repo.local={repo}",
-                "-f", str(POM),
+                "-f",
+                str(POM),
                 f"-Ddevtools.out={cache}",
                 "package",
                 # 2.8 copies the file without reading its POM (3.x reads it and fails: the
@@ -148,7 +152,7 @@ def provision(cache_dir: str | os.PathLike[str] | None = None) -> Path:
                 f"-Dartifact={artifact[0]}:{artifact[1]}:{artifact[2]}:tar.gz:all",
                 "-Dtransitive=false",
             ]
-        )  # fmt: skip
+        )
         group, name, version = artifact
         tarball = repo.joinpath(*group.split("."), name, version, f"{name}-{version}-all.tar.gz")
         _untar(tarball, cache / "apicurio")
@@ -188,10 +192,12 @@ def _connect_hash() -> str:
 
 def _connect_current(cache: Path) -> bool:
     return _stamped(
-        cache, _CONNECT_STAMP, _connect_hash(),
+        cache,
+        _CONNECT_STAMP,
+        _connect_hash(),
         (connect_lib(cache), "connect-runtime-*.jar"),
         (connect_plugins(cache) / "debezium-jdbc", "debezium-connector-jdbc-*.jar"),
-    )  # fmt: skip
+    )
 
 
 def provision_connect(cache_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -210,9 +216,14 @@ def provision_connect(cache_dir: str | os.PathLike[str] | None = None) -> Path:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
         for pom in CONNECT_POMS:
             _mvn(
-                [f"-Dmaven.repo.local={cache / 'm2'}", "-f", str(pom),
-                 f"-Ddevtools.out={cache}", "package"]
-            )  # fmt: skip
+                [
+                    f"-Dmaven.repo.local={cache / 'm2'}",
+                    "-f",
+                    str(pom),
+                    f"-Ddevtools.out={cache}",
+                    "package",
+                ]
+            )
         for target in ("target-connect", "target-connect-plugins"):
             shutil.rmtree(cache / target, ignore_errors=True)
         (cache / _CONNECT_STAMP).write_text(_connect_hash() + "\n")
@@ -220,6 +231,13 @@ def provision_connect(cache_dir: str | os.PathLike[str] | None = None) -> Path:
 
 
 __all__ = [
-    "connect_lib", "connect_plugins", "connect_versions", "default_cache_dir", "kafka_lib",
-    "provision", "provision_connect", "registry_jar", "versions",
-]  # fmt: skip
+    "connect_lib",
+    "connect_plugins",
+    "connect_versions",
+    "default_cache_dir",
+    "kafka_lib",
+    "provision",
+    "provision_connect",
+    "registry_jar",
+    "versions",
+]

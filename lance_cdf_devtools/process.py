@@ -66,9 +66,11 @@ def java_executable() -> str:
 def _setpriv() -> str | None:
     """The path of a working `setpriv`, or None (probed once)."""
     exe = shutil.which("setpriv")
-    ok = exe is not None and subprocess.run(
-        [exe, "--pdeathsig", "TERM", "true"], capture_output=True
-    ).returncode == 0  # fmt: skip
+    ok = (
+        exe is not None
+        and subprocess.run([exe, "--pdeathsig", "TERM", "true"], capture_output=True).returncode
+        == 0
+    )
     return exe if ok else None
 
 
@@ -152,9 +154,13 @@ class ChildService:
             log.flush()
             self.proc = subprocess.Popen(
                 [*_death_signal_prefix(), *self._command()],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                cwd=self.workdir, env=self._env(), start_new_session=True,  # own group
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.workdir,
+                env=self._env(),
+                start_new_session=True,  # own group
+            )
         with _lock:
             if self not in _live:
                 _live.append(self)

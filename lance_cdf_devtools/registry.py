@@ -54,10 +54,13 @@ class SchemaRegistry(JavaService):
             "java.io.tmpdir": self.workdir,
         }
         return [
-            java_executable(), f"-Xmx{self.heap}", "-XX:+ExitOnOutOfMemoryError",
+            java_executable(),
+            f"-Xmx{self.heap}",
+            "-XX:+ExitOnOutOfMemoryError",
             *(f"-D{k}={v}" for k, v in props.items()),
-            "-jar", str(registry_jar(self.cache_dir)),
-        ]  # fmt: skip
+            "-jar",
+            str(registry_jar(self.cache_dir)),
+        ]
 
     def _ready(self) -> bool:
         try:
@@ -110,11 +113,20 @@ class SecureSchemaRegistry(ChildService):
 
     def _command(self) -> list[str]:
         return [
-            sys.executable, "-m", "lance_cdf_devtools.authproxy", "--port", str(self.port),
-            "--upstream", f"http://127.0.0.1:{self.upstream.port}",
-            "--cert", str(self._cert.cert_pem), "--key", str(self._cert.key_pem),
-            "--users", str(self._users),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "lance_cdf_devtools.authproxy",
+            "--port",
+            str(self.port),
+            "--upstream",
+            f"http://127.0.0.1:{self.upstream.port}",
+            "--cert",
+            str(self._cert.cert_pem),
+            "--key",
+            str(self._cert.key_pem),
+            "--users",
+            str(self._users),
+        ]
 
     def _ready(self) -> bool:
         ctx = ssl.create_default_context(cafile=str(self.ca_pem))

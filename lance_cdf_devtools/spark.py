@@ -33,8 +33,7 @@ def spark_home() -> Path:
 def _base_env(extra: dict[str, str] | None) -> dict[str, str]:
     env = {k: os.environ[k] for k in PASSED_ENV if k in os.environ}
     env.setdefault("JAVA_HOME", str(Path(java_executable()).resolve().parents[1]))
-    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1",
-               SPARK_NO_DAEMONIZE="1")  # fmt: skip
+    env.update(SPARK_HOME=str(spark_home()), SPARK_LOCAL_IP="127.0.0.1", SPARK_NO_DAEMONIZE="1")
     env.update(extra or {})
     return env
 
@@ -62,9 +61,15 @@ class SparkMaster(_SparkDaemon):
 
     def _command(self) -> list[str]:
         return [
-            str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.master.Master",
-            "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port),
-        ]  # fmt: skip
+            str(spark_home() / "bin" / "spark-class"),
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+        ]
 
     def state(self) -> dict[str, Any]:
         url = f"http://127.0.0.1:{self.ui_port}/json/"
@@ -103,11 +108,22 @@ class SparkWorker(_SparkDaemon):
 
     def _command(self) -> list[str]:
         return [
-            str(spark_home() / "bin" / "spark-class"), "org.apache.spark.deploy.worker.Worker",
-            "--host", "127.0.0.1", "--port", str(self.port), "--webui-port", str(self.ui_port),
-            "--cores", str(self.cores), "--memory", self.memory,
-            "--work-dir", str(self.workdir / "work"), self.master.url,
-        ]  # fmt: skip
+            str(spark_home() / "bin" / "spark-class"),
+            "org.apache.spark.deploy.worker.Worker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+            "--webui-port",
+            str(self.ui_port),
+            "--cores",
+            str(self.cores),
+            "--memory",
+            self.memory,
+            "--work-dir",
+            str(self.workdir / "work"),
+            self.master.url,
+        ]
 
     def _ready(self) -> bool:
         try:
@@ -155,8 +171,9 @@ class SparkCluster:
             svc.close()
 
     def logs(self) -> str:
-        return "\n".join(f"== {s.name} ({s.log_path})\n{s.log_tail(30)}"
-                         for s in [self.master, *self.workers])  # fmt: skip
+        return "\n".join(
+            f"== {s.name} ({s.log_path})\n{s.log_tail(30)}" for s in [self.master, *self.workers]
+        )
 
     def __enter__(self) -> SparkCluster:
         return self.start()

@@ -43,21 +43,29 @@ class CertAuthority:
         self._name = name
         self._cert = (
             x509.CertificateBuilder()
-            .subject_name(name).issuer_name(name)
+            .subject_name(name)
+            .issuer_name(name)
             .public_key(self._key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=2))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
             .add_extension(
-                x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
-                              content_commitment=False, key_encipherment=False,
-                              data_encipherment=False, key_agreement=False,
-                              encipher_only=False, decipher_only=False),
+                x509.KeyUsage(
+                    digital_signature=True,
+                    key_cert_sign=True,
+                    crl_sign=True,
+                    content_commitment=False,
+                    key_encipherment=False,
+                    data_encipherment=False,
+                    key_agreement=False,
+                    encipher_only=False,
+                    decipher_only=False,
+                ),
                 critical=True,
             )
             .sign(self._key, hashes.SHA256())
-        )  # fmt: skip
+        )
         self.ca_pem = self.dir / "ca.pem"
         self.ca_pem.write_bytes(self._cert.public_bytes(serialization.Encoding.PEM))
 
@@ -79,34 +87,37 @@ class CertAuthority:
             .not_valid_before(now - dt.timedelta(minutes=5))
             .not_valid_after(now + dt.timedelta(days=2))
             .add_extension(
-                x509.SubjectAlternativeName([
-                    x509.DNSName("localhost"),
-                    x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                ]),
+                x509.SubjectAlternativeName(
+                    [
+                        x509.DNSName("localhost"),
+                        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                    ]
+                ),
                 critical=False,
             )
-            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]),
-                           critical=False)
+            .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
             .sign(self._key, hashes.SHA256())
-        )  # fmt: skip
+        )
         pem = serialization.Encoding.PEM
         cert_pem = self.dir / f"{name}.pem"
         cert_pem.write_bytes(cert.public_bytes(pem) + self._cert.public_bytes(pem))
         key_pem = self.dir / f"{name}.key"
         key_pem.touch(mode=0o600)
         key_pem.write_bytes(
-            key.private_bytes(pem, serialization.PrivateFormat.PKCS8,
-                              serialization.NoEncryption())
-        )  # fmt: skip
+            key.private_bytes(pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+        )
         password = secrets.token_urlsafe(16)
         keystore = self.dir / f"{name}.p12"
         keystore.touch(mode=0o600)
         keystore.write_bytes(
             pkcs12.serialize_key_and_certificates(
-                name.encode(), key, cert, [self._cert],
+                name.encode(),
+                key,
+                cert,
+                [self._cert],
                 serialization.BestAvailableEncryption(password.encode()),
             )
-        )  # fmt: skip
+        )
         return ServerCert(cert_pem, key_pem, keystore, password)
 
 
@@ -129,11 +140,26 @@ def java_truststore(
     path.unlink(missing_ok=True)
     password = secrets.token_urlsafe(16)
     done = subprocess.run(
-        [str(keytool), "-importcert", "-noprompt", "-alias", "ca", "-file", str(ca_pem),
-         "-keystore", str(path), "-storetype", "PKCS12", "-storepass:env", "TRUSTSTORE_PASSWORD"],
+        [
+            str(keytool),
+            "-importcert",
+            "-noprompt",
+            "-alias",
+            "ca",
+            "-file",
+            str(ca_pem),
+            "-keystore",
+            str(path),
+            "-storetype",
+            "PKCS12",
+            "-storepass:env",
+            "TRUSTSTORE_PASSWORD",
+        ],
         env={**os.environ, "TRUSTSTORE_PASSWORD": password},
-        capture_output=True, text=True, stdin=subprocess.DEVNULL,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"keytool -importcert failed: {(done.stdout + done.stderr)[-2000:]}")
     return JavaTruststore(path, password)

@@ -50,10 +50,15 @@ def main(args: dict) -> None:
     from lance_cdf.spark.publish.runner import publish
 
     code = publish(
-        args["table"], args["bootstrap_servers"], args["topic"], args["schema_registry"],
-        args["checkpoint"], starting_version="1", available_now=True,
+        args["table"],
+        args["bootstrap_servers"],
+        args["topic"],
+        args["schema_registry"],
+        args["checkpoint"],
+        starting_version="1",
+        available_now=True,
         storage_options=args["storage_options"],
-    )  # fmt: skip
+    )
     with open(args["out"], "w") as f:
         json.dump(
             {

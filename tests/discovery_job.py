@@ -46,10 +46,16 @@ def main(args: dict) -> None:
         finish(spark, args, out)
         return
     stream = (
-        spark.readStream.format("lance-cdf").option("path", uri)
-        .option("startingVersion", start).option("maxVersionsPerTrigger", 1).load()
-        .writeStream.format("memory").queryName("changes").trigger(availableNow=True).start()
-    )  # fmt: skip
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", start)
+        .option("maxVersionsPerTrigger", 1)
+        .load()
+        .writeStream.format("memory")
+        .queryName("changes")
+        .trigger(availableNow=True)
+        .start()
+    )
     stream.awaitTermination()
     out["stream"] = rows(spark.sql("SELECT * FROM changes"))
     out["progress"] = [

@@ -91,9 +91,10 @@ def _common_differ(a: dict, b: dict, fields_a, fields_b) -> bool:
     ids_a = {f.name(): f.id() for f in fields_a}
     ids_b = {f.id() for f in fields_b}
     alias = {
-        f.id(): ids_a[f.name()] for f in fields_b
+        f.id(): ids_a[f.name()]
+        for f in fields_b
         if f.id() not in va and f.name() in ids_a and ids_a[f.name()] not in ids_b
-    }  # fmt: skip
+    }
     return any(va.get(alias.get(i, i)) != vb[i] for i in vb)
 
 

@@ -64,8 +64,9 @@ def test_every_type_maps_and_round_trips():
     schema = row_schema(ALL_TYPES.schema, "t")
     by_name = {f["name"]: f["type"] for f in schema["fields"]}
     assert by_name["vec"] == [
-        "null", {"type": "array", "items": ["null", "float"], "arrow.fixedSize": 768}
-    ]  # fmt: skip
+        "null",
+        {"type": "array", "items": ["null", "float"], "arrow.fixedSize": 768},
+    ]
     assert by_name["dec"][1] == {
         "type": "bytes",
         "logicalType": "decimal",
@@ -103,8 +104,11 @@ def test_records_from_a_real_change_feed(tmp_path):
     ops = {1: "Overwrite", 2: "Update", 3: "Delete"}
     records = change_records(events, ["id", "s"], ops, "t", ["id"], "0.1", 9)
     assert [(v["op"], v["source"]["commit_version"]) for _, v, _ in records] == [
-        ("c", 1), ("c", 1), ("u", 2), ("d", 3),
-    ]  # fmt: skip
+        ("c", 1),
+        ("c", 1),
+        ("u", 2),
+        ("d", 3),
+    ]
     _, update, _ = records[2]
     assert update["before"] == {"id": 1, "s": "a"} and update["after"] == {"id": 1, "s": "z"}
     key, delete, meta = records[3]
@@ -184,11 +188,19 @@ def test_source_carries_debeziums_common_fields(tmp_path):
 @pytest.mark.parametrize(
     "t",
     [
-        pa.int8(), pa.int16(), pa.uint8(), pa.uint16(), pa.uint32(), pa.uint64(), pa.float16(),
-        pa.binary(16), pa.list_(pa.float32(), 768), pa.list_(pa.uint16()),
+        pa.int8(),
+        pa.int16(),
+        pa.uint8(),
+        pa.uint16(),
+        pa.uint32(),
+        pa.uint64(),
+        pa.float16(),
+        pa.binary(16),
+        pa.list_(pa.float32(), 768),
+        pa.list_(pa.uint16()),
         pa.struct([("u", pa.uint32()), ("v", pa.list_(pa.int8(), 3))]),
     ],
-)  # fmt: skip
+)
 def test_exact_arrow_types_survive_the_avro_schema(t):
     """The Avro schema carries the table's own type: back through `arrow_type` (what
     the replicator builds its replica from) comes the same Arrow type."""

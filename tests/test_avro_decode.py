@@ -197,10 +197,18 @@ def test_every_type_matches_fastavro(change_batch):
 def test_all_null_and_all_present_images():
     schema = envelope_schema(pa.schema([("x", pa.int64()), ("v", pa.list_(pa.float32(), 3))]), "t")
     src = {
-        "version": "v", "connector": "c", "name": "lancecdf", "ts_ms": 0, "snapshot": "false",
-        "db": "/t.lance", "table": "t", "commit_version": 1, "commit_timestamp": 0,
-        "operation": "Append", "rowid": 0,
-    }  # fmt: skip
+        "version": "v",
+        "connector": "c",
+        "name": "lancecdf",
+        "ts_ms": 0,
+        "snapshot": "false",
+        "db": "/t.lance",
+        "table": "t",
+        "commit_version": 1,
+        "commit_timestamp": 0,
+        "operation": "Append",
+        "rowid": 0,
+    }
     values = [
         {
             "before": None,
@@ -208,7 +216,7 @@ def test_all_null_and_all_present_images():
             "op": "c",
             "source": src,
             "ts_ms": 0,
-        }  # fmt: skip
+        }
         for i in range(5)
     ]
     bodies = encode(schema, values)
@@ -396,8 +404,12 @@ def test_mutated_bodies_agree_with_fastavro(change_batch):
 
 def test_confluent_frames():
     schema = {"type": "record", "name": "K", "fields": [{"name": "x", "type": "long"}]}
-    bodies = [b"\x00\x00\x00\x01\x02" + zz(5), b"\x01\x00\x00\x00\x02" + zz(6), b"\x00\x00",
-              b"\x00\x00\x00\x01\x03" + zz(-7)]  # fmt: skip
+    bodies = [
+        b"\x00\x00\x00\x01\x02" + zz(5),
+        b"\x01\x00\x00\x00\x02" + zz(6),
+        b"\x00\x00",
+        b"\x00\x00\x00\x01\x03" + zz(-7),
+    ]
     frames = Frames.of(bodies)
     sid, err = frames.confluent()
     assert list(sid) == [258, -1, -1, 259] and list(err) == [OK, WIRE, WIRE, OK]
@@ -433,8 +445,14 @@ def test_can_decode_is_false_for_unsupported_types(avro):
 def test_an_unsupported_type_is_declined_as_a_fast_path_decline():
     """The decoder declines with lance_cdf.errors.AvroDecodeDeclined (a FastPathDeclined,
     which callers catch to use fastavro), naming the type."""
-    schema = {"type": "record", "name": "T", "fields": [{"name": "f", "type": "float"},
-              {"name": "m", "type": {"type": "map", "values": "long"}}]}  # fmt: skip
+    schema = {
+        "type": "record",
+        "name": "T",
+        "fields": [
+            {"name": "f", "type": "float"},
+            {"name": "m", "type": {"type": "map", "values": "long"}},
+        ],
+    }
     with pytest.raises(AvroDecodeDeclined, match="map") as caught:
         BatchDecoder(schema)
     assert isinstance(caught.value, FastPathDeclined)

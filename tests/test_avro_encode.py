@@ -72,32 +72,53 @@ def random_columns(rng: np.random.Generator, n: int) -> pa.Table:
         return a.slice(pad, n)  # non-zero offsets
 
     strings = _strings(rng, m)
-    lists = [None if rng.random() < 0.15 else
-             [int(x) for x in _ints(rng, rng.integers(0, 5), np.int32, False)]
-             for _ in range(m)]  # fmt: skip
-    flist = [None if rng.random() < 0.15 else
-             [None if rng.random() < 0.2 else float(x)
-              for x in rng.standard_normal(rng.integers(0, 4))]
-             for _ in range(m)]  # fmt: skip
-    slist = [None if rng.random() < 0.15 else list(_strings(rng, rng.integers(0, 3)))
-             for _ in range(m)]  # fmt: skip
+    lists = [
+        None
+        if rng.random() < 0.15
+        else [int(x) for x in _ints(rng, rng.integers(0, 5), np.int32, False)]
+        for _ in range(m)
+    ]
+    flist = [
+        None
+        if rng.random() < 0.15
+        else [
+            None if rng.random() < 0.2 else float(x)
+            for x in rng.standard_normal(rng.integers(0, 4))
+        ]
+        for _ in range(m)
+    ]
+    slist = [
+        None if rng.random() < 0.15 else list(_strings(rng, rng.integers(0, 3))) for _ in range(m)
+    ]
     vec = pa.FixedSizeListArray.from_arrays(
         pa.array(_floats(rng, m * 768, np.float32)), 768, mask=pa.array(_mask(rng, m))
     ).slice(pad, n)
     small_vals = _floats(rng, m * 4, np.float32).astype(object)
     small_vals[_mask(rng, m * 4)] = None
     small = pa.FixedSizeListArray.from_arrays(pa.array(list(small_vals), pa.float32()), 4)
-    struct_t = pa.struct([
-        pa.field("a", pa.int64()), pa.field("b", pa.string()),
-        pa.field("c", pa.struct([pa.field("d", pa.bool_(), nullable=False)])),
-        pa.field("e", pa.list_(pa.int16())),
-    ])  # fmt: skip
-    structs = [None if rng.random() < 0.2 else {
-        "a": int(rng.integers(-(2**40), 2**40)), "b": strings[i] if i % 3 else None,
-        "c": {"d": bool(i % 2)}, "e": [i, -i] if i % 4 else None,
-    } for i in range(m)]  # fmt: skip
-    lstruct = [None if rng.random() < 0.2 else [{"x": int(i), "y": float(i) / 3}] * (i % 3)
-               for i in range(m)]  # fmt: skip
+    struct_t = pa.struct(
+        [
+            pa.field("a", pa.int64()),
+            pa.field("b", pa.string()),
+            pa.field("c", pa.struct([pa.field("d", pa.bool_(), nullable=False)])),
+            pa.field("e", pa.list_(pa.int16())),
+        ]
+    )
+    structs = [
+        None
+        if rng.random() < 0.2
+        else {
+            "a": int(rng.integers(-(2**40), 2**40)),
+            "b": strings[i] if i % 3 else None,
+            "c": {"d": bool(i % 2)},
+            "e": [i, -i] if i % 4 else None,
+        }
+        for i in range(m)
+    ]
+    lstruct = [
+        None if rng.random() < 0.2 else [{"x": int(i), "y": float(i) / 3}] * (i % 3)
+        for i in range(m)
+    ]
     day = 86_400_000
     cols = {
         "i8": arr(_ints(rng, m, np.int8), pa.int8()),
@@ -117,15 +138,17 @@ def random_columns(rng: np.random.Generator, n: int) -> pa.Table:
         "ls": arr(strings[::-1], pa.large_string()),
         "bin": arr([s.encode()[:5] for s in strings], pa.binary()),
         "lbin": arr([s.encode() for s in strings], pa.large_binary()),
-        "fixed": arr([bytes(rng.integers(0, 256, 3, dtype=np.uint8)) for _ in range(m)],
-                     pa.binary(3)),  # fmt: skip
+        "fixed": arr(
+            [bytes(rng.integers(0, 256, 3, dtype=np.uint8)) for _ in range(m)], pa.binary(3)
+        ),
         "d32": arr(rng.integers(-700_000, 2_900_000, m).astype(np.int32), pa.date32()),
         "d64": arr(rng.integers(-700_000, 2_900_000, m) * day, pa.date64()),
         "ts_s": arr(rng.integers(-(2**34), 2**37, m), pa.timestamp("s")),
         "ts_ms_tz": arr(rng.integers(-(2**44), 2**47, m), pa.timestamp("ms", tz="UTC")),
         "ts_us": arr(rng.integers(-(2**54), 2**57, m), pa.timestamp("us")),
-        "ts_us_ny": arr(rng.integers(-(2**54), 2**57, m),
-                        pa.timestamp("us", tz="America/New_York")),  # fmt: skip
+        "ts_us_ny": arr(
+            rng.integers(-(2**54), 2**57, m), pa.timestamp("us", tz="America/New_York")
+        ),
         "t32s": arr(rng.integers(0, 86_400, m).astype(np.int32), pa.time32("s")),
         "t32ms": arr(rng.integers(0, 86_400_000, m).astype(np.int32), pa.time32("ms")),
         "t64us": arr(rng.integers(0, 86_400_000_000, m), pa.time64("us")),
@@ -135,11 +158,12 @@ def random_columns(rng: np.random.Generator, n: int) -> pa.Table:
         "vec": vec,
         "small": small.slice(pad, n),
         "st": pa.array(structs, struct_t).slice(pad, n),
-        "lstruct": pa.array(lstruct, pa.list_(pa.struct([("x", pa.int64()),
-                                                         ("y", pa.float64())]))).slice(pad, n),
+        "lstruct": pa.array(
+            lstruct, pa.list_(pa.struct([("x", pa.int64()), ("y", pa.float64())]))
+        ).slice(pad, n),
         "req": arr(np.arange(m) - m // 2, pa.int64(), nulls=False),
         "req_s": arr(strings, pa.string(), nulls=False),
-    }  # fmt: skip
+    }
     fields = [pa.field(k, v.type, nullable=not k.startswith("req")) for k, v in cols.items()]
     return pa.Table.from_arrays(list(cols.values()), schema=pa.schema(fields))
 
@@ -157,8 +181,11 @@ def random_events(rng, n, kinds=None, rowid_type=None, ts_type=None):
     user = random_columns(rng, n)
     version = np.sort(rng.integers(1, 4, n))
     ts_us = 1_700_000_000_000_000 + version * 1_234_567 + rng.integers(-999, 999, n)
-    ts = (pa.array(ts_us, pa.timestamp("us", tz="UTC")) if ts_type is None
-          else pa.array(ts_us // 1000, ts_type))  # fmt: skip
+    ts = (
+        pa.array(ts_us, pa.timestamp("us", tz="UTC"))
+        if ts_type is None
+        else pa.array(ts_us // 1000, ts_type)
+    )
     meta = {
         "_rowid": pa.array(rng.permutation(n) * 1_000_003, rowid_type or pa.uint64()),
         "_change_type": pa.array(seq),
@@ -231,8 +258,14 @@ def test_update_pairs_and_orphans():
     """A postimage without its preimage has no before; a trailing preimage is dropped."""
     rng = np.random.default_rng(1)
     events = random_events(rng, 6, kinds=["insert"])
-    kinds = ["update_postimage", "update_preimage", "update_preimage", "update_postimage",
-             "delete", "update_preimage"]  # fmt: skip
+    kinds = [
+        "update_postimage",
+        "update_preimage",
+        "update_preimage",
+        "update_postimage",
+        "delete",
+        "update_preimage",
+    ]
     events = events.set_column(
         events.schema.get_field_index("_change_type"), "_change_type", pa.array(kinds)
     )
@@ -250,12 +283,23 @@ def test_commit_timestamp_as_int64_millis_and_empty_batches():
 def test_narrow_and_vector_tables():
     n = 1000
     ids = np.arange(n) * 7919 - 3000
-    narrow = pa.table({
-        "id": ids, "name": pa.array([f"n{i}" for i in ids]), "score": ids * 0.5,
-        "ts": ids * 1000, "flag": ids % 2 == 0,
-    })  # fmt: skip
-    vec = pa.table({"id": np.arange(n), "vec": pa.FixedSizeListArray.from_arrays(
-        pa.array(np.random.default_rng(0).random(n * 768, dtype=np.float32)), 768)})  # fmt: skip
+    narrow = pa.table(
+        {
+            "id": ids,
+            "name": pa.array([f"n{i}" for i in ids]),
+            "score": ids * 0.5,
+            "ts": ids * 1000,
+            "flag": ids % 2 == 0,
+        }
+    )
+    vec = pa.table(
+        {
+            "id": np.arange(n),
+            "vec": pa.FixedSizeListArray.from_arrays(
+                pa.array(np.random.default_rng(0).random(n * 768, dtype=np.float32)), 768
+            ),
+        }
+    )
     for user in (narrow, vec):
         events = user.append_column("_rowid", pa.array(np.arange(n), pa.uint64()))
         events = events.append_column("_change_type", pa.array(["insert"] * n))
@@ -289,31 +333,43 @@ def test_signalling_nan_float32_matches():
         pa.array(
             [[{"k": [("a", 1)]}], None],
             pa.list_(pa.struct([("k", pa.map_(pa.string(), pa.int8()))])),
-        ),  # fmt: skip
+        ),
     ],
 )
 def test_unsupported_types_use_the_fastavro_path(column):
     schema = pa.schema([("id", pa.int64()), ("x", column.type)])
     assert not can_encode(schema)
     ts = pa.array([0, 0], pa.timestamp("us", tz="UTC"))
-    events = pa.table({"id": [1, 2], "x": column, "_rowid": pa.array([0, 1], pa.uint64()),
-                       "_change_type": ["insert", "insert"], "_commit_version": [1, 1],
-                       "_commit_timestamp": ts})  # fmt: skip
+    events = pa.table(
+        {
+            "id": [1, 2],
+            "x": column,
+            "_rowid": pa.array([0, 1], pa.uint64()),
+            "_change_type": ["insert", "insert"],
+            "_commit_version": [1, 1],
+            "_commit_timestamp": ts,
+        }
+    )
     with pytest.raises(AvroEncodeDeclined):
         encode_changes(events, schema, OPS, "t", None, "0.9", NOW_MS)
 
 
 def test_values_fastavro_rejects_are_unsupported():
     """Out-of-range uint64 and nulls in a required column: the fastavro path decides."""
-    base = {"_change_type": ["insert"], "_commit_version": [1],
-            "_commit_timestamp": pa.array([0], pa.timestamp("us", tz="UTC"))}  # fmt: skip
-    big = pa.table({"u": pa.array([2**63], pa.uint64()),
-                    "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
+    base = {
+        "_change_type": ["insert"],
+        "_commit_version": [1],
+        "_commit_timestamp": pa.array([0], pa.timestamp("us", tz="UTC")),
+    }
+    big = pa.table(
+        {"u": pa.array([2**63], pa.uint64()), "_rowid": pa.array([0], pa.uint64()), **base}
+    )
     with pytest.raises(AvroEncodeDeclined):
         encode_changes(big, big.select(["u"]).schema, OPS, "t", None, "0.9", NOW_MS)
     schema = pa.schema([pa.field("r", pa.int64(), nullable=False)])
-    nulls = pa.table({"r": pa.array([None], pa.int64()),
-                      "_rowid": pa.array([0], pa.uint64()), **base})  # fmt: skip
+    nulls = pa.table(
+        {"r": pa.array([None], pa.int64()), "_rowid": pa.array([0], pa.uint64()), **base}
+    )
     with pytest.raises(AvroEncodeDeclined):
         encode_changes(nulls, schema, OPS, "t", None, "0.9", NOW_MS)
     naive = pa.table({"r": [1], "_rowid": pa.array([0], pa.uint64()), **base})
@@ -370,7 +426,8 @@ def test_transaction_block_is_byte_identical_and_decodes(seed):
     events = random_events(rng, 40)
     schema = user_schema_of(events)
     records = pc.invert(pc.equal(events["_change_type"], "update_preimage")).to_numpy(
-        zero_copy_only=False)  # fmt: skip
+        zero_copy_only=False
+    )
     total = np.where(records, np.cumsum(records) * 3 + 1, 0)  # any positive number per record
     numbered = events.append_column("_total_order", pa.array(total, pa.int64()))
     assert check_identical(numbered, schema, ["i64"]) == int(records.sum())
@@ -379,8 +436,11 @@ def test_transaction_block_is_byte_identical_and_decodes(seed):
     versions = numbered["_commit_version"].to_numpy()[records]
     for body, order, version in zip(out.values.to_pylist(), total[records], versions, strict=True):
         block = fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)["transaction"]
-        assert block == {"id": f"lancecdf.tbl:{version}", "total_order": order,
-                         "data_collection_order": order}  # fmt: skip
+        assert block == {
+            "id": f"lancecdf.tbl:{version}",
+            "total_order": order,
+            "data_collection_order": order,
+        }
     plain = encode_changes(events, schema, OPS, "tbl", None, "0.9", NOW_MS)
     body = plain.values.to_pylist()[0]
     assert fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)["transaction"] is None

@@ -136,13 +136,28 @@ def _manifest(uri, version):
 
 
 def _publish(table, checkpoint, topic, kafka_broker, schema_registry, *extra):
-    args = ["publish", "--table", table, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            checkpoint, "--available-now", *extra]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        table,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        checkpoint,
+        "--available-now",
+        *extra,
+    ]
     return subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", *args], capture_output=True, text=True,
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable}, timeout=300,
-    )  # fmt: skip
+        [sys.executable, "-m", "lance_cdf.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        timeout=300,
+    )
 
 
 def _records(bootstrap, topic):

@@ -16,14 +16,31 @@ from confluent_kafka import Consumer, TopicPartition
 
 
 def _publish(uri, ck, topic, kafka_broker, schema_registry):
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint", str(ck),
-            "--starting-version", "1", "--trigger-interval", "200 milliseconds"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(ck),
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "200 milliseconds",
+    ]
     return subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def _records(bootstrap, topic) -> int:
@@ -74,8 +91,10 @@ def test_a_second_publisher_on_a_checkpoint_is_refused_and_a_dead_ones_taken_ove
         first.wait()
         lance.dataset(uri).delete("id >= 40 AND id < 50")  # version 3: 10 deletes (+10 tombstones)
         third = _publish(uri, ck, topic, kafka_broker, schema_registry)
-        _wait(lambda: third.poll() is not None or _records(bootstrap, topic) >= 80,
-              "the new holder to publish version 3")  # fmt: skip
+        _wait(
+            lambda: third.poll() is not None or _records(bootstrap, topic) >= 80,
+            "the new holder to publish version 3",
+        )
         assert third.poll() is None, third.stderr.read()[-3000:]
         time.sleep(2)  # (not a timing assert: a duplicate would show in the count below)
         assert _records(bootstrap, topic) == 80

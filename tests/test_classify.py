@@ -58,9 +58,22 @@ def run_pytest(tmp_path, source, *args, unit_only=False):
     if unit_only:
         env["LANCE_CDF_UNIT_ONLY"] = "1"
     plugins = [a for p in PLUGINS for a in ("-p", p)]
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *plugins,
-           "-c", str(tmp_path / "pytest.ini"), "--rootdir", str(tmp_path),
-           "--junitxml", str(tmp_path / "out.xml"), *args, "test_probe.py"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-p",
+        "no:cacheprovider",
+        *plugins,
+        "-c",
+        str(tmp_path / "pytest.ini"),
+        "--rootdir",
+        str(tmp_path),
+        "--junitxml",
+        str(tmp_path / "out.xml"),
+        *args,
+        "test_probe.py",
+    ]
     done = subprocess.run(cmd, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300)
     return done, done.stdout + done.stderr
 
@@ -95,9 +108,12 @@ def test_a_unit_only_run_runs_the_unit_tests_and_fails_what_starts_a_service(tmp
     got = outcomes(tmp_path)
     # classified by the fixtures a test requests (a parameter named `spark` is not one)
     assert set(got) == {
-        "test_plain", "test_dynamic_service_fixture", "test_broker_started_by_hand",
-        "test_java_in_a_subprocess", "test_parameter_named_like_a_fixture[not the fixture]",
-    }, out  # fmt: skip
+        "test_plain",
+        "test_dynamic_service_fixture",
+        "test_broker_started_by_hand",
+        "test_java_in_a_subprocess",
+        "test_parameter_named_like_a_fixture[not the fixture]",
+    }, out
     assert got["test_plain"] == ("passed", ""), out
     kind, message = got["test_dynamic_service_fixture"]
     assert kind == "failure" and "fixture 'kafka_broker'" in message, out

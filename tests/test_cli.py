@@ -111,16 +111,34 @@ def test_net_snapshot_and_drop_unchanged_flags(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "given, spark",
-    [("500ms", "500 milliseconds"), ("2s", "2000 milliseconds"), ("1.5", "1500 milliseconds"),
-     ("1 second", "1 second"), (" 10 seconds ", "10 seconds")],
-)  # fmt: skip
+    [
+        ("500ms", "500 milliseconds"),
+        ("2s", "2000 milliseconds"),
+        ("1.5", "1500 milliseconds"),
+        ("1 second", "1 second"),
+        (" 10 seconds ", "10 seconds"),
+    ],
+)
 def test_publish_trigger_interval_takes_replicate_style_durations(given, spark):
     from lance_cdf.cli import build_parser
 
     args = build_parser().parse_args(
-        ["publish", "--table", "t", "--bootstrap-servers", "b", "--topic", "x",
-         "--schema-registry", "r", "--checkpoint", "c", "--trigger-interval", given]
-    )  # fmt: skip
+        [
+            "publish",
+            "--table",
+            "t",
+            "--bootstrap-servers",
+            "b",
+            "--topic",
+            "x",
+            "--schema-registry",
+            "r",
+            "--checkpoint",
+            "c",
+            "--trigger-interval",
+            given,
+        ]
+    )
     assert args.trigger_interval == spark
 
 
@@ -129,9 +147,22 @@ def test_publish_trigger_interval_rejects_nonsense(capsys):
 
     with pytest.raises(SystemExit):
         build_parser().parse_args(
-            ["publish", "--table", "t", "--bootstrap-servers", "b", "--topic", "x",
-             "--schema-registry", "r", "--checkpoint", "c", "--trigger-interval", "soon"]
-        )  # fmt: skip
+            [
+                "publish",
+                "--table",
+                "t",
+                "--bootstrap-servers",
+                "b",
+                "--topic",
+                "x",
+                "--schema-registry",
+                "r",
+                "--checkpoint",
+                "c",
+                "--trigger-interval",
+                "soon",
+            ]
+        )
     assert "not a duration" in capsys.readouterr().err
 
 
@@ -148,8 +179,7 @@ def test_the_command_names_where_a_native_crash_happened():
         "cli.malloc.keep_freed_memory_if_asked = crash\n"
         "cli.entry()\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == -11
     assert "Segmentation fault" in done.stderr
     assert "in crash" in done.stderr  # the stack, down to the frame that crashed
@@ -229,8 +259,9 @@ def _glibc_probe(code: str, variable: str, told: str | None, word: str) -> int:
     env = {k: v for k, v in os.environ.items() if k != variable}
     if told is not None:
         env[variable] = told
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env=env)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
     assert done.returncode == 0, done.stderr
     return int(done.stdout.split(word)[-1])
 

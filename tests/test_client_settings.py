@@ -66,8 +66,14 @@ RECORDER = textwrap.dedent(
 
 
 def _run(args, env, cwd):
-    done = subprocess.run([sys.executable, "-m", "lance_cdf.cli", *args], env=env, cwd=cwd,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "lance_cdf.cli", *args],
+        env=env,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     return done
 
@@ -81,15 +87,20 @@ def test_every_client_gets_the_users_connection_settings(
     (site / "sitecustomize.py").write_text(RECORDER)
     log = tmp_path / "clients.jsonl"
     env = {
-        **os.environ, "PYSPARK_PYTHON": sys.executable, "T_CLIENT_LOG": str(log),
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "T_CLIENT_LOG": str(log),
         "PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]),
-    }  # fmt: skip
+    }
     given = {  # no ssl.ca.location: only a client without verification connects
-        "security.protocol": "SASL_SSL", "sasl.mechanism": kafka.MECHANISM,
-        "sasl.username": kafka.username, "sasl.password": kafka.password,
+        "security.protocol": "SASL_SSL",
+        "sasl.mechanism": kafka.MECHANISM,
+        "sasl.username": kafka.username,
+        "sasl.password": kafka.password,
         "enable.ssl.certificate.verification": "false",
-        "client.id": "lance-cdf-settings-probe", "socket.timeout.ms": "45000",
-    }  # fmt: skip
+        "client.id": "lance-cdf-settings-probe",
+        "socket.timeout.ms": "45000",
+    }
     client = tmp_path / "client.properties"
     client.write_text("".join(f"{k}={v}\n" for k, v in given.items()))
     reg_given = {
@@ -98,8 +109,14 @@ def test_every_client_gets_the_users_connection_settings(
     }
     reg = tmp_path / "registry.properties"
     reg.write_text("".join(f"{k}={v}\n" for k, v in reg_given.items()))
-    common = ["--bootstrap-servers", kafka.bootstrap_servers, "--schema-registry", registry.url,
-              "--registry-config-file", str(reg)]  # fmt: skip
+    common = [
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--schema-registry",
+        registry.url,
+        "--registry-config-file",
+        str(reg),
+    ]
     run = uuid.uuid4().hex[:8]
     table = str(tmp_path / "src.lance")
     work = Workload(table, seed=46, rows=40)
@@ -107,20 +124,80 @@ def test_every_client_gets_the_users_connection_settings(
     work.upsert()
     work.delete_sparse()
     db = lancedb.connect(str(tmp_path / "db"))
-    db.create_table("items", work.ds.to_table().slice(0, 10),
-                    storage_options={"new_table_enable_stable_row_ids": "true"})  # fmt: skip
-    publish = [*common, "--producer-config-file", str(client), "--available-now",
-               "--starting-version", "1"]  # fmt: skip
-    replicate = [*common, "--consumer-config-file", str(client), "--idle-timeout", "3",
-                 "--dead-letter-topic", f"dead-{run}"]  # fmt: skip
-    _run(["publish", "--table", table, "--topic", f"t-{run}", "--checkpoint",
-          str(tmp_path / "ck1"), *publish], env, tmp_path)  # fmt: skip
-    _run(["publish", "--database", str(tmp_path / "db"), "--topic-prefix", f"p{run}",
-          "--checkpoint", str(tmp_path / "ck2"), *publish], env, tmp_path)  # fmt: skip
-    _run(["replicate", "--topic", f"t-{run}", "--target", str(tmp_path / "replica.lance"),
-          *replicate], env, tmp_path)  # fmt: skip
-    _run(["replicate", "--topic-prefix", f"p{run}", "--database-target",
-          str(tmp_path / "replicas"), *replicate], env, tmp_path)  # fmt: skip
+    db.create_table(
+        "items",
+        work.ds.to_table().slice(0, 10),
+        storage_options={"new_table_enable_stable_row_ids": "true"},
+    )
+    publish = [
+        *common,
+        "--producer-config-file",
+        str(client),
+        "--available-now",
+        "--starting-version",
+        "1",
+    ]
+    replicate = [
+        *common,
+        "--consumer-config-file",
+        str(client),
+        "--idle-timeout",
+        "3",
+        "--dead-letter-topic",
+        f"dead-{run}",
+    ]
+    _run(
+        [
+            "publish",
+            "--table",
+            table,
+            "--topic",
+            f"t-{run}",
+            "--checkpoint",
+            str(tmp_path / "ck1"),
+            *publish,
+        ],
+        env,
+        tmp_path,
+    )
+    _run(
+        [
+            "publish",
+            "--database",
+            str(tmp_path / "db"),
+            "--topic-prefix",
+            f"p{run}",
+            "--checkpoint",
+            str(tmp_path / "ck2"),
+            *publish,
+        ],
+        env,
+        tmp_path,
+    )
+    _run(
+        [
+            "replicate",
+            "--topic",
+            f"t-{run}",
+            "--target",
+            str(tmp_path / "replica.lance"),
+            *replicate,
+        ],
+        env,
+        tmp_path,
+    )
+    _run(
+        [
+            "replicate",
+            "--topic-prefix",
+            f"p{run}",
+            "--database-target",
+            str(tmp_path / "replicas"),
+            *replicate,
+        ],
+        env,
+        tmp_path,
+    )
 
     made = [json.loads(line) for line in log.read_text().splitlines()]
     roles = {m["role"] for m in made}

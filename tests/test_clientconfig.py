@@ -97,8 +97,11 @@ def test_parse_properties_agrees_with_java_util_properties(tmp_path):
     )
     done = subprocess.run(
         [java_executable(), str(tmp_path / "Dump.java"), str(tmp_path / "p.properties")],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     assert parse_properties(PROPERTIES) == json.loads(done.stdout)
 
 
@@ -115,10 +118,18 @@ def test_flags_win_over_the_file_and_env_expands_in_both(tmp_path, monkeypatch):
     f.write_text("sasl.username=${env:U}\nsasl.password=from-file\nacks=all\n")
     monkeypatch.setenv("U", "alice")
     monkeypatch.setenv("PW", "pw-from-env")
-    got = settings(["sasl.password=${env:PW}", "linger.ms=5"], str(f), "--producer-config",
-                   "--producer-config-file")  # fmt: skip
-    assert got == {"sasl.username": "alice", "sasl.password": "pw-from-env", "acks": "all",
-                   "linger.ms": "5"}  # fmt: skip
+    got = settings(
+        ["sasl.password=${env:PW}", "linger.ms=5"],
+        str(f),
+        "--producer-config",
+        "--producer-config-file",
+    )
+    assert got == {
+        "sasl.username": "alice",
+        "sasl.password": "pw-from-env",
+        "acks": "all",
+        "linger.ms": "5",
+    }
     monkeypatch.delenv("U")
     with pytest.raises(ClientConfigError, match="'U'.*--producer-config-file"):
         settings([], str(f), "--producer-config", "--producer-config-file")
@@ -134,15 +145,31 @@ def test_file_and_flag_errors_never_repeat_a_value(tmp_path):
 
 def test_every_librdkafka_sensitive_property_and_registry_credential_is_secret():
     for key in LIBRDKAFKA_SENSITIVE | {
-        "basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
-        "aws_secret_access_key", "aws_access_key_id", "aws_session_token",
-        "google_service_account_key", "azure_storage_account_key", "SECRET", "x_credential",
-        "kafka.sasl.jaas.config", "storage.aws_secret_access_key",
-    }:  # fmt: skip
+        "basic.auth.user.info",
+        "bearer.auth.token",
+        "bearer.auth.client.secret",
+        "aws_secret_access_key",
+        "aws_access_key_id",
+        "aws_session_token",
+        "google_service_account_key",
+        "azure_storage_account_key",
+        "SECRET",
+        "x_credential",
+        "kafka.sasl.jaas.config",
+        "storage.aws_secret_access_key",
+    }:
         assert is_secret(key), key
-    for key in ("bootstrap.servers", "security.protocol", "sasl.mechanism", "acks",
-                "ssl.ca.location", "enable.ssl.certificate.verification", "aws_region",
-                "session.timeout.ms", "url"):  # fmt: skip
+    for key in (
+        "bootstrap.servers",
+        "security.protocol",
+        "sasl.mechanism",
+        "acks",
+        "ssl.ca.location",
+        "enable.ssl.certificate.verification",
+        "aws_region",
+        "session.timeout.ms",
+        "url",
+    ):
         assert not is_secret(key), key
 
 
@@ -165,16 +192,27 @@ def test_redact_masks_secrets_and_url_user_info():
 
 
 def test_scrub_removes_remembered_values_from_errors_and_log_records(caplog):
-    remember({"sasl.password": "Zq9-secret-value", "acks": "all",
-              "url": "https://reg:Reg-pw-77@registry:8443/apis"})  # fmt: skip
+    remember(
+        {
+            "sasl.password": "Zq9-secret-value",
+            "acks": "all",
+            "url": "https://reg:Reg-pw-77@registry:8443/apis",
+        }
+    )
     assert scrub("auth failed for Zq9-secret-value at all") == "auth failed for *** at all"
     assert "Reg-pw-77" not in scrub("bad basic auth reg:Reg-pw-77")
     logger = logging.getLogger("test_clientconfig.scrub")
     handler = logging.StreamHandler()
     handler.addFilter(ScrubFilter())
-    record = logger.makeRecord(logger.name, logging.INFO, __file__, 1,
-                               "HTTP Request: GET %s", ("https://reg:Reg-pw-77@registry/x",),
-                               None)  # fmt: skip
+    record = logger.makeRecord(
+        logger.name,
+        logging.INFO,
+        __file__,
+        1,
+        "HTTP Request: GET %s",
+        ("https://reg:Reg-pw-77@registry/x",),
+        None,
+    )
     handler.filter(record)
     assert record.getMessage() == "HTTP Request: GET https://***@registry/x"
 
@@ -183,18 +221,37 @@ def test_cli_reads_settings_files_and_env(tmp_path, monkeypatch):
     f = tmp_path / "producer.properties"
     f.write_text("sasl.password=${env:PW}\nacks=all\n")
     monkeypatch.setenv("PW", "from-env")
-    args = cli.build_parser().parse_args([
-        "publish", "--table", "t", "--bootstrap-servers", "b:1", "--topic", "x",
-        "--schema-registry", "http://r", "--checkpoint", "c",
-        "--producer-config-file", str(f), "--producer-config", "acks=1",
-        "--registry-config-file", str(f), "--storage-option", "aws_secret_access_key=${env:PW}",
-    ])  # fmt: skip
+    args = cli.build_parser().parse_args(
+        [
+            "publish",
+            "--table",
+            "t",
+            "--bootstrap-servers",
+            "b:1",
+            "--topic",
+            "x",
+            "--schema-registry",
+            "http://r",
+            "--checkpoint",
+            "c",
+            "--producer-config-file",
+            str(f),
+            "--producer-config",
+            "acks=1",
+            "--registry-config-file",
+            str(f),
+            "--storage-option",
+            "aws_secret_access_key=${env:PW}",
+        ]
+    )
     assert flags.client_settings(args, "producer_config") == {
         "sasl.password": "from-env",
         "acks": "1",
     }
-    assert flags.client_settings(args, "registry_config") == {"sasl.password": "from-env",
-                                                      "acks": "all"}  # fmt: skip
+    assert flags.client_settings(args, "registry_config") == {
+        "sasl.password": "from-env",
+        "acks": "all",
+    }
     assert flags.storage_options(args.storage_option) == {"aws_secret_access_key": "from-env"}
 
 
@@ -217,15 +274,24 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
     from lance_cdf.ops.clientconfig import CONSUMER_ONLY, KafkaConnection, registry_config
 
     connection_settings = {
-        "security.protocol": "SASL_SSL", "enable.ssl.certificate.verification": "false",
-        "ssl.ca.location": "/etc/ssl/certs", "sasl.mechanism": "SCRAM-SHA-512",
-        "sasl.username": "u", "sasl.password": "p", "client.id": "probe",
-        "socket.timeout.ms": "45000", "client.dns.lookup": "use_all_dns_ips",
-    }  # fmt: skip
+        "security.protocol": "SASL_SSL",
+        "enable.ssl.certificate.verification": "false",
+        "ssl.ca.location": "/etc/ssl/certs",
+        "sasl.mechanism": "SCRAM-SHA-512",
+        "sasl.username": "u",
+        "sasl.password": "p",
+        "client.id": "probe",
+        "socket.timeout.ms": "45000",
+        "client.dns.lookup": "use_all_dns_ips",
+    }
     producer_only = {"acks": "1", "linger.ms": "5", "compression.type": "lz4"}
     consumer_only = {"fetch.wait.max.ms": "7", "isolation.level": "read_uncommitted"}
-    given = {**connection_settings, **producer_only, **consumer_only,
-             "allow.auto.create.topics": "true"}  # fmt: skip
+    given = {
+        **connection_settings,
+        **producer_only,
+        **consumer_only,
+        "allow.auto.create.topics": "true",
+    }
     c = KafkaConnection("127.0.0.1:9", given)
     producer = c.producer(defaults={"acks": "all", "linger.ms": 20}, fixed={"retries": 3})
     assert producer == {
@@ -249,8 +315,11 @@ def test_each_role_gets_every_connection_setting_and_only_its_own_keys():
         "allow.auto.create.topics": False,
     }
     admin = c.admin()
-    assert admin == {**connection_settings, "bootstrap.servers": "127.0.0.1:9",
-                     "allow.auto.create.topics": False}  # fmt: skip
+    assert admin == {
+        **connection_settings,
+        "bootstrap.servers": "127.0.0.1:9",
+        "allow.auto.create.topics": False,
+    }
     assert not set(admin) & CONSUMER_ONLY
     # librdkafka takes each as a configuration of its kind
     Producer(producer).flush(0)

@@ -80,31 +80,55 @@ def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
     admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
     out = tmp_path / "result.json"
     args = {
-        "executors": 2, "table": s3_uri, "storage_options": so, "slice_rows": 60,
-        "bootstrap_servers": kafka_broker.bootstrap_servers, "topic": topic,
-        "schema_registry": schema_registry.url, "checkpoint": str(tmp_path / "ck"),
+        "executors": 2,
+        "table": s3_uri,
+        "storage_options": so,
+        "slice_rows": 60,
+        "bootstrap_servers": kafka_broker.bootstrap_servers,
+        "topic": topic,
+        "schema_registry": schema_registry.url,
+        "checkpoint": str(tmp_path / "ck"),
         "out": str(out),
-    }  # fmt: skip
+    }
     py = sys.executable
     zip_path = package_zip(tmp_path / "lance_cdf.zip")
     # The venv's interpreter everywhere, and none of our PYTHONPATH. The driver gets the
     # zip on PYTHONPATH too: Spark runs a streaming source's planning in Python workers on
     # the driver, and those do not see --py-files (executors get only --py-files).
     env = {k: os.environ[k] for k in ("PATH", "HOME", "JAVA_HOME", "LANG") if k in os.environ}
-    env.update(PYSPARK_PYTHON=py, PYSPARK_DRIVER_PYTHON=py, SPARK_LOCAL_IP="127.0.0.1",
-               PYTHONPATH=str(zip_path))  # fmt: skip
+    env.update(
+        PYSPARK_PYTHON=py,
+        PYSPARK_DRIVER_PYTHON=py,
+        SPARK_LOCAL_IP="127.0.0.1",
+        PYTHONPATH=str(zip_path),
+    )
     with SparkCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
         cmd = [
-            str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
-            "--py-files", str(zip_path), "--driver-memory", "512m",
-            "--conf", f"spark.pyspark.python={py}", "--conf", "spark.executor.memory=512m",
-            "--conf", "spark.executor.cores=1", "--conf", "spark.ui.enabled=false",
-            "--conf", "spark.sql.session.timeZone=UTC", str(JOB), json.dumps(args),
-        ]  # fmt: skip
+            str(spark_home() / "bin" / "spark-submit"),
+            "--master",
+            cluster.master_url,
+            "--py-files",
+            str(zip_path),
+            "--driver-memory",
+            "512m",
+            "--conf",
+            f"spark.pyspark.python={py}",
+            "--conf",
+            "spark.executor.memory=512m",
+            "--conf",
+            "spark.executor.cores=1",
+            "--conf",
+            "spark.ui.enabled=false",
+            "--conf",
+            "spark.sql.session.timeZone=UTC",
+            str(JOB),
+            json.dumps(args),
+        ]
         log = tmp_path / "submit.log"
         with open(log, "wb") as fh:
-            done = subprocess.run(cmd, env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT,
-                                  timeout=600)  # fmt: skip
+            done = subprocess.run(
+                cmd, env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
+            )
         assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
     result = json.loads(out.read_text())
     assert result["master"] == cluster.master_url and result["publish"] == 0
@@ -121,8 +145,9 @@ def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
     assert {d for d, n in result["slices"] if n} == executor_dirs
     # and the stream the cluster published equals read_changes of the table on S3
     count = len(want) + sum(1 for r in want if r[2] == "d")
-    got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, count,
-                      with_partitions=True)  # fmt: skip
+    got = consume_all(
+        kafka_broker.bootstrap_servers, topic, schema_registry.url, count, with_partitions=True
+    )
     got, partitions = [(k, v) for k, v, _ in got], [p for _, _, p in got]
     records = sorted(
         (k["_rowid"], v["source"]["commit_version"], v["op"], v["after"]) for k, v in got if v

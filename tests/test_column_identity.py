@@ -64,8 +64,11 @@ def test_drop_then_add_is_a_new_column(tmp_path):
     assert ids["x2"] == 2, "pylance no longer reuses the id: the case is not exercised"
     events = _events(uri, 2, 4)
     assert {k for k in events[0] if not k.startswith("_")} == {"id", "name", "x1", "x2"}
-    posts = {(e["_commit_version"], e["id"]): (e["x1"], e["x2"])
-             for e in events if e["_change_type"] == "update_postimage"}  # fmt: skip
+    posts = {
+        (e["_commit_version"], e["id"]): (e["x1"], e["x2"])
+        for e in events
+        if e["_change_type"] == "update_postimage"
+    }
     assert posts == {(2, 1): (100, None), (2, 2): (200, None), (4, 1): (None, 2), (4, 2): (None, 4)}
 
 
@@ -79,8 +82,9 @@ def test_restore_then_cast_keeps_values_under_their_column(tmp_path):
     ids = {f.name(): f.id() for f in lance.dataset(uri).lance_schema.fields()}
     assert ids["name"] == 2, "pylance no longer reuses the id: the case is not exercised"
     events = _events(uri, 2, 5)
-    pairs = {(e["_commit_version"], e["id"], e["_change_type"]): (e["name"], e["x1"])
-             for e in events}  # fmt: skip
+    pairs = {
+        (e["_commit_version"], e["id"], e["_change_type"]): (e["name"], e["x1"]) for e in events
+    }
     assert pairs[(3, 1, "update_preimage")] == ("q", "100")
     assert pairs[(3, 1, "update_postimage")] == ("Q", "100")
     assert pairs[(4, 1, "update_preimage")] == ("Q", "100")
@@ -112,8 +116,9 @@ def test_a_restore_the_history_cannot_explain_is_refused(tmp_path):
     events = _events(uri, 4, 4)
     assert {k for k in events[0] if not k.startswith("_")} == {"id", "x"}
     assert {(e["_change_type"], e["id"]): e["x"] for e in events if e["id"] == 1} == {
-        ("update_preimage", 1): "c", ("update_postimage", 1): "a",
-    }  # fmt: skip
+        ("update_preimage", 1): "c",
+        ("update_postimage", 1): "a",
+    }
     lance.dataset(uri).cleanup_old_versions(versions=[1, 2])
     assert [v["version"] for v in lance.dataset(uri).versions()] == [3, 4]
     fresh = str(tmp_path / "copy.lance")  # a path this process has read no manifest of
@@ -173,9 +178,11 @@ class LabelledWorkload(Workload):
         cols = [rows[f.name] for f in fields] + [pc.multiply(rows["id"], 3)]
         names = [f.name for f in fields] + [f"extra{self.extra}"]
         lance.write_dataset(
-            pa.Table.from_arrays(cols, names=names), self.uri, mode="overwrite",
+            pa.Table.from_arrays(cols, names=names),
+            self.uri,
+            mode="overwrite",
             max_rows_per_file=self.rows_per_file,
-        )  # fmt: skip
+        )
 
     def step(self, op: str | None = None) -> str:
         op = op or self.rng.choices(self.OPS, self.WEIGHTS)[0]
@@ -280,14 +287,29 @@ def test_spark_source_gives_the_columns_read_changes_gives(tmp_path, spark):
     walk the column history themselves) against the labelled oracle."""
     uri = str(tmp_path / "t.lance")
     w = LabelledWorkload(uri, 11, rows=80, rows_per_file=30)
-    for op in ["add_column", "drop_column", "add_column", "reshape", "restore", "readd",
-               "rename", "cast", "update", "drop_column", "append"]:  # fmt: skip
+    for op in [
+        "add_column",
+        "drop_column",
+        "add_column",
+        "reshape",
+        "restore",
+        "readd",
+        "rename",
+        "cast",
+        "update",
+        "drop_column",
+        "append",
+    ]:
         w.step(op)
     latest = w.ds.version
     df = (
-        spark.read.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("endingVersion", latest).option("rowsPerPartition", 25).load()
-    )  # fmt: skip
+        spark.read.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .option("endingVersion", latest)
+        .option("rowsPerPartition", 25)
+        .load()
+    )
     rows = [r.asDict() for r in df.collect()]
     want = lance_cdf.read_changes(uri, 1, latest).read_all()
     check_range(w, want, 1, latest, 11)
@@ -339,8 +361,20 @@ def test_the_replica_of_a_table_that_reused_ids_equals_it(tmp_path, kafka_broker
 
     uri, dst = str(tmp_path / "t.lance"), str(tmp_path / "replica.lance")
     w = LabelledWorkload(uri, 21, rows=60, rows_per_file=30)
-    for op in ["add_column", "drop_column", "readd", "reshape", "update", "add_column",
-               "restore", "rename", "cast", "upsert", "drop_column", "add_column"]:  # fmt: skip
+    for op in [
+        "add_column",
+        "drop_column",
+        "readd",
+        "reshape",
+        "update",
+        "add_column",
+        "restore",
+        "rename",
+        "cast",
+        "upsert",
+        "drop_column",
+        "add_column",
+    ]:
         w.step(op)
     latest = w.ds.version
     events = lance_cdf.read_changes(uri, 1, latest).read_all()
@@ -349,22 +383,35 @@ def test_the_replica_of_a_table_that_reused_ids_equals_it(tmp_path, kafka_broker
     ops = {v: feed.table.manifest(v).operation for v in range(1, latest + 1)}
     topic = f"ident-{uuid.uuid4().hex[:8]}"
     KafkaChangePublisher(
-        kafka_broker.bootstrap_servers, topic, schema_registry.url,
-        user_schema_of(events.schema), uri,
-    ).publish(events, ops)  # fmt: skip
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        user_schema_of(events.schema),
+        uri,
+    ).publish(events, ops)
     Replicator(
-        kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
-        group_id=f"g-{topic}", max_batch_interval=0.5,
-    ).run(idle_timeout=2)  # fmt: skip
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        dst,
+        group_id=f"g-{topic}",
+        max_batch_interval=0.5,
+    ).run(idle_timeout=2)
     source = lance.dataset(uri).to_table(with_row_id=True)
     replica = lance.dataset(dst).to_table()
-    want = {r["_rowid"]: {c: r[c] for c in source.column_names if c != "_rowid"}
-            for r in source.to_pylist()}  # fmt: skip
-    got = {r[SOURCE_ROWID]: {c: r.get(c) for c in source.column_names if c != "_rowid"}
-           for r in replica.to_pylist()}  # fmt: skip
+    want = {
+        r["_rowid"]: {c: r[c] for c in source.column_names if c != "_rowid"}
+        for r in source.to_pylist()
+    }
+    got = {
+        r[SOURCE_ROWID]: {c: r.get(c) for c in source.column_names if c != "_rowid"}
+        for r in replica.to_pylist()
+    }
     types = {f.name: f.type for f in source.schema}
-    got = {k: {c: pa.array([v], types[c]).to_pylist()[0] for c, v in row.items()}
-           for k, row in got.items()}  # fmt: skip
+    got = {
+        k: {c: pa.array([v], types[c]).to_pylist()[0] for c, v in row.items()}
+        for k, row in got.items()
+    }
     assert got == want
 
 
@@ -488,9 +535,17 @@ def check_nested(w: NestedWorkload, events: pa.Table, start: int, end: int, seed
                     value = sub
                 row[out] = value
             want.append((kind, rid, row))
-        got = [(k, r, {c: (dict(sorted(v.items())) if isinstance(v, dict) else v)
-                       for c, v in vals.items()})
-               for k, r, vals in feed_events(events, version)]  # fmt: skip
+        got = [
+            (
+                k,
+                r,
+                {
+                    c: (dict(sorted(v.items())) if isinstance(v, dict) else v)
+                    for c, v in vals.items()
+                },
+            )
+            for k, r, vals in feed_events(events, version)
+        ]
         assert got == sorted(want, key=lambda e: (e[1], e[0])), (
             f"seed {seed} range {start}..{end} version {version} ({dict(w.log)[version]})"
         )

@@ -69,8 +69,10 @@ def test_restores_across_add_columns(tmp_path):
         assert got == snapshot_events(uri, version), version
         assert sorted(pairs(got)) == want, version
     assert [(k, r) for k, r, _ in feed_events_as_of(uri, events, 5) if k != "update_preimage"] == [
-        ("update_postimage", 1), ("update_postimage", 7), ("insert", 9),
-    ]  # fmt: skip
+        ("update_postimage", 1),
+        ("update_postimage", 7),
+        ("insert", 9),
+    ]
 
 
 def test_restore_to_before_add_columns_on_an_old_table(tmp_path):
@@ -82,9 +84,17 @@ def test_restore_to_before_add_columns_on_an_old_table(tmp_path):
     latest = lance.dataset(uri).version
     got = at(uri, latest)
     assert got == values_events(uri, latest)
-    before = {r["_rowid"]: r for r in lance.dataset(uri, version=latest - 1)
-              .to_table(columns=["id", "s", "x", "_rowid"]).to_pylist()}  # fmt: skip
-    after = {r["_rowid"]: r for r in lance.dataset(uri, version=latest)
-             .to_table(columns=["id", "s", "x", "_rowid"]).to_pylist()}  # fmt: skip
+    before = {
+        r["_rowid"]: r
+        for r in lance.dataset(uri, version=latest - 1)
+        .to_table(columns=["id", "s", "x", "_rowid"])
+        .to_pylist()
+    }
+    after = {
+        r["_rowid"]: r
+        for r in lance.dataset(uri, version=latest)
+        .to_table(columns=["id", "s", "x", "_rowid"])
+        .to_pylist()
+    }
     differ = sorted(rid for rid in before.keys() & after.keys() if before[rid] != after[rid])
     assert differ and sorted(pairs(got)) == differ

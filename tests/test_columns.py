@@ -37,8 +37,11 @@ def test_rename_is_one_column_under_its_newest_name(tmp_path):
     assert apply_events(events) == table_state(uri, 3)
     plain = lance_cdf.read_changes(uri, 1).read_all()
     assert user_rows(plain) == [
-        {"id": 1, "t": "a"}, {"id": 2, "t": "b"}, {"id": 2, "t": "b"}, {"id": 2, "t": "B"},
-    ]  # fmt: skip
+        {"id": 1, "t": "a"},
+        {"id": 2, "t": "b"},
+        {"id": 2, "t": "b"},
+        {"id": 2, "t": "B"},
+    ]
 
 
 def test_nested_rename_keeps_older_values(tmp_path):
@@ -50,8 +53,10 @@ def test_nested_rename_keeps_older_values(tmp_path):
     events = lance_cdf.read_changes(uri, 1).read_all()
     assert events.schema.field("st").type == pa.struct([("a", pa.int64()), ("bb", pa.int64())])
     assert [r["st"] for r in events.to_pylist()] == [
-        {"a": 1, "bb": 10}, {"a": 2, "bb": 20}, {"a": 1, "bb": 10},
-    ]  # fmt: skip
+        {"a": 1, "bb": 10},
+        {"a": 2, "bb": 20},
+        {"a": 1, "bb": 10},
+    ]
     # a range after the rename only: the same names
     assert lance_cdf.read_changes(uri, 3).read_all()["st"].to_pylist() == [{"a": 1, "bb": 10}]
 
@@ -69,8 +74,10 @@ def test_swapped_names_follow_field_ids(tmp_path):
     events = lance_cdf.read_changes(uri, 1).read_all()
     # the column first called y is x now; its insert value was y1
     assert [(r["x"], r["y"]) for r in events.to_pylist()] == [
-        ("y1", "x1"), ("y1", "x1"), ("y2", "x1"),
-    ]  # fmt: skip
+        ("y1", "x1"),
+        ("y1", "x1"),
+        ("y2", "x1"),
+    ]
     assert apply_events(events) == table_state(uri, lance.dataset(uri).version)
 
 
@@ -85,8 +92,9 @@ def test_newest_type_wins_after_restore(tmp_path):
     events = lance_cdf.read_changes(uri, 1, 4).read_all()
     assert events.schema.field("score").type == pa.float64()
     assert events.filter(pa.compute.equal(events["_commit_version"], 1))["score"].to_pylist() == [
-        47.397, 1.25,
-    ]  # fmt: skip
+        47.397,
+        1.25,
+    ]
     assert apply_events(events) == table_state(uri, 4)
     # the cast at v2 changed 47.397 -> 47.39699935913086: a real change, kept
     kept = lance_cdf.read_changes(uri, 1, 3, drop_unchanged_updates=True).read_all()
@@ -112,10 +120,13 @@ def test_blob_columns_carry_bytes(tmp_path, storage):
     assert events.schema.field("img").type == pa.large_binary()
     got = [(r["_change_type"], r["id"], r["img"]) for r in events.to_pylist()]
     assert got == [
-        ("insert", 1, b"one"), ("insert", 2, None), ("insert", 3, b"three"),
-        ("update_preimage", 1, b"one"), ("update_postimage", 1, b"uno"),
+        ("insert", 1, b"one"),
+        ("insert", 2, None),
+        ("insert", 3, b"three"),
+        ("update_preimage", 1, b"one"),
+        ("update_postimage", 1, b"uno"),
         ("delete", 3, b"three"),
-    ]  # fmt: skip
+    ]
     kept = lance_cdf.read_changes(uri, 2, 2, drop_unchanged_updates=True).read_all()
     assert kept["img"].to_pylist() == [b"one", b"uno"]
     snap = lance_cdf.read_changes(uri, 3, snapshot=True).read_all()
@@ -223,8 +234,11 @@ def test_blob_bytes_through_avro_to_a_replica(tmp_path):
         fastavro.schemaless_writer(buf, parsed, value)  # a consumer lance-cdf did not write
         decoded.append(fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), parsed))
     afters = [v["after"] for v in decoded]
-    assert afters == [{"id": 1, "img": b"\x00one"}, {"id": 2, "img": None},
-                      {"id": 2, "img": b"two\xff"}]  # fmt: skip
+    assert afters == [
+        {"id": 1, "img": b"\x00one"},
+        {"id": 2, "img": None},
+        {"id": 2, "img": b"two\xff"},
+    ]
     replica = ReplicaTable(str(tmp_path / "replica.lance"), ["id"])
     rows = row_arrow_schema(envelope)
     for after in afters:

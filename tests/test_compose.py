@@ -56,26 +56,31 @@ def _set(path, value):
 BROKEN = {
     "unknown top-level key": ([], "'servics'", _set(["servics"], {})),
     "misspelt service key": (
-        ["services", "publisher"], "'comand' was unexpected",
+        ["services", "publisher"],
+        "'comand' was unexpected",
         _set(["services", "publisher", "comand"], "lance-cdf"),
     ),
     "ports not a list": (
-        ["services", "kafka", "ports"], "is not of type 'array'",
+        ["services", "kafka", "ports"],
+        "is not of type 'array'",
         _set(["services", "kafka", "ports"], 9092),
     ),
     "unknown depends_on condition": (
-        ["services", "connect", "depends_on"], "is not valid under any",
+        ["services", "connect", "depends_on"],
+        "is not valid under any",
         _set(["services", "connect", "depends_on"], {"kafka": {"condition": "when_ready"}}),
     ),
     "environment value a list": (
-        ["services", "connect", "environment"], "is not valid under any",
+        ["services", "connect", "environment"],
+        "is not valid under any",
         _set(["services", "connect", "environment", "GROUP_ID"], ["a", "b"]),
     ),
     "volume of an unknown type": (
-        ["services", "replicator", "volumes", 0], "is not valid under any",
+        ["services", "replicator", "volumes", 0],
+        "is not valid under any",
         _set(["services", "replicator", "volumes"], [{"type": "disk", "target": "/data"}]),
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", BROKEN)
@@ -93,9 +98,14 @@ def test_compose_names_the_documented_services_and_ports():
     compose = compose_file()
     services = compose["services"]
     assert set(services) == {
-        "kafka", "schema-registry", "publisher", "replicator", "postgres", "connect",
+        "kafka",
+        "schema-registry",
+        "publisher",
+        "replicator",
+        "postgres",
+        "connect",
         "connect-sink",
-    }  # fmt: skip
+    }
     assert "9092:9092" in services["kafka"]["ports"]
     assert "8081:8080" in services["schema-registry"]["ports"]
     publisher = services["publisher"]
@@ -147,7 +157,11 @@ def test_compose_runs_lance_to_kafka_to_postgresql_with_debeziums_jdbc_sink():
     # the Debezium guide's sink configuration is the one the Debezium test runs
     guide = (ROOT / "docs/guides/debezium.md").read_text()
     assert guide.startswith("# Consume with Debezium / Kafka Connect")
-    for line in ("connector.class=io.debezium.connector.jdbc.JdbcSinkConnector",
-                 "primary.key.mode=record_key", "insert.mode=upsert", "delete.enabled=true",
-                 "value.converter.apicurio.registry.as-confluent=true"):  # fmt: skip
+    for line in (
+        "connector.class=io.debezium.connector.jdbc.JdbcSinkConnector",
+        "primary.key.mode=record_key",
+        "insert.mode=upsert",
+        "delete.enabled=true",
+        "value.converter.apicurio.registry.as-confluent=true",
+    ):
         assert line in guide

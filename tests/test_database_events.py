@@ -58,7 +58,7 @@ def database(tmp_path):
         "items": db.create_table("items", items(0, 20), storage_options=STABLE),
         "sales.orders": db.create_table(
             "orders", orders(0, 10), namespace_path=["sales"], storage_options=STABLE
-        ),  # fmt: skip
+        ),
         "logs": db.create_table("logs", logs(0, 5), storage_options=STABLE),
     }
     tables["items"].update(where="id < 3", values={"s": "u"})
@@ -115,9 +115,18 @@ def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
     schema = database_schema(options)
     # the union by name: shared columns once, then the metadata columns and _table
     assert schema.fieldNames() == [
-        "id", "s", "x", "flag", "amount", "note",
-        "_rowid", "_change_type", "_commit_version", "_commit_timestamp", TABLE_COLUMN,
-    ]  # fmt: skip
+        "id",
+        "s",
+        "x",
+        "flag",
+        "amount",
+        "note",
+        "_rowid",
+        "_change_type",
+        "_commit_version",
+        "_commit_timestamp",
+        TABLE_COLUMN,
+    ]
     r = DatabaseEventReader(options, schema)
     remote = executor(r)
     o0 = r.initialOffset()
@@ -127,8 +136,9 @@ def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
     check(read_back(r, remote, o0, o1), tables)
     # writes while running; a table created while running is taken up from its first version
     tables["logs"].add(logs(5, 8))
-    returns = db.create_table("returns", orders(0, 4), namespace_path=["sales"],
-                              storage_options=STABLE)  # fmt: skip
+    returns = db.create_table(
+        "returns", orders(0, 4), namespace_path=["sales"], storage_options=STABLE
+    )
     returns.update(where="id = 1", values={"note": "z"})
     r.listed_at -= 60  # (the next listing is due)
     o2 = r.latestOffset(o1, ReadAllAvailable())
@@ -145,13 +155,18 @@ def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
     assert again.latestOffset(o3, ReadAllAvailable()) == o3
     with pytest.raises(CheckpointMismatchError, match="started with startingVersion 1; "):
         DatabaseEventReader({**options, "startingVersion": "2"}, schema).latestOffset(
-            o3, ReadAllAvailable())  # fmt: skip
+            o3, ReadAllAvailable()
+        )
     tables["items"].delete("id = 19")
     db.drop_table("logs")
     o4 = again.latestOffset(o3, ReadAllAvailable())
     assert sorted(o4["tables"]) == ["items", "sales.orders", "sales.returns"]
-    latest = max(lance_cdf.read_changes(path(tables["items"]), 1).read_all()
-                 .column("_commit_version").to_pylist())  # fmt: skip
+    latest = max(
+        lance_cdf.read_changes(path(tables["items"]), 1)
+        .read_all()
+        .column("_commit_version")
+        .to_pylist()
+    )
     check(read_back(again, remote, o3, o4), {"items": tables["items"]}, {"items": latest})
 
 
@@ -226,8 +241,11 @@ def test_columns_that_cannot_share_one_stream(tmp_path):
     o0 = r.initialOffset()
     db.create_table("wide", pa.table({"id": [1], "z": [1.5]}), storage_options=STABLE)
     r.listed_at -= 60
-    with pytest.raises(DatabaseSchemaError, match=r"table wide has column\(s\) \['z'\] the "
-                       r"stream lacks: .* restart the query"):  # fmt: skip
+    with pytest.raises(
+        DatabaseSchemaError,
+        match=r"table wide has column\(s\) \['z'\] the "
+        r"stream lacks: .* restart the query",
+    ):
         r.latestOffset(o0, ReadAllAvailable())
     # a followed table that adds a column stops it too (as a one-table stream stops)
     db.drop_table("wide")
@@ -263,17 +281,23 @@ def test_options_that_do_not_hold_across_tables(tmp_path):
     r = DatabaseEventReader(options, database_schema(options))
     o1 = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())
     assert {n: t["version"] for n, t in o1["tables"].items()} == {
-        "items": 1, "logs": 1, "sales.orders": 1}  # fmt: skip
+        "items": 1,
+        "logs": 1,
+        "sales.orders": 1,
+    }
     with pytest.raises(LanceCdfError, match="unknown option"):
         database_schema({"database": root, "startingVersoin": "1"})
     with pytest.raises(LanceCdfError, match="names one table's version: a database batch"):
-        DatabaseBatchReader({"database": root, "startingVersion": "2"},
-                            database_schema({"database": root}))  # fmt: skip
+        DatabaseBatchReader(
+            {"database": root, "startingVersion": "2"}, database_schema({"database": root})
+        )
     with pytest.raises(LanceCdfError, match="endingVersion names one table's version"):
         database_schema({"database": root, "endingVersion": "3"})
     with pytest.raises(LanceCdfError, match="not startingTimestamp"):
-        DatabaseEventReader({"database": root, "startingTimestamp": "2026-01-01"},
-                            database_schema({"database": root}))  # fmt: skip
+        DatabaseEventReader(
+            {"database": root, "startingTimestamp": "2026-01-01"},
+            database_schema({"database": root}),
+        )
 
 
 def test_spark_stream_and_batch_read(spark, tmp_path):
@@ -285,19 +309,24 @@ def test_spark_stream_and_batch_read(spark, tmp_path):
 
     def run():
         q = (
-            spark.readStream.format("lance-cdf").option("database", root)
-            .option("startingVersion", 1).option("include", "items|logs|sales\\..*").load()
+            spark.readStream.format("lance-cdf")
+            .option("database", root)
+            .option("startingVersion", 1)
+            .option("include", "items|logs|sales\\..*")
+            .load()
             .writeStream.foreachBatch(collect)
             .option("checkpointLocation", str(tmp_path / "ck"))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
+            .trigger(availableNow=True)
+            .start()
+        )
         assert q.awaitTermination(180)
         assert q.exception() is None
 
     run()
     tables["logs"].add(logs(5, 8))
-    returns = db.create_table("returns", orders(0, 4), namespace_path=["sales"],
-                              storage_options=STABLE)  # fmt: skip
+    returns = db.create_table(
+        "returns", orders(0, 4), namespace_path=["sales"], storage_options=STABLE
+    )
     returns.update(where="id = 1", values={"note": "z"})
     run()  # a restart from the checkpoint: the new commits and the new table, nothing again
     got = pa.concat_tables([t for t in seen if len(t)])
@@ -313,5 +342,7 @@ def test_spark_stream_and_batch_read(spark, tmp_path):
     # the guide's example, as written (its /tmp/db is this database)
     code = (SNIPPETS / "spark_database.py").read_text().replace("/tmp/", f"{tmp_path}/")
     exec(compile(code, "spark_database.py", "exec"), {"spark": spark})
-    check(spark.sql("SELECT * FROM dbc").toArrow(),
-          {n: t for n, t in everything.items() if n != "logs"})  # fmt: skip
+    check(
+        spark.sql("SELECT * FROM dbc").toArrow(),
+        {n: t for n, t in everything.items() if n != "logs"},
+    )

@@ -145,12 +145,35 @@ def test_database_publish_follows_every_table_exactly_once(
     prefix = f"db{uuid.uuid4().hex[:6]}"
     topic = {name: f"{prefix}.{name}" for name in [*paths, "sales.returns"]}
     checkpoint = tmp_path / "ck"
-    args = ["publish", "--database", root, "--topic-prefix", prefix,
-            "--bootstrap-servers", bootstrap, "--schema-registry", schema_registry.url,
-            "--checkpoint", str(checkpoint), "--starting-version", "1", "--key", "id",
-            "--exclude", "skip.*"]  # fmt: skip
-    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "500ms",
-           "--master", "local[2,100]"]  # fmt: skip
+    args = [
+        "publish",
+        "--database",
+        root,
+        "--topic-prefix",
+        prefix,
+        "--bootstrap-servers",
+        bootstrap,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(checkpoint),
+        "--starting-version",
+        "1",
+        "--key",
+        "id",
+        "--exclude",
+        "skip.*",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        *args,
+        "--trigger-interval",
+        "500ms",
+        "--master",
+        "local[2,100]",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
     with socket.socket() as s:  # a free port for the restarted publisher's metrics
@@ -158,9 +181,13 @@ def test_database_publish_follows_every_table_exactly_once(
         port = s.getsockname()[1]
 
     def start(*more):
-        return subprocess.Popen([*cmd, *more], env=env, stdout=subprocess.DEVNULL,
-                                stderr=open(tmp_path / "publish.err", "a"),
-                                start_new_session=True)  # fmt: skip
+        return subprocess.Popen(
+            [*cmd, *more],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=open(tmp_path / "publish.err", "a"),
+            start_new_session=True,
+        )
 
     stop = threading.Event()
     live = {n: p for n, p in paths.items() if n != "archive"}
@@ -207,8 +234,9 @@ def test_database_publish_follows_every_table_exactly_once(
     for name in want:
         schema = json.loads(registry.get_latest_version(f"{topic[name]}-value").schema.schema_str)
         assert (schema["namespace"], schema["name"]) in [
-            (f"{prefix}.{name}", "Envelope"), (None, f"{prefix}.{name}.Envelope")
-        ]  # fmt: skip
+            (f"{prefix}.{name}", "Envelope"),
+            (None, f"{prefix}.{name}.Envelope"),
+        ]
         first = next(m for m in read_all(bootstrap, topic[name]) if m.value() is not None)
         value = de(first.value(), SerializationContext(topic[name], MessageField.VALUE))
         assert value["source"]["table"] == name

@@ -56,9 +56,16 @@ def publish_all(src: str, prefix: str, kafka, registry, ck: str, only: str | Non
         if only is not None and ref.qualified_name != only:
             continue
         topic = f"{prefix}.{ref.qualified_name}"
-        publish(ref.uri, kafka.bootstrap_servers, topic, registry.url,
-                os.path.join(ck, ref.qualified_name), starting_version="1", available_now=True,
-                table_name=topic)  # fmt: skip
+        publish(
+            ref.uri,
+            kafka.bootstrap_servers,
+            topic,
+            registry.url,
+            os.path.join(ck, ref.qualified_name),
+            starting_version="1",
+            available_now=True,
+            table_name=topic,
+        )
 
 
 def write_round(db, i: int) -> None:
@@ -74,10 +81,27 @@ def write_round(db, i: int) -> None:
 
 
 def replicate_cmd(kafka, registry, prefix: str, dst: str, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "lance_cdf.cli", "replicate", "--bootstrap-servers",
-            kafka.bootstrap_servers, "--schema-registry", registry.url, "--database-target",
-            dst, "--topic-prefix", prefix, "--max-batch-rows", "50", "--max-batch-interval",
-            "0.3", "--refresh-interval", "1", *extra]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--schema-registry",
+        registry.url,
+        "--database-target",
+        dst,
+        "--topic-prefix",
+        prefix,
+        "--max-batch-rows",
+        "50",
+        "--max-batch-interval",
+        "0.3",
+        "--refresh-interval",
+        "1",
+        *extra,
+    ]
 
 
 def replica_equals_source(src: str, dst: str, name: str) -> int:
@@ -118,13 +142,26 @@ def wait_for(check, timeout: float, what: str):
 
 
 def test_table_topics_naming():
-    topics = ["p.items", "p.items.transaction", "p.sales.orders", "p.sales.orders.transaction",
-              "q.items", "p", "p..x", "__consumer_offsets", "p.tmp_x"]  # fmt: skip
+    topics = [
+        "p.items",
+        "p.items.transaction",
+        "p.sales.orders",
+        "p.sales.orders.transaction",
+        "q.items",
+        "p",
+        "p..x",
+        "__consumer_offsets",
+        "p.tmp_x",
+    ]
     got = [(t.topic, t.identifier) for t in table_topics(topics, "p")]
-    assert got == [("p.items", ("items",)), ("p.sales.orders", ("sales", "orders")),
-                   ("p.tmp_x", ("tmp_x",))]  # fmt: skip
-    got = table_topics(topics, "p", include=re.compile(r"sales\..*|items|tmp_x"),
-                       exclude=re.compile(r"tmp_.*"))  # fmt: skip
+    assert got == [
+        ("p.items", ("items",)),
+        ("p.sales.orders", ("sales", "orders")),
+        ("p.tmp_x", ("tmp_x",)),
+    ]
+    got = table_topics(
+        topics, "p", include=re.compile(r"sales\..*|items|tmp_x"), exclude=re.compile(r"tmp_.*")
+    )
     assert [t.qualified_name for t in got] == ["items", "sales.orders"]
 
 
@@ -142,22 +179,26 @@ def test_table_location_declares_tables_lancedb_finds(tmp_path):
     """Replica tables declared by qualified name (namespace levels created) are where the
     Lance directory namespace puts them: LanceDB and list_tables find them by name."""
     root = str(tmp_path / "db")
-    where = {ident: table_location(root, ident)
-             for ident in [("items",), ("sales", "orders"), ("sales", "eu", "orders")]}  # fmt: skip
+    where = {
+        ident: table_location(root, ident)
+        for ident in [("items",), ("sales", "orders"), ("sales", "eu", "orders")]
+    }
     assert where[("items",)] == os.path.join(root, "items.lance")
     for ident, uri in where.items():
         assert table_location(root, ident) == uri  # found again, not declared twice
         lance.write_dataset(rows(0, len(ident), "a"), uri, enable_stable_row_ids=True)
     assert {r.qualified_name: r.uri for r in list_tables(root)} == {
-        ".".join(ident): uri for ident, uri in where.items()}  # fmt: skip
+        ".".join(ident): uri for ident, uri in where.items()
+    }
     db = lancedb.connect(root)
     assert db.list_tables().tables == ["items"]
     assert db.list_tables(namespace_path=["sales"]).tables == ["orders"]
     assert db.open_table("orders", namespace_path=["sales", "eu"]).count_rows() == 3
 
 
-def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, schema_registry,
-                                                     spark):  # fmt: skip
+def test_database_replica_equals_source_after_a_kill(
+    tmp_path, kafka_broker, schema_registry, spark
+):
     src, dst, ck = str(tmp_path / "src"), str(tmp_path / "dst"), str(tmp_path / "ck")
     prefix = f"db{uuid.uuid4().hex[:6]}"
     db = lancedb.connect(src)
@@ -172,17 +213,24 @@ def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, sch
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     cmd = replicate_cmd(kafka_broker, schema_registry, prefix, dst)
     with open(tmp_path / "replicate-1.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             wait_for(lambda: all(caught_up(src, dst, n) for n in names), 120, "every replica")
             # more commits published while it runs; it is killed once the first table's
             # replica moves on (the others in whatever state they are)
             write_round(db, 1)
             publish_all(src, prefix, kafka_broker, schema_registry, ck)
-            wait_for(lambda: any(
-                source_version_of(ReplicaTable(resolve_table(dst, n), []).position()) != first[n]
-                for n in names), 120, "a replica to move on")  # fmt: skip
+            wait_for(
+                lambda: any(
+                    source_version_of(ReplicaTable(resolve_table(dst, n), []).position())
+                    != first[n]
+                    for n in names
+                ),
+                120,
+                "a replica to move on",
+            )
         finally:
             os.killpg(proc.pid, signal.SIGKILL)  # a real crash, wherever it is
             proc.wait(30)
@@ -190,17 +238,20 @@ def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, sch
     # restarted: every table resumes from its own replica's position; a table created
     # later is picked up, and a topic deleted is let go, without a restart
     with open(tmp_path / "replicate-2.log", "wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
         try:
             wait_for(lambda: all(caught_up(src, dst, n) for n in names), 120, "every replica")
-            db.create_table("returns", rows(0, 30, "r"), namespace_path=["sales"],
-                            storage_options=STABLE)  # fmt: skip
+            db.create_table(
+                "returns", rows(0, 30, "r"), namespace_path=["sales"], storage_options=STABLE
+            )
             publish_all(src, prefix, kafka_broker, schema_registry, ck, only="sales.returns")
             wait_for(lambda: caught_up(src, dst, "sales.returns"), 60, "the new table")
             # a second replicator of the same database: every table's lease is held
-            second = subprocess.run([*cmd, "--idle-timeout", "2"], capture_output=True,
-                                    text=True, timeout=120, env=env)  # fmt: skip
+            second = subprocess.run(
+                [*cmd, "--idle-timeout", "2"], capture_output=True, text=True, timeout=120, env=env
+            )
             assert second.returncode == 2, second.stderr[-3000:]
             assert "4 table(s) not replicated" in second.stderr
             assert second.stderr.count("is being written by") >= 4
@@ -208,13 +259,21 @@ def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, sch
             gone = [f"{prefix}.users", f"{prefix}.users.transaction"]
             for f in admin.delete_topics(gone).values():
                 f.result(30)
-            wait_for(lambda: b"no longer exists" in (tmp_path / "replicate-2.log").read_bytes(),
-                     60, "the deleted topic to be let go")  # fmt: skip
+            wait_for(
+                lambda: b"no longer exists" in (tmp_path / "replicate-2.log").read_bytes(),
+                60,
+                "the deleted topic to be let go",
+            )
             # created again (empty): its replica holds offsets the new topic does not, so
             # that table is refused and left out, the others go on
             wait_for(lambda: create_topic(admin, f"{prefix}.users"), 60, "the topic again")
-            wait_for(lambda: b"table users not replicated" in (
-                tmp_path / "replicate-2.log").read_bytes(), 60, "users refused")  # fmt: skip
+            wait_for(
+                lambda: (
+                    b"table users not replicated" in (tmp_path / "replicate-2.log").read_bytes()
+                ),
+                60,
+                "users refused",
+            )
         finally:
             os.killpg(proc.pid, signal.SIGTERM)  # a clean stop, then the refusal: exit 2
             code = proc.wait(60)
@@ -231,16 +290,18 @@ def test_database_replica_equals_source_after_a_kill(tmp_path, kafka_broker, sch
     # LanceDB sees the replica database under the same names, namespaces kept
     replica_db = lancedb.connect(dst)
     assert sorted(replica_db.list_tables().tables) == ["items", "users"]
-    assert sorted(replica_db.list_tables(namespace_path=["sales"]).tables) == [
-        "orders", "returns"]  # fmt: skip
+    assert sorted(replica_db.list_tables(namespace_path=["sales"]).tables) == ["orders", "returns"]
     orders = replica_db.open_table("orders", namespace_path=["sales"]).to_arrow()
     source = lancedb.connect(src).open_table("orders", namespace_path=["sales"]).to_arrow()
     assert orders.select(source.column_names).sort_by("id").equals(source.sort_by("id"))
     # status: one line per replica table, with the source version it holds
     status = subprocess.run(
         [sys.executable, "-m", "lance_cdf.cli", "status", "--database-target", dst, "--json"],
-        capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     report = {r["table"]: r for r in json.loads(status.stdout)["replicas"]}
     assert sorted(report) == names
     for name in names:
@@ -267,14 +328,25 @@ def test_a_topic_created_again_is_refused(tmp_path, kafka_broker, schema_registr
     def publish(lo: int, hi: int) -> None:
         """Records lo..hi-1 of the table's first version (its 20 inserts)."""
         events = lance_cdf.read_changes(uri, 1, 1).read_all()
-        pub = KafkaChangePublisher(kafka_broker.bootstrap_servers, topic, schema_registry.url,
-                                   user_schema_of(events.schema), uri)  # fmt: skip
+        pub = KafkaChangePublisher(
+            kafka_broker.bootstrap_servers,
+            topic,
+            schema_registry.url,
+            user_schema_of(events.schema),
+            uri,
+        )
         pub.publish(events.slice(lo, hi - lo), {1: "Append"})
 
     def replicate() -> None:
-        Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
-                   transaction_metadata=False, group_id=f"g-{topic}",
-                   max_batch_interval=0.3).run(idle_timeout=3)  # fmt: skip
+        Replicator(
+            kafka_broker.bootstrap_servers,
+            topic,
+            schema_registry.url,
+            dst,
+            transaction_metadata=False,
+            group_id=f"g-{topic}",
+            max_batch_interval=0.3,
+        ).run(idle_timeout=3)
 
     admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
     publish(0, 20)
@@ -305,17 +377,38 @@ def test_publish_database_then_replicate_database_gives_an_equal_database(
     prefix = f"e2e{uuid.uuid4().hex[:6]}"
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     publish = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", "publish", "--database", src, "--topic-prefix",
-         prefix, "--bootstrap-servers", kafka_broker.bootstrap_servers, "--schema-registry",
-         schema_registry.url, "--checkpoint", str(tmp_path / "ck"), "--starting-version", "1",
-         "--available-now"],
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_cdf.cli",
+            "publish",
+            "--database",
+            src,
+            "--topic-prefix",
+            prefix,
+            "--bootstrap-servers",
+            kafka_broker.bootstrap_servers,
+            "--schema-registry",
+            schema_registry.url,
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--starting-version",
+            "1",
+            "--available-now",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert publish.returncode == 0, publish.stderr[-3000:]
     replicate = subprocess.run(
         replicate_cmd(kafka_broker, schema_registry, prefix, dst, "--idle-timeout", "8"),
-        env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert replicate.returncode == 0, replicate.stderr[-3000:]
     names = [qualified(name, ns) for name, ns in TABLES]
     assert sorted(r.qualified_name for r in list_tables(dst)) == sorted(names)

@@ -38,18 +38,26 @@ def events_by_table(r, start, end, root):
     for name, work in table_works(iter(batches), root, {}).items():
         got = pa.Table.from_batches([b for w in work.works for b in w.events()])
         out[name] = sorted(
-            zip(got["_commit_version"].to_pylist(), got["_change_type"].to_pylist(),
-                got["id"].to_pylist(), strict=True)
-        )  # fmt: skip
+            zip(
+                got["_commit_version"].to_pylist(),
+                got["_change_type"].to_pylist(),
+                got["id"].to_pylist(),
+                strict=True,
+            )
+        )
     return out
 
 
 def oracle(uri, first=1):
     t = lance_cdf.read_changes(uri, first).read_all()
     return sorted(
-        zip(t["_commit_version"].to_pylist(), t["_change_type"].to_pylist(), t["id"].to_pylist(),
-            strict=True)
-    )  # fmt: skip
+        zip(
+            t["_commit_version"].to_pylist(),
+            t["_change_type"].to_pylist(),
+            t["id"].to_pylist(),
+            strict=True,
+        )
+    )
 
 
 def test_tables_come_go_and_are_skipped(tmp_path):
@@ -57,8 +65,9 @@ def test_tables_come_go_and_are_skipped(tmp_path):
     db = lancedb.connect(root)
     db.create_namespace(["sales"])
     items = db.create_table("items", rows(0, 10), storage_options=STABLE)
-    orders = db.create_table("orders", rows(0, 10), namespace_path=["sales"],
-                             storage_options=STABLE)  # fmt: skip
+    orders = db.create_table(
+        "orders", rows(0, 10), namespace_path=["sales"], storage_options=STABLE
+    )
     db.create_table("legacy", rows(0, 5))  # no stable row IDs
     db.create_table("tmp_x", rows(0, 5), storage_options=STABLE)  # excluded
     r = reader(root, startingVersion="1", exclude="tmp_.*")
@@ -74,8 +83,9 @@ def test_tables_come_go_and_are_skipped(tmp_path):
     # nothing new: the same offset (Spark runs no micro-batch)
     assert r.latestOffset(o1, ReadAllAvailable()) == o1
     # a new table enters at its initial offset, then from its first version
-    returns = db.create_table("returns", rows(0, 7), namespace_path=["sales"],
-                              storage_options=STABLE)  # fmt: skip
+    returns = db.create_table(
+        "returns", rows(0, 7), namespace_path=["sales"], storage_options=STABLE
+    )
     returns.update(where="id = 1", values={"s": "z"})
     r.listed_at -= 60  # (the next listing is due)
     o2 = r.latestOffset(o1, ReadAllAvailable())
@@ -131,10 +141,19 @@ def test_names_that_cannot_be_topics_and_bad_options(tmp_path):
 
 
 def test_work_item_name_round_trip_and_refusals():
-    item = WorkItem(slot=0, slots=1, planned=3, kafka_partitions=2, key_hash=("id",),
-                    drop_unchanged_updates=False, fail_on_data_loss=True, parts=(),
-                    read_schema=pa.schema([("id", pa.int64())]), table="0" * 16,
-                    name="sales.orders")  # fmt: skip
+    item = WorkItem(
+        slot=0,
+        slots=1,
+        planned=3,
+        kafka_partitions=2,
+        key_hash=("id",),
+        drop_unchanged_updates=False,
+        fail_on_data_loss=True,
+        parts=(),
+        read_schema=pa.schema([("id", pa.int64())]),
+        table="0" * 16,
+        name="sales.orders",
+    )
     values = [item.to_batch().column(i)[0].as_py() for i in range(4)]
     assert WorkItem.of(*values) == item
     document = json.loads(values[2])
@@ -155,8 +174,14 @@ def test_work_item_name_round_trip_and_refusals():
 def test_publish_flags_one_table_or_a_database(flags, says, capsys):
     from lance_cdf.cli import main
 
-    common = ["--bootstrap-servers", "127.0.0.1:1", "--schema-registry", "http://127.0.0.1:1",
-              "--checkpoint", "/nonexistent/ck"]  # fmt: skip
+    common = [
+        "--bootstrap-servers",
+        "127.0.0.1:1",
+        "--schema-registry",
+        "http://127.0.0.1:1",
+        "--checkpoint",
+        "/nonexistent/ck",
+    ]
     assert main(["publish", *flags, *common]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1
@@ -227,8 +252,9 @@ def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch
     monkeypatch.setattr(readers, "_FEEDS", readers.LruCache(3))
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
-    tables = {f"t{i}": db.create_table(f"t{i}", rows(0, 5), storage_options=STABLE)
-              for i in range(7)}  # fmt: skip
+    tables = {
+        f"t{i}": db.create_table(f"t{i}", rows(0, 5), storage_options=STABLE) for i in range(7)
+    }
     r = reader(root, startingVersion="1")
     offset = r.initialOffset()
     rng = random.Random(7)

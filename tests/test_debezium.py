@@ -122,9 +122,13 @@ def lance_rows(uri: str, key: str) -> dict:
     for r in t.to_pylist():
         k = r["_rowid"] if key == "_rowid" else r["id"]
         out[k] = (
-            r["id"], r["a"], r["f"], r["u"], r["fx"],
+            r["id"],
+            r["a"],
+            r["f"],
+            r["u"],
+            r["fx"],
             None if r["vec"] is None else np.asarray(r["vec"], np.float32).tobytes(),
-        )  # fmt: skip
+        )
     return out
 
 
@@ -141,7 +145,7 @@ def pg_rows(postgres, table: str, key: str) -> dict | None:
             r[4],
             None if r[5] is None else bytes(r[5]),
             None if r[6] is None else np.asarray(r[6], np.float32).tobytes(),
-        )  # fmt: skip
+        )
         for r in got
     }
 
@@ -212,9 +216,12 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
     # merge_insert upserts (updates and inserts), a compaction, then changes after it
     upsert = rows([3, 4, 12, 100, 101], rng, text="upserted")
     (
-        lance.dataset(uri).merge_insert("id").when_matched_update_all()
-        .when_not_matched_insert_all().execute(upsert)
-    )  # fmt: skip
+        lance.dataset(uri)
+        .merge_insert("id")
+        .when_matched_update_all()
+        .when_not_matched_insert_all()
+        .execute(upsert)
+    )
     lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=1024)
     lance.dataset(uri).update({"a": "'after compaction'"}, where="id >= 100 OR id = 0")
     lance.dataset(uri).delete("id = 20")
@@ -229,9 +236,14 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
         )
     )
     assert columns == {
-        "_rowid": "bigint", "id": "bigint", "a": "text", "f": "double precision",
-        "u": "bigint", "fx": "bytea", "vec": "ARRAY",
-    }  # fmt: skip
+        "_rowid": "bigint",
+        "id": "bigint",
+        "a": "text",
+        "f": "double precision",
+        "u": "bigint",
+        "fx": "bytea",
+        "vec": "ARRAY",
+    }
     # a 768-d embedding becomes a PostgreSQL real[] of 768 float32 values, exactly
     [(udt, dims)] = postgres.query(
         "select c.udt_name, (select array_length(vec, 1) from items_rowid limit 1) "
@@ -281,11 +293,14 @@ def secure_connect(secure_kafka_broker, secure_schema_registry, tmp_path_factory
     work = tmp_path_factory.mktemp("connect-sasl")
     trust = java_truststore(secure_schema_registry.ca_pem, work)
     worker = KafkaConnect(
-        secure_kafka_broker.bootstrap_servers, work / "worker",
+        secure_kafka_broker.bootstrap_servers,
+        work / "worker",
         client_config=secure_kafka_broker.java_client_config,
-        secrets={"registry.password": secure_schema_registry.password,
-                 "truststore.password": trust.password},
-    )  # fmt: skip
+        secrets={
+            "registry.password": secure_schema_registry.password,
+            "truststore.password": trust.password,
+        },
+    )
     worker.truststore = trust.path
     worker.start()
     yield worker
@@ -298,15 +313,18 @@ def secure_registry_settings(connect, registry) -> dict[str, str]:
     config = {}
     for side in ("key", "value"):
         p = f"{side}.converter.apicurio."
-        config.update({
-            p + "registry.url": f"https://127.0.0.1:{registry.port}/apis/registry/v2",
-            p + "auth.username": registry.username,
-            p + "auth.password": connect.secret_ref("registry.password"),
-            p + "registry.request.ssl.truststore.location": str(connect.truststore),
-            p + "registry.request.ssl.truststore.type": "PKCS12",
-            p + "registry.request.ssl.truststore.password":
-                connect.secret_ref("truststore.password"),
-        })  # fmt: skip
+        config.update(
+            {
+                p + "registry.url": f"https://127.0.0.1:{registry.port}/apis/registry/v2",
+                p + "auth.username": registry.username,
+                p + "auth.password": connect.secret_ref("registry.password"),
+                p + "registry.request.ssl.truststore.location": str(connect.truststore),
+                p + "registry.request.ssl.truststore.type": "PKCS12",
+                p + "registry.request.ssl.truststore.password": connect.secret_ref(
+                    "truststore.password"
+                ),
+            }
+        )
     return config
 
 
@@ -318,10 +336,14 @@ def test_debezium_jdbc_sink_over_sasl_ssl_and_a_tls_basic_auth_registry(
     uri = str(tmp_path / "items.lance")
     lance.write_dataset(rows(range(20), rng), uri, enable_stable_row_ids=True)
     publisher = KafkaChangePublisher(
-        kafka.bootstrap_servers, "items.secured", registry.url, SCHEMA,
-        table_name="shop.items", producer_config=kafka.client_config,
+        kafka.bootstrap_servers,
+        "items.secured",
+        registry.url,
+        SCHEMA,
+        table_name="shop.items",
+        producer_config=kafka.client_config,
         registry_config=registry.client_config,
-    )  # fmt: skip
+    )
     done = publish_new_versions(uri, [publisher], 0)
     config = sink_config("items.secured", "items_secured", postgres, registry, False)
     config.update(secure_registry_settings(connect, registry))

@@ -34,8 +34,9 @@ def create_topic(bootstrap, topic, partitions=1):
 
 
 def consume(bootstrap, topic, n, timeout=60.0):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex, "enable.auto.commit": False}
+    )
     c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
     got, deadline = [], time.monotonic() + timeout
     try:
@@ -165,8 +166,9 @@ def test_up_secure_serves_sasl_ssl_and_https_with_credentials_in_files_only(kafk
     printed settings files reach, and that refuse clients without them."""
     from lance_cdf.ops.clientconfig import parse_properties
 
-    proc = _spawn(["-m", "lance_cdf_devtools", "up", "--secure",
-                   "--cache-dir", str(kafka_broker.cache_dir)])  # fmt: skip
+    proc = _spawn(
+        ["-m", "lance_cdf_devtools", "up", "--secure", "--cache-dir", str(kafka_broker.cache_dir)]
+    )
     try:
         lines = [proc.stdout.readline() for _ in range(4)]
         bootstrap, url = lines[0].split()[-1], lines[1].split()[-1]

@@ -39,8 +39,11 @@ def expected(uri, start, end=None) -> list:
 def clean_env() -> dict:
     """No PYTHONPATH, no lance_cdf preloaded: lance-cdf is found as an installed package."""
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
-    env.update(PYSPARK_PYTHON=sys.executable, PYSPARK_DRIVER_PYTHON=sys.executable,
-               SPARK_LOCAL_IP="127.0.0.1")  # fmt: skip
+    env.update(
+        PYSPARK_PYTHON=sys.executable,
+        PYSPARK_DRIVER_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+    )
     return env
 
 
@@ -71,8 +74,14 @@ def test_found_without_register_on_local(tmp_path):
     start = 2
     out = tmp_path / "result.json"
     args = {"master": "local[2]", "table": uri, "start": start, "end": latest, "out": str(out)}
-    run = subprocess.run([sys.executable, str(JOB), json.dumps(args)], env=clean_env(),
-                         cwd=tmp_path, capture_output=True, text=True, timeout=600)  # fmt: skip
+    run = subprocess.run(
+        [sys.executable, str(JOB), json.dumps(args)],
+        env=clean_env(),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert run.returncode == 0, run.stderr[-6000:]
     result = json.loads(out.read_text())
     check(result, uri, start, latest)
@@ -90,14 +99,26 @@ def test_found_without_register_on_a_standalone_cluster(tmp_path):
     args = {"table": uri, "start": 1, "end": latest, "out": str(out), "stream": False}
     with SparkCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
         cmd = [
-            str(spark_home() / "bin" / "spark-submit"), "--master", cluster.master_url,
-            "--driver-memory", "512m", "--conf", f"spark.pyspark.python={sys.executable}",
-            "--conf", "spark.executor.memory=512m", "--conf", "spark.executor.cores=1",
-            "--conf", "spark.ui.enabled=false", str(JOB), json.dumps(args),
-        ]  # fmt: skip
+            str(spark_home() / "bin" / "spark-submit"),
+            "--master",
+            cluster.master_url,
+            "--driver-memory",
+            "512m",
+            "--conf",
+            f"spark.pyspark.python={sys.executable}",
+            "--conf",
+            "spark.executor.memory=512m",
+            "--conf",
+            "spark.executor.cores=1",
+            "--conf",
+            "spark.ui.enabled=false",
+            str(JOB),
+            json.dumps(args),
+        ]
         log = tmp_path / "submit.log"
         with open(log, "wb") as fh:
-            done = subprocess.run(cmd, env=clean_env(), cwd=tmp_path, stdout=fh,
-                                  stderr=subprocess.STDOUT, timeout=600)  # fmt: skip
+            done = subprocess.run(
+                cmd, env=clean_env(), cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
+            )
         assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
     check(json.loads(out.read_text()), uri, 1, latest, stream=False)

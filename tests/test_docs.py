@@ -38,8 +38,12 @@ def site(tmp_path_factory) -> Path:
     done = subprocess.run(
         [str(MKDOCS), "build", "--strict", "--site-dir", str(out)],  # not --quiet: it hides
         # the warnings --strict counts, and the build would pass with broken links
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     return out
 
@@ -190,8 +194,10 @@ def test_the_spark_examples_run_as_written(tmp_path, capsys, spark):
     ns["spark"] = spark
     _run_python(
         ["spark_stream.py", "spark_lag.py", "spark_sql_view.py", "spark_udtf.py"],
-        tmp_path, capsys, ns,
-    )  # fmt: skip
+        tmp_path,
+        capsys,
+        ns,
+    )
     written = spark.read.parquet(str(tmp_path / "events-changes"))
     assert written.count() == 6  # 3 inserts, an update pair, a delete
 
@@ -204,13 +210,14 @@ def test_publish_and_replicate_run_as_written(tmp_path, capsys, kafka_broker, sc
 
     _run_python(["read_changes.py"], tmp_path, capsys)
     _run_shell(
-        "publish_replicate.sh", tmp_path,
+        "publish_replicate.sh",
+        tmp_path,
         {
             "127.0.0.1:9092": kafka_broker.bootstrap_servers,
             "http://127.0.0.1:8081/apis/ccompat/v7": schema_registry.url,
             "events.cdf": f"docs-tour-{tmp_path.name}",
         },
-    )  # fmt: skip
+    )
     source = lance.dataset(str(tmp_path / "events.lance")).to_table().sort_by("id")
     replica = lance.dataset(str(tmp_path / "events-replica.lance")).to_table()
     assert replica.select(["id", "s"]).sort_by("id").to_pylist() == source.to_pylist()

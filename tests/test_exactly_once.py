@@ -89,8 +89,19 @@ def killable_publish(args):
     return [*cmd, "--master", "local[2,100]"]
 
 
-def publish_under_kills(cmd, env, uri, rng, kills_total, group_most, group_p, pause,
-                        commits=60, restart_at=None, restart=None):  # fmt: skip
+def publish_under_kills(
+    cmd,
+    env,
+    uri,
+    rng,
+    kills_total,
+    group_most,
+    group_p,
+    pause,
+    commits=60,
+    restart_at=None,
+    restart=None,
+):
     """Run `cmd` (a `lance-cdf publish`) while `writer` commits to `uri`, SIGKILLing, at
     random pauses of `pause` (min, max) seconds, its whole process group (at most
     `group_most` times, with probability `group_p`) or one of its Python workers, restarting
@@ -105,9 +116,12 @@ def publish_under_kills(cmd, env, uri, rng, kills_total, group_most, group_p, pa
         while sum(kills.values()) < kills_total:
             if proc is None or proc.poll() is not None:
                 proc = subprocess.Popen(
-                    cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                    cmd,
+                    env=env,
+                    stdout=subprocess.DEVNULL,
+                    stderr=subprocess.DEVNULL,
                     start_new_session=True,
-                )  # fmt: skip
+                )
             time.sleep(rng.uniform(*pause))
             if restart is not None and sum(kills.values()) == restart_at:
                 restart()  # same ports and data; producers reconnect
@@ -133,22 +147,47 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
 ):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(
-        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=50,
-    )  # fmt: skip
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=50,
+    )
     topic = f"eo-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
-            "--max-rows-per-trigger", "60"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--key",
+        "id",
+        "--max-rows-per-trigger",
+        "60",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     cmd = killable_publish(args)
     kills = publish_under_kills(
-        cmd, env, uri, random.Random(20), kills_total=12, group_most=3, group_p=0.25,
-        pause=(1, 5), restart_at=6, restart=kafka_broker.restart,
-    )  # fmt: skip
+        cmd,
+        env,
+        uri,
+        random.Random(20),
+        kills_total=12,
+        group_most=3,
+        group_p=0.25,
+        pause=(1, 5),
+        restart_at=6,
+        restart=kafka_broker.restart,
+    )
     assert kills["group"] >= 1 and kills["worker"] >= 6
     assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
     want = expected_by_key(uri)

@@ -97,8 +97,10 @@ def test_multi_segment_sequence_offsets():
     )
     # arithmetic path: no billion-element array is built
     assert ranges.values_at(np.array([10**9 - 1, 10**9, 2 * 10**9 - 1])).tolist() == [
-        10**9 - 1, 5 * 10**9, 6 * 10**9 - 1,
-    ]  # fmt: skip
+        10**9 - 1,
+        5 * 10**9,
+        6 * 10**9 - 1,
+    ]
 
 
 def _protobuf_decoded(data: bytes) -> np.ndarray:
@@ -197,7 +199,7 @@ def test_range_decoder_reads_any_ranges_as_protobuf_does(pairs):
     st.lists(st.tuples(st.integers(0, 2**40), st.integers(0, 3)), min_size=1, max_size=8),
     st.lists(
         st.tuples(st.integers(0, 200), st.sampled_from([0, 1, 2]), st.integers(0, 255)), max_size=3
-    ),  # fmt: skip
+    ),
 )
 def test_range_decoder_reads_edited_bytes_as_protobuf_or_declines(pairs, edits):
     """A Range-only sequence with bytes changed, inserted or cut off at random: the hand
@@ -228,8 +230,9 @@ def test_range_decoder_declines_layouts_it_does_not_know():
         for segs in ([other], [ranged, other], [other, ranged]):
             data = rowids_pb2.RowIdSequence(segments=segs).SerializeToString()
             assert rowids._range_segments(data) is None, segs
-            assert np.array_equal(RowIdSequence.from_bytes(data).to_numpy(),
-                                  _protobuf_decoded(data))  # fmt: skip
+            assert np.array_equal(
+                RowIdSequence.from_bytes(data).to_numpy(), _protobuf_decoded(data)
+            )
     # segment (0a len) > range (0a len) > start=5 (08 05), end=8 (10 08), then more
     unknown = bytes.fromhex("0a080a06080510081801")
     repeated = bytes.fromhex("0a080a06080510080807")
@@ -532,8 +535,9 @@ def churned_manifests(tmp_path_factory) -> dict[int, bytes]:
     ids = rng.choice(n + 200, 400, replace=False)
     src = pa.table({"id": ids, "v": rng.random(ids.size)})
     ds.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(src)
-    lance.write_dataset(pa.table({"id": np.arange(n, n + 50), "v": rng.random(50)}), uri,
-                        mode="append")  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": np.arange(n, n + 50), "v": rng.random(50)}), uri, mode="append"
+    )
     lance.dataset(uri).add_columns({"w": "v * 2"})
     lance.dataset(uri).optimize.compact_files(target_rows_per_fragment=2000)
     lance.dataset(uri).delete("id % 7 = 0")

@@ -46,8 +46,12 @@ def test_head_start_begins_only_where_the_query_will(tmp_path):
 
 def _history(uri):
     """Versions 1-6: user keys move between row IDs (delete + re-insert, merge_insert)."""
-    lance.write_dataset(pa.table({"id": np.arange(20), "s": ["a"] * 20}), uri,
-                        enable_stable_row_ids=True, max_rows_per_file=8)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": np.arange(20), "s": ["a"] * 20}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=8,
+    )
     ds = lance.dataset(uri)
     ds.update({"s": "'u2'"}, where="id < 5")
     ds.delete("id IN (3, 7, 11)")
@@ -66,10 +70,19 @@ def test_writers_skip_what_the_head_start_published(
     topic = f"hs-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-    source = {"path": uri, "startingVersion": "1", "keyHash": "id",
-              "kafkaPartitions": str(PARTITIONS)}  # fmt: skip
-    sink = {"kafka.bootstrap.servers": kafka_broker.bootstrap_servers, "topic": topic,
-            "schema.registry.url": schema_registry.url, "table": uri, "key": "id"}  # fmt: skip
+    source = {
+        "path": uri,
+        "startingVersion": "1",
+        "keyHash": "id",
+        "kafkaPartitions": str(PARTITIONS),
+    }
+    sink = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "topic": topic,
+        "schema.registry.url": schema_registry.url,
+        "table": uri,
+        "key": "id",
+    }
 
     # the first version (20 inserts) alone is over the limit: no head start at all
     monkeypatch.setattr(headstart, "HEAD_START_EVENTS", 19)
@@ -87,7 +100,10 @@ def test_writers_skip_what_the_head_start_published(
     count = sum(len(v) for v in want.values())
     assert first.records + rest.records == count
     got, _ = consume_by_key(
-        kafka_broker.bootstrap_servers, topic, schema_registry.url, count + 1,
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        count + 1,
         isolation="read_committed",
-    )  # fmt: skip
+    )
     assert got == want  # every change once, per key in commit order

@@ -30,9 +30,11 @@ def make_table(uri, seed):
     rng = np.random.default_rng(seed)
     n = 60
     lance.write_dataset(
-        pa.table({"id": np.arange(n), "s": [f"a{i}" for i in range(n)]}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=17,
-    )  # fmt: skip
+        pa.table({"id": np.arange(n), "s": [f"a{i}" for i in range(n)]}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=17,
+    )
     ids = rng.choice(n, 12, replace=False).tolist()
     lance.dataset(uri).update({"s": "'u1'"}, where=f"id IN {tuple(ids[:6])}")
     lance.dataset(uri).delete(f"id IN {tuple(ids[6:])}")  # deleted here ...
@@ -43,9 +45,11 @@ def make_table(uri, seed):
     # overwrite: every key gets a new row ID (delete + insert of each id in one version)
     kept = rng.choice(n, 40, replace=False)
     lance.write_dataset(
-        pa.table({"id": kept, "s": [f"o{i}" for i in kept]}), uri, mode="overwrite",
+        pa.table({"id": kept, "s": [f"o{i}" for i in kept]}),
+        uri,
+        mode="overwrite",
         max_rows_per_file=13,
-    )  # fmt: skip
+    )
     lance.dataset(uri).update({"s": "'u2'"}, where="id % 3 = 0")
     return uri
 
@@ -66,9 +70,14 @@ def expected_by_key(uri):
 
 
 def consume_by_key(
-    bootstrap, topic, registry_url, count, isolation="read_uncommitted", config=None,
+    bootstrap,
+    topic,
+    registry_url,
+    count,
+    isolation="read_uncommitted",
+    config=None,
     registry_config=None,
-):  # fmt: skip
+):
     """Per key: its records in partition order; stops after `count` records or 60 s idle.
     `config` / `registry_config`: client settings (a secured broker and registry).
 
@@ -77,10 +86,17 @@ def consume_by_key(
     topic holds nothing more), or 10 s idle; a record beyond its end would be counted."""
     client = SchemaRegistryClient({"url": registry_url, **(registry_config or {})})
     key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                  "isolation.level": isolation, "enable.partition.eof": True,
-                  **(config or {})})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+            "isolation.level": isolation,
+            "enable.partition.eof": True,
+            **(config or {}),
+        }
+    )
     partitions = len(c.list_topics(topic, timeout=30).topics[topic].partitions)
     c.subscribe([topic])
     out, partition_of, seen, idle = defaultdict(list), {}, 0, 0
@@ -120,8 +136,9 @@ def new_topic(bootstrap):
 MECHANISMS = ["handoff", "route"]
 
 
-def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry, mechanism,
-                   **source):  # fmt: skip
+def publish_routed(
+    spark, uri, tasks, checkpoint, kafka_broker, schema_registry, mechanism, **source
+):
     """The table's changes from version 1, keyed by `id`, to a new PARTITIONS-partition topic
     by `tasks` writer tasks (until caught up); returns the topic. `mechanism`: "handoff"
     (option writerSlots: each task reads its own share, as `lance-cdf publish` does) or
@@ -137,11 +154,15 @@ def publish_routed(spark, uri, tasks, checkpoint, kafka_broker, schema_registry,
         changes = route(reader.load(), PARTITIONS, tasks)
     q = (
         changes.writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry.url).option("table", uri)
-        .option("key", "id").option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+        .option("topic", topic)
+        .option("schema.registry.url", schema_registry.url)
+        .option("table", uri)
+        .option("key", "id")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(300)
     assert q.exception() is None
     return topic
@@ -161,7 +182,9 @@ def check_shares(uri, shares):
         assert order == sorted(order)
         for i, r in enumerate(rows):  # a preimage is followed by its postimage
             assert i == 0 or (r["_commit_version"], r["_event_order"]) != (
-                rows[i - 1]["_commit_version"], rows[i - 1]["_event_order"])  # fmt: skip
+                rows[i - 1]["_commit_version"],
+                rows[i - 1]["_event_order"],
+            )
             if r["_change_type"] == "update_preimage":
                 assert rows[i + 1]["_change_type"] == "update_postimage"
                 assert rows[i + 1]["_rowid"] == r["_rowid"]
@@ -174,9 +197,13 @@ def check_shares(uri, shares):
 def test_route_gives_each_task_disjoint_partitions_in_commit_order(spark, tmp_path):
     uri = make_table(str(tmp_path / "t.lance"), 1)
     changes = (
-        spark.read.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("rowsPerPartition", 7).option("keyHash", "id").load()
-    )  # fmt: skip
+        spark.read.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .option("rowsPerPartition", 7)
+        .option("keyHash", "id")
+        .load()
+    )
     assert changes.rdd.getNumPartitions() > 4  # big versions are cut into slices
     routed = route(changes, PARTITIONS, 2)
     shares = routed.rdd.glom().map(lambda rows: [r.asDict() for r in rows]).collect()
@@ -189,20 +216,31 @@ def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_
     what a routed writer task gets, whatever the slices the versions are cut in."""
     uri = make_table(str(tmp_path / "t.lance"), 3)
     q = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1)
-        .option("rowsPerPartition", 7).option("keyHash", "id").option("writerSlots", 2)
-        .option("kafkaPartitions", PARTITIONS).load()
-        .writeStream.format("memory").queryName("work_items").trigger(availableNow=True).start()
-    )  # fmt: skip
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .option("rowsPerPartition", 7)
+        .option("keyHash", "id")
+        .option("writerSlots", 2)
+        .option("kafkaPartitions", PARTITIONS)
+        .load()
+        .writeStream.format("memory")
+        .queryName("work_items")
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(300)
     assert q.exception() is None
     items = spark.sql("SELECT * FROM work_items").collect()
     assert sorted(r["_writer_slot"] for r in items) == [0, 1]  # one micro-batch, two slots
     works = [
-        SlotWork(WorkItem.of(r["_writer_slot"], r["_events"], r["_work"], bytes(r["_read_schema"])),
-                 uri, {})
+        SlotWork(
+            WorkItem.of(r["_writer_slot"], r["_events"], r["_work"], bytes(r["_read_schema"])),
+            uri,
+            {},
+        )
         for r in items
-    ]  # fmt: skip
+    ]
     assert len(works[0].parts) > 4  # the versions' slices
     shares = [pa.Table.from_batches(list(w.events())).to_pylist() for w in works]
     check_shares(uri, shares)
@@ -212,12 +250,15 @@ def test_handoff_gives_each_slot_disjoint_partitions_in_commit_order(spark, tmp_
     for e in lance_cdf.read_changes(uri, 1).read_all().to_pylist():
         if e["_change_type"] != "update_preimage":
             seen[e["_commit_version"]] += 1
-            expected[(e["_commit_version"], e["_rowid"], e["_change_type"])] = (
-                seen[e["_commit_version"]])  # fmt: skip
+            expected[(e["_commit_version"], e["_rowid"], e["_change_type"])] = seen[
+                e["_commit_version"]
+            ]
     got = {
         (r["_commit_version"], r["_rowid"], r["_change_type"]): r["_total_order"]
-        for rows in shares for r in rows if r["_change_type"] != "update_preimage"
-    }  # fmt: skip
+        for rows in shares
+        for r in rows
+        if r["_change_type"] != "update_preimage"
+    }
     assert got == expected
 
 
@@ -226,8 +267,9 @@ def test_parallel_writers_keep_per_key_order(
     spark, tmp_path, kafka_broker, schema_registry, mechanism
 ):
     uri = make_table(str(tmp_path / "t.lance"), 2)
-    topic = publish_routed(spark, uri, 2, tmp_path / "ck", kafka_broker, schema_registry,
-                           mechanism, rowsPerPartition=7)  # fmt: skip
+    topic = publish_routed(
+        spark, uri, 2, tmp_path / "ck", kafka_broker, schema_registry, mechanism, rowsPerPartition=7
+    )
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
     got, partition_of = consume_by_key(
@@ -246,8 +288,7 @@ def test_a_writer_task_with_an_empty_share(
     uri = str(tmp_path / "one.lance")
     lance.write_dataset(pa.table({"id": [7], "s": ["x"]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).update({"s": "'y'"}, where="id = 7")
-    topic = publish_routed(spark, uri, 3, tmp_path / "ck", kafka_broker, schema_registry,
-                           mechanism)  # fmt: skip
+    topic = publish_routed(spark, uri, 3, tmp_path / "ck", kafka_broker, schema_registry, mechanism)
     got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, 2)
     assert got == expected_by_key(uri)  # one key, one partition: two tasks had nothing
 
@@ -256,28 +297,44 @@ def test_handoff_numbers_a_snapshot_over_its_micro_batches(spark, tmp_path):
     """A snapshot read spans micro-batches (maxRowsPerTrigger): its records' `_total_order`
     counts over the whole version (1..N once each), not from 1 in each micro-batch."""
     uri = str(tmp_path / "t.lance")
-    lance.write_dataset(pa.table({"id": np.arange(50), "s": ["a"] * 50}), uri,
-                        enable_stable_row_ids=True, max_rows_per_file=17)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": np.arange(50), "s": ["a"] * 50}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=17,
+    )
     lance.dataset(uri).delete("id % 7 = 0")  # live rows, not physical ones, count
     q = (
-        spark.readStream.format("lance-cdf").option("path", uri)
-        .option("startingVersion", "snapshot").option("maxRowsPerTrigger", 10)
-        .option("rowsPerPartition", 4).option("keyHash", "id").option("writerSlots", 2)
-        .option("kafkaPartitions", PARTITIONS).load()
-        .writeStream.format("memory").queryName("snapshot_items").trigger(availableNow=True)
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", "snapshot")
+        .option("maxRowsPerTrigger", 10)
+        .option("rowsPerPartition", 4)
+        .option("keyHash", "id")
+        .option("writerSlots", 2)
+        .option("kafkaPartitions", PARTITIONS)
+        .load()
+        .writeStream.format("memory")
+        .queryName("snapshot_items")
+        .trigger(availableNow=True)
         .start()
-    )  # fmt: skip
+    )
     q.awaitTermination(300)
     assert q.exception() is None
     items = spark.sql("SELECT * FROM snapshot_items").collect()
     assert len(items) > 4  # several micro-batches of two slots
     rows = [
-        r for item in items
-        for batch in SlotWork(WorkItem.of(
-            item["_writer_slot"], item["_events"], item["_work"], bytes(item["_read_schema"])),
-            uri, {}).events()
+        r
+        for item in items
+        for batch in SlotWork(
+            WorkItem.of(
+                item["_writer_slot"], item["_events"], item["_work"], bytes(item["_read_schema"])
+            ),
+            uri,
+            {},
+        ).events()
         for r in batch.to_pylist()
-    ]  # fmt: skip
+    ]
     live = lance.dataset(uri).count_rows()
     assert len(rows) == live
     assert sorted(r["_total_order"] for r in rows) == list(range(1, live + 1))

@@ -52,8 +52,14 @@ def consume_all(
 ):
     client = SchemaRegistryClient({"url": registry_url})
     key_de, value_de = AvroDeserializer(client), AvroDeserializer(client)
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out = []
     idle = 0
@@ -106,12 +112,16 @@ def test_stream_to_kafka_equals_read_changes(spark, tmp_path, kafka_broker, sche
     spark_sink.register(spark)
     changes = spark.readStream.format("lance-cdf").option("path", uri)
     writer = (
-        changes.option("startingVersion", 1).load().coalesce(1)
+        changes.option("startingVersion", 1)
+        .load()
+        .coalesce(1)
         .writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+        .option("topic", topic)
+        .option("schema.registry.url", schema_registry.url)
+        .option("table", uri)
         .option("checkpointLocation", str(tmp_path / "ck"))
-    )  # fmt: skip
+    )
     q = writer.trigger(availableNow=True).start()
     q.awaitTermination(180)
     assert q.exception() is None
@@ -151,12 +161,14 @@ def test_stream_to_kafka_equals_read_changes(spark, tmp_path, kafka_broker, sche
     # Debezium's common source fields: the table named after its directory, db its URI
     table = uri.rstrip("/").rsplit("/", 1)[-1].removesuffix(".lance")
     assert all(
-        v["source"]["connector"] == "lance-cdf" and v["source"]["db"] == uri
-        and v["source"]["name"] == "lancecdf" and v["source"]["table"] == table
+        v["source"]["connector"] == "lance-cdf"
+        and v["source"]["db"] == uri
+        and v["source"]["name"] == "lancecdf"
+        and v["source"]["table"] == table
         and v["source"]["snapshot"] == "false"
         and v["source"]["ts_ms"] == round(v["source"]["commit_timestamp"].timestamp() * 1000)
         for v in values
-    )  # fmt: skip
+    )
 
 
 def test_unreachable_broker_and_registry_fail_fast_naming_the_address():
@@ -173,10 +185,26 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
     lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).delete("id = 2")
     topic = f"cli-{uuid.uuid4().hex[:8]}"
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            str(tmp_path / "ck"), "--starting-version", "1", "--available-now", "--key", "id",
-            "--producer-config", "client.id=cli-test"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--available-now",
+        "--key",
+        "id",
+        "--producer-config",
+        "client.id=cli-test",
+    ]
     assert main(args) == 0
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 5)
     assert [(k["id"], v and v["op"]) for k, v in got] == [
@@ -197,8 +225,14 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
 
 
 def raw_headers(bootstrap, topic, count):
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "auto.offset.reset": "earliest", "enable.auto.commit": False})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "auto.offset.reset": "earliest",
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
     out, idle = [], 0
     try:
@@ -226,14 +260,20 @@ def test_broker_restart_while_publishing_loses_nothing(
     topic = f"restart-{uuid.uuid4().hex[:8]}"
     spark_sink.register(spark)
     q = (
-        spark.readStream.format("lance-cdf").option("path", uri).option("startingVersion", 1).load()
+        spark.readStream.format("lance-cdf")
+        .option("path", uri)
+        .option("startingVersion", 1)
+        .load()
         .coalesce(1)  # one writer per micro-batch: versions are produced in order
         .writeStream.format("lance-cdf-kafka")
-        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers).option("topic", topic)
-        .option("schema.registry.url", schema_registry.url).option("table", uri)
+        .option("kafka.bootstrap.servers", kafka_broker.bootstrap_servers)
+        .option("topic", topic)
+        .option("schema.registry.url", schema_registry.url)
+        .option("table", uri)
         .option("checkpointLocation", str(tmp_path / "ck"))
-        .trigger(processingTime="300 milliseconds").start()
-    )  # fmt: skip
+        .trigger(processingTime="300 milliseconds")
+        .start()
+    )
     try:
         for round_ in range(6):
             lance.dataset(uri).update({"n": f"{round_ + 1}"}, where="id < 3")
@@ -296,8 +336,13 @@ def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, s
     client = SchemaRegistryClient({"url": schema_registry.url})
     client.set_compatibility(subject_name=f"{topic}-value", level="BACKWARD")
     ck = str(tmp_path / "ck")
-    run = dict(bootstrap_servers=kafka_broker.bootstrap_servers, topic=topic,
-               schema_registry=schema_registry.url, checkpoint=ck, available_now=True)  # fmt: skip
+    run = dict(
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        topic=topic,
+        schema_registry=schema_registry.url,
+        checkpoint=ck,
+        available_now=True,
+    )
     publish(uri, starting_version="1", **run)
     assert len(client.get_versions(f"{topic}-value")) == 1
     # additive: a new nullable column is a new schema version the registry accepts
@@ -333,10 +378,23 @@ def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1)
     v0 = lance.dataset(uri).version
     topic = f"boot-{uuid.uuid4().hex[:8]}"
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            str(tmp_path / "ck"), "--snapshot", "--available-now",
-            "--max-rows-per-trigger", "4"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--snapshot",
+        "--available-now",
+        "--max-rows-per-trigger",
+        "4",
+    ]
     # a snapshot split over micro-batches has no transaction metadata (one version's BEGIN
     # and END cannot be written before its last micro-batch): publish refuses without this
     assert main(args) == 2
@@ -370,8 +428,15 @@ def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_
     from lance_cdf.replicate.replicator import Replicator
 
     replica = str(tmp_path / "replica.lance")
-    Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
-               group_id=f"g-{topic}", max_batch_rows=5, max_batch_interval=0.5).run(2)  # fmt: skip
+    Replicator(
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        replica,
+        group_id=f"g-{topic}",
+        max_batch_rows=5,
+        max_batch_interval=0.5,
+    ).run(2)
     assert_replica_equals_source(uri, replica)
 
 
@@ -397,28 +462,49 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     n = 400
     lance.write_dataset(
         pa.table({"id": np.arange(n), "s": [f"s{i}" for i in range(n)]}),
-        uri, enable_stable_row_ids=True, max_rows_per_file=25,
-    )  # fmt: skip
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=25,
+    )
     lance.dataset(uri).update({"s": "'u'"}, where="id % 7 = 0")  # v2
     lance.dataset(uri).delete("id % 11 = 0")  # v3
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1)
     assert lance.dataset(uri).versions()[0]["version"] == 3  # versions 1 and 2 are gone
     topic = f"kill-{uuid.uuid4().hex[:8]}"
     ck = tmp_path / "ck"
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            str(ck), "--snapshot", "--max-rows-per-trigger", "30",
-            "--no-transaction-metadata"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(ck),
+        "--snapshot",
+        "--max-rows-per-trigger",
+        "30",
+        "--no-transaction-metadata",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     proc = subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds"],
-        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline and proc.poll() is None:
-            done = len([f for f in os.listdir(ck / "commits") if f.isdigit()]) if (
-                ck / "commits").is_dir() else 0  # fmt: skip
+            done = (
+                len([f for f in os.listdir(ck / "commits") if f.isdigit()])
+                if (ck / "commits").is_dir()
+                else 0
+            )
             if done >= 2:
                 break
             time.sleep(0.05)
@@ -435,8 +521,15 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     lance.dataset(uri).update({"s": "'late'"}, where="id > 300")  # v5
     assert main([*args, "--available-now"]) == 0  # resumes from the checkpoint
     replica = str(tmp_path / "replica.lance")
-    rep = Replicator(kafka_broker.bootstrap_servers, topic, schema_registry.url, replica,
-                     group_id=f"g-{topic}", max_batch_rows=100, max_batch_interval=0.5)  # fmt: skip
+    rep = Replicator(
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        replica,
+        group_id=f"g-{topic}",
+        max_batch_rows=100,
+        max_batch_interval=0.5,
+    )
     rep.run(3)
     assert_replica_equals_source(uri, replica)
     # every row of the snapshot reached the topic (at least once)
@@ -458,9 +551,15 @@ def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_r
     new = pa.table({"id": [2], "t": ["B"], "img": [b"two"]}, schema=renamed)
     lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(new)  # v3
     topic = f"rb-{uuid.uuid4().hex[:8]}"
-    publish(uri, starting_version="1", bootstrap_servers=kafka_broker.bootstrap_servers,
-            topic=topic, schema_registry=schema_registry.url, checkpoint=str(tmp_path / "ck"),
-            available_now=True)  # fmt: skip
+    publish(
+        uri,
+        starting_version="1",
+        bootstrap_servers=kafka_broker.bootstrap_servers,
+        topic=topic,
+        schema_registry=schema_registry.url,
+        checkpoint=str(tmp_path / "ck"),
+        available_now=True,
+    )
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 3)
     flat = sorted(
         ((v["source"]["commit_version"], v["op"], v["before"], v["after"]) for _, v in got if v),
@@ -505,10 +604,31 @@ def test_publish_then_replicate_keeps_the_tables_types(tmp_path, kafka_broker, s
     lance.dataset(uri).update({"u32": "u32 - 1", "s": "'u'"}, where="id < 4")
     lance.dataset(uri).delete("id IN (5, 6)")
     topic = f"types-{uuid.uuid4().hex[:8]}"
-    endpoint = ["--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
-                "--schema-registry", schema_registry.url]  # fmt: skip
-    assert main(["publish", "--table", uri, *endpoint, "--checkpoint", str(tmp_path / "ck"),
-                 "--snapshot", "--available-now", "--table-name", "shop.types"]) == 0  # fmt: skip
+    endpoint = [
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+    ]
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                uri,
+                *endpoint,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--snapshot",
+                "--available-now",
+                "--table-name",
+                "shop.types",
+            ]
+        )
+        == 0
+    )
     # the registered value schema is the table's, named as Debezium names it
     client = SchemaRegistryClient({"url": schema_registry.url})
     import json

@@ -103,8 +103,9 @@ def test_sync_api_root_and_namespaced_tables(tmp_path):
     # the child namespace's table is listed in the database's __manifest, the root one is not
     listed = lance.dataset(os.path.join(root, "__manifest")).to_table().to_pylist()
     assert {(r["object_type"], r["object_id"]) for r in listed} == {
-        ("namespace", "sales"), ("table", "sales$orders"),
-    }  # fmt: skip
+        ("namespace", "sales"),
+        ("table", "sales$orders"),
+    }
     for path in (root_path, ns_path):
         assert lance.dataset(path).has_stable_row_ids
         kinds = check_versions(path, 2)
@@ -170,9 +171,11 @@ def test_spark_source_on_a_namespaced_lancedb_table(spark, tmp_path):
     path = sync_history(db, "orders", ["sales"])
     by_path = spark.read.format("lance-cdf").option("startingVersion", 2).load(path)
     by_name = (
-        spark.read.format("lance-cdf").option("database", root).option("startingVersion", 2)
+        spark.read.format("lance-cdf")
+        .option("database", root)
+        .option("startingVersion", 2)
         .load("sales.orders")
-    )  # fmt: skip
+    )
     for df in (by_path, by_name):
         got = pa.Table.from_pylist([r.asDict() for r in df.collect()])
         assert len(got) > 0

@@ -333,10 +333,23 @@ def test_the_wheel_holds_what_users_run(tmp_path):
     for name in ("setup.py", "pyproject.toml", "README.md"):
         shutil.copy(root / name, src / name)
     built = subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation",
-         "-q", "-w", str(tmp_path)],
-        capture_output=True, text=True, timeout=600, cwd=tmp_path,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(src),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert built.returncode == 0, built.stderr[-2000:]
     (wheel,) = tmp_path.glob("lance_cdf-*.whl")
     names = zipfile.ZipFile(wheel).namelist()

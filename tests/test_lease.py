@@ -32,8 +32,9 @@ time.sleep(600)
 def hold_in_child(location, ttl, options=None):
     """A child process that acquires the lease and then sleeps (until killed)."""
     args = [f"{k}={v}" for k, v in (options or {}).items()]
-    proc = subprocess.Popen([sys.executable, "-c", HOLD, location, str(ttl), *args],
-                            stdout=subprocess.PIPE, text=True)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", HOLD, location, str(ttl), *args], stdout=subprocess.PIPE, text=True
+    )
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -160,8 +161,11 @@ def test_one_keeper_thread_renews_many_leases(tmp_path, caplog):
         lease.release()
     thief.release()
     assert os.path.exists(stolen)  # (not ours: left alone)
-    assert not any(os.path.exists(os.path.join(loc, "replica.lease"))
-                   for loc in locations if loc != locations[1])  # fmt: skip
+    assert not any(
+        os.path.exists(os.path.join(loc, "replica.lease"))
+        for loc in locations
+        if loc != locations[1]
+    )
 
 
 @pytest.mark.unit

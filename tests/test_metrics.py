@@ -58,8 +58,15 @@ def test_lag_from_the_table_and_the_counters(tmp_path):
         w.step(op)
     latest = lance.dataset(uri).version
     commits = commit_seconds(uri)
-    state = Progress(version=2, events=40, batches=3, dead_letters=1, delivery_failures=2,
-                     last_error=1234.5, kafka_lag=7)  # fmt: skip
+    state = Progress(
+        version=2,
+        events=40,
+        batches=3,
+        dead_letters=1,
+        delivery_failures=2,
+        last_error=1234.5,
+        kafka_lag=7,
+    )
     metrics = PipelineMetrics("replicate", lambda: state, uri, topic="t.cdf")
     url = metrics.serve(0)
     try:
@@ -145,12 +152,29 @@ def test_replicate_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry
     records = lance_cdf.read_changes(src, 1).read_all()
     port = free_port()
     cmd = [
-        sys.executable, "-m", "lance_cdf.cli", "replicate",
-        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
-        "--schema-registry", schema_registry.url, "--target", dst, "--group-id", f"g-{topic}",
-        "--max-batch-rows", "100", "--max-batch-interval", "0.3",
-        "--metrics-port", str(port), "--source-table", src,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--target",
+        dst,
+        "--group-id",
+        f"g-{topic}",
+        "--max-batch-rows",
+        "100",
+        "--max-batch-interval",
+        "0.3",
+        "--metrics-port",
+        str(port),
+        "--source-table",
+        src,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
@@ -194,12 +218,27 @@ def test_publish_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry):
     w.step("update")
     port = free_port()
     cmd = [
-        sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src,
-        "--bootstrap-servers", kafka_broker.bootstrap_servers, "--topic", topic,
-        "--schema-registry", schema_registry.url, "--checkpoint", str(tmp_path / "ck"),
-        "--starting-version", "1", "--trigger-interval", "500 milliseconds",
-        "--metrics-port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "publish",
+        "--table",
+        src,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "500 milliseconds",
+        "--metrics-port",
+        str(port),
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     log = open(tmp_path / "publish.log", "w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
@@ -231,9 +270,12 @@ def scrape_tables(url: str) -> dict[tuple[str, str], float]:
     """(sample name, its `table` label) -> value, for the samples that carry one."""
     with urllib.request.urlopen(url, timeout=10) as r:
         text = r.read().decode()
-    return {(s.name, s.labels["table"]): s.value
-            for f in text_string_to_metric_families(text) for s in f.samples
-            if "table" in s.labels and s.name != "lance_cdf_pipeline_info"}  # fmt: skip
+    return {
+        (s.name, s.labels["table"]): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+        if "table" in s.labels and s.name != "lance_cdf_pipeline_info"
+    }
 
 
 def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_registry):
@@ -251,8 +293,10 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     loads = {name: Workload(uri, seed=5 + i, rows=80) for i, (name, uri) in enumerate(uris.items())}
     for w in loads.values():
         w.step("update")
-    published = {name: publish(kafka_broker, schema_registry, uri, f"{prefix}.{name}", 1)
-                 for name, uri in uris.items()}  # fmt: skip
+    published = {
+        name: publish(kafka_broker, schema_registry, uri, f"{prefix}.{name}", 1)
+        for name, uri in uris.items()
+    }
     sent = 0
     for uri in uris.values():
         kinds = lance_cdf.read_changes(uri, 1).read_all()["_change_type"].to_pylist()
@@ -263,22 +307,41 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
     admin.create_topics([NewTopic(dead_letters, 1, 1)])[dead_letters].result(30)
     port = free_port()
     cmd = [
-        sys.executable, "-m", "lance_cdf.cli", "replicate",
-        "--bootstrap-servers", kafka_broker.bootstrap_servers,
-        "--schema-registry", schema_registry.url, "--database-target", dst,
-        "--dead-letter-topic", dead_letters,
-        "--topic-prefix", prefix, "--no-transaction-topic", "--max-batch-rows", "100",
-        "--max-batch-interval", "0.3", "--refresh-interval", "1",
-        "--metrics-port", str(port), "--source-database", src,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--schema-registry",
+        schema_registry.url,
+        "--database-target",
+        dst,
+        "--dead-letter-topic",
+        dead_letters,
+        "--topic-prefix",
+        prefix,
+        "--no-transaction-topic",
+        "--max-batch-rows",
+        "100",
+        "--max-batch-interval",
+        "0.3",
+        "--refresh-interval",
+        "1",
+        "--metrics-port",
+        str(port),
+        "--source-database",
+        src,
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         applied = lambda m: {  # noqa: E731
             t: v for (n, t), v in scrape_tables(url).items() if n == "lance_cdf_applied_version"
         }
-        scrape_until(url, lambda m: applied(m) == published and m["lance_cdf_events_total"] >= sent,
-                     proc)  # fmt: skip
+        scrape_until(
+            url, lambda m: applied(m) == published and m["lance_cdf_events_total"] >= sent, proc
+        )
         m, by_table = scrape(url), scrape_tables(url)
         assert m["lance_cdf_events_total"] == sent  # summed over both tables
         assert {t for _, t in by_table} == set(names)  # only the tables replicated
@@ -292,12 +355,18 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
             loads["sales.orders"].step(op)
         latest = lance.dataset(uris["sales.orders"]).version
         by_table = scrape_tables(url)
-        assert by_table["lance_cdf_lag_versions", "sales.orders"] == latest - published[
-            "sales.orders"]  # fmt: skip
+        assert (
+            by_table["lance_cdf_lag_versions", "sales.orders"] == latest - published["sales.orders"]
+        )
         assert by_table["lance_cdf_lag_seconds", "sales.orders"] > 0
         assert by_table["lance_cdf_lag_versions", "items"] == 0
-        publish(kafka_broker, schema_registry, uris["sales.orders"], f"{prefix}.sales.orders",
-                published["sales.orders"] + 1)  # fmt: skip
+        publish(
+            kafka_broker,
+            schema_registry,
+            uris["sales.orders"],
+            f"{prefix}.sales.orders",
+            published["sales.orders"] + 1,
+        )
         scrape_until(url, lambda m: applied(m).get("sales.orders") == latest, proc)
         assert scrape_tables(url)["lance_cdf_lag_versions", "sales.orders"] == 0
     finally:

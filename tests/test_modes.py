@@ -198,11 +198,15 @@ def test_values_equal_on_nested_types_nulls_and_nan():
     check(([1.0, nan, None, 2.0, None], pa.float64()), ([1.0, nan, None, 3.0, 1.0], pa.float64()))
     vec = pa.list_(pa.float32(), 2)
     check(([[1, 2], [1, 2], None, [1, nan]], vec), ([[1, 2], [1, 3], None, [1, nan]], vec))
-    check(([[1], [1, 2], [], None, [None]], pa.list_(pa.int64())),
-          ([[1], [1], [], [], [None]], pa.list_(pa.int64())))  # fmt: skip
+    check(
+        ([[1], [1, 2], [], None, [None]], pa.list_(pa.int64())),
+        ([[1], [1], [], [], [None]], pa.list_(pa.int64())),
+    )
     st = pa.struct([("a", pa.int64()), ("b", pa.string())])
-    check(([{"a": 1, "b": "x"}, {"a": 1, "b": None}, None], st),
-          ([{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, None], st))  # fmt: skip
+    check(
+        ([{"a": 1, "b": "x"}, {"a": 1, "b": None}, None], st),
+        ([{"a": 1, "b": "x"}, {"a": 1, "b": "y"}, None], st),
+    )
     mp = pa.map_(pa.string(), pa.int64())
     assert values_equal(
         pa.array([[("a", 1)], [("a", 1)], None], mp), pa.array([[("a", 1)], [("a", 2)], None], mp)

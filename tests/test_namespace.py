@@ -78,8 +78,14 @@ def test_list_tables_matches_pylances_directory_namespace(tmp_path):
     got = {r.qualified_name: os.path.normpath(r.uri) for r in refs}
     assert got == oracle_tables(root)
     assert set(got) == {
-        "events", "x.y", "via_ns", "sales.orders", "sales.refunds", "a.b.t", "planned",
-    }  # fmt: skip
+        "events",
+        "x.y",
+        "via_ns",
+        "sales.orders",
+        "sales.refunds",
+        "a.b.t",
+        "planned",
+    }
     for ref in refs:
         if ref.qualified_name != "planned":  # reserved (declared): no version yet
             assert lance.dataset(ref.uri).count_rows() == 3
@@ -154,8 +160,10 @@ def test_read_changes_and_cli_by_name(tmp_path, capsys):
     t.delete("id = 7")
     direct = lance_cdf.read_changes(resolve_table(root, "sales.orders"), 2).read_all()
     assert sorted(direct["_change_type"].to_pylist()) == [
-        "delete", "update_postimage", "update_preimage",
-    ]  # fmt: skip
+        "delete",
+        "update_postimage",
+        "update_preimage",
+    ]
     assert lance_cdf.read_changes("sales.orders", 2, database=root).read_all().equals(direct)
     assert main(["changes", "--database", root, "sales.orders", "--from", "2"]) == 0
     assert "s4 → new" in capsys.readouterr().out

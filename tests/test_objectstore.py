@@ -211,9 +211,11 @@ def test_status_reads_a_replica_on_object_storage_with_its_storage_options(
     _make_table(s3_uri, so)
     replica = s3_uri.replace(".lance", "-replica.lance")
     lance.write_dataset(
-        pa.table({"id": [1]}), replica, storage_options=so,
+        pa.table({"id": [1]}),
+        replica,
+        storage_options=so,
         transaction_properties={OFFSETS_PROPERTY: "{}", SOURCE_VERSION_PROPERTY: "3"},
-    )  # fmt: skip
+    )
     monkeypatch.setenv("T_S3_SECRET", so.pop("aws_secret_access_key"))
     flags = [a for k, v in so.items() for a in ("--storage-option", f"{k}={v}")]
     flags += ["--storage-option", "aws_secret_access_key=${env:T_S3_SECRET}"]
@@ -222,7 +224,9 @@ def test_status_reads_a_replica_on_object_storage_with_its_storage_options(
     report = json.loads(out)
     assert report["replica_version"] == 3 and report["replica_lag"] == report["latest_version"] - 3
     replica_flags = [f.replace("--storage-option", "--replica-storage-option") for f in flags]
-    assert main(["status", "--table", s3_uri, "--replica", replica, "--json", *flags,
-                 *replica_flags]) == 0  # fmt: skip
+    assert (
+        main(["status", "--table", s3_uri, "--replica", replica, "--json", *flags, *replica_flags])
+        == 0
+    )
     assert json.loads(capsys.readouterr().out)["replica_version"] == 3
     assert os.environ["T_S3_SECRET"] not in out

@@ -158,8 +158,10 @@ def test_spark_source_gives_the_same_events(spark):
         want = values_events(uri, version)
         cols = set(lance.dataset(uri, version=version).schema.names)
         cols |= set(lance.dataset(uri, version=version - 1).schema.names) if version > 1 else set()
-        got = [(k, rid, {c: v for c, v in vals.items() if c in cols}) for k, rid, vals in
-               feed_events(table, version)]  # fmt: skip
+        got = [
+            (k, rid, {c: v for c, v in vals.items() if c in cols})
+            for k, rid, vals in feed_events(table, version)
+        ]
         assert got == want, version
 
 
@@ -177,10 +179,12 @@ def test_out_of_range_deletion_offsets_are_ignored(tmp_path, caplog):
     proto.version = 2
     proto.fragments[0].deletion_file.CopyFrom(
         table_pb2.DeletionFile(
-            file_type=table_pb2.DeletionFile.ARROW_ARRAY, read_version=1, id=99,
+            file_type=table_pb2.DeletionFile.ARROW_ARRAY,
+            read_version=1,
+            id=99,
             num_deleted_rows=3,
         )
-    )  # fmt: skip
+    )
     sink = pa.BufferOutputStream()
     with pa.ipc.new_file(sink, pa.schema([("offsets", pa.int32())])) as writer:
         writer.write_table(pa.table({"offsets": pa.array([2, 25, 40], pa.int32())}))

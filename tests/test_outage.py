@@ -47,8 +47,9 @@ def test_an_outage_longer_than_the_budget_stops_with_one_line(tmp_path):
         ride.call("reading offsets", attempt, (KafkaException,))
     text = str(err.value)
     assert "\n" not in text and text.startswith("Kafka at 127.0.0.1:9 did not answer for 0 s")
-    assert text.endswith("rerun lance-cdf publish with the same --checkpoint once the broker "
-                         "is back")  # fmt: skip
+    assert text.endswith(
+        "rerun lance-cdf publish with the same --checkpoint once the broker is back"
+    )
     # still unavailable as far as the checkpoint knows: status says so
     state = read_state(str(tmp_path))
     assert state.unavailable_since > 0
@@ -58,8 +59,9 @@ def test_an_outage_longer_than_the_budget_stops_with_one_line(tmp_path):
 def test_other_errors_are_not_retried(tmp_path):
     ride = RideOut("127.0.0.1:9", str(tmp_path))
     with pytest.raises(ValueError):
-        ride.call("reading offsets", lambda: (_ for _ in ()).throw(ValueError("x")),
-                  (KafkaException,))  # fmt: skip
+        ride.call(
+            "reading offsets", lambda: (_ for _ in ()).throw(ValueError("x")), (KafkaException,)
+        )
     assert read_state(str(tmp_path)) is None
 
 

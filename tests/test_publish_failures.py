@@ -26,14 +26,31 @@ def _cli(*args, **kw):
     return subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, **kw,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        **kw,
+    )
 
 
 def _args(uri, ck, topic, kafka_broker, schema_registry, *extra):
-    return ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint", ck,
-            "--key", "id", *extra]  # fmt: skip
+    return [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        ck,
+        "--key",
+        "id",
+        *extra,
+    ]
 
 
 def _topic(kafka_broker):
@@ -61,8 +78,9 @@ def test_versions_cleaned_up_stop_publish_in_one_line_of_its_own_flags(
     tmp_path, kafka_broker, schema_registry
 ):
     uri = str(tmp_path / "t.lance")
-    lance.write_dataset(pa.table({"id": np.arange(20), "s": ["a"] * 20}), uri,
-                        enable_stable_row_ids=True)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": np.arange(20), "s": ["a"] * 20}), uri, enable_stable_row_ids=True
+    )
     ck, topic = str(tmp_path / "ck"), _topic(kafka_broker)
     args = _args(uri, ck, topic, kafka_broker, schema_registry, "--available-now")
     code, _, err = _run([*args, "--starting-version", "1"])
@@ -79,8 +97,9 @@ def test_versions_cleaned_up_stop_publish_in_one_line_of_its_own_flags(
         lines = [x for x in err.strip().splitlines() if "error" in x.lower()]
         assert lines == [err.strip().splitlines()[-1]], err[-5000:]  # Spark's start-up
         line = lines[0]  # notices (WARN ...) aside, the one line is the error
-        assert line.startswith(f"lance-cdf: error: the changes of version(s) 2..4 of {uri} "
-                               "can no longer be read"), line  # fmt: skip
+        assert line.startswith(
+            f"lance-cdf: error: the changes of version(s) 2..4 of {uri} can no longer be read"
+        ), line
         assert "--snapshot" in line and "new --topic" in line, line
         assert "failOnDataLoss" not in line and "checkpointLocation" not in line, line
         log = f"{ck}/lance-cdf-publish.log"
@@ -100,11 +119,24 @@ def test_a_broker_outage_of_over_two_minutes_is_ridden_out_exactly_once(
     from test_exactly_once import writer
 
     uri = str(tmp_path / "t.lance")
-    lance.write_dataset(pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
-                        enable_stable_row_ids=True, max_rows_per_file=50)  # fmt: skip
+    lance.write_dataset(
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=50,
+    )
     ck, topic = str(tmp_path / "ck"), _topic(kafka_broker)
-    args = _args(uri, ck, topic, kafka_broker, schema_registry, "--starting-version", "1",
-                 "--trigger-interval", "500ms")  # fmt: skip
+    args = _args(
+        uri,
+        ck,
+        topic,
+        kafka_broker,
+        schema_registry,
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "500ms",
+    )
     proc = _cli(*args)
     stop = threading.Event()
     commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
@@ -144,6 +176,11 @@ def test_a_broker_outage_of_over_two_minutes_is_ridden_out_exactly_once(
     assert "does not answer" in err and "answers again" in err, err[-5000:]
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
-    got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url,
-                            count + 1, isolation="read_committed")  # fmt: skip
+    got, _ = consume_by_key(
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        count + 1,
+        isolation="read_committed",
+    )
     assert got == want  # every change once, per key in commit order

@@ -25,15 +25,30 @@ def test_publish_stops_cleanly_on_signal(sig, group, tmp_path, kafka_broker, sch
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
     ck = tmp_path / "ck"
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", f"sig-{uuid.uuid4().hex[:8]}", "--schema-registry", schema_registry.url,
-            "--checkpoint", str(ck), "--starting-version", "1",
-            "--trigger-interval", "200 milliseconds"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        f"sig-{uuid.uuid4().hex[:8]}",
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(ck),
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "200 milliseconds",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:
@@ -127,15 +142,30 @@ def test_local_publisher_stops_planner_daemons(tmp_path, kafka_broker, schema_re
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
     ck = tmp_path / "ck"
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", f"fp-{uuid.uuid4().hex[:8]}", "--schema-registry", schema_registry.url,
-            "--checkpoint", str(ck), "--starting-version", "1",
-            "--trigger-interval", "200 milliseconds"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        f"fp-{uuid.uuid4().hex[:8]}",
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(ck),
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "200 milliseconds",
+    ]
     proc = subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 180
         while time.monotonic() < deadline and proc.poll() is None:

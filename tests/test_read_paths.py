@@ -40,8 +40,12 @@ def _history(tmp_path, seed: int, ops: list[str], random_steps: int):
 
 @pytest.mark.parametrize("seed", [3, 4, 5])
 def test_forced_paths_agree_with_oracle(tmp_path, monkeypatch, seed):
-    uri, w = _history(tmp_path, seed, ["update", "delete_dense", "upsert", "add_column",
-                                       "delete_sparse", "update"], 8)  # fmt: skip
+    uri, w = _history(
+        tmp_path,
+        seed,
+        ["update", "delete_dense", "upsert", "add_column", "delete_sparse", "update"],
+        8,
+    )
     physical = []
     take_physical = rows_mod._take_physical
     monkeypatch.setattr(
@@ -133,8 +137,12 @@ def test_merged_reads_of_consecutive_versions_agree_with_oracle(tmp_path, monkey
     """read_changes reads the images of small consecutive versions that lie in the same
     data files with one take per file (RowReader.merge_reads): the events are the same
     with any grouping of versions, with merging off, and equal to the snapshot diff."""
-    uri, w = _history(tmp_path, seed, ["update", "delete_sparse", "upsert", "delete_dense",
-                                       "update", "delete_sparse"], 6)  # fmt: skip
+    uri, w = _history(
+        tmp_path,
+        seed,
+        ["update", "delete_sparse", "upsert", "delete_dense", "update", "delete_sparse"],
+        6,
+    )
     merged = count_merges(monkeypatch)
     default = _events(uri)
     assert sum(merged) > 0, "no two reads shared a data file"
@@ -203,8 +211,12 @@ def test_spark_source_partitions_read_merged_as_separately(tmp_path, monkeypatch
     same events, routing columns included, as with each version read on its own."""
     from lance_cdf.spark.source.data_source import LanceCdfDataSource
 
-    uri, _ = _history(tmp_path, 8, ["update", "delete_sparse", "upsert", "delete_sparse",
-                                     "update", "delete_dense"], 6)  # fmt: skip
+    uri, _ = _history(
+        tmp_path,
+        8,
+        ["update", "delete_sparse", "upsert", "delete_sparse", "update", "delete_dense"],
+        6,
+    )
     latest = lance.dataset(uri).version
     source = LanceCdfDataSource(
         {"path": uri, "startingVersion": "2", "endingVersion": str(latest), **options}

@@ -19,9 +19,12 @@ from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, Repli
 
 
 def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
-    return pa.table({
-        "k": pa.array(keys, key_type), "v": pa.array([model[k] for k in keys], pa.int64()),
-    })  # fmt: skip
+    return pa.table(
+        {
+            "k": pa.array(keys, key_type),
+            "v": pa.array([model[k] for k in keys], pa.int64()),
+        }
+    )
 
 
 @pytest.mark.parametrize("lookup", ["probe", "scan", "map"])
@@ -33,8 +36,9 @@ def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, kee
     monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0 if lookup == "probe" else 10**9)
     monkeypatch.setattr(replica_mod, "PROBE_CHUNK", 7)  # several IN lists per batch
     uri = str(tmp_path / "replica.lance")
-    rep = ReplicaTable(uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids,
-                       key_map=lookup == "map")  # fmt: skip
+    rep = ReplicaTable(
+        uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids, key_map=lookup == "map"
+    )
     assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids)
     rng = random.Random(hash((lookup, str(key_type), keep_row_ids)) & 0xFFFF)
 
@@ -77,8 +81,16 @@ def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, kee
     assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids and key_type == pa.int64())
 
 
-def random_round(rng, model: dict, next_key: int, step: int, max_deleted: int,
-                 max_updated: int, min_new: int, back: int = 0):  # fmt: skip
+def random_round(
+    rng,
+    model: dict,
+    next_key: int,
+    step: int,
+    max_deleted: int,
+    max_updated: int,
+    min_new: int,
+    back: int = 0,
+):
     """One random batch against the dict model (changed in place, values = `step`): up to
     `max_deleted` live keys deleted, up to `max_updated` others updated, up to `back` of the
     deleted upserted again (a delete then an upsert), `min_new`..30 new keys from `next_key`.
@@ -87,8 +99,9 @@ def random_round(rng, model: dict, next_key: int, step: int, max_deleted: int,
     deleted = rng.sample(live, min(len(live), rng.randint(0, max_deleted)))
     for k in deleted:
         del model[k]
-    updated = [k for k in rng.sample(live, min(len(live), rng.randint(0, max_updated)))
-               if k not in deleted]  # fmt: skip
+    updated = [
+        k for k in rng.sample(live, min(len(live), rng.randint(0, max_updated))) if k not in deleted
+    ]
     again = rng.sample(deleted, min(len(deleted), rng.randint(0, back))) if back else []
     new = list(range(next_key, next_key + rng.randint(min_new, 30)))
     keys = updated + again + new
@@ -125,8 +138,7 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
     monkeypatch.setattr(ReplicaTable, "_find", spy)
     monkeypatch.setattr(KeyMap, "find", map_spy)
     uri = str(tmp_path / "replica.lance")
-    rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids,
-                       key_map=key_map)  # fmt: skip
+    rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids, key_map=key_map)
     rng = random.Random(7 + keep_row_ids)
     model: dict = {}
     next_key = 0
@@ -161,15 +173,18 @@ def test_only_a_replica_the_replicator_created_allows_fresh_inserts(tmp_path):
     rows = pa.table({"k": pa.array([1, 2], pa.int64()), "v": pa.array([0, 0], pa.int64())})
     rep = ReplicaTable(made, ["k"])
     assert rep.fresh_bounds() == (0, -1)  # not created yet: nothing to match
-    position = {OFFSETS_PROPERTY: "{}", "lance-cdf.source-version": "4",
-                "lance-cdf.max-source-rowid": "2", ORIGIN_PROPERTY: "records"}  # fmt: skip
+    position = {
+        OFFSETS_PROPERTY: "{}",
+        "lance-cdf.source-version": "4",
+        "lance-cdf.max-source-rowid": "2",
+        ORIGIN_PROPERTY: "records",
+    }
     rep.apply(rows, None, position)  # as the replicator creates it: marked in the commit
     assert rep.fresh_bounds() == (4, 2)
     rep.maintain(compact=True)  # upkeep commits carry no position: stepped over
     assert rep.fresh_bounds() == (4, 2)
     unmarked = {k: v for k, v in position.items() if k != ORIGIN_PROPERTY}
-    lance.write_dataset(rows, seeded, enable_stable_row_ids=True,
-                        transaction_properties=unmarked)  # fmt: skip
+    lance.write_dataset(rows, seeded, enable_stable_row_ids=True, transaction_properties=unmarked)
     assert ReplicaTable(seeded, ["k"]).fresh_bounds() is None  # rows of unknown origin
 
 
@@ -234,8 +249,9 @@ def test_key_map_follows_the_replica(tmp_path, monkeypatch):
     model: dict = {}
     next_key = 0
     for step in range(40):
-        deleted, updated, back, new, keys = random_round(rng, model, next_key, step, 12, 25, 0,
-                                                         back=2)  # fmt: skip
+        deleted, updated, back, new, keys = random_round(
+            rng, model, next_key, step, 12, 25, 0, back=2
+        )
         next_key += len(new)
         fresh = np.array([k in new for k in keys], bool)
         up = rows_of(model, keys, pa.int64()) if keys else None

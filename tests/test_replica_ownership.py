@@ -37,11 +37,24 @@ pytest_plugins = ["s3_services"]
 
 def cli(kafka, registry, topic, dst, *extra, group=None):
     return [
-        sys.executable, "-m", "lance_cdf.cli", "replicate",
-        "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
-        "--schema-registry", registry.url, "--target", dst,
-        "--group-id", group or f"g-{topic}", "--max-batch-interval", "0.3", *extra,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        registry.url,
+        "--target",
+        dst,
+        "--group-id",
+        group or f"g-{topic}",
+        "--max-batch-interval",
+        "0.3",
+        *extra,
+    ]
 
 
 def run_cli(cmd, timeout=300):
@@ -50,8 +63,9 @@ def run_cli(cmd, timeout=300):
 
 def replicator(kafka, registry, topic, dst, group=None, **kw):
     kw.setdefault("max_batch_interval", 0.3)
-    return Replicator(kafka.bootstrap_servers, topic, registry.url, dst,
-                      group_id=group or f"g-{topic}", **kw)  # fmt: skip
+    return Replicator(
+        kafka.bootstrap_servers, topic, registry.url, dst, group_id=group or f"g-{topic}", **kw
+    )
 
 
 def source(tmp_path, name, seed, rows=120):
@@ -163,8 +177,7 @@ def test_a_topic_that_lost_its_history_is_refused(tmp_path, kafka_broker, schema
         f.result(timeout=10)
     dst = str(tmp_path / "replica.lance")
     for extra in ((), ("--rebuild",)):
-        run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2",
-                          *extra))  # fmt: skip
+        run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2", *extra))
         assert run.returncode == 2, run.stderr[-2000:]
         assert "cannot read the configuration" not in run.stderr, run.stderr[-3000:]
         assert run.stderr.strip().splitlines()[-1] == (
@@ -208,13 +221,24 @@ def test_two_replicators_on_one_replica_the_second_is_refused(
     published = publish(kafka_broker, schema_registry, src, topic, 1)
     first = subprocess.Popen(
         cli(kafka_broker, schema_registry, topic, dst, "--lease-ttl", "2"),
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         _wait(_holds_everything(src, dst), "the first replicator's replica")
         version = lance.dataset(dst).version
-        run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2",
-                          group="another-group"))  # fmt: skip
+        run = run_cli(
+            cli(
+                kafka_broker,
+                schema_registry,
+                topic,
+                dst,
+                "--idle-timeout",
+                "2",
+                group="another-group",
+            )
+        )
         assert run.returncode == 2
         line = run.stderr.strip().splitlines()[-1]
         assert line.startswith(
@@ -262,8 +286,11 @@ def test_two_replicators_on_one_replica_the_second_is_refused(
             first.wait()
 
     # a holder SIGKILLed mid-work: the next one takes over at once and finishes exactly
-    holder = subprocess.Popen(cli(kafka_broker, schema_registry, topic, dst),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+    holder = subprocess.Popen(
+        cli(kafka_broker, schema_registry, topic, dst),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     _wait(lambda: os.path.exists(f"{dst}/_lance_cdf/replica.lease"), "the lease")
     holder.kill()
     holder.wait()
@@ -297,10 +324,14 @@ def test_the_lease_on_an_s3_replica(tmp_path, kafka_broker, schema_registry, s3_
                 return False
 
         _wait(applied, "the S3 replica")
-        second = replicator(kafka_broker, schema_registry, topic, s3_uri, "another-group",
-                            storage_options=options)  # fmt: skip
-        with pytest.raises(LeaseHeldError, match=r"^the replica s3://.* is being written by "
-                           r"'lance-cdf replicate --topic .* --group-id g-own-s3-"):  # fmt: skip
+        second = replicator(
+            kafka_broker, schema_registry, topic, s3_uri, "another-group", storage_options=options
+        )
+        with pytest.raises(
+            LeaseHeldError,
+            match=r"^the replica s3://.* is being written by "
+            r"'lance-cdf replicate --topic .* --group-id g-own-s3-",
+        ):
             second.run(idle_timeout=2)
     finally:
         first.stop()
@@ -318,8 +349,9 @@ def test_idle_timeout_counts_from_start_when_the_topic_does_not_exist(
 ):
     topic = f"own-missing-{uuid.uuid4().hex[:8]}"
     dst = str(tmp_path / "replica.lance")
-    run = run_cli(cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"),
-                  timeout=120)  # fmt: skip
+    run = run_cli(
+        cli(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"), timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert (
         f"topic {topic!r} does not exist yet; waiting for it (--idle-timeout, if given, "
@@ -340,8 +372,11 @@ def test_a_signal_to_the_process_group_exits_0_without_traceback(
     publish(kafka_broker, schema_registry, src, topic, 1)
     proc = subprocess.Popen(
         cli(kafka_broker, schema_registry, topic, dst, "--max-batch-rows", "40"),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         _wait(lambda: os.path.exists(os.path.join(dst, "_versions")), "the first batch")
         os.killpg(proc.pid, sig)  # as systemd's stop / Ctrl-C in a terminal do
@@ -382,9 +417,12 @@ def test_a_signal_while_starting_exits_0_without_traceback(
     port = int(schema_registry.url.split("://", 1)[1].split("/", 1)[0].rsplit(":", 1)[1])
     with registry_down(schema_registry):
         proc = subprocess.Popen(
-            cli(kafka_broker, schema_registry, "own-start", dst), stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            cli(kafka_broker, schema_registry, "own-start", dst),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         try:
             _wait(lambda: _connected_to(proc.pid, port), "the registry check")
             os.killpg(proc.pid, sig)

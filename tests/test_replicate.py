@@ -32,9 +32,19 @@ pytestmark = pytest.mark.integration  # `lance-cdf replicate` in subprocesses
 
 # ops the replica can follow (index/config commits change no rows, so they are in too)
 ROUND_OPS = [
-    "append", "delete_sparse", "delete_dense", "update", "upsert", "upsert_delete_missing",
-    "compact", "index", "config", "add_column", "overwrite", "restore",
-]  # fmt: skip
+    "append",
+    "delete_sparse",
+    "delete_dense",
+    "update",
+    "upsert",
+    "upsert_delete_missing",
+    "compact",
+    "index",
+    "config",
+    "add_column",
+    "overwrite",
+    "restore",
+]
 
 
 def publish(kafka, registry, uri, topic, start, end=None, key=None):
@@ -44,9 +54,13 @@ def publish(kafka, registry, uri, topic, start, end=None, key=None):
     events = lance_cdf.read_changes(uri, start, end).read_all()
     ops = {v: feed.table.manifest(v).operation for v in range(start, end + 1)}
     pub = KafkaChangePublisher(
-        kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri,
+        kafka.bootstrap_servers,
+        topic,
+        registry.url,
+        user_schema_of(events.schema),
+        uri,
         key_columns=key,
-    )  # fmt: skip
+    )
     pub.publish(events, ops)
     return end
 
@@ -120,16 +134,27 @@ def test_inserts_without_lookup_follow_restore_overwrite_and_replays(
     w = Workload(src, seed=31, rows=150)
     published = publish(kafka_broker, schema_registry, src, topic, 1)
     rng = random.Random(17)
-    ops = ["append", "delete_dense", "delete_sparse", "restore", "restore", "overwrite",
-           "update", "upsert", "upsert_delete_missing", "compact"]  # fmt: skip
+    ops = [
+        "append",
+        "delete_dense",
+        "delete_sparse",
+        "restore",
+        "restore",
+        "overwrite",
+        "update",
+        "upsert",
+        "upsert_delete_missing",
+        "compact",
+    ]
     fresh = 0
     for _round in range(6):
         for _ in range(4):
             w.step(rng.choice(ops))
         published = publish(kafka_broker, schema_registry, src, topic, published + 1)
         # batch sizes vary: a delete and its re-insert land in one batch or in two
-        rep = make_replicator(kafka_broker, schema_registry, topic, dst,
-                              max_batch_rows=rng.choice([25, 90, 1000]))  # fmt: skip
+        rep = make_replicator(
+            kafka_broker, schema_registry, topic, dst, max_batch_rows=rng.choice([25, 90, 1000])
+        )
         counters = rep.run(idle_timeout=2)
         fresh += counters.fresh_upserts
         assert_replica_equals_source(src, dst)
@@ -172,9 +197,14 @@ def test_user_key_and_restart_skips_applied(tmp_path, kafka_broker, schema_regis
     # a new consumer group (Kafka has no committed offsets for it): the replica's own
     # position makes it skip everything already applied
     rep = Replicator(
-        kafka_broker.bootstrap_servers, topic, schema_registry.url, dst, key=["id"],
-        group_id=f"other-{topic}", max_batch_interval=0.5,
-    )  # fmt: skip
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        dst,
+        key=["id"],
+        group_id=f"other-{topic}",
+        max_batch_interval=0.5,
+    )
     again = rep.run(idle_timeout=2)
     assert again.upserts == again.deletes == 0
     assert lance.dataset(dst).version == version
@@ -185,8 +215,7 @@ def _end_offsets(kafka, topic) -> dict[int, int]:
     c = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": f"w-{topic}"})
     try:
         parts = c.list_topics(topic, timeout=10).topics[topic].partitions
-        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1]
-                for p in parts}  # fmt: skip
+        return {p: c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in parts}
     finally:
         c.close()
 
@@ -206,8 +235,15 @@ def test_compaction_and_reindex_mid_stream_then_restart(tmp_path, kafka_broker, 
     w, rng = churned_source(src, seed=23, rng_seed=9, steps=6)
     published = publish(kafka_broker, schema_registry, src, topic, 1)
     # small batches, compaction every 3rd batch, every new fragment indexed at once
-    rep = make_replicator(kafka_broker, schema_registry, topic, dst, max_batch_rows=60,
-                          compact_every=3, index_rows_max=0)  # fmt: skip
+    rep = make_replicator(
+        kafka_broker,
+        schema_registry,
+        topic,
+        dst,
+        max_batch_rows=60,
+        compact_every=3,
+        index_rows_max=0,
+    )
     first = rep.run(idle_timeout=2)
     assert first.batches >= 6
     table = ChangeFeed(dst).table  # pylance cannot decode a Rewrite of an indexed table
@@ -241,10 +277,16 @@ def test_compaction_and_reindex_mid_stream_then_restart(tmp_path, kafka_broker, 
     # a new consumer group (no committed offsets in Kafka): the position comes from the
     # replica, from behind its compaction and index commits
     rep = Replicator(
-        kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
-        group_id=f"other-{topic}", max_batch_interval=0.5, max_batch_rows=60,
-        compact_every=2, index_rows_max=0,
-    )  # fmt: skip
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        dst,
+        group_id=f"other-{topic}",
+        max_batch_interval=0.5,
+        max_batch_rows=60,
+        compact_every=2,
+        index_rows_max=0,
+    )
     again = rep.run(idle_timeout=2)
     assert again.records == new_records and again.skipped == 0
     assert_replica_equals_source(src, dst)
@@ -274,8 +316,13 @@ def test_poison_record_goes_to_dead_letter_topic(tmp_path, kafka_broker, schema_
     counters = rep.run(idle_timeout=2)
     assert counters.dead_letters == 2
     assert_replica_equals_source(src, dst)
-    c = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-reader",
-                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap_servers,
+            "group.id": "dlq-reader",
+            "auto.offset.reset": "earliest",
+        }
+    )
     c.subscribe([dlq])
     got = []
     for _ in range(40):
@@ -293,15 +340,32 @@ def test_poison_record_goes_to_dead_letter_topic(tmp_path, kafka_broker, schema_
 
 def _replicate_cmd(kafka, registry, topic, dst, *extra):
     return [
-        sys.executable, "-m", "lance_cdf.cli", "replicate",
-        "--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic,
-        "--schema-registry", registry.url, "--target", dst, "--group-id", f"g-{topic}",
-        "--max-batch-rows", "60", "--max-batch-interval", "0.3",
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        registry.url,
+        "--target",
+        dst,
+        "--group-id",
+        f"g-{topic}",
+        "--max-batch-rows",
+        "60",
+        "--max-batch-interval",
+        "0.3",
         # a killed consumer stays in its group until its session times out; static
         # membership lets the restarted one take its partitions over at once
-        "--consumer-config", f"group.instance.id=replicator-{topic}",
-        "--consumer-config", "session.timeout.ms=6000", *extra,
-    ]  # fmt: skip
+        "--consumer-config",
+        f"group.instance.id=replicator-{topic}",
+        "--consumer-config",
+        "session.timeout.ms=6000",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("point", ["before-lance-commit", "between-commits", "after-lance-commit"])
@@ -335,8 +399,9 @@ def test_sigkill_at_random_points_converges(tmp_path, kafka_broker, schema_regis
     def applied() -> int:  # records the replica holds, by the position it recorded
         return sum(replica.applied_offsets(topic).values())
 
-    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3",
-                         "--max-batch-rows", "20")  # fmt: skip
+    cmd = _replicate_cmd(
+        kafka_broker, schema_registry, topic, dst, "--idle-timeout", "3", "--max-batch-rows", "20"
+    )
     killed_mid_work = []
     for run in range(4):
         before = applied()
@@ -375,8 +440,10 @@ def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
     publish(kafka_broker, schema_registry, src, topic, 1)
     proc = subprocess.Popen(
         _replicate_cmd(kafka_broker, schema_registry, topic, dst),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # once the first batch is committed (the directory alone exists from start: the
     # replicator's lease lives in it)
     deadline = time.monotonic() + 60
@@ -395,8 +462,9 @@ def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
     # and a restart finishes the job
     run = subprocess.run(
         _replicate_cmd(kafka_broker, schema_registry, topic, dst, "--idle-timeout", "2"),
-        capture_output=True, timeout=300,
-    )  # fmt: skip
+        capture_output=True,
+        timeout=300,
+    )
     assert run.returncode == 0, run.stderr.decode()[-2000:]
     assert_replica_equals_source(src, dst)
 
@@ -443,10 +511,16 @@ def test_a_registry_outage_is_waited_out_never_dead_lettered(
         # a 2-s registry request timeout (the replicator's is 10 s, overridable through
         # registry_config): each unanswered request is waited out 5x sooner
         return Replicator(
-            kafka_broker.bootstrap_servers, topic, schema_registry.url, dst,
-            group_id=f"{group}-{topic}", max_batch_interval=0.5, dead_letter_topic=dlq,
-            registry_config={"timeout": REGISTRY_TIMEOUT_S}, **kw,
-        )  # fmt: skip
+            kafka_broker.bootstrap_servers,
+            topic,
+            schema_registry.url,
+            dst,
+            group_id=f"{group}-{topic}",
+            max_batch_interval=0.5,
+            dead_letter_topic=dlq,
+            registry_config={"timeout": REGISTRY_TIMEOUT_S},
+            **kw,
+        )
 
     # short of the wait: the outage is ridden out
     rep = replicator("g2")
@@ -466,14 +540,21 @@ def test_a_registry_outage_is_waited_out_never_dead_lettered(
     w.step("upsert")
     publish(kafka_broker, schema_registry, src, topic, published + 1)
     rep = replicator("g3", registry_outage_s=3)
-    with registry_down(schema_registry), pytest.raises(RegistryUnavailableError,
-                                                       match="no record is lost"):  # fmt: skip
+    with (
+        registry_down(schema_registry),
+        pytest.raises(RegistryUnavailableError, match="no record is lost"),
+    ):
         rep.run(idle_timeout=3)
     again = replicator("g4")
     assert again.run(idle_timeout=3).dead_letters == 0
     assert_replica_equals_source(src, dst)
-    c = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers, "group.id": "dlq-check",
-                  "auto.offset.reset": "earliest"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap_servers,
+            "group.id": "dlq-check",
+            "auto.offset.reset": "earliest",
+        }
+    )
     c.subscribe([dlq])
     assert all(m is None or m.error() for m in (c.poll(0.5) for _ in range(6)))
     c.close()
@@ -494,8 +575,13 @@ def test_a_batch_is_what_has_arrived_up_to_its_bound(kafka_broker):
     for i in range(n):
         producer.produce(topic, str(i).encode())
     assert producer.flush(30) == 0
-    consumer = Consumer({"bootstrap.servers": kafka_broker.bootstrap_servers,
-                         "group.id": topic, "enable.auto.commit": False})  # fmt: skip
+    consumer = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap_servers,
+            "group.id": topic,
+            "enable.auto.commit": False,
+        }
+    )
     consumer.assign([TopicPartition(topic, 0, 0)])
     stop = threading.Event()
     try:
@@ -530,10 +616,15 @@ def test_the_access_check_survives_a_fresh_brokers_coordinator(tmp_path):
 
     for i in range(2):
         checks = [
-            subprocess.Popen([sys.executable, "-c", _ACCESS_CHECKS], stdin=subprocess.PIPE,
-                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+            subprocess.Popen(
+                [sys.executable, "-c", _ACCESS_CHECKS],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
             for _ in range(4)
-        ]  # fmt: skip
+        ]
         with KafkaBroker(str(tmp_path / f"fresh{i}")) as fresh:
             for p in checks:  # all at once, the moment the broker answers
                 assert p.stdin is not None

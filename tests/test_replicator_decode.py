@@ -83,8 +83,9 @@ def wire(sid, schema, value):
 
 # the newer schema adds nullable columns (as add_column does) and widens i32 to long
 NEWER = pa.schema([f if f.name == "id" else f.with_nullable(True) for f in COLUMNS])
-OLDER = pa.schema([pa.field("id", pa.int64(), nullable=False), ("s", pa.string()),
-                   ("i32", pa.int32())])  # fmt: skip
+OLDER = pa.schema(
+    [pa.field("id", pa.int64(), nullable=False), ("s", pa.string()), ("i32", pa.int32())]
+)
 
 
 def batch(seed, poison=True):
@@ -109,9 +110,13 @@ def batch(seed, poison=True):
             value = wire(9, new, r)
         if poison and rng.random() < 0.05:
             value = rng.choice(
-                [value[: len(value) // 2], b"garbage", b"\x00\x00\x00\x00\x63" + value[5:],
-                 value[:5] + b"\x06" + value[6:]]
-            )  # fmt: skip
+                [
+                    value[: len(value) // 2],
+                    b"garbage",
+                    b"\x00\x00\x00\x00\x63" + value[5:],
+                    value[:5] + b"\x06" + value[6:],
+                ]
+            )
         if rng.random() < 0.03:
             value = None  # tombstone
         msgs.append(Msg(value, p, offsets[p]))
@@ -171,9 +176,12 @@ def test_a_registry_refusal_is_no_dead_letter_an_unknown_id_is(vectorized):
         rep = replicator(schemas)
         rep.decoder = _Decoder(RefusingRegistry(schemas, status, code))
         decode = rep._final_states_vectorized if vectorized else rep._final_states_fastavro
-        with pytest.raises(RegistryRefusedError, match=r"^the schema registry refused schema "
-                           r"id \d+ .*: not an answer about the record, so it is not set "
-                           r"aside. Check --schema-registry"):  # fmt: skip
+        with pytest.raises(
+            RegistryRefusedError,
+            match=r"^the schema registry refused schema "
+            r"id \d+ .*: not an answer about the record, so it is not set "
+            r"aside. Check --schema-registry",
+        ):
             decode(msgs)
         assert rep.dlq.got == []
     rep = replicator(schemas)
@@ -186,11 +194,26 @@ def test_a_registry_refusal_is_no_dead_letter_an_unknown_id_is(vectorized):
 def test_unsupported_schema_takes_the_fastavro_path():
     with_map = pa.schema([("id", pa.int64()), ("m", pa.map_(pa.string(), pa.int64()))])
     schema = envelope_schema(with_map, "t")
-    src = {"version": "v", "connector": "c", "name": "lancecdf", "ts_ms": 0, "snapshot": "false",
-           "db": "", "table": "t", "commit_version": 1, "commit_timestamp": 0,
-           "operation": "Append", "rowid": 3}  # fmt: skip
-    value = {"before": None, "after": {"id": 1, "m": {"a": 1}}, "op": "c", "source": src,
-             "ts_ms": 0}  # fmt: skip
+    src = {
+        "version": "v",
+        "connector": "c",
+        "name": "lancecdf",
+        "ts_ms": 0,
+        "snapshot": "false",
+        "db": "",
+        "table": "t",
+        "commit_version": 1,
+        "commit_timestamp": 0,
+        "operation": "Append",
+        "rowid": 3,
+    }
+    value = {
+        "before": None,
+        "after": {"id": 1, "m": {"a": 1}},
+        "op": "c",
+        "source": src,
+        "ts_ms": 0,
+    }
     rep = replicator({1: schema})
     msgs = [Msg(wire(1, schema, value), 0, 0)]
     assert rep._final_states_vectorized(msgs) is None
@@ -231,12 +254,15 @@ def _previous_release_envelope(user_schema: pa.Schema) -> dict:
     row["name"], row["namespace"] = "t_Row", "io.lancecdf"
     fields["after"]["type"] = ["null", "io.lancecdf.t_Row"]
     fields["source"]["type"]["fields"] = [
-        {"name": "connector", "type": "string"}, {"name": "version", "type": "string"},
-        {"name": "table", "type": "string"}, {"name": "commit_version", "type": "long"},
+        {"name": "connector", "type": "string"},
+        {"name": "version", "type": "string"},
+        {"name": "table", "type": "string"},
+        {"name": "commit_version", "type": "long"},
         {"name": "commit_timestamp", "type": {"type": "long", "logicalType": "timestamp-millis"}},
-        {"name": "operation", "type": "string"}, {"name": "snapshot", "type": "boolean"},
+        {"name": "operation", "type": "string"},
+        {"name": "snapshot", "type": "boolean"},
         {"name": "rowid", "type": "long"},
-    ]  # fmt: skip
+    ]
     return env
 
 
@@ -264,12 +290,19 @@ def test_records_of_the_previous_naming_and_the_new_one_replicate_alike(seed):
     for i, (_, value, _) in enumerate(records):
         if i < 20:  # the older half of the topic: the previous release's records
             src = value["source"]
-            value = {**value, "source": {
-                "connector": "lance-cdf", "version": "0.0.9", "table": "/t.lance",
-                "commit_version": src["commit_version"],
-                "commit_timestamp": src["commit_timestamp"], "operation": "Append",
-                "snapshot": False, "rowid": src["rowid"],
-            }}  # fmt: skip
+            value = {
+                **value,
+                "source": {
+                    "connector": "lance-cdf",
+                    "version": "0.0.9",
+                    "table": "/t.lance",
+                    "commit_version": src["commit_version"],
+                    "commit_timestamp": src["commit_timestamp"],
+                    "operation": "Append",
+                    "snapshot": False,
+                    "rowid": src["rowid"],
+                },
+            }
             msgs.append(Msg(wire(1, old, value), 0, i))
         else:
             msgs.append(Msg(wire(2, new, value), 0, i))

@@ -55,8 +55,9 @@ def test_broker_check_names_credentials_tls_and_protocol(
     m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.password": "wrong"})
     assert AUTH in m and "sasl.password" in m and "--producer-config-file" in m, m
     assert "wrong" not in m.replace("wrong version", "")  # the planted password is not repeated
-    m = _raises(check_broker, kafka.bootstrap_servers, {**good, "sasl.username": "nobody"},
-                flag="consumer")  # fmt: skip
+    m = _raises(
+        check_broker, kafka.bootstrap_servers, {**good, "sasl.username": "nobody"}, flag="consumer"
+    )
     assert AUTH in m and "--consumer-config-file" in m, m
     m = _raises(check_broker, kafka.bootstrap_servers, {**good, "ssl.ca.location": other_ca})
     assert VERIFY in m and "ssl.ca.location" in m, m
@@ -67,8 +68,11 @@ def test_broker_check_names_credentials_tls_and_protocol(
     m = _raises(check_broker, kafka.bootstrap_servers, {**good, "security.protocol": "SSL"})
     assert "its listener expects SASL" in m and "security.protocol=SASL_SSL" in m, m
     # a TLS client against a plaintext listener
-    m = _raises(check_broker, kafka_broker.bootstrap_servers,
-                {"security.protocol": "SSL", "ssl.ca.location": other_ca})  # fmt: skip
+    m = _raises(
+        check_broker,
+        kafka_broker.bootstrap_servers,
+        {"security.protocol": "SSL", "ssl.ca.location": other_ca},
+    )
     assert NO_TLS in m and "security.protocol" in m, m
     check_broker(kafka.bootstrap_servers, good)  # and the right settings pass
 
@@ -81,8 +85,9 @@ def test_a_missing_topic_is_created_over_sasl_ssl_and_wrong_credentials_named(
     connection = KafkaConnection(kafka.bootstrap_servers, kafka.client_config)
     assert ensure_topic(connection, topic, TopicSettings.of(3)) == 3
     assert ensure_topic(connection, topic, TopicSettings()) == 3  # as it is, once there
-    m = _raises(check_broker, kafka.bootstrap_servers,
-                {**kafka.client_config, "sasl.password": "wrong"})  # fmt: skip
+    m = _raises(
+        check_broker, kafka.bootstrap_servers, {**kafka.client_config, "sasl.password": "wrong"}
+    )
     assert AUTH in m, m
 
 
@@ -98,9 +103,14 @@ def test_registry_check_names_401_and_tls_verification(secure_schema_registry, o
 
 
 def _cli(
-    command: str, kafka, registry, tmp_path, kafka_over: str = "", registry_over: str = "",
+    command: str,
+    kafka,
+    registry,
+    tmp_path,
+    kafka_over: str = "",
+    registry_over: str = "",
     topic: str | None = None,
-):  # fmt: skip
+):
     """`lance-cdf COMMAND` against the secured services with every setting from files,
     `kafka_over` / `registry_over` appended to them (a later key wins)."""
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "T_KAFKA_PASSWORD": kafka.password}
@@ -116,28 +126,58 @@ def _cli(
         f"ssl.ca.location={registry.ca_pem}\n{registry_over}"
     )
     common = [
-        "--bootstrap-servers", kafka.bootstrap_servers,
-        "--topic", topic or f"t-{uuid.uuid4().hex[:8]}",
-        "--schema-registry", registry.url, "--registry-config-file", str(reg),
-    ]  # fmt: skip
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic or f"t-{uuid.uuid4().hex[:8]}",
+        "--schema-registry",
+        registry.url,
+        "--registry-config-file",
+        str(reg),
+    ]
     if command == "publish":
         src = str(tmp_path / "src.lance")
         if not os.path.exists(src):
             Workload(src, seed=5, rows=20)
-        args = [*common, "--table", src, "--checkpoint", str(tmp_path / "ck"),
-                "--available-now", "--producer-config-file", str(client)]  # fmt: skip
+        args = [
+            *common,
+            "--table",
+            src,
+            "--checkpoint",
+            str(tmp_path / "ck"),
+            "--available-now",
+            "--producer-config-file",
+            str(client),
+        ]
     elif command == "replicate-database":  # `topic` is then the topic prefix
         common[2:4] = ["--topic-prefix", topic or "p"]
-        args = [*common, "--database-target", str(tmp_path / "replicas"), "--idle-timeout", "2",
-                "--consumer-config-file", str(client)]  # fmt: skip
+        args = [
+            *common,
+            "--database-target",
+            str(tmp_path / "replicas"),
+            "--idle-timeout",
+            "2",
+            "--consumer-config-file",
+            str(client),
+        ]
     else:
-        args = [*common, "--target", str(tmp_path / "replica.lance"), "--idle-timeout", "2",
-                "--consumer-config-file", str(client)]  # fmt: skip
+        args = [
+            *common,
+            "--target",
+            str(tmp_path / "replica.lance"),
+            "--idle-timeout",
+            "2",
+            "--consumer-config-file",
+            str(client),
+        ]
     t = time.monotonic()
     run = subprocess.run(
         [sys.executable, "-m", "lance_cdf.cli", command.split("-")[0], *args],
-        capture_output=True, env=env, timeout=180, text=True,
-    )  # fmt: skip
+        capture_output=True,
+        env=env,
+        timeout=180,
+        text=True,
+    )
     took = time.monotonic() - t
     print(f"{command} {kafka_over or registry_over!r}: exit {run.returncode} after {took:.1f} s")
     return run
@@ -159,8 +199,9 @@ def test_cli_names_the_cause_in_one_line(
 ):
     kafka_over, registry_over, expected = CASES[case]
     kafka_over, registry_over = (s.format(other_ca=other_ca) for s in (kafka_over, registry_over))
-    run = _cli(command, secure_kafka_broker, secure_schema_registry, tmp_path, kafka_over,
-               registry_over)  # fmt: skip
+    run = _cli(
+        command, secure_kafka_broker, secure_schema_registry, tmp_path, kafka_over, registry_over
+    )
     assert run.returncode != 0, run.stdout + run.stderr
     assert "Traceback" not in run.stderr, run.stderr[-3000:]
     lines = [line for line in run.stderr.splitlines() if all(e in line for e in expected)]
@@ -202,26 +243,57 @@ def test_a_topic_or_group_the_user_may_not_use_is_named(tmp_path, secure_schema_
         # the denials an outsider makes with `python -m lance_cdf_devtools deny`
         admin_file = _properties(tmp_path / "admin.properties", config)
         deny = subprocess.run(
-            [sys.executable, "-m", "lance_cdf_devtools", "deny", "--admin-config-file",
-             str(admin_file), "--topic", denied, "--topic", f"{txn}.transaction",
-             "--group", group],
-            capture_output=True, text=True, timeout=60,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "lance_cdf_devtools",
+                "deny",
+                "--admin-config-file",
+                str(admin_file),
+                "--topic",
+                denied,
+                "--topic",
+                f"{txn}.transaction",
+                "--group",
+                group,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert deny.returncode == 0, deny.stderr
         assert broker._admin_password not in deny.stdout + deny.stderr
         principal = f"User:{broker.username}"
         allow_describe, deny_read = (  # may see `unread`, not read it
-            AclBinding(ResourceType.TOPIC, unread, ResourcePatternType.LITERAL, principal, "*",
-                       op, permission)
-            for op, permission in ((AclOperation.DESCRIBE, AclPermissionType.ALLOW),
-                                   (AclOperation.READ, AclPermissionType.DENY))
-        )  # fmt: skip
+            AclBinding(
+                ResourceType.TOPIC,
+                unread,
+                ResourcePatternType.LITERAL,
+                principal,
+                "*",
+                op,
+                permission,
+            )
+            for op, permission in (
+                (AclOperation.DESCRIBE, AclPermissionType.ALLOW),
+                (AclOperation.READ, AclPermissionType.DENY),
+            )
+        )
         for future in admin.create_acls([allow_describe, deny_read]).values():
             future.result(timeout=30)
         # a database replicator's table topic `<prefix>.items`, seen but not readable
-        db_acls = [AclBinding(b.restype, f"{unread}.items", b.resource_pattern_type, principal,
-                              "*", b.operation, b.permission_type)
-                   for b in (allow_describe, deny_read)]  # fmt: skip
+        db_acls = [
+            AclBinding(
+                b.restype,
+                f"{unread}.items",
+                b.resource_pattern_type,
+                principal,
+                "*",
+                b.operation,
+                b.permission_type,
+            )
+            for b in (allow_describe, deny_read)
+        ]
         for future in admin.create_acls(db_acls).values():
             future.result(timeout=30)
         created = admin.create_topics(

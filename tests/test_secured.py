@@ -104,12 +104,14 @@ def test_publish_replicate_status_over_sasl_ssl_with_secrets_nowhere(
         "planted storage secret": f"planted-aws-{uuid.uuid4().hex}",
     }
     env = {
-        **os.environ, "PYSPARK_PYTHON": sys.executable,
-        "T_KAFKA_USER": kafka.username, "T_KAFKA_PASSWORD": kafka.password,
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "T_KAFKA_USER": kafka.username,
+        "T_KAFKA_PASSWORD": kafka.password,
         "T_REGISTRY_USERINFO": f"{registry.username}:{registry.password}",
         "T_OAUTH": secrets["planted oauthbearer config"],
         "T_AWS": secrets["planted storage secret"],
-    }  # fmt: skip
+    }
     client = tmp_path / "client.properties"
     client.write_text(
         "# as Kafka's own client.properties\n"
@@ -131,12 +133,29 @@ def test_publish_replicate_status_over_sasl_ssl_with_secrets_nowhere(
     common = ["--bootstrap-servers", kafka.bootstrap_servers, "--topic", topic]
     port = free_port()
     pub_cmd = [
-        sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src, *common,
-        "--schema-registry", registry.url, "--registry-config-file", str(reg_props),
-        "--checkpoint", ck, "--starting-version", "1",
-        "--trigger-interval", "500ms", "--producer-config-file", str(client), *storage,
-        "--metrics-port", str(port),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "publish",
+        "--table",
+        src,
+        *common,
+        "--schema-registry",
+        registry.url,
+        "--registry-config-file",
+        str(reg_props),
+        "--checkpoint",
+        ck,
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "500ms",
+        "--producer-config-file",
+        str(client),
+        *storage,
+        "--metrics-port",
+        str(port),
+    ]
     pub_out, pub_err = open(work / "publish.out", "wb"), open(work / "publish.err", "wb")
     proc = subprocess.Popen(pub_cmd, stdout=pub_out, stderr=pub_err, env=env)
     found: list[str] = []
@@ -196,13 +215,30 @@ def test_publish_replicate_status_over_sasl_ssl_with_secrets_nowhere(
     assert "publishing" in start_line and "'sasl.password': '***'" in start_line, start_line
 
     rep = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", "replicate", *common,
-         "--schema-registry", userinfo_url, "--registry-config",
-         f"ssl.ca.location={registry.ca_pem}", "--target", dst,
-         "--consumer-config-file", str(client), *storage,
-         "--idle-timeout", "5", "--max-batch-interval", "500ms"],
-        capture_output=True, env=env, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_cdf.cli",
+            "replicate",
+            *common,
+            "--schema-registry",
+            userinfo_url,
+            "--registry-config",
+            f"ssl.ca.location={registry.ca_pem}",
+            "--target",
+            dst,
+            "--consumer-config-file",
+            str(client),
+            *storage,
+            "--idle-timeout",
+            "5",
+            "--max-batch-interval",
+            "500ms",
+        ],
+        capture_output=True,
+        env=env,
+        timeout=300,
+    )
     (work / "replicate.out").write_bytes(rep.stdout)
     (work / "replicate.err").write_bytes(rep.stderr)
     assert rep.returncode == 0, rep.stderr.decode()[-3000:]
@@ -211,23 +247,53 @@ def test_publish_replicate_status_over_sasl_ssl_with_secrets_nowhere(
     assert_replica_equals_source(src, dst)
 
     status = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", "status", "--table", src, "--checkpoint", ck,
-         "--replica", dst, "--json", *storage],
-        capture_output=True, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_cdf.cli",
+            "status",
+            "--table",
+            src,
+            "--checkpoint",
+            ck,
+            "--replica",
+            dst,
+            "--json",
+            *storage,
+        ],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     assert status.returncode == 0, status.stderr.decode()
     assert b'"replica_lag": 0' in status.stdout, status.stdout
     found += _scan(secrets, "status", status.stdout + status.stderr)
 
     # a wrong password is refused, and its error names no secret either
     bad = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", "replicate", *common,
-         "--schema-registry", userinfo_url, "--registry-config",
-         f"ssl.ca.location={registry.ca_pem}", "--target", str(work / "never.lance"),
-         "--consumer-config-file", str(client), "--consumer-config",
-         "sasl.password=${env:T_OAUTH}", "--idle-timeout", "2"],
-        capture_output=True, env=env, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_cdf.cli",
+            "replicate",
+            *common,
+            "--schema-registry",
+            userinfo_url,
+            "--registry-config",
+            f"ssl.ca.location={registry.ca_pem}",
+            "--target",
+            str(work / "never.lance"),
+            "--consumer-config-file",
+            str(client),
+            "--consumer-config",
+            "sasl.password=${env:T_OAUTH}",
+            "--idle-timeout",
+            "2",
+        ],
+        capture_output=True,
+        env=env,
+        timeout=120,
+    )
     assert bad.returncode != 0
     found += _scan(secrets, "a failed replicate", bad.stdout + bad.stderr)
 
@@ -256,9 +322,11 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     kafka, registry = secure_kafka_broker, secure_schema_registry
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(
-        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=50,
-    )  # fmt: skip
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=50,
+    )
     topic = f"eo-sasl-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers, **kafka.client_config})
     admin.create_topics([NewTopic(topic, 2, 1)])[topic].result(30)
@@ -276,17 +344,44 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
         "T_KAFKA_PASSWORD": kafka.password,
         "T_REGISTRY_USERINFO": f"{registry.username}:{registry.password}",
     }
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka.bootstrap_servers,
-            "--topic", topic, "--schema-registry", registry.url, "--checkpoint",
-            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
-            "--max-rows-per-trigger", "60", "--producer-config-file", str(client),
-            "--registry-config-file", str(reg)]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--key",
+        "id",
+        "--max-rows-per-trigger",
+        "60",
+        "--producer-config-file",
+        str(client),
+        "--registry-config-file",
+        str(reg),
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
     cmd = killable_publish(args)
     kills = publish_under_kills(
-        cmd, env, uri, random.Random(34), kills_total=5, group_most=2, group_p=0.3,
-        pause=(2, 6), commits=30, restart_at=3, restart=kafka.restart,
-    )  # fmt: skip
+        cmd,
+        env,
+        uri,
+        random.Random(34),
+        kills_total=5,
+        group_most=2,
+        group_p=0.3,
+        pause=(2, 6),
+        commits=30,
+        restart_at=3,
+        restart=kafka.restart,
+    )
     assert kills["group"] >= 1 and kills["worker"] >= 1, kills
     for k, v in secrets_env.items():
         monkeypatch.setenv(k, v)
@@ -294,7 +389,12 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
     got, _ = consume_by_key(
-        kafka.bootstrap_servers, topic, registry.url, count + 1, isolation="read_committed",
-        config=kafka.client_config, registry_config=registry.client_config,
-    )  # fmt: skip
+        kafka.bootstrap_servers,
+        topic,
+        registry.url,
+        count + 1,
+        isolation="read_committed",
+        config=kafka.client_config,
+        registry_config=registry.client_config,
+    )
     assert got == want  # every change once, per key in commit order

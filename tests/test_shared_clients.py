@@ -17,8 +17,9 @@ SCHEMA = pa.schema([("id", pa.int64())])
 def test_publishers_with_the_same_settings_share_their_clients():
     a = KafkaChangePublisher("127.0.0.1:1", "a", "mock://shared", SCHEMA, "p.a")
     b = KafkaChangePublisher("127.0.0.1:1", "b", "mock://shared", SCHEMA, "p.b")
-    other = KafkaChangePublisher("127.0.0.1:1", "c", "mock://shared", SCHEMA, "p.c",
-                                 producer_config={"linger.ms": "5"})  # fmt: skip
+    other = KafkaChangePublisher(
+        "127.0.0.1:1", "c", "mock://shared", SCHEMA, "p.c", producer_config={"linger.ms": "5"}
+    )
     try:
         assert a.producer is b.producer and a._failures is b._failures
         assert a.registry is b.registry and a._consumer() is b._consumer()
@@ -42,16 +43,22 @@ def test_tables_sharing_a_consumer_each_read_their_own_last_records(kafka_broker
     for f in admin.create_topics([NewTopic(t, 2, 1) for t in topics.values()]).values():
         f.result(30)
     pubs = {n: KafkaChangePublisher(bs, t, reg, SCHEMA, f"p.{n}") for n, t in topics.items()}
-    writers = {n: TransactionWriter(bs, f"{t}.transaction", reg, f"p.{n}")
-               for n, t in topics.items()}  # fmt: skip
+    writers = {
+        n: TransactionWriter(bs, f"{t}.transaction", reg, f"p.{n}") for n, t in topics.items()
+    }
     try:
         assert pubs["a"].producer is pubs["b"].producer
         assert pubs["a"]._consumer() is pubs["b"]._consumer()
         assert writers["a"].producer is writers["b"].producer
 
         def put(name: str, partition: int, position: str) -> None:
-            pubs[name].producer.produce(topics[name], key=b"k", value=b"v", partition=partition,
-                                        headers={POSITION_HEADER: position.encode()})  # fmt: skip
+            pubs[name].producer.produce(
+                topics[name],
+                key=b"k",
+                value=b"v",
+                partition=partition,
+                headers={POSITION_HEADER: position.encode()},
+            )
             pubs[name].flush()
 
         put("a", 0, "5.2.1.0")

@@ -20,16 +20,24 @@ from lance_cdf.format.manifest import FLAG_SPILLED_ROW_LINEAGE
 from lance_cdf.format.table import TableLog
 
 SPILL = {"lance.row_lineage.spill": "true", "lance.row_lineage.inline_max_bytes": "16"}
-DATA_OPS = ["append", "delete_sparse", "delete_dense", "update", "upsert",
-            "upsert_delete_missing", "compact"]  # fmt: skip
+DATA_OPS = [
+    "append",
+    "delete_sparse",
+    "delete_dense",
+    "update",
+    "upsert",
+    "upsert_delete_missing",
+    "compact",
+]
 
 
 def spilled_fragments(uri: str) -> int:
     """Fragments of the latest version with a spilled (column) row-ID sequence."""
     table = TableLog(uri)
     manifest = table.manifest(table.latest_version, operation=False)
-    return sum(f.proto.WhichOneof("row_id_sequence") == "column_row_ids"
-               for f in manifest.fragments)  # fmt: skip
+    return sum(
+        f.proto.WhichOneof("row_id_sequence") == "column_row_ids" for f in manifest.fragments
+    )
 
 
 @pytest.mark.parametrize("seed,spill_at", [(0, 1), (1, 1), (2, 6), (3, 10)])
@@ -55,16 +63,18 @@ def test_spilled_sequences_match_the_snapshot_oracle(tmp_path, seed, spill_at):
         if op in DATA_OPS and op != "compact":
             assert lance_delta_ids(uri, version) == (
                 sorted(events.filter(_at(events, version, "insert"))["_rowid"].to_pylist()),
-                sorted(events.filter(_at(events, version, "update_postimage"))["_rowid"]
-                       .to_pylist()),
+                sorted(
+                    events.filter(_at(events, version, "update_postimage"))["_rowid"].to_pylist()
+                ),
                 sorted(events.filter(_at(events, version, "delete"))["_rowid"].to_pylist()),
-            ), op  # fmt: skip
+            ), op
 
 
 def _at(events: pa.Table, version: int, kind: str) -> pa.Array:
     pc = pa.compute
-    return pc.and_(pc.equal(events["_commit_version"], version),
-                   pc.equal(events["_change_type"], kind))  # fmt: skip
+    return pc.and_(
+        pc.equal(events["_commit_version"], version), pc.equal(events["_change_type"], kind)
+    )
 
 
 def test_one_version_of_a_spilled_table_in_a_fresh_call(tmp_path):
@@ -72,9 +82,11 @@ def test_one_version_of_a_spilled_table_in_a_fresh_call(tmp_path):
     fragments it compares (fresh process caches aside: a fresh feed)."""
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(
-        pa.table({"id": list(range(2000)), "s": [str(i) for i in range(2000)]}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=500,
-    )  # fmt: skip
+        pa.table({"id": list(range(2000)), "s": [str(i) for i in range(2000)]}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=500,
+    )
     lance.dataset(uri).update_config(SPILL)
     lance.dataset(uri).update({"s": "'x'"}, where="id % 9 = 4")
     lance.dataset(uri).update({"s": "'y'"}, where="id = 13")
@@ -82,8 +94,9 @@ def test_one_version_of_a_spilled_table_in_a_fresh_call(tmp_path):
     assert spilled_fragments(uri) > 0
     got = lance_cdf.read_changes(uri, v, v).read_all().to_pylist()
     assert [(e["_change_type"], e["id"], e["s"]) for e in got] == [
-        ("update_preimage", 13, "x"), ("update_postimage", 13, "y"),
-    ]  # fmt: skip
+        ("update_preimage", 13, "x"),
+        ("update_postimage", 13, "y"),
+    ]
 
 
 @dataclass

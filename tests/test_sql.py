@@ -10,8 +10,17 @@ from workload import Workload
 
 import lance_cdf
 
-OPS = ["append", "update", "upsert", "delete_sparse", "delete_dense", "upsert_delete_missing",
-       "compact", "add_column", "restore"]  # fmt: skip
+OPS = [
+    "append",
+    "update",
+    "upsert",
+    "delete_sparse",
+    "delete_dense",
+    "upsert_delete_missing",
+    "compact",
+    "add_column",
+    "restore",
+]
 
 
 def expected(uri, start, end=None) -> list:

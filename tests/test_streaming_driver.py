@@ -294,9 +294,11 @@ def test_the_source_runner_takes_the_schema_from_load_not_from_pylance(tmp_path)
         blob = tmp_path / f"{uri.rsplit('/', 1)[-1]}.pickle"
         blob.write_bytes(cloudpickle.dumps((source, struct)))  # as Spark hands it on
         out = subprocess.run(
-            [sys.executable, "-c", _RUNNER, str(blob)], capture_output=True, text=True,
+            [sys.executable, "-c", _RUNNER, str(blob)],
+            capture_output=True,
+            text=True,
             check=True,
-        ).stdout.split("\n", 1)  # fmt: skip
+        ).stdout.split("\n", 1)
         return out[0].split(), out[1].strip()
 
     uri = make(tmp_path)

@@ -46,8 +46,9 @@ def history(uri):
     )  # v5
     lance.dataset(uri).update({"s": "s"}, where="id > 100")  # v6: rewritten, same values
     src = pa.table({"id": [1, 2, 200], "s": ["m", "m", "new"]})
-    lance.dataset(uri).merge_insert("id").when_matched_update_all().when_not_matched_insert_all(
-    ).execute(src)  # v7  # fmt: skip
+    lance.dataset(uri).merge_insert(
+        "id"
+    ).when_matched_update_all().when_not_matched_insert_all().execute(src)  # v7
 
 
 def spark_rows_as_events(rows) -> pa.Table:
@@ -93,8 +94,7 @@ def test_snapshot_offsets_and_partitions_on_the_driver(tmp_path):
     uri = make(tmp_path)
     history(uri)
     v0 = lance.dataset(uri).version
-    reader = stream_reader(uri, startingVersion="snapshot", maxRowsPerTrigger=7,
-                           rowsPerPartition=3)  # fmt: skip
+    reader = stream_reader(uri, startingVersion="snapshot", maxRowsPerTrigger=7, rowsPerPartition=3)
     start = reader.initialOffset()
     assert plain(start) == {"version": v0, "snapshot": {"fragment": 0, "offset": 0}}
     batches = drain(reader, start)
@@ -119,8 +119,13 @@ def test_snapshot_offsets_and_partitions_on_the_driver(tmp_path):
 def test_net_changes_batch_partitions_by_rowid_equal_read_changes(tmp_path):
     uri = make(tmp_path)
     history(uri)
-    options = {"path": uri, "startingVersion": "2", "endingVersion": "7", "netChanges": "true",
-               "rowsPerPartition": "5"}  # fmt: skip
+    options = {
+        "path": uri,
+        "startingVersion": "2",
+        "endingVersion": "7",
+        "netChanges": "true",
+        "rowsPerPartition": "5",
+    }
     resolved = resolve(options, streaming=False)
     reader = LanceCdfBatchReader(resolved, spark_schema(resolved.user_schema))
     parts = reader.partitions()
@@ -129,9 +134,11 @@ def test_net_changes_batch_partitions_by_rowid_equal_read_changes(tmp_path):
     want = lance_cdf.read_changes(uri, 2, 7, net=True).read_all()
     key = ["_rowid", "_change_type"]
     assert sorted(got.select(key).to_pylist(), key=repr) == sorted(
-        want.select(key).cast(pa.schema([("_rowid", pa.int64()), ("_change_type", pa.string())]))
-        .to_pylist(), key=repr,
-    )  # fmt: skip
+        want.select(key)
+        .cast(pa.schema([("_rowid", pa.int64()), ("_change_type", pa.string())]))
+        .to_pylist(),
+        key=repr,
+    )
     assert got.num_rows == want.num_rows
     # 6..7: v6's rewrites with unchanged values are net update pairs, then dropped
     options.update(startingVersion="6", rowsPerPartition="3")
@@ -198,11 +205,13 @@ def test_bootstrap_after_cleanup_restarted_mid_snapshot(spark, tmp_path):
     changes = changes.take(
         sorted(
             range(changes.num_rows),
-            key=lambda i: (changes["_commit_version"][i].as_py(),
-                           order[changes["_change_type"][i].as_py()],
-                           changes["_rowid"][i].as_py()),
+            key=lambda i: (
+                changes["_commit_version"][i].as_py(),
+                order[changes["_change_type"][i].as_py()],
+                changes["_rowid"][i].as_py(),
+            ),
         )
-    )  # fmt: skip
+    )
     assert set(changes["_commit_version"].to_pylist()) == {v0 + 1, v0 + 2}
     replica = apply_events(changes, apply_events(snap))
     assert replica == table_state(uri, v0 + 2)
@@ -217,14 +226,22 @@ def test_net_changes_and_dropped_carry_overs_per_micro_batch(spark, tmp_path):
         batches.append(df.collect())
 
     reader = spark.readStream.format("lance-cdf").option("path", uri)
-    opts = dict(startingVersion=2, maxVersionsPerTrigger=3, netChanges="true",
-                dropUnchangedUpdates="true", rowsPerPartition=4)  # fmt: skip
+    opts = dict(
+        startingVersion=2,
+        maxVersionsPerTrigger=3,
+        netChanges="true",
+        dropUnchangedUpdates="true",
+        rowsPerPartition=4,
+    )
     for k, v in opts.items():
         reader = reader.option(k, v)
     q = (
-        reader.load().writeStream.foreachBatch(collect)
-        .option("checkpointLocation", str(tmp_path / "ck")).trigger(availableNow=True).start()
-    )  # fmt: skip
+        reader.load()
+        .writeStream.foreachBatch(collect)
+        .option("checkpointLocation", str(tmp_path / "ck"))
+        .trigger(availableNow=True)
+        .start()
+    )
     assert q.awaitTermination(180)
     # maxVersionsPerTrigger=3 from version 2: micro-batches 2..4 and 5..7
     ends = [json.loads(p["sources"][0]["endOffset"])["version"] for p in q.recentProgress]

@@ -36,8 +36,10 @@ def churn(uri, so, base=1000):
 def expected_rows(uri, so, start=1):
     t = lance_cdf.read_changes(uri, start, storage_options=so).read_all()
     t = t.drop_columns(["_commit_timestamp"])
-    return sorted((r["_commit_version"], r["_change_type"], r["_rowid"], r["id"], r["s"])
-                  for r in t.to_pylist())  # fmt: skip
+    return sorted(
+        (r["_commit_version"], r["_change_type"], r["_rowid"], r["id"], r["s"])
+        for r in t.to_pylist()
+    )
 
 
 def spark_rows(collected):

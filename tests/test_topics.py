@@ -42,8 +42,11 @@ def brokers(tmp_path_factory, kafka_broker):
 
     def get(auto, partitions):
         if (auto, partitions) not in started:
-            broker = KafkaBroker(tmp_path_factory.mktemp("kafka-defaults"),
-                                 auto_create_topics=auto, num_partitions=partitions)  # fmt: skip
+            broker = KafkaBroker(
+                tmp_path_factory.mktemp("kafka-defaults"),
+                auto_create_topics=auto,
+                num_partitions=partitions,
+            )
             broker.start()
             own.append(broker)
             started[(auto, partitions)] = broker
@@ -112,28 +115,67 @@ def test_topics_are_created_on_purpose(brokers, auto, default):
     with pytest.raises(PublishError, match="--replication-factor"):
         ensure_topic(connection, f"wide-{run}", TopicSettings.of(1, 3))
 
-    made = {f"plain-{run}", f"asked-{run}", f"asked-{run}.transaction", f"theirs-{run}",
-            f"theirs-{run}.transaction"}  # fmt: skip
+    made = {
+        f"plain-{run}",
+        f"asked-{run}",
+        f"asked-{run}.transaction",
+        f"theirs-{run}",
+        f"theirs-{run}.transaction",
+    }
     assert topics_of(bootstrap) - before == made  # (`missing` among them on no broker)
 
 
-@pytest.mark.parametrize("auto,default,flags", [
-    (True, 3, []),  # the broker's count, where its metadata request used to create both
-    (False, 1, ["--partitions", "2", "--replication-factor", "1",
-                "--topic-config", "retention.ms=7200000"]),
-], ids=["auto-3", "strict-1-asked"])  # fmt: skip
+@pytest.mark.parametrize(
+    "auto,default,flags",
+    [
+        (True, 3, []),  # the broker's count, where its metadata request used to create both
+        (
+            False,
+            1,
+            [
+                "--partitions",
+                "2",
+                "--replication-factor",
+                "1",
+                "--topic-config",
+                "retention.ms=7200000",
+            ],
+        ),
+    ],
+    ids=["auto-3", "strict-1-asked"],
+)
 def test_publish_a_table_whatever_the_brokers_defaults(
     brokers, schema_registry, tmp_path, auto, default, flags
 ):
     bootstrap = brokers(auto, default).bootstrap_servers
     uri = make_table(str(tmp_path / "t.lance"), seed=46)
     topic = f"defaults-{uuid.uuid4().hex[:8]}"
-    assert main([
-        "publish", "--table", uri, "--topic", topic, "--bootstrap-servers", bootstrap,
-        "--schema-registry", schema_registry.url, "--checkpoint", str(tmp_path / "ck"),
-        "--starting-version", "1", "--key", "id", "--table-name", "shop.items",
-        "--available-now", *flags,
-    ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                uri,
+                "--topic",
+                topic,
+                "--bootstrap-servers",
+                bootstrap,
+                "--schema-registry",
+                schema_registry.url,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--starting-version",
+                "1",
+                "--key",
+                "id",
+                "--table-name",
+                "shop.items",
+                "--available-now",
+                *flags,
+            ]
+        )
+        == 0
+    )
     partitions = 2 if flags else default
     assert partitions_of(bootstrap, topic) == partitions
     assert partitions_of(bootstrap, f"{topic}.transaction") == 1
@@ -146,8 +188,9 @@ def test_publish_a_table_whatever_the_brokers_defaults(
     assert got == want
     assert len(set(partition_of.values())) > 1  # the keys spread over the partitions
     counts = change_counts(bootstrap, topic)
-    check_transactions(transactions(bootstrap, f"{topic}.transaction", schema_registry.url),
-                       counts, "shop.items")  # fmt: skip
+    check_transactions(
+        transactions(bootstrap, f"{topic}.transaction", schema_registry.url), counts, "shop.items"
+    )
 
 
 @pytest.mark.parametrize("auto,default", [(True, 3), (False, 3)], ids=["auto-3", "strict-3"])
@@ -168,12 +211,31 @@ def test_publish_a_database_gives_each_table_a_partition_per_writer(
         lance.dataset(paths[name]).update({"s": "'u'"}, where="id % 4 = 0")
         lance.dataset(paths[name]).delete("id % 5 = 0")
     prefix = f"dbd{uuid.uuid4().hex[:6]}"
-    assert main([
-        "publish", "--database", root, "--topic-prefix", prefix, "--bootstrap-servers",
-        bootstrap, "--schema-registry", schema_registry.url, "--checkpoint",
-        str(tmp_path / "ck"), "--starting-version", "1", "--key", "id", "--writers", "2",
-        "--available-now",
-    ]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "publish",
+                "--database",
+                root,
+                "--topic-prefix",
+                prefix,
+                "--bootstrap-servers",
+                bootstrap,
+                "--schema-registry",
+                schema_registry.url,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--starting-version",
+                "1",
+                "--key",
+                "id",
+                "--writers",
+                "2",
+                "--available-now",
+            ]
+        )
+        == 0
+    )
     for name, path in paths.items():
         topic = f"{prefix}.{name}"
         assert partitions_of(bootstrap, topic) == 2, name  # one per writer

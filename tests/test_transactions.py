@@ -33,8 +33,14 @@ PARTITIONS = 3
 
 def read_all(bootstrap, topic):
     """Every record of every partition of `topic`, in partition order."""
-    c = Consumer({"bootstrap.servers": bootstrap, "group.id": uuid.uuid4().hex,
-                  "enable.auto.commit": False, "isolation.level": "read_committed"})  # fmt: skip
+    c = Consumer(
+        {
+            "bootstrap.servers": bootstrap,
+            "group.id": uuid.uuid4().hex,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+        }
+    )
     meta = c.list_topics(topic, timeout=10).topics[topic]
     ends = {}
     for p in meta.partitions:
@@ -127,23 +133,57 @@ def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
 ):
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(
-        pa.table({"id": np.arange(200), "s": ["a"] * 200}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=50,
-    )  # fmt: skip
+        pa.table({"id": np.arange(200), "s": ["a"] * 200}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=50,
+    )
     topic = f"txn-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-    args = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-            "--topic", topic, "--schema-registry", schema_registry.url, "--checkpoint",
-            str(tmp_path / "ck"), "--starting-version", "1", "--key", "id",
-            "--max-rows-per-trigger", "30", "--table-name", "shop.items"]  # fmt: skip
+    args = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--key",
+        "id",
+        "--max-rows-per-trigger",
+        "30",
+        "--table-name",
+        "shop.items",
+    ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds",
-           "--master", "local[2,100]"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        *args,
+        "--trigger-interval",
+        "0 seconds",
+        "--master",
+        "local[2,100]",
+    ]
     kills = publish_under_kills(
-        cmd, env, uri, random.Random(32), kills_total=6, group_most=3, group_p=0.5,
-        pause=(2, 6), commits=30,
-    )  # fmt: skip
+        cmd,
+        env,
+        uri,
+        random.Random(32),
+        kills_total=6,
+        group_most=3,
+        group_p=0.5,
+        pause=(2, 6),
+        commits=30,
+    )
     assert kills["group"] >= 2
     assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
     counts = change_counts(kafka_broker.bootstrap_servers, topic)
@@ -160,17 +200,51 @@ def test_no_transaction_metadata_writes_no_transaction_topic(
     lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
     lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
     topic = f"notxn-{uuid.uuid4().hex[:8]}"
-    common = ["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-              "--schema-registry", schema_registry.url, "--starting-version", "1",
-              "--available-now", "--master", "local[2]"]  # fmt: skip
-    assert main([*common, "--topic", topic, "--checkpoint", str(tmp_path / "a"),
-                 "--no-transaction-metadata"]) == 0  # fmt: skip
+    common = [
+        "publish",
+        "--table",
+        uri,
+        "--bootstrap-servers",
+        kafka_broker.bootstrap_servers,
+        "--schema-registry",
+        schema_registry.url,
+        "--starting-version",
+        "1",
+        "--available-now",
+        "--master",
+        "local[2]",
+    ]
+    assert (
+        main(
+            [
+                *common,
+                "--topic",
+                topic,
+                "--checkpoint",
+                str(tmp_path / "a"),
+                "--no-transaction-metadata",
+            ]
+        )
+        == 0
+    )
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     assert f"{topic}.transaction" not in admin.list_topics(timeout=10).topics
     # the same table to another topic, with a named transaction topic: versions 1 and 2
     other = f"{topic}-b"
-    assert main([*common, "--topic", other, "--checkpoint", str(tmp_path / "b"),
-                 "--transaction-topic", f"{other}-tx"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                *common,
+                "--topic",
+                other,
+                "--checkpoint",
+                str(tmp_path / "b"),
+                "--transaction-topic",
+                f"{other}-tx",
+            ]
+        )
+        == 0
+    )
     counts = change_counts(kafka_broker.bootstrap_servers, other)
     assert sorted(counts) == [1, 2]
     txns = transactions(kafka_broker.bootstrap_servers, f"{other}-tx", schema_registry.url)
@@ -192,16 +266,41 @@ def test_docs_consumer_example_sees_each_version_complete(tmp_path, kafka_broker
     lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
     lance.dataset(uri).delete("id < 3")
     topic = f"example-{uuid.uuid4().hex[:8]}"
-    assert main(["publish", "--table", uri, "--bootstrap-servers", kafka_broker.bootstrap_servers,
-                 "--schema-registry", schema_registry.url, "--starting-version", "1",
-                 "--available-now", "--master", "local[2]", "--topic", topic,
-                 "--checkpoint", str(tmp_path / "ck")]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                uri,
+                "--bootstrap-servers",
+                kafka_broker.bootstrap_servers,
+                "--schema-registry",
+                schema_registry.url,
+                "--starting-version",
+                "1",
+                "--available-now",
+                "--master",
+                "local[2]",
+                "--topic",
+                topic,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+            ]
+        )
+        == 0
+    )
     script = tmp_path / "transaction_example.py"
     script.write_text(docs_example())
-    env = {**os.environ, "BOOTSTRAP": kafka_broker.bootstrap_servers, "TOPIC": topic,
-           "REGISTRY": schema_registry.url, "GROUP": uuid.uuid4().hex}  # fmt: skip
-    run = subprocess.run([sys.executable, str(script)], env=env, capture_output=True,
-                         text=True, timeout=120)  # fmt: skip
+    env = {
+        **os.environ,
+        "BOOTSTRAP": kafka_broker.bootstrap_servers,
+        "TOPIC": topic,
+        "REGISTRY": schema_registry.url,
+        "GROUP": uuid.uuid4().hex,
+    }
+    run = subprocess.run(
+        [sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     assert sorted(run.stdout.splitlines()) == [
         "version 1 complete: 10 events",

@@ -84,13 +84,27 @@ def new_topic(bootstrap, prefix):
 
 def status(src, dst):
     out = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", "status", "--json", "--table", src,
-         "--replica", dst], capture_output=True, text=True, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "lance_cdf.cli",
+            "status",
+            "--json",
+            "--table",
+            src,
+            "--replica",
+            dst,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     text = subprocess.run(
         [sys.executable, "-m", "lance_cdf.cli", "status", "--table", src, "--replica", dst],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     return json.loads(out.stdout), text
 
 
@@ -102,19 +116,56 @@ def test_every_replica_commit_is_the_source_at_its_version_under_kills(
     bootstrap = kafka_broker.bootstrap_servers
     topic = new_topic(bootstrap, "whole")
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    publish = [sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src,
-               "--bootstrap-servers", bootstrap, "--topic", topic, "--schema-registry",
-               schema_registry.url, "--checkpoint", str(tmp_path / "ck"),
-               "--starting-version", "1", "--trigger-interval", "0 seconds",
-               "--master", "local[2]"]  # fmt: skip
-    replicate = [sys.executable, "-m", "lance_cdf.cli", "replicate", "--bootstrap-servers",
-                 bootstrap, "--topic", topic, "--schema-registry", schema_registry.url,
-                 "--target", dst, "--max-batch-rows", "120", "--max-batch-interval", "0.3",
-                 "--compact-every", "7", "--group-id", f"g-{topic}",
-                 # a killed consumer stays in its group until its session times out; static
-                 # membership lets the restarted one take its partitions over at once
-                 "--consumer-config", f"group.instance.id=replicator-{topic}",
-                 "--consumer-config", "session.timeout.ms=6000"]  # fmt: skip
+    publish = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "publish",
+        "--table",
+        src,
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--checkpoint",
+        str(tmp_path / "ck"),
+        "--starting-version",
+        "1",
+        "--trigger-interval",
+        "0 seconds",
+        "--master",
+        "local[2]",
+    ]
+    replicate = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "replicate",
+        "--bootstrap-servers",
+        bootstrap,
+        "--topic",
+        topic,
+        "--schema-registry",
+        schema_registry.url,
+        "--target",
+        dst,
+        "--max-batch-rows",
+        "120",
+        "--max-batch-interval",
+        "0.3",
+        "--compact-every",
+        "7",
+        "--group-id",
+        f"g-{topic}",
+        # a killed consumer stays in its group until its session times out; static
+        # membership lets the restarted one take its partitions over at once
+        "--consumer-config",
+        f"group.instance.id=replicator-{topic}",
+        "--consumer-config",
+        "session.timeout.ms=6000",
+    ]
     stop = threading.Event()
     rng = random.Random(3)
 
@@ -125,8 +176,13 @@ def test_every_replica_commit_is_the_source_at_its_version_under_kills(
             w.step(rng.choice(OPS))
             time.sleep(0.3)
 
-    pub = subprocess.Popen(publish, env=env, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, start_new_session=True)  # fmt: skip
+    pub = subprocess.Popen(
+        publish,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     commits = threading.Thread(target=writer, daemon=True)
     commits.start()
     kills, rep, log = 0, None, open(tmp_path / "replicate.log", "wb")
@@ -171,13 +227,39 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         w.step("append")  # 1-150 rows each
     bootstrap = kafka_broker.bootstrap_servers
     topic = new_topic(bootstrap, "pieces")
-    assert main(["publish", "--table", src, "--bootstrap-servers", bootstrap, "--topic", topic,
-                 "--schema-registry", schema_registry.url, "--checkpoint",
-                 str(tmp_path / "ck"), "--starting-version", "1", "--available-now",
-                 "--master", "local[2]"]) == 0  # fmt: skip
-    rep = Replicator(bootstrap, topic, schema_registry.url, dst, group_id=f"g-{topic}",
-                     max_batch_rows=15, max_batch_interval=0.3,
-                     max_pending_records=20)  # fmt: skip
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                src,
+                "--bootstrap-servers",
+                bootstrap,
+                "--topic",
+                topic,
+                "--schema-registry",
+                schema_registry.url,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--starting-version",
+                "1",
+                "--available-now",
+                "--master",
+                "local[2]",
+            ]
+        )
+        == 0
+    )
+    rep = Replicator(
+        bootstrap,
+        topic,
+        schema_registry.url,
+        dst,
+        group_id=f"g-{topic}",
+        max_batch_rows=15,
+        max_batch_interval=0.3,
+        max_pending_records=20,
+    )
     run_until_caught_up(rep, lance.dataset(src).version, dst)
     commits = replica_commits(dst)
     pieces = [p for _, p in commits if INSIDE_VERSION_PROPERTY in p]
@@ -192,12 +274,37 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
     # stopped inside a version: status says so
     w.step("append")
     w.step("append")
-    rep = Replicator(bootstrap, topic, schema_registry.url, dst, group_id=f"g-{topic}",
-                     max_batch_rows=15, max_batch_interval=0.3,
-                     max_pending_records=20)  # fmt: skip
-    assert main(["publish", "--table", src, "--bootstrap-servers", bootstrap, "--topic", topic,
-                 "--schema-registry", schema_registry.url, "--checkpoint",
-                 str(tmp_path / "ck"), "--available-now", "--master", "local[2]"]) == 0  # fmt: skip
+    rep = Replicator(
+        bootstrap,
+        topic,
+        schema_registry.url,
+        dst,
+        group_id=f"g-{topic}",
+        max_batch_rows=15,
+        max_batch_interval=0.3,
+        max_pending_records=20,
+    )
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                src,
+                "--bootstrap-servers",
+                bootstrap,
+                "--topic",
+                topic,
+                "--schema-registry",
+                schema_registry.url,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--available-now",
+                "--master",
+                "local[2]",
+            ]
+        )
+        == 0
+    )
     rep._take = _stop_after_first_piece(rep)
     rep.run(idle_timeout=4)
     report, text = status(src, dst)
@@ -226,8 +333,11 @@ def run_until_caught_up(rep, version, dst, within=180.0):
             commits = replica_commits(dst)
         except (OSError, ValueError):  # (no replica yet: created with the first batch)
             commits = []
-        held = {int(p.get(SOURCE_VERSION_PROPERTY, 0)) for _, p in commits
-                if INSIDE_VERSION_PROPERTY not in p}  # fmt: skip
+        held = {
+            int(p.get(SOURCE_VERSION_PROPERTY, 0))
+            for _, p in commits
+            if INSIDE_VERSION_PROPERTY not in p
+        }
         if version in held:
             break
         time.sleep(0.5)
@@ -257,12 +367,33 @@ def test_without_a_transaction_topic_no_source_version_is_recorded(
     Workload(src, seed=9, rows=30).step("update")
     bootstrap = kafka_broker.bootstrap_servers
     topic = new_topic(bootstrap, "notxn")
-    assert main(["publish", "--table", src, "--bootstrap-servers", bootstrap, "--topic", topic,
-                 "--schema-registry", schema_registry.url, "--checkpoint",
-                 str(tmp_path / "ck"), "--starting-version", "1", "--available-now",
-                 "--master", "local[2]", "--no-transaction-metadata"]) == 0  # fmt: skip
-    rep = Replicator(bootstrap, topic, schema_registry.url, dst, group_id=f"g-{topic}",
-                     max_batch_interval=0.3)  # fmt: skip
+    assert (
+        main(
+            [
+                "publish",
+                "--table",
+                src,
+                "--bootstrap-servers",
+                bootstrap,
+                "--topic",
+                topic,
+                "--schema-registry",
+                schema_registry.url,
+                "--checkpoint",
+                str(tmp_path / "ck"),
+                "--starting-version",
+                "1",
+                "--available-now",
+                "--master",
+                "local[2]",
+                "--no-transaction-metadata",
+            ]
+        )
+        == 0
+    )
+    rep = Replicator(
+        bootstrap, topic, schema_registry.url, dst, group_id=f"g-{topic}", max_batch_interval=0.3
+    )
     rep.run(idle_timeout=3)
     position = rep.replica.position()
     assert SOURCE_VERSION_PROPERTY not in position

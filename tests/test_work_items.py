@@ -43,9 +43,12 @@ class Touch:
 def churn(uri, so=None):
     """Version 1: 60 rows; 2: an update of 10; 3: a delete of 5."""
     lance.write_dataset(
-        pa.table({"id": np.arange(60), "s": [f"a{i}" for i in range(60)]}), uri,
-        enable_stable_row_ids=True, max_rows_per_file=17, storage_options=so,
-    )  # fmt: skip
+        pa.table({"id": np.arange(60), "s": [f"a{i}" for i in range(60)]}),
+        uri,
+        enable_stable_row_ids=True,
+        max_rows_per_file=17,
+        storage_options=so,
+    )
     lance.dataset(uri, storage_options=so).update({"s": "'u'"}, where="id < 10")
     lance.dataset(uri, storage_options=so).delete("id >= 55")
 
@@ -53,10 +56,17 @@ def churn(uri, so=None):
 def work_rows(uri, **options) -> list[pa.RecordBatch]:
     """The work-item rows of one micro-batch of everything from version 1, as the source's
     reader writes them (the driver's and the executors' steps, in this process)."""
-    source = LanceCdfDataSource({
-        "path": uri, "startingVersion": "1", "keyHash": "id", "writerSlots": "2",
-        "kafkaPartitions": "4", "rowsPerPartition": "7", **options,
-    })  # fmt: skip
+    source = LanceCdfDataSource(
+        {
+            "path": uri,
+            "startingVersion": "1",
+            "keyHash": "id",
+            "writerSlots": "2",
+            "kafkaPartitions": "4",
+            "rowsPerPartition": "7",
+            **options,
+        }
+    )
     reader = source.streamReader(source.schema())
     start = reader.initialOffset()
     shares = reader.partitions(start, reader.latestOffset(start, ReadAllAvailable()))
@@ -72,15 +82,22 @@ def test_a_work_item_reads_back_as_written_and_nothing_else(tmp_path):
     assert (item.slot, item.slots, item.kafka_partitions, item.key_hash) == (0, 2, 4, ("id",))
     assert item.planned == 60 + 2 * 10 + 5 and len(item.parts) > 4
     assert item.read_schema.names == ["id", "s"]
-    every = (ChangeSlices(((3, 0, 1), (4, 1, 2))), SnapshotSlice(5, 2, 10, 7),
-             NetSlice((2, 3), 1, 3))  # fmt: skip
+    every = (
+        ChangeSlices(((3, 0, 1), (4, 1, 2))),
+        SnapshotSlice(5, 2, 10, 7),
+        NetSlice((2, 3), 1, 3),
+    )
     again = replace(item, parts=every).to_batch()
     assert WorkItem.of(*(again.column(i)[0].as_py() for i in range(4))).parts == every
 
     good, schema = row.column("_work")[0].as_py(), row.column("_read_schema")[0].as_py()
     bad_documents = [
         pickle.dumps(Touch(str(tmp_path / "touched")), protocol=0).decode(),  # text pickle
-        "", "null", "[]", "{}", '"work"',
+        "",
+        "null",
+        "[]",
+        "{}",
+        '"work"',
         good.replace('"slots":2', '"slots":0'),
         good.replace('"slots":2', '"slots":2.0'),
         good.replace('"format":1', '"format":true'),
@@ -91,7 +108,7 @@ def test_a_work_item_reads_back_as_written_and_nothing_else(tmp_path):
         good.replace('"segments":[[1,0,', '"segments":[[1,9,', 1),
         good.replace('"segments":[[1,0,', '"segments":[[1,0,1,', 1),
         good[:-1] + ',"path":"/elsewhere"}',
-    ]  # fmt: skip
+    ]
     for document in bad_documents:
         with pytest.raises(WorkItemError, match="no lance-cdf work item") as refused:
             WorkItem.of(0, 80, document, schema)
@@ -123,16 +140,25 @@ def test_the_sink_writer_refuses_foreign_work_values_and_runs_none(tmp_path):
     """Straight to the sink's writer (as a Spark task calls it): a text pickle in a string
     `_work` column, a binary one; neither is run (no file appears), nothing is read."""
     touched = tmp_path / "touched"
-    options = {"kafka.bootstrap.servers": "127.0.0.1:1", "topic": "t",
-               "schema.registry.url": "http://127.0.0.1:1",
-               "table": str(tmp_path / "none")}  # fmt: skip
+    options = {
+        "kafka.bootstrap.servers": "127.0.0.1:1",
+        "topic": "t",
+        "schema.registry.url": "http://127.0.0.1:1",
+        "table": str(tmp_path / "none"),
+    }
     sink = spark_sink.LanceCdfKafkaSink(options)
     text = pickle.dumps(Touch(str(touched)), protocol=0).decode()
     row = pa.RecordBatch.from_pylist(
         [{"_writer_slot": 0, "_events": 1, "_work": text, "_read_schema": b"x"}],
-        schema=pa.schema([("_writer_slot", pa.int32()), ("_events", pa.int64()),
-                          ("_work", pa.string()), ("_read_schema", pa.binary())]),
-    )  # fmt: skip
+        schema=pa.schema(
+            [
+                ("_writer_slot", pa.int32()),
+                ("_events", pa.int64()),
+                ("_work", pa.string()),
+                ("_read_schema", pa.binary()),
+            ]
+        ),
+    )
     writer = sink.streamWriter(work_struct(), False)
     with pytest.raises(WorkItemError, match=re.escape(FIX)):
         writer.write(iter([row]))
@@ -157,17 +183,26 @@ def test_work_rows_hold_no_storage_option_and_the_sink_reads_with_its_own(
 
     def stream():
         reader = spark.readStream.format("lance-cdf").option("path", s3_uri)
-        options = {"startingVersion": 1, "keyHash": "id", "writerSlots": 2,
-                   "kafkaPartitions": 4, "rowsPerPartition": 7, **storage}  # fmt: skip
+        options = {
+            "startingVersion": 1,
+            "keyHash": "id",
+            "writerSlots": 2,
+            "kafkaPartitions": 4,
+            "rowsPerPartition": 7,
+            **storage,
+        }
         for k, v in options.items():
             reader = reader.option(k, v)
         return reader.load()
 
     q = (
-        stream().writeStream.format("memory").queryName("work_on_s3")
+        stream()
+        .writeStream.format("memory")
+        .queryName("work_on_s3")
         .option("checkpointLocation", str(tmp_path / "ck-memory"))
-        .trigger(availableNow=True).start()
-    )  # fmt: skip
+        .trigger(availableNow=True)
+        .start()
+    )
     q.awaitTermination(300)
     assert q.exception() is None
     rows = spark.sql("SELECT * FROM work_on_s3").collect()
@@ -183,21 +218,36 @@ def test_work_rows_hold_no_storage_option_and_the_sink_reads_with_its_own(
     admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
     spark_sink.register(spark)
     writer = stream().writeStream.format("lance-cdf-kafka")
-    sink = {"kafka.bootstrap.servers": kafka_broker.bootstrap_servers, "topic": topic,
-            "schema.registry.url": schema_registry.url, "table": s3_uri, "key": "id",
-            "checkpointLocation": str(tmp_path / "ck-kafka"), **storage}  # fmt: skip
+    sink = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "topic": topic,
+        "schema.registry.url": schema_registry.url,
+        "table": s3_uri,
+        "key": "id",
+        "checkpointLocation": str(tmp_path / "ck-kafka"),
+        **storage,
+    }
     q = writer.options(**sink).trigger(availableNow=True).start()
     q.awaitTermination(300)
     assert q.exception() is None
     events = lance_cdf.read_changes(s3_uri, 1, storage_options=so).read_all().to_pylist()
     want = Counter(
-        (e["id"], {"insert": "c", "update_postimage": "u", "delete": "d"}[e["_change_type"]],
-         e["_commit_version"]) for e in events if e["_change_type"] != "update_preimage"
-    )  # fmt: skip
+        (
+            e["id"],
+            {"insert": "c", "update_postimage": "u", "delete": "d"}[e["_change_type"]],
+            e["_commit_version"],
+        )
+        for e in events
+        if e["_change_type"] != "update_preimage"
+    )
     count = sum(want.values()) + sum(n for (_, op, _), n in want.items() if op == "d")
     got, _ = consume_by_key(kafka_broker.bootstrap_servers, topic, schema_registry.url, count)
-    published = Counter((key, op, version) for key, records in got.items()
-                        for op, version, _ in records if op is not None)  # fmt: skip
+    published = Counter(
+        (key, op, version)
+        for key, records in got.items()
+        for op, version, _ in records
+        if op is not None
+    )
     assert published == want
 
 
@@ -208,15 +258,28 @@ def test_a_foreign_work_column_fails_the_query_before_anything_runs(
     written to the sink: the query fails with WorkItemError, the file never appears."""
     touched = tmp_path / "touched"
     spark_sink.register(spark)
-    sink = {"kafka.bootstrap.servers": kafka_broker.bootstrap_servers, "topic": "unused",
-            "schema.registry.url": schema_registry.url,
-            "table": str(tmp_path / "none")}  # fmt: skip
-    binary = pa.table({"_writer_slot": pa.array([0], pa.int32()), "_events": [1],
-                       "_work": [pickle.dumps(Touch(str(touched)))]})  # fmt: skip
+    sink = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "topic": "unused",
+        "schema.registry.url": schema_registry.url,
+        "table": str(tmp_path / "none"),
+    }
+    binary = pa.table(
+        {
+            "_writer_slot": pa.array([0], pa.int32()),
+            "_events": [1],
+            "_work": [pickle.dumps(Touch(str(touched)))],
+        }
+    )
     schema = pa.schema([("id", pa.int64())]).serialize().to_pybytes()
-    text = pa.table({"_writer_slot": pa.array([0], pa.int32()), "_events": [1],
-                     "_work": [pickle.dumps(Touch(str(touched)), protocol=0).decode()],
-                     "_read_schema": [schema]})  # fmt: skip
+    text = pa.table(
+        {
+            "_writer_slot": pa.array([0], pa.int32()),
+            "_events": [1],
+            "_work": [pickle.dumps(Touch(str(touched)), protocol=0).decode()],
+            "_read_schema": [schema],
+        }
+    )
     for name, table in {"binary": binary, "text": text}.items():
         folder = tmp_path / name
         os.makedirs(folder)
@@ -224,10 +287,12 @@ def test_a_foreign_work_column_fails_the_query_before_anything_runs(
         columns = spark.read.parquet(str(folder)).schema
         stream = spark.readStream.schema(columns).parquet(str(folder))
         q = (
-            stream.writeStream.format("lance-cdf-kafka").options(**sink)
+            stream.writeStream.format("lance-cdf-kafka")
+            .options(**sink)
             .option("checkpointLocation", str(tmp_path / f"ck-{name}"))
-            .trigger(availableNow=True).start()
-        )  # fmt: skip
+            .trigger(availableNow=True)
+            .start()
+        )
         with contextlib.suppress(Exception):  # Spark's StreamingQueryException
             q.awaitTermination(300)
         error = str(q.exception())

@@ -173,8 +173,9 @@ class Workload:
     def cast(self):
         """Cast score between double and float (a type change with a new data file)."""
         t = self.ds.schema.field("score").type
-        self.ds.alter_columns({"path": "score", "data_type": pa.float32() if t == pa.float64()
-                               else pa.float64()})  # fmt: skip
+        self.ds.alter_columns(
+            {"path": "score", "data_type": pa.float32() if t == pa.float64() else pa.float64()}
+        )
 
     def _fit(self, rows: pa.Table) -> pa.Table:
         """Shape generated rows to the table's current schema (added columns filled)."""
@@ -192,10 +193,23 @@ class Workload:
         return pa.Table.from_arrays(cols, schema=schema)
 
     OPS = [
-        "append", "delete_sparse", "delete_dense", "update", "upsert",
-        "upsert_delete_missing", "compact", "index", "config", "add_column",
-        "drop_column", "overwrite", "restore", "rename", "cast", "delete_bulk",
-    ]  # fmt: skip
+        "append",
+        "delete_sparse",
+        "delete_dense",
+        "update",
+        "upsert",
+        "upsert_delete_missing",
+        "compact",
+        "index",
+        "config",
+        "add_column",
+        "drop_column",
+        "overwrite",
+        "restore",
+        "rename",
+        "cast",
+        "delete_bulk",
+    ]
     WEIGHTS = [4, 3, 3, 3, 3, 2, 2, 1, 1, 1, 1, 1, 2, 2, 1, 0]
 
     def step(self, op: str | None = None) -> str:

@@ -123,12 +123,14 @@ def _side_by_side(columns: list[np.ndarray], widths: list[int], n: int) -> np.nd
     A record dtype with one void field per column copies each column as whole
     elements, much faster than strided byte-slice assignments."""
     starts = np.cumsum([0, *widths[:-1]]).tolist()
-    dtype = np.dtype({
-        "names": [f"p{k}" for k in range(len(widths))],
-        "formats": [f"V{w}" for w in widths],
-        "offsets": starts,
-        "itemsize": sum(widths),
-    })  # fmt: skip
+    dtype = np.dtype(
+        {
+            "names": [f"p{k}" for k in range(len(widths))],
+            "formats": [f"V{w}" for w in widths],
+            "offsets": starts,
+            "itemsize": sum(widths),
+        }
+    )
     out = np.empty(n, dtype)
     for k, col in enumerate(columns):
         out[f"p{k}"] = col
@@ -169,10 +171,15 @@ def _compact(group: list[Padded], n: int) -> Var:
         np.cumsum(total, out=offsets[1:])
         ones = np.frombuffer(b"\x01" * max(widths), np.uint8)
         keep = _side_by_side(
-            [np.frombuffer(ones[:w].tobytes(), f"V{w}") if p.lens is None
-             else _prefix_mask(p.lens, w) for p, w in zip(group, widths, strict=True)],
-            widths, n,
-        ).view(bool)  # fmt: skip
+            [
+                np.frombuffer(ones[:w].tobytes(), f"V{w}")
+                if p.lens is None
+                else _prefix_mask(p.lens, w)
+                for p, w in zip(group, widths, strict=True)
+            ],
+            widths,
+            n,
+        ).view(bool)
         data = m[keep]
     return Var(offsets, pa.py_buffer(data))
 
@@ -292,10 +299,16 @@ def _long_values(arr: pa.Array) -> np.ndarray:
 
 def _supported(t: pa.DataType) -> bool:
     if (
-        pat.is_boolean(t) or pat.is_integer(t) or pat.is_floating(t) or pat.is_string(t)
-        or pat.is_large_string(t) or pat.is_binary(t) or pat.is_large_binary(t)
-        or pat.is_fixed_size_binary(t) or pat.is_date(t)
-    ):  # fmt: skip
+        pat.is_boolean(t)
+        or pat.is_integer(t)
+        or pat.is_floating(t)
+        or pat.is_string(t)
+        or pat.is_large_string(t)
+        or pat.is_binary(t)
+        or pat.is_large_binary(t)
+        or pat.is_fixed_size_binary(t)
+        or pat.is_date(t)
+    ):
         return True
     if pat.is_timestamp(t) or pat.is_time(t):
         return cast(str, t.unit) != "ns"
@@ -534,7 +547,7 @@ def encode_changes(
         Padded(op),
         _const(
             _string_bytes(version) + _string_bytes("lance-cdf") + _string_bytes(table.prefix), n
-        ),  # fmt: skip
+        ),
         _zigzag_varint(commit_ms),  # source.ts_ms
         Padded(snapshot, snapshot_lens),
         _const(_string_bytes(table.uri) + _string_bytes(table.table), n),

@@ -65,7 +65,7 @@ _TAGGED = {
         pa.uint32(),
         pa.uint64(),
         pa.float16(),
-    )  # fmt: skip
+    )
 }
 OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 # Debezium's source.snapshot values used here ("true" for a snapshot read, "false" for a
@@ -217,9 +217,10 @@ def _python_rows(table: pa.Table) -> list[dict[str, Any]]:
             for m in maps:
                 if row[m] is not None:
                     row[m] = (
-                        dict(row[m]) if m in string_keyed
+                        dict(row[m])
+                        if m in string_keyed
                         else [{"key": k, "value": v} for k, v in row[m]]
-                    )  # fmt: skip
+                    )
     return rows
 
 
@@ -308,9 +309,14 @@ def change_records(
 
 # -- the way back: Avro schemas of published records -> Arrow (the replicator) ----------
 _AVRO_PRIMITIVES = {
-    "int": pa.int32(), "long": pa.int64(), "float": pa.float32(), "double": pa.float64(),
-    "boolean": pa.bool_(), "string": pa.string(), "bytes": pa.binary(),
-}  # fmt: skip
+    "int": pa.int32(),
+    "long": pa.int64(),
+    "float": pa.float32(),
+    "double": pa.float64(),
+    "boolean": pa.bool_(),
+    "string": pa.string(),
+    "bytes": pa.binary(),
+}
 
 
 def arrow_type(t: Any) -> tuple[pa.DataType, bool]:

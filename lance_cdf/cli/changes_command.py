@@ -27,18 +27,24 @@ def changes_parser(sub: Subcommands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     changes.add_argument(
-        "uri", help="table path or URI (file://, s3://, gs://, az://); with --database: the "
+        "uri",
+        help="table path or URI (file://, s3://, gs://, az://); with --database: the "
         "table's name (e.g. sales.orders)",
-    )  # fmt: skip
+    )
     changes.add_argument(
-        "--database", default=None, metavar="DIR",
+        "--database",
+        default=None,
+        metavar="DIR",
         help="a LanceDB database / Lance directory namespace (path or URI) holding the table",
-    )  # fmt: skip
+    )
     changes.add_argument(
-        "--from", dest="start", type=int, default=None,
+        "--from",
+        dest="start",
+        type=int,
+        default=None,
         help="first version (required, except with --snapshot: the version to snapshot, "
         "default latest)",
-    )  # fmt: skip
+    )
     changes.add_argument(
         "--to", dest="end", type=int, default=None, help="last version (default: latest)"
     )
@@ -46,27 +52,35 @@ def changes_parser(sub: Subcommands) -> None:
         "--columns", type=csv_list, default=None, help="comma-separated columns to include"
     )
     changes.add_argument(
-        "--format", choices=["table", "jsonl", "parquet"], default="table",
+        "--format",
+        choices=["table", "jsonl", "parquet"],
+        default="table",
         help="table (readable, default), jsonl (one event per line) or parquet (needs --output)",
-    )  # fmt: skip
+    )
     changes.add_argument("--output", default=None, help="write to this file instead of stdout")
     changes.add_argument(
-        "--snapshot", action="store_true",
+        "--snapshot",
+        action="store_true",
         help="first the table as it stands at version FROM as snapshot events, then the "
         "changes of FROM+1..TO",
-    )  # fmt: skip
+    )
     changes.add_argument(
-        "--net", action="store_true",
+        "--net",
+        action="store_true",
         help="net changes over the range: at most one event (an update: one pair) per row",
-    )  # fmt: skip
+    )
     changes.add_argument(
-        "--drop-unchanged-updates", action="store_true",
+        "--drop-unchanged-updates",
+        action="store_true",
         help="leave out updates whose before and after images are equal on every column shown",
-    )  # fmt: skip
+    )
     changes.add_argument(
-        "--storage-option", action="append", default=[], metavar="KEY=VALUE",
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
         help="storage option passed to Lance (repeatable)",
-    )  # fmt: skip
+    )
     changes.set_defaults(func=cmd_changes)
 
 
@@ -81,10 +95,16 @@ def cmd_changes(args: argparse.Namespace) -> int:
     if args.start is None and not args.snapshot:
         raise LanceCdfError("give --from VERSION (or --snapshot to start from a snapshot)")
     reader = read_changes(
-        args.uri, args.start, args.end, columns=args.columns,
-        storage_options=storage_options(args.storage_option), snapshot=args.snapshot, net=args.net,
-        drop_unchanged_updates=args.drop_unchanged_updates, database=args.database,
-    )  # fmt: skip
+        args.uri,
+        args.start,
+        args.end,
+        columns=args.columns,
+        storage_options=storage_options(args.storage_option),
+        snapshot=args.snapshot,
+        net=args.net,
+        drop_unchanged_updates=args.drop_unchanged_updates,
+        database=args.database,
+    )
     if args.format == "parquet":
         if not args.output:
             raise LanceCdfError("--format parquet writes a file: add --output PATH")

@@ -37,8 +37,9 @@ def kafka_endpoint_flags(parser: argparse.ArgumentParser, topic_required: bool =
     """The broker, topic and schema registry publish writes to and replicate reads from."""
     parser.add_argument("--bootstrap-servers", required=True, metavar="HOST:PORT")
     parser.add_argument("--topic", required=topic_required)
-    parser.add_argument("--schema-registry", required=True, metavar="URL",
-                        help="Confluent-compatible registry URL")  # fmt: skip
+    parser.add_argument(
+        "--schema-registry", required=True, metavar="URL", help="Confluent-compatible registry URL"
+    )
 
 
 def client_settings_flags(parser: argparse.ArgumentParser, client: str, table: str) -> None:
@@ -61,9 +62,13 @@ def client_settings_flags(parser: argparse.ArgumentParser, client: str, table: s
             help=help_text + " (repeatable; ${env:NAME} reads a variable)",
         )
     for name in (client, "registry"):
-        parser.add_argument(f"--{name}-config-file", default=None, metavar="FILE",
-                            help=f"{name} settings in Java-properties form (Kafka's "
-                            f"client.properties); --{name}-config flags win")  # fmt: skip
+        parser.add_argument(
+            f"--{name}-config-file",
+            default=None,
+            metavar="FILE",
+            help=f"{name} settings in Java-properties form (Kafka's "
+            f"client.properties); --{name}-config flags win",
+        )
 
 
 def client_settings(args: argparse.Namespace, name: str) -> dict[str, str]:
@@ -72,8 +77,12 @@ def client_settings(args: argparse.Namespace, name: str) -> dict[str, str]:
     from lance_cdf.ops.clientconfig import settings
 
     flag = f"--{name.replace('_', '-')}"
-    return settings(getattr(args, name), getattr(args, f"{name}_file", None),
-                    flag=flag, file_flag=f"{flag}-file")  # fmt: skip
+    return settings(
+        getattr(args, name),
+        getattr(args, f"{name}_file", None),
+        flag=flag,
+        file_flag=f"{flag}-file",
+    )
 
 
 def positive_int(value: str) -> int:
@@ -89,17 +98,32 @@ def positive_int(value: str) -> int:
 def topic_flags(parser: argparse.ArgumentParser) -> None:
     """How publish creates the topics it writes that do not exist yet (an existing topic
     is used as it is)."""
-    group = parser.add_argument_group("new topics (created with CreateTopics; one that "
-                                      "exists is used as it is)")  # fmt: skip
-    group.add_argument("--partitions", type=positive_int, default=None, metavar="N",
-                       help="partitions of a new change topic (default: the broker's "
-                       "num.partitions; with --database, one per writer)")  # fmt: skip
-    group.add_argument("--replication-factor", type=positive_int, default=None, metavar="N",
-                       help="replication factor of new topics (default: the broker's "
-                       "default.replication.factor)")  # fmt: skip
-    group.add_argument("--topic-config", action="append", default=[], metavar="KEY=VALUE",
-                       help="topic setting of new topics, e.g. min.insync.replicas=2 (repeatable; "
-                       "the transaction topic takes all but cleanup.policy)")  # fmt: skip
+    group = parser.add_argument_group(
+        "new topics (created with CreateTopics; one that exists is used as it is)"
+    )
+    group.add_argument(
+        "--partitions",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="partitions of a new change topic (default: the broker's "
+        "num.partitions; with --database, one per writer)",
+    )
+    group.add_argument(
+        "--replication-factor",
+        type=positive_int,
+        default=None,
+        metavar="N",
+        help="replication factor of new topics (default: the broker's default.replication.factor)",
+    )
+    group.add_argument(
+        "--topic-config",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="topic setting of new topics, e.g. min.insync.replicas=2 (repeatable; "
+        "the transaction topic takes all but cleanup.policy)",
+    )
 
 
 def topic_settings(args: argparse.Namespace) -> TopicSettings:
@@ -111,12 +135,21 @@ def topic_settings(args: argparse.Namespace) -> TopicSettings:
 
 
 def metrics_flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--metrics-port", type=int, default=None, metavar="PORT",
-                        help="serve Prometheus metrics at http://HOST:PORT/metrics (lag, "
-                        "events/s, batches, failures; 0 = any free port)")  # fmt: skip
-    parser.add_argument("--metrics-host", default="127.0.0.1", metavar="HOST",
-                        help="address the metrics endpoint listens on (default 127.0.0.1; "
-                        "0.0.0.0 for a scraper on another host)")  # fmt: skip
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="serve Prometheus metrics at http://HOST:PORT/metrics (lag, "
+        "events/s, batches, failures; 0 = any free port)",
+    )
+    parser.add_argument(
+        "--metrics-host",
+        default="127.0.0.1",
+        metavar="HOST",
+        help="address the metrics endpoint listens on (default 127.0.0.1; "
+        "0.0.0.0 for a scraper on another host)",
+    )
 
 
 def seconds(value: str) -> float:
@@ -163,21 +196,32 @@ def database_flags(pub: argparse.ArgumentParser) -> None:
         if action.dest == "topic":
             action.required = False
     group = pub.add_argument_group("a whole database (instead of --table and --topic)")
-    group.add_argument("--database", default=None, metavar="URI",
-                       help="a LanceDB database / Lance directory namespace: publish every "
-                       "table (new ones within 10 s), each to PREFIX.<qualified name>")  # fmt: skip
-    group.add_argument("--topic-prefix", default=None, metavar="PREFIX",
-                       help="with --database: table sales.orders goes to topic "
-                       "PREFIX.sales.orders (records PREFIX.sales.orders.Envelope)")  # fmt: skip
+    group.add_argument(
+        "--database",
+        default=None,
+        metavar="URI",
+        help="a LanceDB database / Lance directory namespace: publish every "
+        "table (new ones within 10 s), each to PREFIX.<qualified name>",
+    )
+    group.add_argument(
+        "--topic-prefix",
+        default=None,
+        metavar="PREFIX",
+        help="with --database: table sales.orders goes to topic "
+        "PREFIX.sales.orders (records PREFIX.sales.orders.Envelope)",
+    )
     group.add_argument(
         "--include",
         default=None,
         metavar="REGEX",
         help="with --database: only tables whose whole qualified name matches",
     )
-    group.add_argument("--exclude", default=None, metavar="REGEX",
-                       help="with --database: leave out tables whose whole qualified name "
-                       "matches")  # fmt: skip
+    group.add_argument(
+        "--exclude",
+        default=None,
+        metavar="REGEX",
+        help="with --database: leave out tables whose whole qualified name matches",
+    )
 
 
 @contextlib.contextmanager

@@ -48,47 +48,85 @@ def publish_parser(sub: Subcommands) -> None:
     pub.add_argument(
         "--checkpoint", required=True, metavar="DIR", help="Spark checkpoint directory"
     )
-    pub.add_argument("--starting-version", default=None,
-                     help="first version of a new checkpoint: a number, latest (default) or "
-                     "earliest; with an existing checkpoint only its own start")  # fmt: skip
-    pub.add_argument("--snapshot", action="store_true",
-                     help="bootstrap: publish the table as it stands when the query first "
-                     "starts (op=r), then its changes (replaces --starting-version)")  # fmt: skip
-    pub.add_argument("--drop-unchanged-updates", action="store_true",
-                     help="do not publish updates that changed no column value")  # fmt: skip
-    pub.add_argument("--trigger-interval", type=trigger_interval, default=None,
-                     help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second' "
-                     "(default 500ms; 1s with --database: each table is listed per "
-                     "trigger)")  # fmt: skip
-    pub.add_argument("--available-now", action="store_true",
-                     help="publish everything up to the latest version, then exit")  # fmt: skip
+    pub.add_argument(
+        "--starting-version",
+        default=None,
+        help="first version of a new checkpoint: a number, latest (default) or "
+        "earliest; with an existing checkpoint only its own start",
+    )
+    pub.add_argument(
+        "--snapshot",
+        action="store_true",
+        help="bootstrap: publish the table as it stands when the query first "
+        "starts (op=r), then its changes (replaces --starting-version)",
+    )
+    pub.add_argument(
+        "--drop-unchanged-updates",
+        action="store_true",
+        help="do not publish updates that changed no column value",
+    )
+    pub.add_argument(
+        "--trigger-interval",
+        type=trigger_interval,
+        default=None,
+        help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second' "
+        "(default 500ms; 1s with --database: each table is listed per "
+        "trigger)",
+    )
+    pub.add_argument(
+        "--available-now",
+        action="store_true",
+        help="publish everything up to the latest version, then exit",
+    )
     pub.add_argument("--key", default=None, help="key columns (default _rowid), e.g. id,tenant")
-    pub.add_argument("--table-name", default=None, metavar="PREFIX.TABLE",
-                     help="names the Avro records PREFIX.TABLE.Envelope/.Value/.Key and fills "
-                     "source.name/source.table (default lancecdf.<table directory)")  # fmt: skip
+    pub.add_argument(
+        "--table-name",
+        default=None,
+        metavar="PREFIX.TABLE",
+        help="names the Avro records PREFIX.TABLE.Envelope/.Value/.Key and fills "
+        "source.name/source.table (default lancecdf.<table directory)",
+    )
     pub.add_argument("--no-tombstones", action="store_true", help="no null record after a delete")
     pub.add_argument("--max-rows-per-trigger", type=int, default=None)
-    pub.add_argument("--writers", type=int, default=None, metavar="N",
-                     help="parallel writer tasks per micro-batch (default: Spark's default "
-                     "parallelism; at most the topic's partition count)")  # fmt: skip
-    pub.add_argument("--at-least-once", action="store_true",
-                     help="do not skip, on a replay, records the topic already holds")  # fmt: skip
+    pub.add_argument(
+        "--writers",
+        type=int,
+        default=None,
+        metavar="N",
+        help="parallel writer tasks per micro-batch (default: Spark's default "
+        "parallelism; at most the topic's partition count)",
+    )
+    pub.add_argument(
+        "--at-least-once",
+        action="store_true",
+        help="do not skip, on a replay, records the topic already holds",
+    )
     pub.add_argument(
         "--transaction-topic",
         default=None,
         metavar="TOPIC",
         help="BEGIN/END records per commit version (default <topic>.transaction)",
     )
-    pub.add_argument("--no-transaction-metadata", action="store_true",
-                     help="write no BEGIN/END records (a replica then records no source "
-                     "version it cannot prove complete)")  # fmt: skip
-    pub.add_argument("--no-head-start", action="store_true",
-                     help="do not publish the commits waiting at start from this process "
-                     "while Spark starts; the query publishes everything")  # fmt: skip
+    pub.add_argument(
+        "--no-transaction-metadata",
+        action="store_true",
+        help="write no BEGIN/END records (a replica then records no source "
+        "version it cannot prove complete)",
+    )
+    pub.add_argument(
+        "--no-head-start",
+        action="store_true",
+        help="do not publish the commits waiting at start from this process "
+        "while Spark starts; the query publishes everything",
+    )
     topic_flags(pub)
     client_settings_flags(pub, "producer", "the source table")
-    pub.add_argument("--master", default=None, metavar="URL",
-                     help="Spark master (default: spark-submit's, else local[2])")  # fmt: skip
+    pub.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: spark-submit's, else local[2])",
+    )
     metrics_flags(pub)
     pub.set_defaults(func=cmd_publish)
 
@@ -98,8 +136,13 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
     from lance_cdf.spark.publish.runner import Database
 
     if args.database is None:
-        if args.table is None or args.topic is None or args.topic_prefix or args.include \
-                or args.exclude:  # fmt: skip
+        if (
+            args.table is None
+            or args.topic is None
+            or args.topic_prefix
+            or args.include
+            or args.exclude
+        ):
             raise LanceCdfError(
                 "publish needs --table and --topic (one table), or --database and "
                 "--topic-prefix (--include / --exclude: which of its tables)"
@@ -142,19 +185,32 @@ def _run_publish(args: argparse.Namespace, database: Database | None, stop: thre
     from lance_cdf.spark.publish.runner import publish
 
     return publish(
-        args.table or "", args.bootstrap_servers, args.topic or "", registry_url(args),
+        args.table or "",
+        args.bootstrap_servers,
+        args.topic or "",
+        registry_url(args),
         args.checkpoint,
-        starting_version=args.starting_version, trigger_interval=args.trigger_interval,
-        available_now=args.available_now, key=args.key, tombstones=not args.no_tombstones,
+        starting_version=args.starting_version,
+        trigger_interval=args.trigger_interval,
+        available_now=args.available_now,
+        key=args.key,
+        tombstones=not args.no_tombstones,
         producer_config=client_settings(args, "producer_config"),
         registry_config=client_settings(args, "registry_config"),
         storage_options=storage_options(args.storage_option),
-        max_rows_per_trigger=args.max_rows_per_trigger, snapshot=args.snapshot,
-        drop_unchanged_updates=args.drop_unchanged_updates, master=args.master,
+        max_rows_per_trigger=args.max_rows_per_trigger,
+        snapshot=args.snapshot,
+        drop_unchanged_updates=args.drop_unchanged_updates,
+        master=args.master,
         table_name=args.table_name,
-        metrics_port=args.metrics_port, metrics_host=args.metrics_host,
-        writers=args.writers, exactly_once=not args.at_least_once,
-        head_start=not args.no_head_start, transaction_topic=args.transaction_topic,
-        transaction_metadata=not args.no_transaction_metadata, database=database,
-        topics=topic_settings(args), stop=stop,
-    )  # fmt: skip
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        writers=args.writers,
+        exactly_once=not args.at_least_once,
+        head_start=not args.no_head_start,
+        transaction_topic=args.transaction_topic,
+        transaction_metadata=not args.no_transaction_metadata,
+        database=database,
+        topics=topic_settings(args),
+        stop=stop,
+    )

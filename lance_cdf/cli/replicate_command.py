@@ -56,15 +56,18 @@ def replicate_parser(sub: Subcommands) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     kafka_endpoint_flags(rep, topic_required=False)
-    rep.add_argument("--target", default=None,
-                     help="replica table path or URI (with --topic)")  # fmt: skip
+    rep.add_argument("--target", default=None, help="replica table path or URI (with --topic)")
     # a whole database: every topic of a prefix into its table (replicate/database_replicator.py)
-    rep.add_argument("--database-target", default=None, metavar="URI",
-                     help="instead of --topic/--target: replicate every topic PREFIX.<table> "
-                     "(see --topic-prefix) into the table of that qualified name (sales.orders: "
-                     "table orders of namespace sales) of this LanceDB database / Lance "
-                     "directory namespace, with one consumer; new topics are picked up, "
-                     "deleted ones let go")  # fmt: skip
+    rep.add_argument(
+        "--database-target",
+        default=None,
+        metavar="URI",
+        help="instead of --topic/--target: replicate every topic PREFIX.<table> "
+        "(see --topic-prefix) into the table of that qualified name (sales.orders: "
+        "table orders of namespace sales) of this LanceDB database / Lance "
+        "directory namespace, with one consumer; new topics are picked up, "
+        "deleted ones let go",
+    )
     rep.add_argument(
         "--topic-prefix",
         default=None,
@@ -77,87 +80,168 @@ def replicate_parser(sub: Subcommands) -> None:
         metavar="REGEX",
         help="with --database-target: only tables whose qualified name matches",
     )
-    rep.add_argument("--exclude", default=None, metavar="REGEX",
-                     help="with --database-target: not the tables whose qualified name "
-                     "matches")  # fmt: skip
-    rep.add_argument("--refresh-interval", type=seconds, default=5.0, metavar="SECONDS",
-                     help="with --database-target: how often the topic list is read for new "
-                     "and deleted topics (default 5)")  # fmt: skip
+    rep.add_argument(
+        "--exclude",
+        default=None,
+        metavar="REGEX",
+        help="with --database-target: not the tables whose qualified name matches",
+    )
+    rep.add_argument(
+        "--refresh-interval",
+        type=seconds,
+        default=5.0,
+        metavar="SECONDS",
+        help="with --database-target: how often the topic list is read for new "
+        "and deleted topics (default 5)",
+    )
     _applying_flags(rep)
     rep.set_defaults(func=cmd_replicate)
 
 
 def _applying_flags(rep: argparse.ArgumentParser) -> None:
     """How `replicate` applies records, and what it reports."""
-    rep.add_argument("--key", type=csv_list, default=None,
-                     help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
-                     "source's stable row ID kept as a column)")  # fmt: skip
-    rep.add_argument("--group-id", default=None,
-                     help="consumer group (default lance-cdf-replicate-TOPIC; with "
-                     "--database-target lance-cdf-replicate-db-PREFIX)")  # fmt: skip
-    rep.add_argument("--max-batch-rows", type=int, default=100_000,
-                     help="records per batch (one Lance commit); bigger batches: fewer "
-                     "commits and files, more throughput, more latency")  # fmt: skip
-    rep.add_argument("--max-batch-interval", type=seconds, default=1.0, metavar="SECONDS",
-                     help="longest a batch keeps taking records that keep coming, e.g. 1 "
-                     "or 500ms (a quiet topic's records are applied at once)")  # fmt: skip
-    rep.add_argument("--compact-every", type=int, default=100, metavar="N",
-                     help="compact the small fragments batches leave, and bring the "
-                     "key index up to date, every N batches (default 100, 0: off)")  # fmt: skip
-    rep.add_argument("--index-rows", type=int, default=None, metavar="ROWS",
-                     help="add new fragments to the key index once they hold more "
-                     "than ROWS rows (default 100000); lookups scan them till then")  # fmt: skip
-    rep.add_argument("--keep-row-ids", action="store_true",
-                     help="an updated row keeps its replica _rowid (the replica's own "
-                     "change feed then shows updates, not delete+insert); each commit "
-                     "then costs O(replica rows): ~3 s at 10M rows")  # fmt: skip
-    rep.add_argument("--no-index-preload", action="store_true",
-                     help="do not load the key index into memory up front (~17 bytes per "
-                     "replica row); lookups then read index pages from storage as they "
-                     "meet them (~5x slower per key into 10M rows until cached)")  # fmt: skip
-    rep.add_argument("--no-key-map", action="store_true",
-                     help="do not keep the in-memory key -> row address map of an integer "
-                     "key (~16 bytes per replica row, built by one scan of the key column "
-                     "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
-                     "then go through the key index (a 100,000-row batch into 10M rows "
-                     "then costs O(replica))")  # fmt: skip
-    rep.add_argument("--transaction-topic", default=None, metavar="TOPIC",
-                     help="publish's BEGIN/END records (default <topic>.transaction): each "
-                     "replica commit then equals the source at one version")  # fmt: skip
+    rep.add_argument(
+        "--key",
+        type=csv_list,
+        default=None,
+        help="replica key columns, e.g. id,tenant (default: _source_rowid, the "
+        "source's stable row ID kept as a column)",
+    )
+    rep.add_argument(
+        "--group-id",
+        default=None,
+        help="consumer group (default lance-cdf-replicate-TOPIC; with "
+        "--database-target lance-cdf-replicate-db-PREFIX)",
+    )
+    rep.add_argument(
+        "--max-batch-rows",
+        type=int,
+        default=100_000,
+        help="records per batch (one Lance commit); bigger batches: fewer "
+        "commits and files, more throughput, more latency",
+    )
+    rep.add_argument(
+        "--max-batch-interval",
+        type=seconds,
+        default=1.0,
+        metavar="SECONDS",
+        help="longest a batch keeps taking records that keep coming, e.g. 1 "
+        "or 500ms (a quiet topic's records are applied at once)",
+    )
+    rep.add_argument(
+        "--compact-every",
+        type=int,
+        default=100,
+        metavar="N",
+        help="compact the small fragments batches leave, and bring the "
+        "key index up to date, every N batches (default 100, 0: off)",
+    )
+    rep.add_argument(
+        "--index-rows",
+        type=int,
+        default=None,
+        metavar="ROWS",
+        help="add new fragments to the key index once they hold more "
+        "than ROWS rows (default 100000); lookups scan them till then",
+    )
+    rep.add_argument(
+        "--keep-row-ids",
+        action="store_true",
+        help="an updated row keeps its replica _rowid (the replica's own "
+        "change feed then shows updates, not delete+insert); each commit "
+        "then costs O(replica rows): ~3 s at 10M rows",
+    )
+    rep.add_argument(
+        "--no-index-preload",
+        action="store_true",
+        help="do not load the key index into memory up front (~17 bytes per "
+        "replica row); lookups then read index pages from storage as they "
+        "meet them (~5x slower per key into 10M rows until cached)",
+    )
+    rep.add_argument(
+        "--no-key-map",
+        action="store_true",
+        help="do not keep the in-memory key -> row address map of an integer "
+        "key (~16 bytes per replica row, built by one scan of the key column "
+        "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
+        "then go through the key index (a 100,000-row batch into 10M rows "
+        "then costs O(replica))",
+    )
+    rep.add_argument(
+        "--transaction-topic",
+        default=None,
+        metavar="TOPIC",
+        help="publish's BEGIN/END records (default <topic>.transaction): each "
+        "replica commit then equals the source at one version",
+    )
     rep.add_argument(
         "--no-transaction-topic",
         action="store_true",
         help="apply records as they come; no source version is recorded",
     )
-    rep.add_argument("--max-pending-records", type=int, default=200_000, metavar="N",
-                     help="records of unfinished versions held in memory; beyond, they are "
-                     "applied as a piece; status says the replica is inside a version")  # fmt: skip
-    rep.add_argument("--dead-letter-topic", default=None, metavar="TOPIC",
-                     help="set undecodable records aside here (error in a header) and go on; "
-                     "without it the replicator stops at such a record")  # fmt: skip
-    rep.add_argument("--idle-timeout", type=seconds, default=None, metavar="SECONDS",
-                     help="exit 0 once no record has arrived for this long (counted from "
-                     "start while the topic does not exist)")  # fmt: skip
-    rep.add_argument("--rebuild", action="store_true",
-                     help="a missing or empty replica is built from the beginning of the "
-                     "topic although the consumer group has committed offsets (without it "
-                     "that start is refused); the topic must still hold its history")  # fmt: skip
-    rep.add_argument("--lease-ttl", type=seconds, default=30.0, metavar="SECONDS",
-                     help="one replicator per replica: its lease expires this long after its "
-                     "last renewal (every third of it) if it dies elsewhere, and is then "
-                     "taken over (default 30)")  # fmt: skip
+    rep.add_argument(
+        "--max-pending-records",
+        type=int,
+        default=200_000,
+        metavar="N",
+        help="records of unfinished versions held in memory; beyond, they are "
+        "applied as a piece; status says the replica is inside a version",
+    )
+    rep.add_argument(
+        "--dead-letter-topic",
+        default=None,
+        metavar="TOPIC",
+        help="set undecodable records aside here (error in a header) and go on; "
+        "without it the replicator stops at such a record",
+    )
+    rep.add_argument(
+        "--idle-timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="exit 0 once no record has arrived for this long (counted from "
+        "start while the topic does not exist)",
+    )
+    rep.add_argument(
+        "--rebuild",
+        action="store_true",
+        help="a missing or empty replica is built from the beginning of the "
+        "topic although the consumer group has committed offsets (without it "
+        "that start is refused); the topic must still hold its history",
+    )
+    rep.add_argument(
+        "--lease-ttl",
+        type=seconds,
+        default=30.0,
+        metavar="SECONDS",
+        help="one replicator per replica: its lease expires this long after its "
+        "last renewal (every third of it) if it dies elsewhere, and is then "
+        "taken over (default 30)",
+    )
     client_settings_flags(rep, "consumer", "the replica table")
     metrics_flags(rep)
-    rep.add_argument("--source-table", default=None, metavar="URI",
-                     help="the published table (read-only): its latest version and commit "
-                     "times give the lag metrics in versions and seconds")  # fmt: skip
-    rep.add_argument("--source-database", default=None, metavar="URI",
-                     help="with --database-target: the published database (read-only): its "
-                     "tables' latest versions and commit times give each replica table's "
-                     "lag metrics")  # fmt: skip
-    rep.add_argument("--source-storage-option", action="append", default=[],
-                     metavar="KEY=VALUE", help="storage option for --source-table / "
-                     "--source-database (repeatable)")  # fmt: skip
+    rep.add_argument(
+        "--source-table",
+        default=None,
+        metavar="URI",
+        help="the published table (read-only): its latest version and commit "
+        "times give the lag metrics in versions and seconds",
+    )
+    rep.add_argument(
+        "--source-database",
+        default=None,
+        metavar="URI",
+        help="with --database-target: the published database (read-only): its "
+        "tables' latest versions and commit times give each replica table's "
+        "lag metrics",
+    )
+    rep.add_argument(
+        "--source-storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="storage option for --source-table / --source-database (repeatable)",
+    )
 
 
 def cmd_replicate(args: argparse.Namespace) -> int:
@@ -197,24 +281,40 @@ def _replicate(args: argparse.Namespace) -> int:
             "--source-database its source)"
         )
     replicator = Replicator(
-        args.bootstrap_servers, args.topic, registry_url(args), args.target, key=args.key,
-        group_id=args.group_id, transaction_topic=args.transaction_topic, **_applying(args),
-    )  # fmt: skip
-    print(f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
-          f"{redact_url(args.target)}", flush=True)  # fmt: skip
+        args.bootstrap_servers,
+        args.topic,
+        registry_url(args),
+        args.target,
+        key=args.key,
+        group_id=args.group_id,
+        transaction_topic=args.transaction_topic,
+        **_applying(args),
+    )
+    print(
+        f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
+        f"{redact_url(args.target)}",
+        flush=True,
+    )
     if args.metrics_port is not None:
         from lance_cdf.ops.metrics import PipelineMetrics, Progress
 
         c = replicator.counters
         progress = lambda: Progress(  # noqa: E731 (read on every scrape)
-            version=c.source_version or None, events=c.records, batches=c.batches,
-            dead_letters=c.dead_letters, delivery_failures=c.delivery_failures,
-            last_error=c.last_error, kafka_lag=c.lag,
-        )  # fmt: skip
+            version=c.source_version or None,
+            events=c.records,
+            batches=c.batches,
+            dead_letters=c.dead_letters,
+            delivery_failures=c.delivery_failures,
+            last_error=c.last_error,
+            kafka_lag=c.lag,
+        )
         metrics = PipelineMetrics(
-            "replicate", progress, args.source_table,
-            storage_options(args.source_storage_option, "--source-storage-option"), args.topic,
-        )  # fmt: skip
+            "replicate",
+            progress,
+            args.source_table,
+            storage_options(args.source_storage_option, "--source-storage-option"),
+            args.topic,
+        )
         print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
     with on_signals(lambda *_: replicator.stop()):  # the batch in hand is finished
         counters = replicator.run(idle_timeout=args.idle_timeout)
@@ -235,10 +335,17 @@ def _replicate_database(args: argparse.Namespace) -> int:
 
     if args.database_target is None or args.topic_prefix is None:
         raise LanceCdfError("--database-target and --topic-prefix go together")
-    used = [flag for flag, value in (
-        ("--topic", args.topic), ("--target", args.target), ("--key", args.key),
-        ("--transaction-topic", args.transaction_topic), ("--source-table", args.source_table),
-    ) if value is not None]  # fmt: skip
+    used = [
+        flag
+        for flag, value in (
+            ("--topic", args.topic),
+            ("--target", args.target),
+            ("--key", args.key),
+            ("--transaction-topic", args.transaction_topic),
+            ("--source-table", args.source_table),
+        )
+        if value is not None
+    ]
     if used:
         raise LanceCdfError(
             f"{', '.join(used)} cannot be used with --database-target (each table's topic, "
@@ -246,19 +353,31 @@ def _replicate_database(args: argparse.Namespace) -> int:
             "_source_rowid)"
         )
     replicator = DatabaseReplicator(
-        args.bootstrap_servers, args.topic_prefix, registry_url(args), args.database_target,
-        include=args.include, exclude=args.exclude, group_id=args.group_id,
-        refresh_s=args.refresh_interval, **_applying(args),
-    )  # fmt: skip
-    print(f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
-          f"{redact_url(args.database_target)}", flush=True)  # fmt: skip
+        args.bootstrap_servers,
+        args.topic_prefix,
+        registry_url(args),
+        args.database_target,
+        include=args.include,
+        exclude=args.exclude,
+        group_id=args.group_id,
+        refresh_s=args.refresh_interval,
+        **_applying(args),
+    )
+    print(
+        f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
+        f"{redact_url(args.database_target)}",
+        flush=True,
+    )
     if args.metrics_port is not None:
         _serve_database_metrics(replicator, args)
     with on_signals(lambda *_: replicator.stop()):  # each table's batch in hand finished
         counters = replicator.run(idle_timeout=args.idle_timeout)
     for name, c in sorted(counters.items()):
-        print(f"stopped {name}: {c.batches} batches, {c.records} records, {c.upserts} upserts, "
-              f"{c.deletes} deletes, source version {c.source_version}", flush=True)  # fmt: skip
+        print(
+            f"stopped {name}: {c.batches} batches, {c.records} records, {c.upserts} upserts, "
+            f"{c.deletes} deletes, source version {c.source_version}",
+            flush=True,
+        )
     for name in replicator.gone:
         print(f"let go {name}: its topic was deleted", flush=True)
     if replicator.refused:
@@ -281,8 +400,13 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
 
     def progress() -> Progress:
         c = replicator.totals()
-        return Progress(events=c.records, batches=c.batches, dead_letters=c.dead_letters,
-                        delivery_failures=c.delivery_failures, last_error=c.last_error)  # fmt: skip
+        return Progress(
+            events=c.records,
+            batches=c.batches,
+            dead_letters=c.dead_letters,
+            delivery_failures=c.delivery_failures,
+            last_error=c.last_error,
+        )
 
     def tables() -> dict[str, tuple[str | None, int | None]]:
         held = replicator.table_positions()
@@ -290,9 +414,14 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
         return {name: (uris.get(name), version) for name, (version, _) in held.items()}
 
     metrics = PipelineMetrics(
-        "replicate", progress, None, options, f"{args.topic_prefix}.*", tables=tables,
+        "replicate",
+        progress,
+        None,
+        options,
+        f"{args.topic_prefix}.*",
+        tables=tables,
         kafka_lags=lambda: {name: lag for name, (_, lag) in replicator.table_positions().items()},
-    )  # fmt: skip
+    )
     print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
 
 
@@ -300,14 +429,19 @@ def _applying(args: argparse.Namespace) -> dict[str, Any]:
     """How records are applied: the settings a single-table and a database replicator share."""
     return dict(
         pause_gc=True,  # this process is the replicator's own
-        max_batch_rows=args.max_batch_rows, max_batch_interval=args.max_batch_interval,
+        max_batch_rows=args.max_batch_rows,
+        max_batch_interval=args.max_batch_interval,
         dead_letter_topic=args.dead_letter_topic,
         consumer_config=client_settings(args, "consumer_config"),
         registry_config=client_settings(args, "registry_config"),
-        storage_options=storage_options(args.storage_option), compact_every=args.compact_every,
-        index_rows_max=args.index_rows, keep_row_ids=args.keep_row_ids,
-        preload_index=not args.no_index_preload, key_map=not args.no_key_map,
-        rebuild=args.rebuild, lease_ttl_s=args.lease_ttl,
+        storage_options=storage_options(args.storage_option),
+        compact_every=args.compact_every,
+        index_rows_max=args.index_rows,
+        keep_row_ids=args.keep_row_ids,
+        preload_index=not args.no_index_preload,
+        key_map=not args.no_key_map,
+        rebuild=args.rebuild,
+        lease_ttl_s=args.lease_ttl,
         transaction_metadata=not args.no_transaction_topic,
         max_pending_records=args.max_pending_records,
-    )  # fmt: skip
+    )

@@ -28,25 +28,48 @@ def status_parser(sub: Subcommands) -> None:
         "/data/ck/events --replica /data/replica.lance",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    status.add_argument("--table", default=None,
-                        help="source table path or URI (required unless --database or "
-                        "--database-target)")  # fmt: skip
-    status.add_argument("--database", default=None, metavar="URI",
-                        help="a database publisher's database (publish --database): every "
-                        "table it follows, with its lag, and the tables it skips")  # fmt: skip
-    status.add_argument("--database-target", default=None, metavar="URI",
-                        help="instead: every replica table of a `replicate --database-target` "
-                        "database, one line each (the source version it holds)")  # fmt: skip
-    status.add_argument("--checkpoint", default=None, metavar="DIR",
-                        help="checkpoint directory of a lance-cdf stream (publish)")  # fmt: skip
+    status.add_argument(
+        "--table",
+        default=None,
+        help="source table path or URI (required unless --database or --database-target)",
+    )
+    status.add_argument(
+        "--database",
+        default=None,
+        metavar="URI",
+        help="a database publisher's database (publish --database): every "
+        "table it follows, with its lag, and the tables it skips",
+    )
+    status.add_argument(
+        "--database-target",
+        default=None,
+        metavar="URI",
+        help="instead: every replica table of a `replicate --database-target` "
+        "database, one line each (the source version it holds)",
+    )
+    status.add_argument(
+        "--checkpoint",
+        default=None,
+        metavar="DIR",
+        help="checkpoint directory of a lance-cdf stream (publish)",
+    )
     status.add_argument("--replica", default=None, help="replica table of lance-cdf replicate")
     status.add_argument("--json", action="store_true", help="one JSON object instead of text")
-    status.add_argument("--storage-option", action="append", default=[], metavar="KEY=VALUE",
-                        help="storage option for --table, and for --replica unless "
-                        "--replica-storage-option is given (repeatable)")  # fmt: skip
-    status.add_argument("--replica-storage-option", action="append", default=[],
-                        metavar="KEY=VALUE", help="storage option for --replica "
-                        "(repeatable; default: the --storage-option ones)")  # fmt: skip
+    status.add_argument(
+        "--storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="storage option for --table, and for --replica unless "
+        "--replica-storage-option is given (repeatable)",
+    )
+    status.add_argument(
+        "--replica-storage-option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="storage option for --replica (repeatable; default: the --storage-option ones)",
+    )
     status.set_defaults(func=cmd_status)
 
 
@@ -76,8 +99,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     feed = ChangeFeed(args.table, options)
     latest = feed.latest_version()
     when = dt.datetime.fromtimestamp(feed.table.manifest(latest).timestamp_us / 1e6, dt.UTC)
-    report: dict[str, object] = {"table": redact_url(args.table), "latest_version": latest,
-                    "committed_at": when.isoformat(timespec="seconds")}  # fmt: skip
+    report: dict[str, object] = {
+        "table": redact_url(args.table),
+        "latest_version": latest,
+        "committed_at": when.isoformat(timespec="seconds"),
+    }
     shown = redact_url(args.table)
     lines = [f"table       {shown}: latest version {latest} (committed {when:%F %T} UTC)"]
     if args.checkpoint:
@@ -88,9 +114,12 @@ def cmd_status(args: argparse.Namespace) -> int:
         report["checkpoint_lag"] = None if done is None else latest - done
         lines.append(
             f"checkpoint  {redact_url(args.checkpoint)}: "
-            + ("no micro-batch completed yet" if done is None
-               else f"delivered through version {done} (lag {latest - done} versions)")
-        )  # fmt: skip
+            + (
+                "no micro-batch completed yet"
+                if done is None
+                else f"delivered through version {done} (lag {latest - done} versions)"
+            )
+        )
         from lance_cdf.kafka.outage import describe_state
 
         kafka = describe_state(args.checkpoint)
@@ -107,17 +136,22 @@ def cmd_status(args: argparse.Namespace) -> int:
 
         replica_options = (
             storage_options(args.replica_storage_option, "--replica-storage-option")
-            if args.replica_storage_option else options
-        )  # fmt: skip
+            if args.replica_storage_option
+            else options
+        )
         position = ReplicaTable(args.replica, [], replica_options).position()
         held = source_version_of(position)
         inside = position.get(INSIDE_VERSION_PROPERTY)
         report["replica_version"] = held
         report["replica_inside_version"] = None if inside is None else int(inside)
         report["replica_lag"] = None if held is None else latest - held
-        lag = "" if held is None else (
-            f" ({latest - held} versions behind; commits that change no rows publish nothing)"
-        )  # fmt: skip
+        lag = (
+            ""
+            if held is None
+            else (
+                f" ({latest - held} versions behind; commits that change no rows publish nothing)"
+            )
+        )
         lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
@@ -152,13 +186,15 @@ def _database_status(args: argparse.Namespace) -> int:
             continue
         latest = ChangeFeed(uri, options).latest_version()
         lag = None if done is None else latest - done
-        tables[name] = {"latest_version": latest, "checkpoint_version": done,
-                        "checkpoint_lag": lag}  # fmt: skip
+        tables[name] = {"latest_version": latest, "checkpoint_version": done, "checkpoint_lag": lag}
         lines.append(
             f"table       {name}: latest version {latest}, "
-            + ("no micro-batch delivered it yet" if done is None
-               else f"delivered through version {done} (lag {lag} versions)")
-        )  # fmt: skip
+            + (
+                "no micro-batch delivered it yet"
+                if done is None
+                else f"delivered through version {done} (lag {lag} versions)"
+            )
+        )
     for name, why in sorted(skipped.items()):
         lines.append(f"skipped     {name}: {why}")
     document = {"database": redact_url(args.database), "tables": tables, "skipped": skipped}
@@ -187,14 +223,20 @@ def _status_database(args: argparse.Namespace) -> int:
     for ref in refs:
         position = ReplicaTable(ref.uri, [], options).position()
         inside = position.get(INSIDE_VERSION_PROPERTY)
-        replicas.append({
-            "table": ref.qualified_name, "uri": redact_url(ref.uri),
-            "topic": position.get(TOPIC_PROPERTY), "source_version": source_version_of(position),
-            "inside_version": None if inside is None else int(inside),
-        })  # fmt: skip
+        replicas.append(
+            {
+                "table": ref.qualified_name,
+                "uri": redact_url(ref.uri),
+                "topic": position.get(TOPIC_PROPERTY),
+                "source_version": source_version_of(position),
+                "inside_version": None if inside is None else int(inside),
+            }
+        )
         topic = position.get(TOPIC_PROPERTY)
-        lines.append(f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
-                     + (f" (topic {topic})" if topic else ""))  # fmt: skip
+        lines.append(
+            f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
+            + (f" (topic {topic})" if topic else "")
+        )
     report = {"database_target": redact_url(args.database_target), "replicas": replicas}
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0

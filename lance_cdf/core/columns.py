@@ -332,8 +332,9 @@ def annotate(
     top = {lf.name: lf for lf in children.get(-1, [])}
     fields = [walk(f, top.get(f.name)) for f in schema]
     if origin is not None:
-        fields = [f.with_metadata({**(f.metadata or {}), ORIGIN: str(origin).encode()})
-                  for f in fields]  # fmt: skip
+        fields = [
+            f.with_metadata({**(f.metadata or {}), ORIGIN: str(origin).encode()}) for f in fields
+        ]
     return pa.schema(fields, metadata=schema.metadata)
 
 

@@ -84,8 +84,9 @@ def key_hash(events: pa.Table | pa.RecordBatch, key_columns: list[str]) -> np.nd
         col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
         h = _splitmix(h ^ _column_hash(col))
     kinds = events.column("_change_type")
-    pre = np.flatnonzero(pc.equal(kinds, "update_preimage").fill_null(False).to_numpy(
-        zero_copy_only=False))  # fmt: skip
+    pre = np.flatnonzero(
+        pc.equal(kinds, "update_preimage").fill_null(False).to_numpy(zero_copy_only=False)
+    )
     pre = pre[pre + 1 < n]
     h[pre] = h[pre + 1]
     return (h & _MASK63).view(np.int64)

@@ -73,9 +73,13 @@ def read_snapshot(
                 "take fragment ids from snapshot_fragments() of the same version."
             )
         scanner = fragment.scanner(
-            columns=columns, with_row_id=True, with_row_address=bool(blobs), offset=start or None,
-            limit=count, batch_size=max(1, batch_size),
-        )  # fmt: skip
+            columns=columns,
+            with_row_id=True,
+            with_row_address=bool(blobs),
+            offset=start or None,
+            limit=count,
+            batch_size=max(1, batch_size),
+        )
         for batch in scanner.to_batches():
             if batch.num_rows == 0:
                 continue

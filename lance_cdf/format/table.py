@@ -326,9 +326,10 @@ class TableLog:
         root = self.uri.rstrip("/")
         try:
             reader = lance.file.LanceFileReader(
-                f"{root}/data/{df.path}", storage_options=self.storage_options or None,
+                f"{root}/data/{df.path}",
+                storage_options=self.storage_options or None,
                 columns=[column],
-            )  # fmt: skip
+            )
             values = reader.read_all().to_table().column(0)
         except (OSError, ValueError, KeyError) as exc:
             raise CorruptFileError(

@@ -114,8 +114,9 @@ def _admin(bootstrap_servers: str, config: dict[str, Any] | None, causes: _Cause
     # librdkafka's own messages go to `causes` only (never to the terminal: they may
     # name settings), at INFO so that each failed connection is seen with its reason
     connection = KafkaConnection(bootstrap_servers, config or {})
-    return AdminClient(connection.admin(fixed={"error_cb": causes, "logger": causes,
-                                               "log_level": 6}))  # fmt: skip
+    return AdminClient(
+        connection.admin(fixed={"error_cb": causes, "logger": causes, "log_level": 6})
+    )
 
 
 def _metadata(
@@ -164,9 +165,14 @@ DENIED = (KafkaError.TOPIC_AUTHORIZATION_FAILED, KafkaError.GROUP_AUTHORIZATION_
 
 
 def denied(
-    kind: str, name: str, operations: str, bootstrap_servers: str, flag: str, cause: object,
+    kind: str,
+    name: str,
+    operations: str,
+    bootstrap_servers: str,
+    flag: str,
+    cause: object,
     other: str,
-) -> KafkaAuthorizationError:  # fmt: skip
+) -> KafkaAuthorizationError:
     """The one line for an ACL that denies the client `operations` on `kind` `name`
     ("topic", "consumer group"); `other`: the flag that names another one."""
     text = cause.str() if isinstance(cause, KafkaError) else str(cause)
@@ -204,12 +210,21 @@ def check_consumer_access(
         names[transaction_topic] = "--transaction-topic (or --no-transaction-topic)"
     # no metadata request creates a topic (clientconfig.ALWAYS): a transaction topic made
     # here would hold the replicator waiting for versions no publisher writes
-    consumer = Consumer(KafkaConnection(bootstrap_servers, config or {}).consumer(fixed={
-        "group.id": group, "enable.auto.commit": False, "enable.partition.eof": True,
-        # one record answers the Read check: no prefetch of a long topic's backlog
-        "queued.min.messages": 1, "queued.max.messages.kbytes": 64,
-        "error_cb": causes, "logger": causes, "log_level": 6,
-    }))  # fmt: skip
+    consumer = Consumer(
+        KafkaConnection(bootstrap_servers, config or {}).consumer(
+            fixed={
+                "group.id": group,
+                "enable.auto.commit": False,
+                "enable.partition.eof": True,
+                # one record answers the Read check: no prefetch of a long topic's backlog
+                "queued.min.messages": 1,
+                "queued.max.messages.kbytes": 64,
+                "error_cb": causes,
+                "logger": causes,
+                "log_level": 6,
+            }
+        )
+    )
     try:
         first: list[TopicPartition] = []  # one partition of each topic that exists
         for name, other in names.items():
@@ -219,8 +234,9 @@ def check_consumer_access(
                 return  # the broker did answer check_broker: left to the run
             err = found.error if found is not None else None
             if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                raise denied("topic", name, "Describe and Read", bootstrap_servers, "consumer",
-                             err, other)  # fmt: skip
+                raise denied(
+                    "topic", name, "Describe and Read", bootstrap_servers, "consumer", err, other
+                )
             if found is not None and err is None and found.partitions:
                 first.append(TopicPartition(name, min(found.partitions), OFFSET_BEGINNING))
         # the group (FindCoordinator, DescribeGroups: Describe on the group); the admin
@@ -238,8 +254,15 @@ def check_consumer_access(
         except KafkaException as exc:
             err = _kafka_error(exc)
             if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                raise denied("consumer group", group, "Read", bootstrap_servers, "consumer",
-                             err, "--group-id") from None  # fmt: skip
+                raise denied(
+                    "consumer group",
+                    group,
+                    "Read",
+                    bootstrap_servers,
+                    "consumer",
+                    err,
+                    "--group-id",
+                ) from None
         except Exception:  # noqa: BLE001 (not an authorization answer: left to the run)
             pass
         answered: set[str] = set()  # a record or the partition's end: Read is allowed
@@ -248,12 +271,26 @@ def check_consumer_access(
             for m in consumer.consume(len(first), 0.2):
                 err = m.error()
                 if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    raise denied("consumer group", group, "Read", bootstrap_servers, "consumer",
-                                 err, "--group-id")  # fmt: skip
+                    raise denied(
+                        "consumer group",
+                        group,
+                        "Read",
+                        bootstrap_servers,
+                        "consumer",
+                        err,
+                        "--group-id",
+                    )
                 if err is not None and err.code() in DENIED:
                     name = m.topic() or topic
-                    raise denied("topic", name, "Describe and Read", bootstrap_servers,
-                                 "consumer", err, names.get(name, "--topic"))  # fmt: skip
+                    raise denied(
+                        "topic",
+                        name,
+                        "Describe and Read",
+                        bootstrap_servers,
+                        "consumer",
+                        err,
+                        names.get(name, "--topic"),
+                    )
                 if err is None or err.code() == KafkaError._PARTITION_EOF:
                     answered.add(m.topic() or "")
     finally:
@@ -285,8 +322,10 @@ def _registry_cause(where: str, exc: Exception) -> str:
     while seen is not None and len(chain) < 8:  # httpx wraps ssl's error
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
-    if any("CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e)
-           for e in chain):  # fmt: skip
+    if any(
+        "CERTIFICATE_VERIFY_FAILED" in str(e) or "certificate verify failed" in str(e)
+        for e in chain
+    ):
         return (
             f"TLS verification of the schema registry at {where} failed (certificate verify "
             f"failed); set ssl.ca.location in {settings} to the CA that signed its certificate."

@@ -98,8 +98,12 @@ class RideOut:
         now = time.monotonic()
         if self.since is None:
             self.since, self.attempts = now, 0
-            log.warning("Kafka at %s does not answer (%s); retrying for up to %.0f s",
-                        self.where, cause, self.budget_s)  # fmt: skip
+            log.warning(
+                "Kafka at %s does not answer (%s); retrying for up to %.0f s",
+                self.where,
+                cause,
+                self.budget_s,
+            )
             self._write(lambda s: _started(s, cause))
         self.attempts += 1
         self._write(lambda s: _retried(s, cause))
@@ -114,8 +118,9 @@ class RideOut:
         if self.since is None:
             return
         took = time.monotonic() - self.since
-        log.warning("Kafka at %s answers again after %.0f s (%d retries)",
-                    self.where, took, self.attempts)  # fmt: skip
+        log.warning(
+            "Kafka at %s answers again after %.0f s (%d retries)", self.where, took, self.attempts
+        )
         self.since = None
         self._write(lambda s: _ended(s, took))
 

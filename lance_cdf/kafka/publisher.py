@@ -144,9 +144,10 @@ def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
     """Lexicographically (positions, sub) > marks, row by row (marks (n, 4); -1: none)."""
     v, g, o = positions[:, 0], positions[:, 1], positions[:, 2]
     mv, mg, mo, ms = marks[:, 0], marks[:, 1], marks[:, 2], marks[:, 3]
-    return cast(np.ndarray, (v > mv) | (v == mv) & (
-        (g > mg) | (g == mg) & ((o > mo) | (o == mo) & (sub > ms))
-    ))  # fmt: skip
+    return cast(
+        np.ndarray,
+        (v > mv) | (v == mv) & ((g > mg) | (g == mg) & ((o > mo) | (o == mo) & (sub > ms))),
+    )
 
 
 def record_partitions(events: pa.Table) -> list[int] | None:
@@ -298,10 +299,17 @@ class KafkaChangePublisher:
                 keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
                 tombstones = encoded.tombstone & self.tombstones
             else:
-                records = list(change_records(
-                    events, self.user_columns, operations, self.table_name,
-                    self.key_columns, __version__, now_ms,
-                ))  # fmt: skip
+                records = list(
+                    change_records(
+                        events,
+                        self.user_columns,
+                        operations,
+                        self.table_name,
+                        self.key_columns,
+                        __version__,
+                        now_ms,
+                    )
+                )
                 keys = [self.key_writer.encode(key) for key, _, _ in records]
                 values = [
                     self.value_writer.encode(value) if rec else None
@@ -368,9 +376,15 @@ class KafkaChangePublisher:
             position_values(positions, 1) if positions is not None else [None] * len(keys)
         )
         for key, value, head, part, rec, tomb, tomb_pos in zip(
-            keys, values, headers, partitions, send_record.tolist(), tombs.tolist(),
-            tomb_positions, strict=True,
-        ):  # fmt: skip
+            keys,
+            values,
+            headers,
+            partitions,
+            send_record.tolist(),
+            tombs.tolist(),
+            tomb_positions,
+            strict=True,
+        ):
             if rec:
                 try:
                     produce(topic, key=key, value=value, partition=part, headers=head)
@@ -468,10 +482,16 @@ class KafkaChangePublisher:
         # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
         # default 500 ms long poll, and reading a partition's last record with it
         # (docs/benchmarks.md, "Inside the publisher")
-        return clients.consumer(self.connection.consumer(fixed={
-            "group.id": "lance-cdf-high-water-marks", "enable.auto.commit": False,
-            "isolation.level": "read_committed", "fetch.wait.max.ms": 10,
-        }))  # fmt: skip
+        return clients.consumer(
+            self.connection.consumer(
+                fixed={
+                    "group.id": "lance-cdf-high-water-marks",
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+        )
 
     def close(self) -> None:
         """Forget this publisher's view of its partitions; its clients are the process's
@@ -547,8 +567,9 @@ class KafkaChangePublisher:
         try:  # every record is in: each partition written ends with its last position
             every = self._watermarks(sent_last)
         except Exception as exc:  # noqa: BLE001 (only an optimisation: read them next time)
-            log.debug("partition watermarks not read (%s: %s); read next time",
-                      type(exc).__name__, exc)  # fmt: skip
+            log.debug(
+                "partition watermarks not read (%s: %s); read next time", type(exc).__name__, exc
+            )
             every = {}
         for p, position in sent_last.items():
             if p in every:
@@ -565,10 +586,16 @@ class KafkaChangePublisher:
             return None
         try:
             return encode_changes(
-                events, self.user_schema, operations, self.table_name, self.key_columns,
-                __version__, now_ms, key_prefix=self.key_writer.wire_header(),
+                events,
+                self.user_schema,
+                operations,
+                self.table_name,
+                self.key_columns,
+                __version__,
+                now_ms,
+                key_prefix=self.key_writer.wire_header(),
                 value_prefix=self.value_writer.wire_header(),
-            )  # fmt: skip
+            )
         except AvroEncodeDeclined:
             return None
 
@@ -595,7 +622,7 @@ def user_schema_of(events_schema: pa.Schema) -> pa.Schema:
             f
             for f in events_schema
             if f.name not in META_COLUMNS + [PARTITION_COLUMN, EVENT_ORDER, TOTAL_ORDER]
-        ]  # fmt: skip
+        ]
     )
 
 

@@ -35,11 +35,18 @@ if TYPE_CHECKING:
 # and END records of a version share a key, so compaction would drop the BEGINs
 TRANSACTION_TOPIC_SKIPS = frozenset({"cleanup.policy"})
 # CreateTopics answers that say the cluster is busy or unreachable, not that it refuses
-TRANSIENT = frozenset({
-    KafkaError._TIMED_OUT, KafkaError._TRANSPORT, KafkaError._ALL_BROKERS_DOWN,
-    KafkaError.REQUEST_TIMED_OUT, KafkaError.NOT_CONTROLLER, KafkaError.NETWORK_EXCEPTION,
-    KafkaError.BROKER_NOT_AVAILABLE, KafkaError.LEADER_NOT_AVAILABLE,
-})  # fmt: skip
+TRANSIENT = frozenset(
+    {
+        KafkaError._TIMED_OUT,
+        KafkaError._TRANSPORT,
+        KafkaError._ALL_BROKERS_DOWN,
+        KafkaError.REQUEST_TIMED_OUT,
+        KafkaError.NOT_CONTROLLER,
+        KafkaError.NETWORK_EXCEPTION,
+        KafkaError.BROKER_NOT_AVAILABLE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+    }
+)
 # how long a new topic's metadata (every partition with a leader) is waited for: a
 # controller under load publishes it seconds after CreateTopics answers
 METADATA_WAIT_S = 60.0
@@ -145,8 +152,15 @@ def _describe(
         ) from None
     err = found.error if found is not None else None
     if err is not None and err.code() in DENIED:
-        raise denied("topic", topic, "Describe and Write", connection.bootstrap_servers,
-                     connection.flag, err, other)  # fmt: skip
+        raise denied(
+            "topic",
+            topic,
+            "Describe and Write",
+            connection.bootstrap_servers,
+            connection.flag,
+            err,
+            other,
+        )
     if found is None or err is not None or not found.partitions:
         return None  # (UNKNOWN_TOPIC_OR_PART; a topic being deleted or made: asked again)
     return found
@@ -174,9 +188,14 @@ def _create(
             return  # made meanwhile (another writer): used as it is
         if code in (*DENIED, KafkaError.CLUSTER_AUTHORIZATION_FAILED):
             raise denied(
-                "topic", topic, "Create, Describe and Write", connection.bootstrap_servers,
-                connection.flag, err, other,
-            ) from None  # fmt: skip
+                "topic",
+                topic,
+                "Create, Describe and Write",
+                connection.bootstrap_servers,
+                connection.flag,
+                err,
+                other,
+            ) from None
         if code in TRANSIENT:
             raise KafkaUnavailableError(
                 f"could not create topic {topic!r} ({_text(exc)}): the brokers did not answer"

@@ -39,33 +39,61 @@ SUFFIX = ".transaction"
 OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
 _NS = "io.debezium.connector.common"
 KEY_SCHEMA: dict[str, Any] = {
-    "type": "record", "name": "TransactionMetadataKey", "namespace": _NS,
+    "type": "record",
+    "name": "TransactionMetadataKey",
+    "namespace": _NS,
     "fields": [{"name": "id", "type": "string"}],
-}  # fmt: skip
+}
 VALUE_SCHEMA: dict[str, Any] = {
-    "type": "record", "name": "TransactionMetadataValue", "namespace": _NS,
+    "type": "record",
+    "name": "TransactionMetadataValue",
+    "namespace": _NS,
     "fields": [
         {"name": "status", "type": "string"},
         {"name": "id", "type": "string"},
         {"name": "event_count", "type": ["null", "long"], "default": None},
-        {"name": "data_collections", "default": None, "type": ["null", {
-            "type": "array", "items": {
-                "type": "record", "name": "DataCollection", "fields": [
-                    {"name": "data_collection", "type": "string"},
-                    {"name": "event_count", "type": "long"},
-                ]}}]},
+        {
+            "name": "data_collections",
+            "default": None,
+            "type": [
+                "null",
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "DataCollection",
+                        "fields": [
+                            {"name": "data_collection", "type": "string"},
+                            {"name": "event_count", "type": "long"},
+                        ],
+                    },
+                },
+            ],
+        },
         {"name": "ts_ms", "type": "long"},
         {"name": "lance_cdf_version", "type": ["null", "long"], "default": None},
-        {"name": "lance_cdf_partitions", "default": None, "type": ["null", {
-            "type": "array", "items": {
-                "type": "record", "name": "PartitionCount", "namespace": "lance_cdf",
-                "fields": [
-                    {"name": "partition", "type": "int"},
-                    {"name": "event_count", "type": "long"},
-                    {"name": "record_count", "type": "long"},
-                ]}}]},
+        {
+            "name": "lance_cdf_partitions",
+            "default": None,
+            "type": [
+                "null",
+                {
+                    "type": "array",
+                    "items": {
+                        "type": "record",
+                        "name": "PartitionCount",
+                        "namespace": "lance_cdf",
+                        "fields": [
+                            {"name": "partition", "type": "int"},
+                            {"name": "event_count", "type": "long"},
+                            {"name": "record_count", "type": "long"},
+                        ],
+                    },
+                },
+            ],
+        },
     ],
-}  # fmt: skip
+}
 
 
 def default_topic(topic: str) -> str:
@@ -122,14 +150,17 @@ def transaction_value(
         "id": f"{namespace}:{counts.version}",
         "event_count": counts.events if end else None,
         "data_collections": [{"data_collection": namespace, "event_count": counts.events}]
-        if end else None,
+        if end
+        else None,
         "ts_ms": ts_ms,
         "lance_cdf_version": counts.version,
         "lance_cdf_partitions": [
             {"partition": p, "event_count": e, "record_count": r}
             for p, (e, r) in sorted(counts.partitions.items())
-        ] if end and routed else None,
-    }  # fmt: skip
+        ]
+        if end and routed
+        else None,
+    }
 
 
 class TransactionDecoder:
@@ -155,11 +186,16 @@ class TransactionDecoder:
             version = int(str(rec["id"]).rsplit(":", 1)[-1])
         parts = rec.get("lance_cdf_partitions")
         return TransactionRecord(
-            rec["status"], rec["id"], int(version), rec.get("event_count"),
-            None if parts is None
-            else {int(p["partition"]): (int(p["event_count"]), int(p["record_count"]))
-                  for p in parts},
-        )  # fmt: skip
+            rec["status"],
+            rec["id"],
+            int(version),
+            rec.get("event_count"),
+            None
+            if parts is None
+            else {
+                int(p["partition"]): (int(p["event_count"]), int(p["record_count"])) for p in parts
+            },
+        )
 
 
 class TransactionWriter:
@@ -198,10 +234,15 @@ class TransactionWriter:
         """The topic's last record (None: empty)."""
         from confluent_kafka import TopicPartition
 
-        consumer = clients.consumer(self.connection.consumer(fixed={
-            "group.id": "lance-cdf-transaction-writer", "enable.auto.commit": False,
-            "fetch.wait.max.ms": 10,
-        }))  # fmt: skip
+        consumer = clients.consumer(
+            self.connection.consumer(
+                fixed={
+                    "group.id": "lance-cdf-transaction-writer",
+                    "enable.auto.commit": False,
+                    "fetch.wait.max.ms": 10,
+                }
+            )
+        )
         low, high = consumer.get_watermark_offsets(
             TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
         )
@@ -230,8 +271,13 @@ class TransactionWriter:
         if not versions:
             return 0
         if not self._ready:
-            KNOWN.ensure(self.connection, self.topic, self.topic_settings, one_partition=True,
-                         other=OTHER_TOPIC)  # fmt: skip
+            KNOWN.ensure(
+                self.connection,
+                self.topic,
+                self.topic_settings,
+                one_partition=True,
+                other=OTHER_TOPIC,
+            )
             self._ready = True
         last = self.last()
         now = int(time.time() * 1000)

@@ -27,23 +27,49 @@ from lance_cdf.errors import ClientConfigError
 # librdkafka's properties flagged _RK_SENSITIVE (src/rdkafka_conf.c, confluentinc/librdkafka
 # at 4c3b017, 2026-07), plus the alias of one of them and the JVM client's JAAS config
 # (Spark's Kafka sink passes kafka.sasl.jaas.config through)
-LIBRDKAFKA_SENSITIVE = frozenset({
-    "sasl.username", "sasl.password", "sasl.oauthbearer.config",
-    "sasl.oauthbearer.client.secret", "sasl.oauthbearer.client.credentials.client.secret",
-    "sasl.oauthbearer.assertion.private.key.file",
-    "sasl.oauthbearer.assertion.private.key.passphrase",
-    "sasl.oauthbearer.assertion.private.key.pem",
-    "ssl.key.location", "ssl.key.password", "ssl.key.pem", "ssl_key", "ssl.ca.pem",
-    "ssl.keystore.password", "ssl.truststore.password", "sasl.jaas.config",
-})  # fmt: skip
+LIBRDKAFKA_SENSITIVE = frozenset(
+    {
+        "sasl.username",
+        "sasl.password",
+        "sasl.oauthbearer.config",
+        "sasl.oauthbearer.client.secret",
+        "sasl.oauthbearer.client.credentials.client.secret",
+        "sasl.oauthbearer.assertion.private.key.file",
+        "sasl.oauthbearer.assertion.private.key.passphrase",
+        "sasl.oauthbearer.assertion.private.key.pem",
+        "ssl.key.location",
+        "ssl.key.password",
+        "ssl.key.pem",
+        "ssl_key",
+        "ssl.ca.pem",
+        "ssl.keystore.password",
+        "ssl.truststore.password",
+        "sasl.jaas.config",
+    }
+)
 # confluent-kafka's schema-registry client: basic and bearer auth, the TLS client key
-REGISTRY_SENSITIVE = frozenset({
-    "basic.auth.user.info", "bearer.auth.token", "bearer.auth.client.secret",
-    "bearer.auth.client.id", "ssl.key.location", "ssl.key.password",
-})  # fmt: skip
+REGISTRY_SENSITIVE = frozenset(
+    {
+        "basic.auth.user.info",
+        "bearer.auth.token",
+        "bearer.auth.client.secret",
+        "bearer.auth.client.id",
+        "ssl.key.location",
+        "ssl.key.password",
+    }
+)
 # storage options (and any other setting) whose name says it holds a credential
-SECRET_WORDS = ("key", "secret", "token", "password", "passwd", "credential", "passphrase",
-                "jaas", "auth.user.info")  # fmt: skip
+SECRET_WORDS = (
+    "key",
+    "secret",
+    "token",
+    "password",
+    "passwd",
+    "credential",
+    "passphrase",
+    "jaas",
+    "auth.user.info",
+)
 MASK = "***"
 
 _ENV = re.compile(r"\$\{env:([^}]*)\}")
@@ -78,34 +104,84 @@ def redact(config: Mapping[str, object]) -> dict[str, str]:
 # above) and the Python client's own producer callbacks: everything else a producer is given
 # (connection, security, TLS verification, timeouts, DNS, proxies, ...) a consumer of the
 # same cluster needs too
-PRODUCER_ONLY = frozenset({
-    "acks", "batch.num.messages", "batch.size", "compression.codec", "compression.level",
-    "compression.type", "delivery.report.only.error", "delivery.timeout.ms", "dr_cb",
-    "dr_msg_cb", "enable.gapless.guarantee", "enable.idempotence", "linger.ms",
-    "message.send.max.retries", "message.timeout.ms", "msg_order_cmp", "partitioner",
-    "partitioner_cb", "produce.offset.report", "queue.buffering.backpressure.threshold",
-    "queue.buffering.max.kbytes", "queue.buffering.max.messages", "queue.buffering.max.ms",
-    "queuing.strategy", "request.required.acks", "request.timeout.ms", "retries",
-    "sticky.partitioning.linger.ms", "transaction.timeout.ms", "transactional.id",
-    "on_delivery",
-})  # fmt: skip
+PRODUCER_ONLY = frozenset(
+    {
+        "acks",
+        "batch.num.messages",
+        "batch.size",
+        "compression.codec",
+        "compression.level",
+        "compression.type",
+        "delivery.report.only.error",
+        "delivery.timeout.ms",
+        "dr_cb",
+        "dr_msg_cb",
+        "enable.gapless.guarantee",
+        "enable.idempotence",
+        "linger.ms",
+        "message.send.max.retries",
+        "message.timeout.ms",
+        "msg_order_cmp",
+        "partitioner",
+        "partitioner_cb",
+        "produce.offset.report",
+        "queue.buffering.backpressure.threshold",
+        "queue.buffering.max.kbytes",
+        "queue.buffering.max.messages",
+        "queue.buffering.max.ms",
+        "queuing.strategy",
+        "request.required.acks",
+        "request.timeout.ms",
+        "retries",
+        "sticky.partitioning.linger.ms",
+        "transaction.timeout.ms",
+        "transactional.id",
+        "on_delivery",
+    }
+)
 
 
 # librdkafka's consumer-only properties (C/P column "C" of CONFIGURATION.md, same commit as
 # above) and the Python client's consumer callbacks
-CONSUMER_ONLY = frozenset({
-    "auto.commit.enable", "auto.commit.interval.ms", "auto.offset.reset", "check.crcs",
-    "consume.callback.max.messages", "consume_cb", "coordinator.query.interval.ms",
-    "enable.auto.commit", "enable.auto.offset.store", "enable.partition.eof",
-    "fetch.error.backoff.ms", "fetch.max.bytes", "fetch.message.max.bytes", "fetch.min.bytes",
-    "fetch.queue.backoff.ms", "fetch.wait.max.ms", "group.id", "group.instance.id",
-    "group.protocol", "group.protocol.type", "group.remote.assignor",
-    "heartbeat.interval.ms", "isolation.level", "max.partition.fetch.bytes",
-    "max.poll.interval.ms", "offset.store.method", "offset.store.path",
-    "offset.store.sync.interval.ms", "offset_commit_cb", "on_commit",
-    "partition.assignment.strategy", "queued.max.messages.kbytes", "queued.min.messages",
-    "rebalance_cb", "session.timeout.ms",
-})  # fmt: skip
+CONSUMER_ONLY = frozenset(
+    {
+        "auto.commit.enable",
+        "auto.commit.interval.ms",
+        "auto.offset.reset",
+        "check.crcs",
+        "consume.callback.max.messages",
+        "consume_cb",
+        "coordinator.query.interval.ms",
+        "enable.auto.commit",
+        "enable.auto.offset.store",
+        "enable.partition.eof",
+        "fetch.error.backoff.ms",
+        "fetch.max.bytes",
+        "fetch.message.max.bytes",
+        "fetch.min.bytes",
+        "fetch.queue.backoff.ms",
+        "fetch.wait.max.ms",
+        "group.id",
+        "group.instance.id",
+        "group.protocol",
+        "group.protocol.type",
+        "group.remote.assignor",
+        "heartbeat.interval.ms",
+        "isolation.level",
+        "max.partition.fetch.bytes",
+        "max.poll.interval.ms",
+        "offset.store.method",
+        "offset.store.path",
+        "offset.store.sync.interval.ms",
+        "offset_commit_cb",
+        "on_commit",
+        "partition.assignment.strategy",
+        "queued.max.messages.kbytes",
+        "queued.min.messages",
+        "rebalance_cb",
+        "session.timeout.ms",
+    }
+)
 
 # Given to every Kafka client lance-cdf creates, whatever the user's settings say: a
 # metadata request never makes the broker create a topic with its own defaults (lance-cdf
@@ -364,8 +440,23 @@ def settings(
 
 
 __all__ = [
-    "ALWAYS", "CONSUMER_ONLY", "KafkaConnection", "MASK", "PRODUCER_ONLY", "ScrubFilter",
-    "expand_env", "is_secret", "parse_pairs", "parse_properties", "read_properties", "redact",
-    "redact_url", "registry_config", "remember", "remember_url", "scrub", "scrub_logging",
+    "ALWAYS",
+    "CONSUMER_ONLY",
+    "KafkaConnection",
+    "MASK",
+    "PRODUCER_ONLY",
+    "ScrubFilter",
+    "expand_env",
+    "is_secret",
+    "parse_pairs",
+    "parse_properties",
+    "read_properties",
+    "redact",
+    "redact_url",
+    "registry_config",
+    "remember",
+    "remember_url",
+    "scrub",
+    "scrub_logging",
     "settings",
-]  # fmt: skip
+]

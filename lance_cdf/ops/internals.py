@@ -23,10 +23,12 @@ from typing import Any
 
 # PySpark's `python -m` entry points of the long-lived driver-side processes of a Python
 # data source's stream reader (latestOffset / partitions / commit) and stream writer
-PYSPARK_STREAMING_RUNNERS = frozenset({
-    "pyspark.sql.streaming.python_streaming_source_runner",
-    "pyspark.sql.worker.python_streaming_sink_runner",
-})  # fmt: skip
+PYSPARK_STREAMING_RUNNERS = frozenset(
+    {
+        "pyspark.sql.streaming.python_streaming_source_runner",
+        "pyspark.sql.worker.python_streaming_sink_runner",
+    }
+)
 
 
 def raw_file_reader(reader: Any) -> Any | None:

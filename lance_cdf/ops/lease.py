@@ -82,8 +82,14 @@ class _State:
     machine: str  # boot id + PID namespace: where `holder.pid` means a process
 
     def to_bytes(self) -> bytes:
-        doc = {"format": LEASE_FORMAT, "holder": asdict(self.holder), "expires": self.expires,
-               "ttl_s": self.ttl_s, "released": self.released, "machine": self.machine}  # fmt: skip
+        doc = {
+            "format": LEASE_FORMAT,
+            "holder": asdict(self.holder),
+            "expires": self.expires,
+            "ttl_s": self.ttl_s,
+            "released": self.released,
+            "machine": self.machine,
+        }
         return json.dumps(doc, sort_keys=True).encode()
 
     @classmethod
@@ -91,10 +97,16 @@ class _State:
         try:
             doc = json.loads(data)
             h = doc["holder"]
-            holder = LeaseHolder(str(h["host"]), int(h["pid"]), str(h["command"]),
-                                 float(h["since"]), str(h["token"]))  # fmt: skip
-            return cls(holder, float(doc["expires"]), float(doc["ttl_s"]),
-                       bool(doc["released"]), str(doc["machine"]))  # fmt: skip
+            holder = LeaseHolder(
+                str(h["host"]), int(h["pid"]), str(h["command"]), float(h["since"]), str(h["token"])
+            )
+            return cls(
+                holder,
+                float(doc["expires"]),
+                float(doc["ttl_s"]),
+                bool(doc["released"]),
+                str(doc["machine"]),
+            )
         except (ValueError, KeyError, TypeError) as exc:
             raise LanceCdfError(
                 f"the lease {where} is not one lance-cdf wrote ({type(exc).__name__}: {exc}); "
@@ -273,8 +285,9 @@ class _ObjectStore:
 class Lease:
     """A held lease (see the module doc). A context manager: released on exit."""
 
-    def __init__(self, store: _LocalStore | _ObjectStore, what: str, state: _State,
-                 etag: str | None):  # fmt: skip
+    def __init__(
+        self, store: _LocalStore | _ObjectStore, what: str, state: _State, etag: str | None
+    ):
         self._store, self.what, self._state, self._etag = store, what, state, etag
         self._lock = threading.Lock()  # renew from a keep-alive thread vs release
         self._lost: LeaseLostError | None = None
@@ -292,9 +305,15 @@ class Lease:
         return self._store.where
 
     @classmethod
-    def acquire(cls, location: str, what: str, storage_options: dict[str, str] | None = None,
-                ttl_s: float = 30.0, command: str | None = None,
-                target: str | None = None) -> Lease:  # fmt: skip
+    def acquire(
+        cls,
+        location: str,
+        what: str,
+        storage_options: dict[str, str] | None = None,
+        ttl_s: float = 30.0,
+        command: str | None = None,
+        target: str | None = None,
+    ) -> Lease:
         """The lease `<location>/<what>.lease`, or LeaseHeldError naming its live holder.
         `what`: a short name of the target's kind ("replica", "checkpoint"); `command`:
         what this process does, shown to others (default "writer of <what>"); `target`:
@@ -304,12 +323,18 @@ class Lease:
         name = f"{_slug(what)}.lease"
         path = local_path(location)
         store: _LocalStore | _ObjectStore = (
-            _LocalStore(path, name) if path is not None
+            _LocalStore(path, name)
+            if path is not None
             else _ObjectStore(location, name, storage_options)
-        )  # fmt: skip
+        )
         now = time.time()
-        me = LeaseHolder(socket.gethostname(), os.getpid(), command or f"writer of {what}", now,
-                         secrets.token_hex(8))  # fmt: skip
+        me = LeaseHolder(
+            socket.gethostname(),
+            os.getpid(),
+            command or f"writer of {what}",
+            now,
+            secrets.token_hex(8),
+        )
         mine = _State(me, now + ttl_s, ttl_s, False, _machine())
         what = f"the {what} {target or location}"
         for _ in range(10):  # conflicts: another writer raced us; read again
@@ -329,8 +354,12 @@ class Lease:
                 except _Conflict:
                     continue
             if current is not None and not current.released:
-                log.warning("took over the lease %s from %s: %s", store.where,
-                            current.holder.describe(), why)  # fmt: skip
+                log.warning(
+                    "took over the lease %s from %s: %s",
+                    store.where,
+                    current.holder.describe(),
+                    why,
+                )
             return cls(store, what, mine, etag)
         raise LeaseHeldError(
             f"{what}: the lease {store.where} kept changing under us (other writers starting "
@@ -352,8 +381,7 @@ class Lease:
             if current is None or current.holder.token != state.holder.token or current.released:
                 self._lost = self._lost_error(current)
                 raise self._lost
-            new = _State(state.holder, time.time() + state.ttl_s, state.ttl_s, False,
-                         state.machine)  # fmt: skip
+            new = _State(state.holder, time.time() + state.ttl_s, state.ttl_s, False, state.machine)
             try:
                 self._etag = store.write(new, etag, create=False)
             except _Conflict:
@@ -364,8 +392,11 @@ class Lease:
         self._renewed = time.monotonic()
 
     def _lost_error(self, current: _State | None) -> LeaseLostError:
-        now = ("free now" if current is None or current.released or current.free(time.time())
-               else f"held now by {current.holder.describe()}")  # fmt: skip
+        now = (
+            "free now"
+            if current is None or current.released or current.free(time.time())
+            else f"held now by {current.holder.describe()}"
+        )
         return LeaseLostError(
             f"lost the lease on {self.what} ({self._store.where}): another writer took it "
             f"over after this one did not renew it for {self._state.ttl_s:g} s ({now}). "
@@ -417,8 +448,7 @@ class Lease:
                 log.error("%s", exc)
                 return False
             except Exception as exc:  # noqa: BLE001 - retried; `check` sees the lapse
-                log.warning("could not renew the lease %s (%s); retrying",
-                            self._store.where, exc)  # fmt: skip
+                log.warning("could not renew the lease %s (%s); retrying", self._store.where, exc)
         return True
 
     def release(self) -> None:
@@ -440,8 +470,11 @@ class Lease:
                     if isinstance(store, _LocalStore):
                         store.remove()
                     else:
-                        store.write(_State(state.holder, time.time(), state.ttl_s, True,
-                                           state.machine), etag, create=False)  # fmt: skip
+                        store.write(
+                            _State(state.holder, time.time(), state.ttl_s, True, state.machine),
+                            etag,
+                            create=False,
+                        )
             except _Conflict:
                 return  # taken over meanwhile: nothing of ours to release
             except OSError as exc:
@@ -452,8 +485,12 @@ class Lease:
     def __enter__(self) -> Lease:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         self.release()
 
 
@@ -476,8 +513,9 @@ class LeaseKeeper:
                 raise LanceCdfError("this lease keeper was closed; keep the lease alive anew")
             self._due[lease] = time.monotonic() + lease.ttl_s / 3
             if self._thread is None:
-                self._thread = threading.Thread(target=self._loop, name="lance-cdf-leases",
-                                                daemon=True)  # fmt: skip
+                self._thread = threading.Thread(
+                    target=self._loop, name="lance-cdf-leases", daemon=True
+                )
                 self._thread.start()
             self._cond.notify()
 

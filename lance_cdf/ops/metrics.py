@@ -177,9 +177,10 @@ class PipelineMetrics:
         latest, oldest_pending = self._source(p.version)
         if latest is not None:
             yield GaugeMetricFamily(
-                "lance_cdf_source_latest_version", "latest version of the source table",
+                "lance_cdf_source_latest_version",
+                "latest version of the source table",
                 value=latest,
-            )  # fmt: skip
+            )
         if p.version is not None:
             meaning = f"the changes up to this source version are {done}"
             if self.role == "replicate":  # whole versions only with transaction metadata
@@ -191,9 +192,10 @@ class PipelineMetrics:
             yield GaugeMetricFamily(f"lance_cdf_{done}_version", meaning, value=p.version)
         if latest is not None:
             yield GaugeMetricFamily(
-                "lance_cdf_lag_versions", f"latest source version - {done} version",
+                "lance_cdf_lag_versions",
+                f"latest source version - {done} version",
                 value=max(0, latest - (p.version or 0)),
-            )  # fmt: skip
+            )
             yield GaugeMetricFamily(
                 "lance_cdf_lag_seconds",
                 f"seconds since the oldest source version not yet {done} was committed",
@@ -203,18 +205,21 @@ class PipelineMetrics:
             "lance_cdf_events", "change events published / records consumed", value=p.events
         )
         yield GaugeMetricFamily(
-            "lance_cdf_events_per_second", f"events per second over the last {RATE_WINDOW:.0f} s",
+            "lance_cdf_events_per_second",
+            f"events per second over the last {RATE_WINDOW:.0f} s",
             value=self._rate(p.events, now),
-        )  # fmt: skip
+        )
         yield CounterMetricFamily("lance_cdf_batches", "batches completed", value=p.batches)
         yield CounterMetricFamily(
-            "lance_cdf_dead_letters", "records sent to the dead-letter topic",
+            "lance_cdf_dead_letters",
+            "records sent to the dead-letter topic",
             value=p.dead_letters,
-        )  # fmt: skip
+        )
         yield CounterMetricFamily(
-            "lance_cdf_delivery_failures", "failed micro-batches, offset commits or "
-            "dead-letter writes", value=p.delivery_failures,
-        )  # fmt: skip
+            "lance_cdf_delivery_failures",
+            "failed micro-batches, offset commits or dead-letter writes",
+            value=p.delivery_failures,
+        )
         yield GaugeMetricFamily(
             "lance_cdf_last_error_timestamp_seconds",
             "unix time of the last failure (0: none)",
@@ -234,14 +239,16 @@ class PipelineMetrics:
             )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
-                "lance_cdf_kafka_lag_records", "records in the topic not yet consumed",
+                "lance_cdf_kafka_lag_records",
+                "records in the topic not yet consumed",
                 value=p.kafka_lag,
-            )  # fmt: skip
+            )
         if self.kafka_lags is not None:
             lags = GaugeMetricFamily(
-                "lance_cdf_kafka_lag_records", "records in the table's topic not yet consumed",
+                "lance_cdf_kafka_lag_records",
+                "records in the table's topic not yet consumed",
                 labels=["table"],
-            )  # fmt: skip
+            )
             for name, lag in sorted(self.kafka_lags().items()):
                 lags.add_metric([name], lag)
             yield lags
@@ -254,13 +261,15 @@ class PipelineMetrics:
         for gone in [u for u in self._logs if u not in {u for u, _ in tables.values()}]:
             del self._logs[gone]  # a table no longer followed: its label goes too
         latest_g = GaugeMetricFamily(
-            "lance_cdf_source_latest_version", "latest version of the source table",
+            "lance_cdf_source_latest_version",
+            "latest version of the source table",
             labels=["table"],
-        )  # fmt: skip
+        )
         done_g = GaugeMetricFamily(
-            f"lance_cdf_{done}_version", f"the changes up to this source version are {done}",
+            f"lance_cdf_{done}_version",
+            f"the changes up to this source version are {done}",
             labels=["table"],
-        )  # fmt: skip
+        )
         lag_g = GaugeMetricFamily(
             "lance_cdf_lag_versions", f"latest source version - {done} version", labels=["table"]
         )

@@ -161,15 +161,20 @@ class DatabaseReplicator:
         check_broker(bootstrap_servers, consumer_config, flag="consumer")
         check_registry(schema_registry, registry_config)
         self.options = {
-            **options, "max_batch_rows": max_batch_rows,
-            "max_batch_interval": max_batch_interval, "dead_letter_topic": dead_letter_topic,
-            "consumer_config": consumer_config, "registry_config": registry_config,
+            **options,
+            "max_batch_rows": max_batch_rows,
+            "max_batch_interval": max_batch_interval,
+            "dead_letter_topic": dead_letter_topic,
+            "consumer_config": consumer_config,
+            "registry_config": registry_config,
             "storage_options": storage_options,
-        }  # fmt: skip
+        }
         self.consumer = Consumer(replica_consumer_config(connection, self.group_id, _on_commit))
-        registry = SchemaRegistryClient(registry_settings(
-            schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
-        ))  # fmt: skip
+        registry = SchemaRegistryClient(
+            registry_settings(
+                schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
+            )
+        )
         self.shared = SharedClients(
             self.consumer,
             self.group_id,
@@ -191,13 +196,16 @@ class DatabaseReplicator:
         try:
             meta = self.consumer.list_topics(timeout=10)
         except KafkaException as exc:
-            log.warning("cannot list the topics (%s); asked again in %.0f s", exc,
-                        self.refresh_s)  # fmt: skip
+            log.warning("cannot list the topics (%s); asked again in %.0f s", exc, self.refresh_s)
             return
-        listed = [t for t, m in meta.topics.items()
-                  if m.error is None and m.partitions and t != self.dead_letter_topic]  # fmt: skip
-        found = {t.topic: t for t in table_topics(listed, self.topic_prefix,
-                                                  self.include, self.exclude)}  # fmt: skip
+        listed = [
+            t
+            for t, m in meta.topics.items()
+            if m.error is None and m.partitions and t != self.dead_letter_topic
+        ]
+        found = {
+            t.topic: t for t in table_topics(listed, self.topic_prefix, self.include, self.exclude)
+        }
         for topic, table in list(self.tables.items()):
             if topic in found:
                 table.missing = 0
@@ -224,9 +232,13 @@ class DatabaseReplicator:
     def _take_up(self, table: TableTopic) -> None:
         target = table_location(self.target, table.identifier, self.storage_options)
         replicator = Replicator(
-            self.bootstrap_servers, table.topic, self.schema_registry, target,
-            shared=self.shared, **self.options,
-        )  # fmt: skip
+            self.bootstrap_servers,
+            table.topic,
+            self.schema_registry,
+            target,
+            shared=self.shared,
+            **self.options,
+        )
         try:
             replicator.start()
         except (ForeignReplicaError, ReplicaPositionError, LeaseHeldError) as exc:
@@ -255,9 +267,12 @@ class DatabaseReplicator:
         topic = entry.table.topic
         log.warning(
             "table %s: topic %r no longer exists; its replica %s is let go as it stands "
-            "(source version %d); the other tables go on", entry.table.qualified_name,
-            topic, entry.target, entry.replicator.counters.source_version,
-        )  # fmt: skip
+            "(source version %d); the other tables go on",
+            entry.table.qualified_name,
+            topic,
+            entry.target,
+            entry.replicator.counters.source_version,
+        )
         del self.tables[topic]
         self._by_transaction_topic.pop(entry.replicator.transaction_topic or "", None)
         self.gone.append(entry.table.qualified_name)
@@ -292,10 +307,12 @@ class DatabaseReplicator:
         applied through (None: none yet) and the records of its topic not yet consumed.
         Read from any thread (the metrics endpoint)."""
         return {
-            e.table.qualified_name: (e.replicator.counters.source_version or None,
-                                     e.replicator.counters.lag)
+            e.table.qualified_name: (
+                e.replicator.counters.source_version or None,
+                e.replicator.counters.lag,
+            )
             for e in list(self.tables.values())
-        }  # fmt: skip
+        }
 
     def run(self, idle_timeout: float | None = None) -> dict[str, Counters]:
         """Apply batches until stop() (`lance-cdf replicate` calls it on SIGTERM /
@@ -338,16 +355,22 @@ class DatabaseReplicator:
     def _poll_batch(self) -> list[Message]:
         # (the transaction topics come through this consumer too: an END ends the wait)
         batch: list[Message] = []
-        for m in consume_ready(self.consumer, self.max_batch_rows, self.max_batch_interval,
-                               self.max_batch_interval, self._stop):  # fmt: skip
+        for m in consume_ready(
+            self.consumer,
+            self.max_batch_rows,
+            self.max_batch_interval,
+            self.max_batch_interval,
+            self._stop,
+        ):
             err = m.error()
             if err is None:
                 batch.append(m)
             elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
                 continue  # a deleted topic: the next refresh lets its table go
             elif err.code() != KafkaError._PARTITION_EOF:
-                raise consume_error(err, str(m.topic()), self.group_id,
-                                    self.bootstrap_servers, "--exclude")  # fmt: skip
+                raise consume_error(
+                    err, str(m.topic()), self.group_id, self.bootstrap_servers, "--exclude"
+                )
         return batch
 
     def _dispatch(self, msgs: list[Message]) -> None:
@@ -371,8 +394,17 @@ class DatabaseReplicator:
             entry.replicator.take(data.get(topic, []))  # (its lease checked first)
 
 
-_SUMMED = ("batches", "records", "upserts", "deletes", "tombstones", "skipped", "dead_letters",
-           "delivery_failures", "registry_retries")  # fmt: skip
+_SUMMED = (
+    "batches",
+    "records",
+    "upserts",
+    "deletes",
+    "tombstones",
+    "skipped",
+    "dead_letters",
+    "delivery_failures",
+    "registry_retries",
+)
 
 
 def _add(total: Counters, c: Counters) -> None:
@@ -396,8 +428,11 @@ class SourceTables:
             try:
                 listed = list_tables(self.root, self.storage_options)
             except (LanceCdfError, OSError) as exc:
-                log.warning("cannot list the source database %s (%s); asked again on the "
-                            "next scrape", redact_url(self.root), exc)  # fmt: skip
+                log.warning(
+                    "cannot list the source database %s (%s); asked again on the next scrape",
+                    redact_url(self.root),
+                    exc,
+                )
             else:
                 self._uris = {ref.qualified_name: ref.uri for ref in listed}
         return {n: self._uris.get(n) for n in names}
@@ -408,8 +443,9 @@ def _on_commit(err: KafkaError | None, partitions: list[TopicPartition]) -> None
     the group's offsets only follow it for tools that watch the group)."""
     failed = [tp for tp in partitions if tp.error is not None]
     if err is not None or failed:
-        log.warning("offset commit failed (the replicas' positions are kept): %s",
-                    err or failed[0].error)  # fmt: skip
+        log.warning(
+            "offset commit failed (the replicas' positions are kept): %s", err or failed[0].error
+        )
 
 
 def replicate_database(

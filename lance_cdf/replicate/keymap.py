@@ -101,9 +101,15 @@ class KeyMap:
             missing &= ~dhit
         return missing
 
-    def update(self, deleted: np.ndarray, keys: np.ndarray, addrs: np.ndarray,
-               version: int, deleted_slots: np.ndarray | None = None,
-               slots: np.ndarray | None = None) -> None:  # fmt: skip
+    def update(
+        self,
+        deleted: np.ndarray,
+        keys: np.ndarray,
+        addrs: np.ndarray,
+        version: int,
+        deleted_slots: np.ndarray | None = None,
+        slots: np.ndarray | None = None,
+    ) -> None:
         """What one apply did: the keys in `deleted` are gone, then `keys` live at
         `addrs` (unique keys); the map now describes `version`. `deleted_slots` /
         `slots`: the keys' slots from `find` since the last update (-1: not found,

@@ -171,9 +171,16 @@ METADATA_CACHE_BYTES = 16 << 20
 class ReplicaTable:
     """The target Lance table of a replicator, keyed by `key`."""
 
-    def __init__(self, uri: str, key: list[str], storage_options: dict[str, str] | None = None,
-                 index_rows_max: int = UNINDEXED_ROWS_MAX, keep_row_ids: bool = False,
-                 prewarm: bool = True, key_map: bool = True):  # fmt: skip
+    def __init__(
+        self,
+        uri: str,
+        key: list[str],
+        storage_options: dict[str, str] | None = None,
+        index_rows_max: int = UNINDEXED_ROWS_MAX,
+        keep_row_ids: bool = False,
+        prewarm: bool = True,
+        key_map: bool = True,
+    ):
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
         self.prewarm = prewarm
@@ -283,8 +290,13 @@ class ReplicaTable:
         max_rowid = position.get(MAX_ROWID_PROPERTY)
         return version, int(max_rowid) if max_rowid is not None else np.iinfo(np.int64).max
 
-    def apply(self, upserts: pa.Table | None, deletes: pa.Table | None, props: dict[str, str],
-              fresh: np.ndarray | None = None) -> bool:  # fmt: skip
+    def apply(
+        self,
+        upserts: pa.Table | None,
+        deletes: pa.Table | None,
+        props: dict[str, str],
+        fresh: np.ndarray | None = None,
+    ) -> bool:
         """Delete the keys in `deletes`, upsert `upserts`, and record `props`, in one
         Lance commit (two with a composite key). `fresh` (one bool per upsert row):
         rows whose key the caller knows the replica does not hold; they are written
@@ -304,9 +316,12 @@ class ReplicaTable:
                 return False  # only deletes of rows the replica never had
             crash_point("before-lance-commit")
             lance.write_dataset(
-                upserts, self.uri, enable_stable_row_ids=True, transaction_properties=props,
+                upserts,
+                self.uri,
+                enable_stable_row_ids=True,
+                transaction_properties=props,
                 storage_options=self.storage_options,
-            )  # fmt: skip
+            )
             return True
         if upserts is not None:
             ds = self._add_new_columns(ds, upserts.schema)
@@ -328,22 +343,34 @@ class ReplicaTable:
         return True
 
     # -- one commit: deletion vectors of the touched fragments + new fragments ---------
-    def _apply_by_address(self, ds: lance.LanceDataset, data: pa.Table | None,
-                          deletes: pa.Table | None, props: dict[str, str],
-                          fresh: np.ndarray | None = None) -> None:  # fmt: skip
+    def _apply_by_address(
+        self,
+        ds: lance.LanceDataset,
+        data: pa.Table | None,
+        deletes: pa.Table | None,
+        props: dict[str, str],
+        fresh: np.ndarray | None = None,
+    ) -> None:
         key = self.key[0]
         key_type = ds.schema.field(key).type
         probed = data if fresh is None or data is None else data.filter(pa.array(~fresh))
         # (chunks, not ChunkedArrays: pa.chunked_array converts a ChunkedArray element
         # value by value)
-        chunks = [c for t in (probed, deletes) if t is not None and t.num_rows
-                  for c in t[key].cast(key_type).chunks]  # fmt: skip
+        chunks = [
+            c
+            for t in (probed, deletes)
+            if t is not None and t.num_rows
+            for c in t[key].cast(key_type).chunks
+        ]
         keys = pa.chunked_array(chunks, key_type).combine_chunks() if chunks else None
         key_map = self._current_map(ds, key_type, data, deletes)
         found, slots = None, None
         if key_map is not None:  # O(batch log replica), in memory
-            addr, slots = (key_map.find(keys.to_numpy()) if keys is not None else
-                           (np.empty(0, np.uint64), np.empty(0, np.int64)))  # fmt: skip
+            addr, slots = (
+                key_map.find(keys.to_numpy())
+                if keys is not None
+                else (np.empty(0, np.uint64), np.empty(0, np.int64))
+            )
             found = pa.table({"_rowaddr": addr[addr != GONE]})
         elif keys is not None:
             found = self._find(ds, keys, with_keys=self.keep_row_ids)
@@ -373,9 +400,10 @@ class ReplicaTable:
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new
         )
         committed = lance.LanceDataset.commit(
-            self.uri, Transaction(ds.version, op, transaction_properties=props),
+            self.uri,
+            Transaction(ds.version, op, transaction_properties=props),
             storage_options=self.storage_options,
-        )  # fmt: skip
+        )
         self._clock("commit")
         if key_map is not None:
             self._advance_map(ds, committed, new, deletes, data, slots, fresh)
@@ -450,8 +478,10 @@ class ReplicaTable:
         )
         if [m.physical_rows for m in added] != [f.physical_rows for f in new]:
             return
-        addrs = [(np.uint64(m.id) << np.uint64(32)) + np.arange(m.physical_rows, dtype=np.uint64)
-                 for m in added]  # fmt: skip
+        addrs = [
+            (np.uint64(m.id) << np.uint64(32)) + np.arange(m.physical_rows, dtype=np.uint64)
+            for m in added
+        ]
         key = self.key[0]
         gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
         written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
@@ -463,9 +493,13 @@ class ReplicaTable:
             written_slots[~fresh] = slots[:probed]
         try:
             key_map.update(
-                gone, written, np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
-                committed.version, deleted_slots=slots[probed:], slots=written_slots,
-            )  # fmt: skip
+                gone,
+                written,
+                np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
+                committed.version,
+                deleted_slots=slots[probed:],
+                slots=written_slots,
+            )
         except DuplicateKeysError:
             return  # the rebuild finds the key twice and gives the map up
         self._map = key_map
@@ -501,7 +535,7 @@ class ReplicaTable:
             parts = [
                 ds.to_table(filter=f"{_quoted(key)} IN ({', '.join(chunk)})", **probe_cols)
                 for chunk in (probe[i : i + PROBE_CHUNK] for i in range(0, len(probe), PROBE_CHUNK))
-            ]  # fmt: skip
+            ]
             return pa.concat_tables(parts)
         table = ds.to_table(**cols)  # one hash set of the keys, one pass over the column
         return table.filter(pc.is_in(table[key], value_set=keys))
@@ -617,9 +651,11 @@ class ReplicaTable:
         a crash between them replays to the same table."""
         if deletes is not None or data is None:  # deletes, or a position-only commit
             key_schema = pa.schema([ds.schema.field(c) for c in self.key])
-            keys = deletes.select(self.key).cast(key_schema) if deletes is not None else (
-                key_schema.empty_table()
-            )  # fmt: skip
+            keys = (
+                deletes.select(self.key).cast(key_schema)
+                if deletes is not None
+                else (key_schema.empty_table())
+            )
             crash_point("before-lance-commit")
             tx, _ = ds.merge_insert(self.key).when_matched_delete().execute_uncommitted(keys)
             if data is None:

@@ -134,8 +134,9 @@ DRAIN_S = 0.01
 END_LOOK_S = 0.05
 
 
-def consume_ready(consumer: Consumer, limit: int, wait: float, window: float,
-                  stop: threading.Event) -> list[Message]:  # fmt: skip
+def consume_ready(
+    consumer: Consumer, limit: int, wait: float, window: float, stop: threading.Event
+) -> list[Message]:
     """Up to `limit` records (and error events) as soon as they are there: waits up to
     `wait` s for the first, then takes what keeps arriving (DRAIN_S apart) for at most
     `window` s from the first. librdkafka's consume(n, t) returns only when n records
@@ -246,9 +247,12 @@ class _Decoder:
             self.outages += 1
             log.warning(
                 "schema registry unavailable (%s); schema id %d asked again in %.1f s "
-                "(giving up after %.0f s)", type(why).__name__, schema_id, min(delay, left),
+                "(giving up after %.0f s)",
+                type(why).__name__,
+                schema_id,
+                min(delay, left),
                 self.outage_s,
-            )  # fmt: skip
+            )
             time.sleep(min(delay, left))
             delay = min(delay * 2, 10.0)
 
@@ -345,10 +349,11 @@ def _distinct_sources(
         columns.append((col if mask is None else col.filter(mask)).cast(pa.string()))
     first = {f: c[0].as_py() for f, c in zip(SOURCE_FIELDS, columns, strict=True)}
     if all(
-        c.null_count == n if first[f] is None
+        c.null_count == n
+        if first[f] is None
         else c.null_count == 0 and pc.all(pc.equal(c, first[f])).as_py()
         for f, c in zip(SOURCE_FIELDS, columns, strict=True)
-    ):  # fmt: skip
+    ):
         return [(first, 0)]
     table = pa.Table.from_arrays([*columns, pa.array(np.arange(n))], [*SOURCE_FIELDS, "_i"])
     groups = table.group_by(list(SOURCE_FIELDS), use_threads=False).aggregate([("_i", "min")])
@@ -458,11 +463,13 @@ def consume_error(
     denial on the group or the topic named in one line (`topic_flag`: the flag that names
     another topic), anything else as Kafka said it."""
     if err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-        return denied("consumer group", group_id, "Read", bootstrap_servers, "consumer", err,
-                      "--group-id")  # fmt: skip
+        return denied(
+            "consumer group", group_id, "Read", bootstrap_servers, "consumer", err, "--group-id"
+        )
     if err.code() in DENIED:
-        return denied("topic", topic, "Describe and Read", bootstrap_servers, "consumer", err,
-                      topic_flag)  # fmt: skip
+        return denied(
+            "topic", topic, "Describe and Read", bootstrap_servers, "consumer", err, topic_flag
+        )
     return LanceCdfError(f"Kafka error while consuming {topic!r}: {err}")
 
 
@@ -520,9 +527,9 @@ class Replicator:
         self.pause_gc = pause_gc
         self.target, self.storage_options = target, storage_options
         self.rebuild, self.lease_ttl_s = rebuild, lease_ttl_s
-        self.group_id = shared.group_id if shared is not None else (
-            group_id or f"lance-cdf-replicate-{topic}"
-        )  # fmt: skip
+        self.group_id = (
+            shared.group_id if shared is not None else (group_id or f"lance-cdf-replicate-{topic}")
+        )
         # whole versions (wholeversions.py): the transaction topic read beside `topic`
         # (None: records applied as they come, no source version recorded)
         self.transaction_topic = (
@@ -544,10 +551,14 @@ class Replicator:
             )
         self._bootstrap_servers = bootstrap_servers
         self.replica = ReplicaTable(
-            target, self.key, storage_options, keep_row_ids=keep_row_ids,
-            prewarm=preload_index, key_map=key_map,
+            target,
+            self.key,
+            storage_options,
+            keep_row_ids=keep_row_ids,
+            prewarm=preload_index,
+            key_map=key_map,
             **({} if index_rows_max is None else {"index_rows_max": index_rows_max}),
-        )  # fmt: skip
+        )
         self.decoder = (
             shared.decoder
             if shared is not None
@@ -559,7 +570,7 @@ class Replicator:
                     registry_settings(
                         schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
                     )
-                ),  # fmt: skip
+                ),
                 outage_s=registry_outage_s,
             )
         )
@@ -615,9 +626,7 @@ class Replicator:
         self._position, self._mode = position, None
         self._paused = set()  # (a new assignment starts unpaused)
         through = position.get(RECORDS_THROUGH_PROPERTY)
-        self._through = int(through) if through is not None else (
-            source_version_of(position) or 0
-        )  # fmt: skip
+        self._through = int(through) if through is not None else (source_version_of(position) or 0)
         self._applied = offsets_of(position, self.topic)
         self._fresh = self.replica.fresh_bounds(position) if self.key == [SOURCE_ROWID] else None
         self.counters.source_version = max(
@@ -726,8 +735,7 @@ class Replicator:
         now), at the replica's position (from the beginning: they are new)."""
         new = sorted(set(partitions) - set(self._partitions))
         self._partitions = sorted([*self._partitions, *new])
-        return [TopicPartition(self.topic, p, self._applied.get(p, OFFSET_BEGINNING))
-                for p in new]  # fmt: skip
+        return [TopicPartition(self.topic, p, self._applied.get(p, OFFSET_BEGINNING)) for p in new]
 
     def topic_partitions(self) -> list[int] | None:
         """The topic's partitions (None: no such topic)."""
@@ -743,8 +751,10 @@ class Replicator:
         if self._waiting_for_topic and now - started > idle_timeout:
             log.warning(
                 "topic %r still does not exist %.0f s after start: --idle-timeout reached, "
-                "stopping (nothing applied)", self.topic, now - started,
-            )  # fmt: skip
+                "stopping (nothing applied)",
+                self.topic,
+                now - started,
+            )
             return True
         return False
 
@@ -755,10 +765,13 @@ class Replicator:
         from its owner's one keep-alive thread for every table)."""
         location = f"{self.target.rstrip('/')}/{LEASE_DIR}"
         lease = Lease.acquire(
-            location, "replica", self.storage_options, ttl_s=self.lease_ttl_s,
+            location,
+            "replica",
+            self.storage_options,
+            ttl_s=self.lease_ttl_s,
             command=f"lance-cdf replicate --topic {self.topic} --group-id {self.group_id}",
             target=self.target,
-        )  # fmt: skip
+        )
         lease.keep_alive(self.shared.leases if self.shared is not None else None)
         return lease
 
@@ -790,8 +803,11 @@ class Replicator:
         partitions = self._topic_partitions()
         if partitions is None:  # no topic yet: nothing to resume from, nothing lost
             self._waiting_for_topic = True
-            log.warning("topic %r does not exist yet; waiting for it (--idle-timeout, if given, "
-                        "counts from start)", self.topic)  # fmt: skip
+            log.warning(
+                "topic %r does not exist yet; waiting for it (--idle-timeout, if given, "
+                "counts from start)",
+                self.topic,
+            )
             return
         if not applied and not self.rebuild:
             moved = self._committed(partitions)
@@ -872,8 +888,7 @@ class Replicator:
             policy = self._cleanup_policy()
             if start == 0 and policy == "compact":
                 continue
-            held = ("holds nothing of it" if start == 0
-                    else f"resumes at offset {start}")  # fmt: skip
+            held = "holds nothing of it" if start == 0 else f"resumes at offset {start}"
             raise ReplicaPositionError(
                 f"the replica {self.target} cannot be built from topic {self.topic!r}: its "
                 f"partition {p} now starts at offset {low} (cleanup.policy={policy}: older "
@@ -930,8 +945,9 @@ class Replicator:
             # records wait for their version's END, read from the transaction topic
             # between polls: look again soon rather than after a quiet topic's wait
             wait = min(wait, END_LOOK_S)
-        for m in consume_ready(self.consumer, self.max_batch_rows, wait,
-                               self.max_batch_interval, self._stop):  # fmt: skip
+        for m in consume_ready(
+            self.consumer, self.max_batch_rows, wait, self.max_batch_interval, self._stop
+        ):
             err = m.error()
             if err is None:
                 batch.append(m)
@@ -940,8 +956,9 @@ class Replicator:
                     log.warning("topic %r does not exist yet; waiting for it", self.topic)
                 self._waiting_for_topic = True
             elif err.code() != KafkaError._PARTITION_EOF:
-                raise consume_error(err, self.topic, self.group_id,
-                                    self._bootstrap_servers, "--topic")  # fmt: skip
+                raise consume_error(
+                    err, self.topic, self.group_id, self._bootstrap_servers, "--topic"
+                )
         if assignments == self._assignments and len(self._partitions) == 1:
             self._batch_partition = self._partitions[0]
         return batch
@@ -995,8 +1012,9 @@ class Replicator:
         if err is None and not failed:
             return
         self.counters.failed()
-        log.warning("offset commit failed (the replica's position is kept): %s",
-                    err or failed[0].error)  # fmt: skip
+        log.warning(
+            "offset commit failed (the replica's position is kept): %s", err or failed[0].error
+        )
 
     # -- whole versions -------------------------------------------------------------
     def _take(self, msgs: list[Message]) -> None:
@@ -1047,32 +1065,43 @@ class Replicator:
             found = self.consumer.list_topics(txn, timeout=10).topics.get(txn)
             if found is not None and found.error is not None and found.error.code() in DENIED:
                 # not "no transaction topic": applying records as they come would be a guess
-                raise denied("topic", txn, "Describe and Read", self._bootstrap_servers,
-                             "consumer", found.error,
-                             "--transaction-topic (or --no-transaction-topic)")  # fmt: skip
+                raise denied(
+                    "topic",
+                    txn,
+                    "Describe and Read",
+                    self._bootstrap_servers,
+                    "consumer",
+                    found.error,
+                    "--transaction-topic (or --no-transaction-topic)",
+                )
         if txn is None or found is None or found.error is not None:
             log.warning(
                 "no transaction topic%s: records are applied as they come and the replica "
                 "records no source version (it cannot tell a complete one); it records the "
-                "highest version applied as %s", f" {txn!r}" if txn else "",
+                "highest version applied as %s",
+                f" {txn!r}" if txn else "",
                 RECORDS_THROUGH_PROPERTY,
-            )  # fmt: skip
+            )
             return "records"
         if self._gate is None:
             self._gate = VersionGate(
-                self._connection, self.topic, txn,
-                TransactionDecoder(self.decoder.registry), self.max_pending_records,
+                self._connection,
+                self.topic,
+                txn,
+                TransactionDecoder(self.decoder.registry),
+                self.max_pending_records,
                 consumer=self.consumer if self.shared is not None else None,
-            )  # fmt: skip
+            )
         position = self._position
         bounds = json.loads(position.get(VERSION_OFFSETS_PROPERTY, "{}")).get(self.topic)
         self._gate.reset(
             source_version_of(position) or 0,
             int(position.get(TRANSACTION_OFFSET_PROPERTY, 0)),
-            {int(p): int(o) for p, o in bounds.items()} if bounds is not None
+            {int(p): int(o) for p, o in bounds.items()}
+            if bounds is not None
             else dict(self._applied),
             self._applied,
-        )  # fmt: skip
+        )
         log.info("applying whole source versions (transaction topic %r)", txn)
         return "versions"
 
@@ -1136,11 +1165,16 @@ class Replicator:
         c.lag = self._lag(next_offsets)
         log.info(
             "%sbatch %d: %d records (%d skipped), %d upserts, %d deletes, source version %d, "
-            "lag %d", f"{self.topic}: " if self.shared is not None else "", c.batches,
-            len(msgs), skipped,
+            "lag %d",
+            f"{self.topic}: " if self.shared is not None else "",
+            c.batches,
+            len(msgs),
+            skipped,
             0 if upserts is None else upserts.num_rows,
-            0 if deletes is None else deletes.num_rows, c.source_version, c.lag,
-        )  # fmt: skip
+            0 if deletes is None else deletes.num_rows,
+            c.source_version,
+            c.lag,
+        )
         t3 = time.perf_counter()
         self._maintain()
         c.upkeep_s += time.perf_counter() - t3
@@ -1237,10 +1271,16 @@ class Replicator:
             self._check_sources([(s, msgs[kept[i]]) for s, i in _distinct_sources(source, good)])
             tables.append(table)
             op = env.field("op").to_numpy(zero_copy_only=False)[good]
-            meta.append((
-                source.field("commit_version").to_numpy()[good], is_delete, parts[kept],
-                offsets[kept], source.field("rowid").to_numpy()[good], op == "c",
-            ))  # fmt: skip
+            meta.append(
+                (
+                    source.field("commit_version").to_numpy()[good],
+                    is_delete,
+                    parts[kept],
+                    offsets[kept],
+                    source.field("rowid").to_numpy()[good],
+                    op == "c",
+                )
+            )
         for at in sorted(errors):  # in Kafka order: without a dead-letter topic the first stops
             self._dead_letter(msgs[at], errors[at])
         rows = [t for t in tables if t.num_rows]
@@ -1286,10 +1326,14 @@ class Replicator:
         bad |= missing
         names = {image.type.field(i).name for i in range(image.type.num_fields)}
         key_nulls = {
-            c: (image.field(c).is_null().to_numpy(zero_copy_only=False) if c in names
-                else np.ones(len(image), bool))
-            for c in self.key if c != SOURCE_ROWID
-        }  # fmt: skip
+            c: (
+                image.field(c).is_null().to_numpy(zero_copy_only=False)
+                if c in names
+                else np.ones(len(image), bool)
+            )
+            for c in self.key
+            if c != SOURCE_ROWID
+        }
         if key_nulls:
             any_null = np.logical_or.reduce(list(key_nulls.values()))
             for i in np.flatnonzero(any_null & ~bad):
@@ -1324,8 +1368,16 @@ class Replicator:
                     raise ValueError(f"key column(s) {nulls} missing or null")
                 source = rec["source"]
                 sources.setdefault(tuple(source.get(f) for f in SOURCE_FIELDS), m)
-                meta.append((source["commit_version"], op == "d", m.partition(), m.offset(),
-                             source["rowid"], op == "c"))  # fmt: skip
+                meta.append(
+                    (
+                        source["commit_version"],
+                        op == "d",
+                        m.partition(),
+                        m.offset(),
+                        source["rowid"],
+                        op == "c",
+                    )
+                )
             except RegistryUnavailableError:
                 raise  # an outage, not the record's fault: never a dead letter
             except Exception as exc:  # a record that does not decode with its schema
@@ -1346,9 +1398,15 @@ class Replicator:
                 return FinalStates(None, None, tombstones, 0, None)
         versions, is_delete, parts, offsets, rowids, is_insert = np.array(meta, np.int64).T
         return self._last_states(
-            rows, versions, is_delete.astype(bool), parts, offsets, rowids, tombstones,
+            rows,
+            versions,
+            is_delete.astype(bool),
+            parts,
+            offsets,
+            rowids,
+            tombstones,
             is_insert.astype(bool),
-        )  # fmt: skip
+        )
 
     def _last_states(
         self,

@@ -86,11 +86,20 @@ class VersionGate:
         # every table), one that the caller polls: it hands the transaction topic's
         # records over with `feed`, and this gate only (un)assigns its partition
         self.shared = consumer is not None
-        self.consumer = consumer if consumer is not None else Consumer(connection.consumer(
-            defaults={"auto.offset.reset": "earliest"},
-            fixed={"group.id": f"lance-cdf-replicate-{transaction_topic}",
-                   "enable.auto.commit": False, "isolation.level": "read_committed"},
-        ))  # fmt: skip
+        self.consumer = (
+            consumer
+            if consumer is not None
+            else Consumer(
+                connection.consumer(
+                    defaults={"auto.offset.reset": "earliest"},
+                    fixed={
+                        "group.id": f"lance-cdf-replicate-{transaction_topic}",
+                        "enable.auto.commit": False,
+                        "isolation.level": "read_committed",
+                    },
+                )
+            )
+        )
         self._fed: list[Message] = []  # (shared consumer) polled, not yet read
         self._assigned = False
         self.version = 0
@@ -177,10 +186,14 @@ class VersionGate:
                 err = m.error()
                 if err is not None and err.code() in DENIED:  # no END would ever come
                     raise denied(
-                        "topic", self.transaction_topic, "Describe and Read",
-                        self.connection.bootstrap_servers, "consumer", err,
+                        "topic",
+                        self.transaction_topic,
+                        "Describe and Read",
+                        self.connection.bootstrap_servers,
+                        "consumer",
+                        err,
                         "--transaction-topic (or --no-transaction-topic)",
-                    )  # fmt: skip
+                    )
                 if err is not None:
                     continue
                 offset = m.offset()
@@ -268,8 +281,11 @@ class VersionGate:
                 "%d records of unfinished versions waiting (more than %d): applying them "
                 "as a piece of version %d; the replica holds source version %d plus part "
                 "of what follows until that version completes",
-                len(msgs), self.max_pending, inside, self.version,
-            )  # fmt: skip
+                len(msgs),
+                self.max_pending,
+                inside,
+                self.version,
+            )
             return Take(msgs, self.version, self.transaction_offset, dict(self.base), inside, upto)
         return None
 

@@ -133,12 +133,34 @@ def publish(
         if database is not None:
             head_start = False  # (spark/publish/headstart.py follows one table)
         return _publish(
-            stopping, table, bootstrap_servers, topic, schema_registry, checkpoint,
-            starting_version, trigger_interval, available_now, key, tombstones,
-            producer_config, registry_config, storage_options, max_rows_per_trigger, master,
-            snapshot, drop_unchanged_updates, writers, exactly_once, table_name,
-            metrics_port, metrics_host, head_start, txn, lease, database,
-        )  # fmt: skip
+            stopping,
+            table,
+            bootstrap_servers,
+            topic,
+            schema_registry,
+            checkpoint,
+            starting_version,
+            trigger_interval,
+            available_now,
+            key,
+            tombstones,
+            producer_config,
+            registry_config,
+            storage_options,
+            max_rows_per_trigger,
+            master,
+            snapshot,
+            drop_unchanged_updates,
+            writers,
+            exactly_once,
+            table_name,
+            metrics_port,
+            metrics_host,
+            head_start,
+            txn,
+            lease,
+            database,
+        )
     finally:
         if lease is not None:
             lease.release()
@@ -170,8 +192,13 @@ def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str
     location = checkpoint.removeprefix("file://")
     if location.startswith("s3a://"):
         location = "s3://" + location[len("s3a://") :]
-    lease = Lease.acquire(location, "publisher", storage_options,
-                          command=f"lance-cdf publish to {topic}", target=checkpoint)  # fmt: skip
+    lease = Lease.acquire(
+        location,
+        "publisher",
+        storage_options,
+        command=f"lance-cdf publish to {topic}",
+        target=checkpoint,
+    )
     lease.keep_alive()
     return lease
 
@@ -194,7 +221,7 @@ def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
         changes.withColumn(PARTITION_COLUMN, F.pmod(F.col(KEY_HASH), F.lit(partitions)).cast("int"))
         .drop(KEY_HASH)
         .repartition(tasks, PARTITION_COLUMN)
-    )  # fmt: skip
+    )
 
 
 def hand_off(work: DataFrame) -> DataFrame:
@@ -376,10 +403,23 @@ def _publish(
     started = time.monotonic()
     stages: dict[str, float] = {}
     source_options, sink_options = _stream_options(
-        table, bootstrap_servers, topic, schema_registry, checkpoint, starting_version, key,
-        tombstones, producer_config, registry_config, storage_options, max_rows_per_trigger,
-        snapshot, drop_unchanged_updates, exactly_once, table_name,
-    )  # fmt: skip
+        table,
+        bootstrap_servers,
+        topic,
+        schema_registry,
+        checkpoint,
+        starting_version,
+        key,
+        tombstones,
+        producer_config,
+        registry_config,
+        storage_options,
+        max_rows_per_trigger,
+        snapshot,
+        drop_unchanged_updates,
+        exactly_once,
+        table_name,
+    )
     if database is not None:
         _database_options(database, source_options, sink_options, checkpoint)
     else:
@@ -408,8 +448,9 @@ def _publish(
         if transaction_options["transactionMetadata"] == "true":  # before any record: a
             # replicator finding records finds the topic that completes their versions
             txn = transaction_options.get("transaction.topic") or default_topic(topic)
-            KNOWN.ensure(connection, txn, settings.for_transactions(), one_partition=True,
-                         other=OTHER_TOPIC)  # fmt: skip
+            KNOWN.ensure(
+                connection, txn, settings.for_transactions(), one_partition=True, other=OTHER_TOPIC
+            )
         stages["checks"] = time.monotonic() - t
         return partitions
 
@@ -548,8 +589,10 @@ def _one_line(error: BaseException, checkpoint: str) -> str:
     log_path = _log_file(checkpoint)
     try:
         with open(log_path, "a") as f:
-            f.write(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: the publishing "
-                    f"query failed:\n{text}\n\n")  # fmt: skip
+            f.write(
+                f"{time.strftime('%Y-%m-%d %H:%M:%S', time.gmtime())} UTC: the publishing "
+                f"query failed:\n{text}\n\n"
+            )
     except OSError:
         return cause
     return f"{cause} (details: {log_path})"
@@ -680,11 +723,14 @@ def _stream_options(
         source_options["maxRowsPerTrigger"] = str(max_rows_per_trigger)
     source_options["keyHash"] = key or "_rowid"
     sink_options = {
-        "kafka.bootstrap.servers": bootstrap_servers, "topic": topic,
-        "schema.registry.url": schema_registry, "table": table,
-        "tombstones": str(tombstones).lower(), "checkpointLocation": checkpoint,
+        "kafka.bootstrap.servers": bootstrap_servers,
+        "topic": topic,
+        "schema.registry.url": schema_registry,
+        "table": table,
+        "tombstones": str(tombstones).lower(),
+        "checkpointLocation": checkpoint,
         "exactlyOnce": str(exactly_once).lower(),
-    }  # fmt: skip
+    }
     if key:
         sink_options["key"] = key
     if table_name:
@@ -714,8 +760,11 @@ def _database_options(
     spark/sink/database_sink.py) in place of a table's."""
     del source_options["path"]
     source_options["database"] = database.uri
-    for key, value in (("include", database.include), ("exclude", database.exclude),
-                       ("report", report_path(checkpoint))):  # fmt: skip
+    for key, value in (
+        ("include", database.include),
+        ("exclude", database.exclude),
+        ("report", report_path(checkpoint)),
+    ):
         if value:
             source_options[key] = value
     for key in ("table", "topic", "table.name"):
@@ -767,8 +816,11 @@ def _head_start(
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way
-        print(f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
-              "those commits", flush=True)  # fmt: skip
+        print(
+            f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
+            "those commits",
+            flush=True,
+        )
         return
     finally:
         stages["head start"] = time.monotonic() - t
@@ -823,9 +875,13 @@ def _serve_metrics(
     follower = QueryFollower(query, checkpoint=checkpoint).start()
     if database is not None:
         metrics = PipelineMetrics(
-            "publish", follower.progress, None, storage_options, database.topic("*"),
+            "publish",
+            follower.progress,
+            None,
+            storage_options,
+            database.topic("*"),
             tables=lambda: database_tables(checkpoint),
-        )  # fmt: skip
+        )
         print(f"metrics at {metrics.serve(port, host)}", flush=True)
         return follower
     metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)

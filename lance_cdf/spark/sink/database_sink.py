@@ -94,8 +94,13 @@ def table_topic(
     def ensure() -> int:
         count = KNOWN.ensure(connection, topic, settings, other="--topic-prefix")
         if transaction_topic is not None:
-            KNOWN.ensure(connection, transaction_topic, settings.for_transactions(),
-                         one_partition=True, other="--no-transaction-metadata")  # fmt: skip
+            KNOWN.ensure(
+                connection,
+                transaction_topic,
+                settings.for_transactions(),
+                one_partition=True,
+                other="--no-transaction-metadata",
+            )
         return count
 
     return ride_out.call("making sure of the table's topics", ensure, (KafkaUnavailableError,))

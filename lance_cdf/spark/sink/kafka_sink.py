@@ -186,13 +186,13 @@ def client_options(
     servers) and its registry client settings (`registry.*`), prefixes stripped."""
     lowered = {k.lower(): v for k, v in options.items()}
     producer = {
-        k[len("kafka.") :]: v for k, v in options.items()
+        k[len("kafka.") :]: v
+        for k, v in options.items()
         if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-    }  # fmt: skip
+    }
     registry = {
-        k[len("registry.") :]: v for k, v in options.items()
-        if k.lower().startswith("registry.")
-    }  # fmt: skip
+        k[len("registry.") :]: v for k, v in options.items() if k.lower().startswith("registry.")
+    }
     return lowered, producer, registry
 
 
@@ -222,20 +222,26 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
             _evict(_PUBLISHERS)
             publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
-                o["kafka.bootstrap.servers"], o["topic"], o["schema.registry.url"], user_schema,
-                table_name=name, key_columns=key_cols or None,
+                o["kafka.bootstrap.servers"],
+                o["topic"],
+                o["schema.registry.url"],
+                user_schema,
+                table_name=name,
+                key_columns=key_cols or None,
                 tombstones=o.get("tombstones", "true").lower() == "true",
-                producer_config=producer, registry_config=registry,
+                producer_config=producer,
+                registry_config=registry,
                 checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
                 topic_settings=TopicSettings.from_options(options),
-            )  # fmt: skip
+            )
         return publisher
 
     def _storage(self) -> dict[str, str]:
         return {
-            k[len("storage.") :]: v for k, v in self.options.items()
+            k[len("storage.") :]: v
+            for k, v in self.options.items()
             if k.lower().startswith("storage.")
-        }  # fmt: skip
+        }
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         opts = {k.lower(): v for k, v in self.options.items()}
@@ -280,16 +286,19 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 continue
             topic = f"{prefix}.{name}"
             partitions = table_topic(
-                KafkaConnection(opts["kafka.bootstrap.servers"], producer), topic,
-                TopicSettings.from_options(opts), f"{topic}.transaction" if txn else None,
+                KafkaConnection(opts["kafka.bootstrap.servers"], producer),
+                topic,
+                TopicSettings.from_options(opts),
+                f"{topic}.transaction" if txn else None,
                 ride_out,
-            )  # fmt: skip
+            )
             works = with_partitions(work.works, partitions)
             options = {**self.options, "topic": topic, "table": work.uri}
             events = (batch for w in works for batch in w.events())
             try:
-                done = self._write(events, options, TableName(prefix, name, work.uri), work.uri,
-                                   storage)  # fmt: skip
+                done = self._write(
+                    events, options, TableName(prefix, name, work.uri), work.uri, storage
+                )
             except Exception:
                 if is_gone(database, name, storage):  # dropped while being read: let go
                     logging.getLogger("lance_cdf.kafka").warning(
@@ -426,10 +435,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             o, producer, registry = client_options(options)
             topic = o.get("transaction.topic") or default_topic(o["topic"])
             writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
-                o["kafka.bootstrap.servers"], topic,
-                o["schema.registry.url"], name.namespace, producer, registry,
+                o["kafka.bootstrap.servers"],
+                topic,
+                o["schema.registry.url"],
+                name.namespace,
+                producer,
+                registry,
                 topic_settings=TopicSettings.from_options(options),
-            )  # fmt: skip
+            )
         return writer
 
     def abort(  # noqa: N803

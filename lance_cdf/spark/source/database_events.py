@@ -362,8 +362,12 @@ class DatabaseBatchReader(_SliceReading, DataSourceReader):
 
     def __getstate__(self) -> dict[str, Any]:
         # executors need the options and the schema (the partitions name the tables)
-        return {"options": self.options, "schema": self.schema, "target": self.target,
-                "readers": {}}  # fmt: skip
+        return {
+            "options": self.options,
+            "schema": self.schema,
+            "target": self.target,
+            "readers": {},
+        }
 
     def partitions(self) -> Sequence[InputPartition]:
         return [

@@ -116,10 +116,14 @@ class DatabaseOptions:
             k[len("storage.") :]: v for k, v in options.items() if k.lower().startswith("storage.")
         }
         return cls(
-            database=lower["database"], include=patterns["include"], exclude=patterns["exclude"],
-            table_options=table_options, storage_options=storage, report=lower.get("report"),
+            database=lower["database"],
+            include=patterns["include"],
+            exclude=patterns["exclude"],
+            table_options=table_options,
+            storage_options=storage,
+            report=lower.get("report"),
             starting=lower.get("startingversion"),
-        )  # fmt: skip
+        )
 
     def matches(self, name: str) -> bool:
         if self.include is not None and not self.include.fullmatch(name):
@@ -170,8 +174,15 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __getstate__(self) -> dict[str, Any]:
         # executors need nothing of it: the partitions carry the work items
-        return {"options": self.options, "readers": {}, "refs": {}, "listed_at": 0.0,
-                "skipped": {}, "available_now": False, "reported": None}  # fmt: skip
+        return {
+            "options": self.options,
+            "readers": {},
+            "refs": {},
+            "listed_at": 0.0,
+            "skipped": {},
+            "available_now": False,
+            "reported": None,
+        }
 
     # -- tables -----------------------------------------------------------
     def _tables(self, force: bool = False) -> dict[str, TableRef]:
@@ -184,8 +195,11 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         except Exception as exc:
             if self.listed_at < 0:
                 raise  # the first listing: the database itself is wrong
-            log.warning("listing the database failed (%s); trying again in %.0f s",
-                        why_not_read(exc), LIST_EVERY)  # fmt: skip
+            log.warning(
+                "listing the database failed (%s); trying again in %.0f s",
+                why_not_read(exc),
+                LIST_EVERY,
+            )
             self.listed_at = now
             return self.refs
         refs = {r.qualified_name: r for r in listed if self.options.matches(r.qualified_name)}
@@ -324,8 +338,9 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 parts = reader.partitions(since, until)
             except Exception as exc:
                 if self._gone(name):
-                    log.warning("table %s is gone from the database: let go (%s)", name,
-                                why_not_read(exc))  # fmt: skip
+                    log.warning(
+                        "table %s is gone from the database: let go (%s)", name, why_not_read(exc)
+                    )
                     continue
                 raise
             yield name, reader, parts
@@ -340,9 +355,11 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 item = replace(reader.reading.work(share, kafka_partitions), name=name)
                 batch = item.to_batch()
                 row = (
-                    share.slot, batch.column(1)[0].as_py(), batch.column(2)[0].as_py(),
+                    share.slot,
+                    batch.column(1)[0].as_py(),
+                    batch.column(2)[0].as_py(),
                     batch.column(3)[0].as_py(),
-                )  # fmt: skip
+                )
                 slots.setdefault(share.slot, []).append(row)
                 count = max(count, share.slots)
         return [DatabaseSlot(s, tuple(slots.get(s, ()))) for s in range(count)]
@@ -359,10 +376,14 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return
         slot, events, work, schema = zip(*partition.rows, strict=True)
         yield pa.RecordBatch.from_arrays(
-            [pa.array(slot, pa.int32()), pa.array(events, pa.int64()),
-             pa.array(work, pa.string()), pa.array(schema, pa.binary())],
+            [
+                pa.array(slot, pa.int32()),
+                pa.array(events, pa.int64()),
+                pa.array(work, pa.string()),
+                pa.array(schema, pa.binary()),
+            ],
             names=[WORK_SLOT, WORK_EVENTS, WORK_COLUMN, WORK_SCHEMA],
-        )  # fmt: skip
+        )
 
     def commit(self, end: dict[str, Any]) -> None:
         for name, offset in (end.get("tables") or {}).items():

@@ -48,9 +48,15 @@ if TYPE_CHECKING:  # (imported where used: the sink's commit process checks the 
 # The version of the `_work` document; a reader takes only its own.
 WORK_FORMAT = 1
 _KEYS = {
-    "format", "table", "slots", "kafkaPartitions", "keyHash", "dropUnchangedUpdates",
-    "failOnDataLoss", "parts",
-}  # fmt: skip
+    "format",
+    "table",
+    "slots",
+    "kafkaPartitions",
+    "keyHash",
+    "dropUnchangedUpdates",
+    "failOnDataLoss",
+    "parts",
+}
 _NAMED = _KEYS | {"name"}  # a database stream's items name their table
 _FIX = (
     'write only the stream of readStream.format("lance-cdf") with option writerSlots to this sink'
@@ -60,9 +66,12 @@ _FIX = (
 def work_struct() -> StructType:
     """The Spark schema of a work-item stream."""
     return (
-        StructType().add(WORK_SLOT, IntegerType()).add(WORK_EVENTS, LongType())
-        .add(WORK_COLUMN, StringType()).add(WORK_SCHEMA, BinaryType())
-    )  # fmt: skip
+        StructType()
+        .add(WORK_SLOT, IntegerType())
+        .add(WORK_EVENTS, LongType())
+        .add(WORK_COLUMN, StringType())
+        .add(WORK_SCHEMA, BinaryType())
+    )
 
 
 def check_work_columns(schema: StructType) -> None:
@@ -116,11 +125,15 @@ class WorkItem:
         import pyarrow as pa
 
         document = {
-            "format": WORK_FORMAT, "table": self.table, "slots": self.slots,
+            "format": WORK_FORMAT,
+            "table": self.table,
+            "slots": self.slots,
             "kafkaPartitions": self.kafka_partitions,
-            "keyHash": list(self.key_hash), "dropUnchangedUpdates": self.drop_unchanged_updates,
-            "failOnDataLoss": self.fail_on_data_loss, "parts": [part_json(p) for p in self.parts],
-        }  # fmt: skip
+            "keyHash": list(self.key_hash),
+            "dropUnchangedUpdates": self.drop_unchanged_updates,
+            "failOnDataLoss": self.fail_on_data_loss,
+            "parts": [part_json(p) for p in self.parts],
+        }
         if self.name is not None:
             document["name"] = self.name
         return pa.RecordBatch.from_arrays(

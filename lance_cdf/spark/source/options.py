@@ -10,12 +10,24 @@ from lance_cdf.format.namespace import resolve_table
 
 STORAGE_PREFIX = "storage."
 KNOWN = {
-    "path", "startingversion", "startingtimestamp", "endingversion", "maxversionspertrigger",
-    "maxrowspertrigger", "columns", "failondataloss", "mergeschema", "rowsperpartition",
-    "netchanges", "dropunchangedupdates", "keyhash", "writerslots", "kafkapartitions",
+    "path",
+    "startingversion",
+    "startingtimestamp",
+    "endingversion",
+    "maxversionspertrigger",
+    "maxrowspertrigger",
+    "columns",
+    "failondataloss",
+    "mergeschema",
+    "rowsperpartition",
+    "netchanges",
+    "dropunchangedupdates",
+    "keyhash",
+    "writerslots",
+    "kafkapartitions",
     "entrypoint",  # "publish" words error advice in publish's flags (advice.py)
     "database",
-}  # fmt: skip
+}
 
 
 def _int(options: dict[str, str], key: str, minimum: int) -> int | None:
@@ -129,9 +141,11 @@ class SourceOptions:
             )
         slots = _int(options, "writerSlots", 1)
         if slots is not None and not (
-            streaming and options.get("keyhash") and options.get("kafkapartitions")
+            streaming
+            and options.get("keyhash")
+            and options.get("kafkapartitions")
             and not _bool(options, "netChanges", False)
-        ):  # fmt: skip
+        ):
             raise LanceCdfError(
                 "option writerSlots hands each micro-batch to the lance-cdf-kafka sink's "
                 "writers: it is for streams (readStream) with keyHash and kafkaPartitions "

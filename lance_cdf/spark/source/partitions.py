@@ -53,12 +53,19 @@ def part_json(part: SourcePartition) -> dict[str, Any]:
         return {"kind": "changes", "segments": [list(s) for s in part.segments]}
     if isinstance(part, SnapshotSlice):
         return {
-            "kind": "snapshot", "version": part.version, "fragment": part.fragment_id,
-            "offset": part.offset, "limit": part.limit,
-        }  # fmt: skip
+            "kind": "snapshot",
+            "version": part.version,
+            "fragment": part.fragment_id,
+            "offset": part.offset,
+            "limit": part.limit,
+        }
     if isinstance(part, NetSlice):
-        return {"kind": "net", "versions": list(part.versions), "part": part.part,
-                "parts": part.parts}  # fmt: skip
+        return {
+            "kind": "net",
+            "versions": list(part.versions),
+            "part": part.part,
+            "parts": part.parts,
+        }
     raise TypeError(f"not a lance-cdf source partition: {type(part).__name__}")
 
 
@@ -112,9 +119,11 @@ def part_of(value: object, what: str = "partition") -> SourcePartition:
     if kind == "snapshot":
         v = fields(value, what, {"kind", "version", "fragment", "offset", "limit"})
         return SnapshotSlice(
-            whole(v["version"], f"{what}.version", 1), whole(v["fragment"], f"{what}.fragment"),
-            whole(v["offset"], f"{what}.offset"), whole(v["limit"], f"{what}.limit"),
-        )  # fmt: skip
+            whole(v["version"], f"{what}.version", 1),
+            whole(v["fragment"], f"{what}.fragment"),
+            whole(v["offset"], f"{what}.offset"),
+            whole(v["limit"], f"{what}.limit"),
+        )
     if kind == "net":
         v = fields(value, what, {"kind", "versions", "part", "parts"})
         part, parts = whole(v["part"], f"{what}.part"), whole(v["parts"], f"{what}.parts", 1)

@@ -391,12 +391,17 @@ class TableReading:
         """Option writerSlots: the work item of one writer slot (what `work_reading` reads
         back): the partitions and this reading's settings, no option of the source."""
         return WorkItem(
-            slot=share.slot, slots=share.slots, planned=share.planned,
-            kafka_partitions=kafka_partitions, key_hash=tuple(self.opts.key_hash or ()),
+            slot=share.slot,
+            slots=share.slots,
+            planned=share.planned,
+            kafka_partitions=kafka_partitions,
+            key_hash=tuple(self.opts.key_hash or ()),
             drop_unchanged_updates=self.opts.drop_unchanged_updates,
-            fail_on_data_loss=self.opts.fail_on_data_loss, parts=share.parts,
-            read_schema=self.read_schema, table=table_digest(self.opts.path),
-        )  # fmt: skip
+            fail_on_data_loss=self.opts.fail_on_data_loss,
+            parts=share.parts,
+            read_schema=self.read_schema,
+            table=table_digest(self.opts.path),
+        )
 
     def _events(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if isinstance(partition, SnapshotSlice):
@@ -514,9 +519,12 @@ class TableReading:
         feed = feed_for(self.opts)
         try:
             yield from feed.snapshot_events(
-                part.version, self.read_schema, fragment_id=part.fragment_id,
-                offset=part.offset, limit=part.limit,
-            )  # fmt: skip
+                part.version,
+                self.read_schema,
+                fragment_id=part.fragment_id,
+                offset=part.offset,
+                limit=part.limit,
+            )
         except VersionNotFoundError as exc:
             raise VersionNotFoundError(snapshot_lost(self.opts.path, part.version, exc)) from None
 
@@ -570,9 +578,11 @@ def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> 
         )
     opts = replace(
         SourceOptions.parse({"path": path}, streaming=True),
-        key_hash=item.key_hash, drop_unchanged_updates=item.drop_unchanged_updates,
-        fail_on_data_loss=item.fail_on_data_loss, storage_options=dict(storage_options),
-    )  # fmt: skip
+        key_hash=item.key_hash,
+        drop_unchanged_updates=item.drop_unchanged_updates,
+        fail_on_data_loss=item.fail_on_data_loss,
+        storage_options=dict(storage_options),
+    )
     return TableReading(opts, item.read_schema, routed_struct(item.read_schema))
 
 

@@ -53,8 +53,9 @@ def source_versions(progress: dict[str, Any] | None) -> SourceVersions | None:
             continue
         latest = _version(source.get("latestOffset"))
         version, snapshotting = end
-        return SourceVersions(version - 1 if snapshotting else version,
-                              None if latest is None else latest[0])  # fmt: skip
+        return SourceVersions(
+            version - 1 if snapshotting else version, None if latest is None else latest[0]
+        )
     return None
 
 
