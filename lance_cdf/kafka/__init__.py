@@ -1,3 +1,4 @@
-"""Publishing change events to Kafka: the publisher (publisher.py), the Spark sink
-`format("lance-cdf-kafka")` (sink.py), the `lance-cdf publish` runner (publish.py) and the
-broker / topic / registry checks (endpoints.py)."""
+"""Kafka, without Spark: the producer of change records (publisher.py), the BEGIN/END
+records of each commit version (transactions.py), the topics lance-cdf writes, created on
+purpose (topics.py), the broker / topic / registry checks (endpoints.py), a broker outage
+ridden out (outage.py) and the clients a process shares (clients.py)."""
