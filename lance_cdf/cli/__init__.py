@@ -108,7 +108,3 @@ def entry() -> None:
     os.environ.setdefault(malloc.ENV, "1")
     malloc.keep_freed_memory_if_asked()
     sys.exit(main())
-
-
-if __name__ == "__main__":
-    entry()

@@ -1,0 +1,5 @@
+"""`python -m lance_cdf.cli`: the `lance-cdf` command."""
+
+from lance_cdf.cli import entry
+
+entry()
