@@ -158,14 +158,14 @@ def _run_shell(name: str, tmp: Path, replace: dict[str, str] | None = None) -> l
 
 def test_the_python_tour_runs_as_written(tmp_path, capsys):
     """Getting started and the Python guide, then the concepts page, in page order."""
-    ns = _run_python(["read_changes.py", "modes.py"], tmp_path, capsys)
+    ns = _run_python(["read_changes.py", "net_and_carry_over.py"], tmp_path, capsys)
     jsonl, net, dropped = _run_shell("changes_cli.sh", tmp_path)
     assert '"_change_type": "snapshot"' in jsonl.replace('":"', '": "')
     assert net.strip() and dropped.strip()
     ns = _run_python(
         ["change_feed.py", "range_events.py", "versions_loop.py"], tmp_path, capsys, ns
     )
-    _run_python(["columns.py", "blobs.py", "metadata_only.py"], tmp_path, capsys, ns)
+    _run_python(["column_rename.py", "blobs.py", "metadata_only.py"], tmp_path, capsys, ns)
 
 
 def test_the_tour_reads_the_changes_it_made(tmp_path, capsys):
