@@ -363,3 +363,18 @@ def test_the_wheel_holds_what_users_run(tmp_path):
         "pyspark_lance_cdf_kafka/__init__.py",
     ):
         assert wanted in names, wanted
+
+
+def test_module_names_are_unique_across_the_tree():
+    """One name, one module: a name read in a stack trace, a log line or a review names one
+    file of the repository (packages' __init__ and __main__ aside)."""
+    import subprocess
+    from collections import Counter
+
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py"], cwd=PACKAGE.parent, capture_output=True, text=True, check=True
+    ).stdout.split()
+    names = Counter(Path(p).name for p in tracked if "_proto/" not in p and not p.endswith("__.py"))
+    assert not [n for n, count in names.items() if count > 1], [
+        p for p in tracked if names[Path(p).name] > 1
+    ]
