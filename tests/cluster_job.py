@@ -48,16 +48,21 @@ def main(args: dict) -> None:
     slices = changes.rdd.mapPartitions(count_slice).collect()
 
     from lance_cdf.spark.publish.runner import publish
+    from lance_cdf.spark.publish.settings import (
+        KafkaTarget,
+        PublishSettings,
+        RunSettings,
+        SourceSettings,
+    )
 
     code = publish(
-        args["table"],
-        args["bootstrap_servers"],
-        args["topic"],
-        args["schema_registry"],
-        args["checkpoint"],
-        starting_version="1",
-        available_now=True,
-        storage_options=args["storage_options"],
+        PublishSettings(
+            SourceSettings(
+                args["table"], starting_version="1", storage_options=args["storage_options"]
+            ),
+            KafkaTarget(args["bootstrap_servers"], args["topic"], args["schema_registry"]),
+            RunSettings(args["checkpoint"], available_now=True),
+        )
     )
     with open(args["out"], "w") as f:
         json.dump(

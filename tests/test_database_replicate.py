@@ -51,20 +51,23 @@ def publish_all(src: str, prefix: str, kafka, registry, ck: str, only: str | Non
     """Each table of the database published by the single-table publisher (until caught
     up) to `prefix.<qualified name>`, as `publish --database` names its topics."""
     from lance_cdf.spark.publish.runner import publish
+    from lance_cdf.spark.publish.settings import (
+        KafkaTarget,
+        PublishSettings,
+        RunSettings,
+        SourceSettings,
+    )
 
     for ref in list_tables(src):
         if only is not None and ref.qualified_name != only:
             continue
         topic = f"{prefix}.{ref.qualified_name}"
         publish(
-            ref.uri,
-            kafka.bootstrap_servers,
-            topic,
-            registry.url,
-            os.path.join(ck, ref.qualified_name),
-            starting_version="1",
-            available_now=True,
-            table_name=topic,
+            PublishSettings(
+                SourceSettings(ref.uri, starting_version="1"),
+                KafkaTarget(kafka.bootstrap_servers, topic, registry.url, table_name=topic),
+                RunSettings(os.path.join(ck, ref.qualified_name), available_now=True),
+            )
         )
 
 

@@ -324,9 +324,34 @@ def _frozen(image):
     return None if image is None else tuple(sorted(image.items()))
 
 
+def publish_until_caught_up(
+    table: str,
+    bootstrap_servers: str,
+    topic: str,
+    registry: str,
+    checkpoint: str,
+    starting_version: str | None = None,
+) -> int:
+    """`publish` (the code path of `lance-cdf publish`) of one table with --available-now."""
+    from lance_cdf.spark.publish.runner import publish
+    from lance_cdf.spark.publish.settings import (
+        KafkaTarget,
+        PublishSettings,
+        RunSettings,
+        SourceSettings,
+    )
+
+    return publish(
+        PublishSettings(
+            SourceSettings(table, starting_version=starting_version),
+            KafkaTarget(bootstrap_servers, topic, registry),
+            RunSettings(checkpoint, available_now=True),
+        )
+    )
+
+
 def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, schema_registry):
     from lance_cdf.errors import LanceCdfError
-    from lance_cdf.spark.publish.runner import publish
 
     uri = str(tmp_path / "evo.lance")
     lance.write_dataset(
@@ -336,18 +361,12 @@ def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, s
     client = SchemaRegistryClient({"url": schema_registry.url})
     client.set_compatibility(subject_name=f"{topic}-value", level="BACKWARD")
     ck = str(tmp_path / "ck")
-    run = dict(
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        topic=topic,
-        schema_registry=schema_registry.url,
-        checkpoint=ck,
-        available_now=True,
-    )
-    publish(uri, starting_version="1", **run)
+    run = (kafka_broker.bootstrap_servers, topic, schema_registry.url, ck)
+    publish_until_caught_up(uri, *run, starting_version="1")
     assert len(client.get_versions(f"{topic}-value")) == 1
     # additive: a new nullable column is a new schema version the registry accepts
     lance.dataset(uri).add_columns({"extra": "id * 2"})
-    publish(uri, **run)
+    publish_until_caught_up(uri, *run)
     assert len(client.get_versions(f"{topic}-value")) == 2
     latest = client.get_latest_version(f"{topic}-value").schema.schema_str
     assert '"extra"' in latest
@@ -355,7 +374,7 @@ def test_schema_evolution_under_backward_compatibility(tmp_path, kafka_broker, s
     lance.dataset(uri).alter_columns({"path": "id", "data_type": pa.int32()})
     lance.dataset(uri).update({"s": "'z'"})
     with pytest.raises(LanceCdfError, match="compatibility rules forbid"):
-        publish(uri, **run)
+        publish_until_caught_up(uri, *run)
     assert len(client.get_versions(f"{topic}-value")) == 2
 
 
@@ -539,8 +558,6 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
 
 
 def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_registry):
-    from lance_cdf.spark.publish.runner import publish
-
     uri = str(tmp_path / "rb.lance")
     blob = pa.field("img", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
     schema = pa.schema([pa.field("id", pa.int64()), pa.field("s", pa.string()), blob])
@@ -551,14 +568,13 @@ def test_records_of_a_renamed_and_a_blob_column(tmp_path, kafka_broker, schema_r
     new = pa.table({"id": [2], "t": ["B"], "img": [b"two"]}, schema=renamed)
     lance.dataset(uri).merge_insert("id").when_matched_update_all().execute(new)  # v3
     topic = f"rb-{uuid.uuid4().hex[:8]}"
-    publish(
+    publish_until_caught_up(
         uri,
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        str(tmp_path / "ck"),
         starting_version="1",
-        bootstrap_servers=kafka_broker.bootstrap_servers,
-        topic=topic,
-        schema_registry=schema_registry.url,
-        checkpoint=str(tmp_path / "ck"),
-        available_now=True,
     )
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 3)
     flat = sorted(

@@ -23,7 +23,7 @@ from lance_cdf.cli.flags import (
 from lance_cdf.errors import LanceCdfError
 
 if TYPE_CHECKING:
-    from lance_cdf.spark.publish.runner import Database
+    from lance_cdf.spark.publish.settings import Database, PublishSettings
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 
@@ -40,6 +40,24 @@ def publish_parser(sub: Subcommands) -> None:
         "http://127.0.0.1:8081 --checkpoint /data/ck/events --starting-version 1",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    # (the groups in the order --help lists the flags)
+    _source_flags(pub)
+    _record_flags(pub)
+    _delivery_flags(pub)
+    topic_flags(pub)
+    client_settings_flags(pub, "producer", "the source table")
+    pub.add_argument(
+        "--master",
+        default=None,
+        metavar="URL",
+        help="Spark master (default: spark-submit's, else local[2])",
+    )
+    metrics_flags(pub)
+    pub.set_defaults(func=cmd_publish)
+
+
+def _source_flags(pub: argparse.ArgumentParser) -> None:
+    """What is published where, and from which version."""
     pub.add_argument(
         "--table", default=None, help="table path or URI (file://, s3://, gs://, az://)"
     )
@@ -65,6 +83,10 @@ def publish_parser(sub: Subcommands) -> None:
         action="store_true",
         help="do not publish updates that changed no column value",
     )
+
+
+def _record_flags(pub: argparse.ArgumentParser) -> None:
+    """When micro-batches run, and the records they make."""
     pub.add_argument(
         "--trigger-interval",
         type=trigger_interval,
@@ -96,6 +118,10 @@ def publish_parser(sub: Subcommands) -> None:
         help="parallel writer tasks per micro-batch (default: Spark's default "
         "parallelism; at most the topic's partition count)",
     )
+
+
+def _delivery_flags(pub: argparse.ArgumentParser) -> None:
+    """Exactly once, transaction metadata and the head start."""
     pub.add_argument(
         "--at-least-once",
         action="store_true",
@@ -119,21 +145,11 @@ def publish_parser(sub: Subcommands) -> None:
         help="do not publish the commits waiting at start from this process "
         "while Spark starts; the query publishes everything",
     )
-    topic_flags(pub)
-    client_settings_flags(pub, "producer", "the source table")
-    pub.add_argument(
-        "--master",
-        default=None,
-        metavar="URL",
-        help="Spark master (default: spark-submit's, else local[2])",
-    )
-    metrics_flags(pub)
-    pub.set_defaults(func=cmd_publish)
 
 
 def _publish_target(args: argparse.Namespace) -> Database | None:
     """The table and topic, or the database (publish.Database); one line if mixed."""
-    from lance_cdf.spark.publish.runner import Database
+    from lance_cdf.spark.publish.settings import Database
 
     if args.database is None:
         if (
@@ -166,51 +182,63 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
 
 def cmd_publish(args: argparse.Namespace) -> int:
     """`lance-cdf publish`: stream a table's changes to a Kafka topic until stopped (or, with
-    `--available-now`, until caught up), exactly once, through `kafka.publish.publish`.
+    `--available-now`, until caught up), exactly once, through
+    `lance_cdf.spark.publish.runner.publish`.
 
     Returns 0 after a clean stop or catch-up; a failed query ends with one line naming the
     cause (Spark's text in `<checkpoint>/lance-cdf-publish.log`) and a non-zero status.
     Raises `LanceCdfError` (exit 2) for refused settings, an unreachable or refusing broker /
     registry, a foreign checkpoint, or a checkpoint leased by another publisher."""
-    import threading
+    from lance_cdf.spark.publish.runner import publish
 
-    database = _publish_target(args)
+    settings = publish_settings(args)
     # SIGTERM / SIGINT stop publishing: the query is stopped, the checkpoint kept
     stop = threading.Event()
     with on_signals(lambda *_: stop.set()):
-        return _run_publish(args, database, stop)
+        return publish(settings, stop)
 
 
-def _run_publish(args: argparse.Namespace, database: Database | None, stop: threading.Event) -> int:
-    from lance_cdf.spark.publish.runner import publish
+def publish_settings(args: argparse.Namespace) -> PublishSettings:
+    """The flags as `PublishSettings` (LanceCdfError, one line, for a refused combination)."""
+    from lance_cdf.spark.publish.settings import (
+        KafkaTarget,
+        PublishSettings,
+        RunSettings,
+        SourceSettings,
+    )
 
-    return publish(
-        args.table or "",
-        args.bootstrap_servers,
-        args.topic or "",
-        registry_url(args),
-        args.checkpoint,
+    database = _publish_target(args)
+    source = SourceSettings(
+        table=args.table or "",
+        database=database,
         starting_version=args.starting_version,
-        trigger_interval=args.trigger_interval,
-        available_now=args.available_now,
-        key=args.key,
-        tombstones=not args.no_tombstones,
-        producer_config=client_settings(args, "producer_config"),
-        registry_config=client_settings(args, "registry_config"),
-        storage_options=storage_options(args.storage_option),
-        max_rows_per_trigger=args.max_rows_per_trigger,
         snapshot=args.snapshot,
         drop_unchanged_updates=args.drop_unchanged_updates,
-        master=args.master,
+        max_rows_per_trigger=args.max_rows_per_trigger,
+        storage_options=storage_options(args.storage_option),
+    )
+    target = KafkaTarget(
+        bootstrap_servers=args.bootstrap_servers,
+        schema_registry=registry_url(args),
+        topic=args.topic or "",
+        producer_config=client_settings(args, "producer_config"),
+        registry_config=client_settings(args, "registry_config"),
+        key=args.key,
+        tombstones=not args.no_tombstones,
         table_name=args.table_name,
-        metrics_port=args.metrics_port,
-        metrics_host=args.metrics_host,
-        writers=args.writers,
-        exactly_once=not args.at_least_once,
-        head_start=not args.no_head_start,
+        topics=topic_settings(args),
         transaction_topic=args.transaction_topic,
         transaction_metadata=not args.no_transaction_metadata,
-        database=database,
-        topics=topic_settings(args),
-        stop=stop,
+        exactly_once=not args.at_least_once,
     )
+    run = RunSettings(
+        checkpoint=args.checkpoint,
+        trigger_interval=args.trigger_interval,
+        available_now=args.available_now,
+        master=args.master,
+        writers=args.writers,
+        head_start=not args.no_head_start,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
+    return PublishSettings(source, target, run)

@@ -9,9 +9,8 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
@@ -19,6 +18,7 @@ from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
+from lance_cdf.spark.publish.settings import Database, PublishSettings
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
@@ -28,156 +28,28 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from lance_cdf.spark.publish.query_progress import QueryFollower
 
 
-# A commit waits for the next trigger, then for the micro-batch: commits land at any phase
-# of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
-# the replica well under a second (docs/benchmarks.md, "Latency under load"). An idle
-# trigger asks the table for its latest version (one listing of
-# `_versions/`): twice a second for one table. A database's tables are each listed at every
-# trigger (200 tables: 200 listings), so it keeps 1 s.
-DEFAULT_TRIGGER = "500 milliseconds"
-DEFAULT_DATABASE_TRIGGER = "1 second"
+def publish(settings: PublishSettings, stop: threading.Event | None = None) -> int:
+    """Stream the changes `settings` name to Kafka until stopped (or, with
+    `run.available_now`, until the latest version at start is published): 0 then. A failed
+    query raises LanceCdfError naming its cause in one line (Spark's whole text goes to a
+    log file beside the checkpoint).
 
-
-def publish(
-    table: str,
-    bootstrap_servers: str,
-    topic: str,
-    schema_registry: str,
-    checkpoint: str,
-    starting_version: str | None = None,
-    trigger_interval: str | None = None,
-    available_now: bool = False,
-    key: str | None = None,
-    tombstones: bool = True,
-    producer_config: dict[str, str] | None = None,
-    registry_config: dict[str, str] | None = None,
-    storage_options: dict[str, str] | None = None,
-    max_rows_per_trigger: int | None = None,
-    master: str | None = None,
-    snapshot: bool = False,
-    drop_unchanged_updates: bool = False,
-    table_name: str | None = None,
-    metrics_port: int | None = None,
-    metrics_host: str = "127.0.0.1",
-    writers: int | None = None,
-    exactly_once: bool = True,
-    head_start: bool = True,
-    transaction_topic: str | None = None,
-    transaction_metadata: bool = True,
-    database: Database | None = None,
-    topics: TopicSettings | None = None,
-    stop: threading.Event | None = None,
-) -> int:
-    """Stream the table's changes to `topic` until stopped (or, with
-    `available_now`, until the latest version at start is published).
-
-    `starting_version`: a number, "latest" or "earliest" (None: "latest"), for a new
-    checkpoint only: with an existing checkpoint it must be the one that checkpoint was
-    started with (or None), else CheckpointMismatchError (the checkpoint would ignore it).
-    `snapshot`: first the table as it stands when the query first starts, as
-    `op="r"` records, then the changes after it (the checkpoint remembers the
-    snapshot's version and how far it got).
-    `table_name`: `prefix.table` naming the Avro records (`prefix.table.Envelope`)
-    and `source.name` / `source.table`; default `lancecdf.<table directory name>`.
-    `master`: the Spark master URL; by default the one `spark-submit --master` gave,
-    else `local[2]`. An active session (a spark-submit script's) is reused.
-    `metrics_port`: serve Prometheus metrics on metrics_host:metrics_port (0: any free
-    port; see lance_cdf.ops.metrics).
-    `writers`: parallel writer tasks per micro-batch (default: Spark's default
-    parallelism), at most one per partition of the topic; each owns a disjoint set of
-    partitions (`partition % writers`) and reads that share of the micro-batch's events
-    itself, so per-key order holds whatever their number.
-    `exactly_once`: a replayed micro-batch skips the records each partition already holds
-    (per-partition high-water marks); False: plain at-least-once.
-    `head_start`: publish the commits waiting at start from this process while Spark starts
-    (spark/publish/headstart.py; exactly-once only, and only where the query's start is known
-    before it starts: a checkpoint's committed offset or a numeric starting version).
-    `transaction_metadata`: a BEGIN and an END record per commit version on
-    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
-    `database`: every matching table of a database instead (`table` and `topic` unused:
-    each table to `<topic_prefix>.<qualified name>`; spark/source/database_stream.py).
-    `trigger_interval`: Spark's micro-batch interval; default `DEFAULT_TRIGGER` for a
-    table, `DEFAULT_DATABASE_TRIGGER` for a database.
-    `topics`: how the topics publish writes are created if missing (partitions, replication
-    factor, topic settings; kafka/topics.py); by default the broker's defaults, and for a
-    database as many partitions as there are writers.
     `stop`: set it (from a signal handler, another thread) to stop publishing: the query is
     stopped between micro-batch checks and publish returns 0. publish installs no signal
     handler itself; `lance-cdf publish` sets `stop` on SIGTERM / SIGINT."""
-    if trigger_interval is None:
-        trigger_interval = DEFAULT_DATABASE_TRIGGER if database is not None else DEFAULT_TRIGGER
-    if database is not None and (transaction_topic or table_name):
-        raise LanceCdfError(
-            "--database names each table's topic, transaction topic and records itself: "
-            "leave out --transaction-topic and --table-name"
-        )
-    if transaction_metadata and snapshot and max_rows_per_trigger:
-        raise LanceCdfError(
-            "--snapshot with --max-rows-per-trigger splits the snapshot's version over "
-            "micro-batches, so its transaction metadata would count part of it; drop "
-            "--max-rows-per-trigger, or publish with --no-transaction-metadata"
-        )
-    txn = {"transactionMetadata": str(transaction_metadata).lower()}
-    if transaction_topic:
-        txn["transaction.topic"] = transaction_topic
-    txn.update((topics or TopicSettings()).options())  # (sink options, as the above)
-    producer_config = dict(producer_config or {})
     # a stop only sets a flag: this thread polls it between short awaitTermination() calls
     # and stops the query itself (a signal handler that called query.stop() would re-enter
     # py4j while this thread is blocked in it)
     stopping = stop if stop is not None else threading.Event()
     lease = None
     try:
-        shown = database.topic("*") if database is not None else topic
-        lease = checkpoint_lease(checkpoint, shown, storage_options)
-        if database is not None:
-            head_start = False  # (spark/publish/headstart.py follows one table)
-        return _publish(
-            stopping,
-            table,
-            bootstrap_servers,
-            topic,
-            schema_registry,
-            checkpoint,
-            starting_version,
-            trigger_interval,
-            available_now,
-            key,
-            tombstones,
-            producer_config,
-            registry_config,
-            storage_options,
-            max_rows_per_trigger,
-            master,
-            snapshot,
-            drop_unchanged_updates,
-            writers,
-            exactly_once,
-            table_name,
-            metrics_port,
-            metrics_host,
-            head_start,
-            txn,
-            lease,
-            database,
+        lease = checkpoint_lease(
+            settings.checkpoint, settings.shown_topic(), settings.source.storage_options
         )
+        return _publish(settings, stopping, lease)
     finally:
         if lease is not None:
             lease.release()
-
-
-@dataclass(frozen=True)
-class Database:
-    """`lance-cdf publish --database`: the database, which of its tables (regexes over
-    qualified names, `re.fullmatch`), and the prefix of their topics."""
-
-    uri: str
-    topic_prefix: str
-    include: str | None = None
-    exclude: str | None = None
-
-    def topic(self, name: str) -> str:
-        return f"{self.topic_prefix}.{name}"
 
 
 def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str] | None) -> Lease:
@@ -301,13 +173,14 @@ def _python_for_spark() -> Iterator[None]:
 
 
 def _session_builder(
-    own_session: bool, master: str | None, topic: str, checkpoint: str, database: Database | None
+    own_session: bool, settings: PublishSettings
 ) -> tuple[SparkSession.Builder, str | None]:
     """The session builder publish starts Spark with, and the master it sets (None:
     spark-submit's or the active session's). `own_session`: no session is active, so the
     settings of a long-running local publisher are publish's to give."""
     from pyspark.sql import SparkSession
 
+    master, topic, checkpoint = settings.run.master, settings.target.topic, settings.checkpoint
     builder = SparkSession.builder
     chosen = None  # the master publish sets (None: spark-submit's or the active session's)
     if master or (own_session and "PYSPARK_GATEWAY_PORT" not in os.environ):
@@ -363,7 +236,10 @@ def _session_builder(
                 # commit a second keeps warm, has a 1.5 GB footprint target the idle
                 # daemon's memory would move away from (not measured for it).
                 submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
-                if database is not None and "spark.python.daemon.module" not in submit_args:
+                if (
+                    settings.database is not None
+                    and "spark.python.daemon.module" not in submit_args
+                ):
                     builder = builder.config(
                         "spark.python.daemon.module", "lance_cdf.spark.sink.warm_daemon"
                     )
@@ -371,162 +247,27 @@ def _session_builder(
     return builder, chosen
 
 
-def _publish(
-    stopping: threading.Event,
-    table: str,
-    bootstrap_servers: str,
-    topic: str,
-    schema_registry: str,
-    checkpoint: str,
-    starting_version: str | None,
-    trigger_interval: str,
-    available_now: bool,
-    key: str | None,
-    tombstones: bool,
-    producer_config: dict[str, str],
-    registry_config: dict[str, str] | None,
-    storage_options: dict[str, str] | None,
-    max_rows_per_trigger: int | None,
-    master: str | None,
-    snapshot: bool,
-    drop_unchanged_updates: bool,
-    writers: int | None,
-    exactly_once: bool,
-    table_name: str | None,
-    metrics_port: int | None,
-    metrics_host: str,
-    head_start: bool,
-    transaction_options: dict[str, str],
-    lease: Lease | None = None,
-    database: Database | None = None,
-) -> int:
+def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease | None) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
-    source_options, sink_options = _stream_options(
-        table,
-        bootstrap_servers,
-        topic,
-        schema_registry,
-        checkpoint,
-        starting_version,
-        key,
-        tombstones,
-        producer_config,
-        registry_config,
-        storage_options,
-        max_rows_per_trigger,
-        snapshot,
-        drop_unchanged_updates,
-        exactly_once,
-        table_name,
-    )
-    if database is not None:
-        _database_options(database, source_options, sink_options, checkpoint)
-    else:
-        _check_checkpoint(checkpoint, source_options, storage_options)
-    sink_options.update(transaction_options)
-    early = None
-    if exactly_once and head_start:
-        from lance_cdf.spark.publish.headstart import start_offset
-
-        early = start_offset(checkpoint, starting_version, snapshot)
-
-    def checks() -> int:
-        t = time.monotonic()
-        check_broker(bootstrap_servers, producer_config)
-        check_registry(schema_registry, registry_config)
-        # each table's topic is made on first use (spark/sink/database_sink.py)
-        if database is not None:
-            stages["checks"] = time.monotonic() - t
-            return writers or 2
-        from lance_cdf.kafka.topics import KNOWN
-        from lance_cdf.kafka.transactions import OTHER_TOPIC, default_topic
-
-        connection = KafkaConnection(bootstrap_servers, producer_config)
-        settings = TopicSettings.from_options(transaction_options)
-        partitions = KNOWN.ensure(connection, topic, settings)
-        if transaction_options["transactionMetadata"] == "true":  # before any record: a
-            # replicator finding records finds the topic that completes their versions
-            txn = transaction_options.get("transaction.topic") or default_topic(topic)
-            KNOWN.ensure(
-                connection, txn, settings.for_transactions(), one_partition=True, other=OTHER_TOPIC
-            )
-        stages["checks"] = time.monotonic() - t
-        return partitions
-
-    def after_checks() -> int:
-        partitions = checked.result()
-        if early is not None and not stopping.is_set():
-            _head_start(source_options, sink_options, partitions, early, stages)
-        return partitions
-
-    # The broker, registry and topic checks end before the JVM starts (a refused client is
-    # named in seconds; if they hang, the JVM starts after 12 s and a failed check
-    # still stops publish before any query). The head start (spark/publish/headstart.py) and the
-    # imports run beside the JVM's start: the query starts once the head start has ended.
-    pool = ThreadPoolExecutor(3, thread_name_prefix="lance-cdf-start")
-    checked = pool.submit(checks)
-    pending = pool.submit(after_checks)
-    pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
-    pool.shutdown(wait=False)
-    first_failure(checked, stopping)
-    from pyspark.sql import SparkSession
-
-    own_session = SparkSession.getActiveSession() is None
-    builder, chosen = _session_builder(own_session, master, topic, checkpoint, database)
-    t = time.monotonic()
-    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
-    # KeyboardInterrupt inside a py4j call): the caller's is put back
-    with _jvm_ignores_sigterm(), _signal_handlers_kept(), _python_for_spark():
-        spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if own_session:
-        _quiet_accumulators(spark)
-    stages["Spark session"] = time.monotonic() - t
+    source_options, sink_options = _query_options(settings)
+    pending = _begin(settings, source_options, sink_options, stopping, stages)
+    spark, own_session, chosen = _start_session(settings, stages)
     try:
         partitions = pending.result()
     except BaseException:
         if own_session:
             spark.stop()
         raise
-    from lance_cdf.spark.sink import kafka_sink as spark_sink
-    from lance_cdf.spark.source import register
-
-    register(spark)
-    spark_sink.register(spark)
-    tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
-    if database is not None:  # new topics get as many partitions as there are writers
-        tasks = writers or spark.sparkContext.defaultParallelism
-        partitions = tasks
-        sink_options.setdefault("topic.partitions", str(partitions))
-    reader = spark.readStream.format("lance-cdf").options(**source_options)
-    reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
-    t = time.monotonic()
-    changes = hand_off(reader.load())  # load(): the schema
-    stages["source schema"] = time.monotonic() - t
-    writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options)
-    trigger = {"availableNow": True} if available_now else {"processingTime": trigger_interval}
-    if stopping.is_set():  # stopped during start-up: nothing was started
+    query, tasks, partitions = _start_query(
+        spark, settings, source_options, sink_options, partitions, stopping, stages
+    )
+    if query is None:  # stopped during start-up: nothing was started
         if own_session:
             spark.stop()
         return 0
-    t = time.monotonic()
-    query = writer.trigger(**trigger).start()
-    stages["query start"] = time.monotonic() - t
-    took = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
-    shown = f"{redact_url(table)} -> {topic}"
-    if database is not None:
-        shown = f"the tables of {redact_url(database.uri)} -> {database.topic('<table>')}"
-    print(
-        f"publishing {shown} on {redact_url(bootstrap_servers)} with "
-        f"{tasks} writer(s) over {partitions} partition(s) (checkpoint "
-        f"{redact_url(checkpoint)}; producer settings "
-        f"{redact(producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
-        flush=True,
-    )
-    follower = _serve_metrics(
-        query, table, topic, storage_options, metrics_port, metrics_host, checkpoint, database
-    )
+    _announce(settings, tasks, partitions, started, stages)
+    follower = _serve_metrics(query, settings)
 
     trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
     error = _await(query, spark, stopping, lease, trim)
@@ -537,8 +278,162 @@ def _publish(
     if own_session:
         _quiet_stop(spark)
     if error is not None:
-        raise LanceCdfError(_one_line(error, checkpoint)) from None
+        raise LanceCdfError(_one_line(error, settings.checkpoint)) from None
     return 0
+
+
+def _query_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str, str]]:
+    """The source's and the sink's options, a table's or a database's, with the transaction
+    metadata's and the topics' (a table's checkpoint checked against them first)."""
+    source_options, sink_options = _stream_options(settings)
+    if settings.database is not None:
+        _database_options(settings.database, source_options, sink_options, settings.checkpoint)
+    else:
+        _check_checkpoint(settings.checkpoint, source_options, settings.source.storage_options)
+    sink_options.update(settings.target.transaction_options())
+    return source_options, sink_options
+
+
+def _begin(
+    settings: PublishSettings,
+    source_options: dict[str, str],
+    sink_options: dict[str, str],
+    stopping: threading.Event,
+    stages: dict[str, float],
+) -> Future[int]:
+    """Start the broker, registry and topic checks, then the head start, and the imports, in
+    threads; the number of partitions of the topic once the head start has ended.
+
+    The checks end before the JVM starts (a refused client is named in seconds; if they
+    hang, the JVM starts after 12 s and a failed check still stops publish before any
+    query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
+    start: the query starts once the head start has ended."""
+    early = None
+    if settings.head_start:
+        from lance_cdf.spark.publish.headstart import start_offset
+
+        source = settings.source
+        early = start_offset(settings.checkpoint, source.starting_version, source.snapshot)
+
+    def after_checks() -> int:
+        partitions = checked.result()
+        if early is not None and not stopping.is_set():
+            _head_start(source_options, sink_options, partitions, early, stages)
+        return partitions
+
+    pool = ThreadPoolExecutor(3, thread_name_prefix="lance-cdf-start")
+    checked = pool.submit(_checks, settings, stages)
+    pending = pool.submit(after_checks)
+    pool.submit(_warm_imports)  # the modules register() needs, loaded while the JVM starts
+    pool.shutdown(wait=False)
+    first_failure(checked, stopping)
+    return pending
+
+
+def _checks(settings: PublishSettings, stages: dict[str, float]) -> int:
+    """The broker and the registry answer, and the topic (and its transaction topic) exist:
+    the topic's number of partitions (a database's: the writers, each table's topic is made
+    on first use, spark/sink/database_sink.py)."""
+    t = time.monotonic()
+    target = settings.target
+    check_broker(target.bootstrap_servers, target.producer_config)
+    check_registry(target.schema_registry, target.registry_config)
+    if settings.database is not None:
+        stages["checks"] = time.monotonic() - t
+        return settings.run.writers or 2
+    from lance_cdf.kafka.topics import KNOWN
+    from lance_cdf.kafka.transactions import OTHER_TOPIC, default_topic
+
+    connection = KafkaConnection(target.bootstrap_servers, target.producer_config)
+    topics = TopicSettings.from_options(target.transaction_options())  # as the sink reads them
+    partitions = KNOWN.ensure(connection, target.topic, topics)
+    if target.transaction_metadata:  # before any record: a replicator finding records
+        # finds the topic that completes their versions
+        txn = target.transaction_topic or default_topic(target.topic)
+        KNOWN.ensure(
+            connection, txn, topics.for_transactions(), one_partition=True, other=OTHER_TOPIC
+        )
+    stages["checks"] = time.monotonic() - t
+    return partitions
+
+
+def _start_session(
+    settings: PublishSettings, stages: dict[str, float]
+) -> tuple[SparkSession, bool, str | None]:
+    """The Spark session (started, or the active one), whether publish owns it, and the
+    master publish set (None: spark-submit's or the active session's)."""
+    from pyspark.sql import SparkSession
+
+    own_session = SparkSession.getActiveSession() is None
+    builder, chosen = _session_builder(own_session, settings)
+    t = time.monotonic()
+    # SparkContext installs its own SIGINT handler (cancel all jobs, raise
+    # KeyboardInterrupt inside a py4j call): the caller's is put back
+    with _jvm_ignores_sigterm(), _signal_handlers_kept(), _python_for_spark():
+        spark = builder.config("spark.sql.session.timeZone", "UTC").getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    if own_session:
+        _quiet_accumulators(spark)
+    stages["Spark session"] = time.monotonic() - t
+    return spark, own_session, chosen
+
+
+def _start_query(
+    spark: SparkSession,
+    settings: PublishSettings,
+    source_options: dict[str, str],
+    sink_options: dict[str, str],
+    partitions: int,
+    stopping: threading.Event,
+    stages: dict[str, float],
+) -> tuple[StreamingQuery | None, int, int]:
+    """The streaming query started (None: stopped during start-up, nothing started), its
+    writer tasks and the partitions they share."""
+    from lance_cdf.spark.sink import kafka_sink as spark_sink
+    from lance_cdf.spark.source import register
+
+    register(spark)
+    spark_sink.register(spark)
+    writers = settings.run.writers
+    tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
+    if settings.database is not None:  # new topics get as many partitions as there are writers
+        tasks = writers or spark.sparkContext.defaultParallelism
+        partitions = tasks
+        sink_options.setdefault("topic.partitions", str(partitions))
+    reader = spark.readStream.format("lance-cdf").options(**source_options)
+    reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
+    t = time.monotonic()
+    changes = hand_off(reader.load())  # load(): the schema
+    stages["source schema"] = time.monotonic() - t
+    writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options)
+    if settings.run.available_now:
+        writer = writer.trigger(availableNow=True)
+    else:
+        writer = writer.trigger(processingTime=settings.trigger_interval)
+    if stopping.is_set():
+        return None, tasks, partitions
+    t = time.monotonic()
+    query = writer.start()
+    stages["query start"] = time.monotonic() - t
+    return query, tasks, partitions
+
+
+def _announce(
+    settings: PublishSettings, tasks: int, partitions: int, started: float, stages: dict[str, float]
+) -> None:
+    """The line saying what publishes where, and how long each start-up stage took."""
+    target, database = settings.target, settings.database
+    took = ", ".join(f"{k} {v:.1f} s" for k, v in stages.items())
+    shown = f"{redact_url(settings.source.table)} -> {target.topic}"
+    if database is not None:
+        shown = f"the tables of {redact_url(database.uri)} -> {database.topic('<table>')}"
+    print(
+        f"publishing {shown} on {redact_url(target.bootstrap_servers)} with "
+        f"{tasks} writer(s) over {partitions} partition(s) (checkpoint "
+        f"{redact_url(settings.checkpoint)}; producer settings "
+        f"{redact(target.producer_config)}; start-up {time.monotonic() - started:.1f} s: {took})",
+        flush=True,
+    )
 
 
 def _await(
@@ -693,51 +588,36 @@ def _log_file(checkpoint: str) -> str:
     return os.path.join(root, "lance-cdf-publish.log")
 
 
-def _stream_options(
-    table: str,
-    bootstrap_servers: str,
-    topic: str,
-    schema_registry: str,
-    checkpoint: str,
-    starting_version: str | None,
-    key: str | None,
-    tombstones: bool,
-    producer_config: dict[str, str],
-    registry_config: dict[str, str] | None,
-    storage_options: dict[str, str] | None,
-    max_rows_per_trigger: int | None,
-    snapshot: bool,
-    drop_unchanged_updates: bool,
-    exactly_once: bool,
-    table_name: str | None,
-) -> tuple[dict[str, str], dict[str, str]]:
+def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str, str]]:
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
+    source, target = settings.source, settings.target
     # entryPoint: the source's error advice names publish's flags (spark/source/advice.py)
-    source_options = {"path": table, "entryPoint": "publish"}
-    if snapshot or starting_version is not None:  # else the stream's default, latest
-        source_options["startingVersion"] = "snapshot" if snapshot else str(starting_version)
-    if drop_unchanged_updates:
+    source_options = {"path": source.table, "entryPoint": "publish"}
+    if source.snapshot or source.starting_version is not None:  # else the default, latest
+        start = "snapshot" if source.snapshot else str(source.starting_version)
+        source_options["startingVersion"] = start
+    if source.drop_unchanged_updates:
         source_options["dropUnchangedUpdates"] = "true"
-    if max_rows_per_trigger:
-        source_options["maxRowsPerTrigger"] = str(max_rows_per_trigger)
-    source_options["keyHash"] = key or "_rowid"
+    if source.max_rows_per_trigger:
+        source_options["maxRowsPerTrigger"] = str(source.max_rows_per_trigger)
+    source_options["keyHash"] = target.key or "_rowid"
     sink_options = {
-        "kafka.bootstrap.servers": bootstrap_servers,
-        "topic": topic,
-        "schema.registry.url": schema_registry,
-        "table": table,
-        "tombstones": str(tombstones).lower(),
-        "checkpointLocation": checkpoint,
-        "exactlyOnce": str(exactly_once).lower(),
+        "kafka.bootstrap.servers": target.bootstrap_servers,
+        "topic": target.topic,
+        "schema.registry.url": target.schema_registry,
+        "table": source.table,
+        "tombstones": str(target.tombstones).lower(),
+        "checkpointLocation": settings.checkpoint,
+        "exactlyOnce": str(target.exactly_once).lower(),
     }
-    if key:
-        sink_options["key"] = key
-    if table_name:
-        sink_options["table.name"] = table_name
-    sink_options.update({f"kafka.{k}": v for k, v in producer_config.items()})
-    sink_options.update({f"registry.{k}": v for k, v in (registry_config or {}).items()})
-    for k, v in (storage_options or {}).items():
+    if target.key:
+        sink_options["key"] = target.key
+    if target.table_name:
+        sink_options["table.name"] = target.table_name
+    sink_options.update({f"kafka.{k}": v for k, v in target.producer_config.items()})
+    sink_options.update({f"registry.{k}": v for k, v in target.registry_config.items()})
+    for k, v in source.storage_options.items():
         source_options[f"storage.{k}"] = sink_options[f"storage.{k}"] = v
     return source_options, sink_options
 
@@ -855,37 +735,35 @@ def _quiet_stop(spark: SparkSession) -> None:
     spark.stop()
 
 
-def _serve_metrics(
-    query: StreamingQuery,
-    table: str,
-    topic: str,
-    storage_options: dict[str, str] | None,
-    port: int | None,
-    host: str,
-    checkpoint: str,
-    database: Database | None = None,
-) -> QueryFollower | None:
+def _serve_metrics(query: StreamingQuery, settings: PublishSettings) -> QueryFollower | None:
     """Follow the query's progress and serve it as Prometheus metrics (None: no port); a
     database publisher's per followed table (`database_tables`)."""
-    if port is None:
+    run, source, database = settings.run, settings.source, settings.database
+    if run.metrics_port is None:
         return None
     from lance_cdf.ops.metrics import PipelineMetrics
     from lance_cdf.spark.publish.query_progress import QueryFollower
 
+    checkpoint = settings.checkpoint
     follower = QueryFollower(query, checkpoint=checkpoint).start()
     if database is not None:
         metrics = PipelineMetrics(
             "publish",
             follower.progress,
             None,
-            storage_options,
+            source.storage_options,
             database.topic("*"),
             tables=lambda: database_tables(checkpoint),
         )
-        print(f"metrics at {metrics.serve(port, host)}", flush=True)
-        return follower
-    metrics = PipelineMetrics("publish", follower.progress, table, storage_options, topic)
-    print(f"metrics at {metrics.serve(port, host)}", flush=True)
+    else:
+        metrics = PipelineMetrics(
+            "publish",
+            follower.progress,
+            source.table,
+            source.storage_options,
+            settings.target.topic,
+        )
+    print(f"metrics at {metrics.serve(run.metrics_port, run.metrics_host)}", flush=True)
     return follower
 
 

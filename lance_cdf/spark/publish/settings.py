@@ -1,0 +1,171 @@
+"""What `lance-cdf publish` is asked to do, as types: built once (by the CLI from its flags)
+and passed down to the runner, which gives Spark's source and sink their options from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.topics import TopicSettings
+
+# A commit waits for the next trigger, then for the micro-batch: commits land at any phase
+# of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
+# the replica well under a second (docs/benchmarks.md, "Latency under load"). An idle
+# trigger asks the table for its latest version (one listing of
+# `_versions/`): twice a second for one table. A database's tables are each listed at every
+# trigger (200 tables: 200 listings), so it keeps 1 s.
+DEFAULT_TRIGGER = "500 milliseconds"
+DEFAULT_DATABASE_TRIGGER = "1 second"
+
+
+@dataclass(frozen=True)
+class Database:
+    """`lance-cdf publish --database`: the database, which of its tables (regexes over
+    qualified names, `re.fullmatch`), and the prefix of their topics."""
+
+    uri: str
+    topic_prefix: str
+    include: str | None = None
+    exclude: str | None = None
+
+    def topic(self, name: str) -> str:
+        return f"{self.topic_prefix}.{name}"
+
+
+@dataclass(frozen=True)
+class SourceSettings:
+    """What is read: the table (or, with `database`, every matching table of a database:
+    `table` unused; spark/source/database_stream.py) and from where.
+
+    `starting_version`: a number, "latest" or "earliest" (None: "latest"), for a new
+    checkpoint only: with an existing checkpoint it must be the one that checkpoint was
+    started with (or None), else CheckpointMismatchError (the checkpoint would ignore it).
+    `snapshot`: first the table as it stands when the query first starts, as `op="r"`
+    records, then the changes after it (the checkpoint remembers the snapshot's version and
+    how far it got). `storage_options`: the table's (and an object-storage checkpoint's)."""
+
+    table: str = ""
+    database: Database | None = None
+    starting_version: str | None = None
+    snapshot: bool = False
+    drop_unchanged_updates: bool = False
+    max_rows_per_trigger: int | None = None
+    storage_options: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class KafkaTarget:
+    """Where the records go and how they are made.
+
+    `topic`: unused with a database (each table to `<topic_prefix>.<qualified name>`).
+    `key`: the key columns, comma-separated (None: `_rowid`). `table_name`: `prefix.table`
+    naming the Avro records (`prefix.table.Envelope`) and `source.name` / `source.table`;
+    default `lancecdf.<table directory name>`. `topics`: how the topics publish writes are
+    created if missing (partitions, replication factor, topic settings; kafka/topics.py); by
+    default the broker's defaults, and for a database as many partitions as there are
+    writers. `transaction_metadata`: a BEGIN and an END record per commit version on
+    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
+    `exactly_once`: a replayed micro-batch skips the records each partition already holds
+    (per-partition high-water marks); False: plain at-least-once."""
+
+    bootstrap_servers: str
+    topic: str  # ("" with a database)
+    schema_registry: str
+    producer_config: dict[str, str] = field(default_factory=dict)
+    registry_config: dict[str, str] = field(default_factory=dict)
+    key: str | None = None
+    tombstones: bool = True
+    table_name: str | None = None
+    topics: TopicSettings = field(default_factory=TopicSettings)
+    transaction_topic: str | None = None
+    transaction_metadata: bool = True
+    exactly_once: bool = True
+
+    def transaction_options(self) -> dict[str, str]:
+        """The sink options of the transaction metadata and of the topics' creation."""
+        txn = {"transactionMetadata": str(self.transaction_metadata).lower()}
+        if self.transaction_topic:
+            txn["transaction.topic"] = self.transaction_topic
+        txn.update(self.topics.options())
+        return txn
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """How the Spark job runs.
+
+    `trigger_interval`: Spark's micro-batch interval; None: `DEFAULT_TRIGGER` for a table,
+    `DEFAULT_DATABASE_TRIGGER` for a database. `available_now`: publish up to the latest
+    version at start, then return. `master`: the Spark master URL; by default the one
+    `spark-submit --master` gave, else `local[2]` (an active session, a spark-submit
+    script's, is reused). `writers`: parallel writer tasks per micro-batch (default: Spark's
+    default parallelism), at most one per partition of the topic; each owns a disjoint set
+    of partitions (`partition % writers`) and reads that share of the micro-batch's events
+    itself, so per-key order holds whatever their number. `head_start`: publish the commits
+    waiting at start from this process while Spark starts (spark/publish/headstart.py;
+    exactly-once and one table only, and only where the query's start is known before it
+    starts: a checkpoint's committed offset or a numeric starting version). `metrics_port`:
+    serve Prometheus metrics on metrics_host:metrics_port (0: any free port;
+    lance_cdf.ops.metrics)."""
+
+    checkpoint: str
+    trigger_interval: str | None = None
+    available_now: bool = False
+    master: str | None = None
+    writers: int | None = None
+    head_start: bool = True
+    metrics_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+
+
+@dataclass(frozen=True)
+class PublishSettings:
+    """Everything `publish` is asked: the source, the Kafka target and the run. Settings
+    that contradict each other are refused here (LanceCdfError), before anything starts."""
+
+    source: SourceSettings
+    target: KafkaTarget
+    run: RunSettings
+
+    def __post_init__(self) -> None:
+        if self.source.database is not None and (
+            self.target.transaction_topic or self.target.table_name
+        ):
+            raise LanceCdfError(
+                "--database names each table's topic, transaction topic and records itself: "
+                "leave out --transaction-topic and --table-name"
+            )
+        if (
+            self.target.transaction_metadata
+            and self.source.snapshot
+            and self.source.max_rows_per_trigger
+        ):
+            raise LanceCdfError(
+                "--snapshot with --max-rows-per-trigger splits the snapshot's version over "
+                "micro-batches, so its transaction metadata would count part of it; drop "
+                "--max-rows-per-trigger, or publish with --no-transaction-metadata"
+            )
+
+    @property
+    def database(self) -> Database | None:
+        return self.source.database
+
+    @property
+    def checkpoint(self) -> str:
+        return self.run.checkpoint
+
+    @property
+    def trigger_interval(self) -> str:
+        if self.run.trigger_interval is not None:
+            return self.run.trigger_interval
+        return DEFAULT_DATABASE_TRIGGER if self.database is not None else DEFAULT_TRIGGER
+
+    @property
+    def head_start(self) -> bool:
+        """Whether the head start runs: exactly-once, one table (the head start follows one
+        table), and not turned off."""
+        return self.run.head_start and self.target.exactly_once and self.database is None
+
+    def shown_topic(self) -> str:
+        """The topic as the lease and messages name it (a database's: `<prefix>.*`)."""
+        return self.database.topic("*") if self.database is not None else self.target.topic
