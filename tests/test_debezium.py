@@ -28,7 +28,7 @@ import pytest
 
 import lance_cdf
 from lance_cdf.core.feed import ChangeFeed
-from lance_cdf.kafka.publisher import KafkaChangePublisher
+from lance_cdf.kafka.publisher import KafkaChangePublisher, PublisherSettings
 from lance_cdf_devtools.connect import KafkaConnect, PostgresServer, wait_until
 from lance_cdf_devtools.tls import java_truststore
 
@@ -341,8 +341,9 @@ def test_debezium_jdbc_sink_over_sasl_ssl_and_a_tls_basic_auth_registry(
         registry.url,
         SCHEMA,
         table_name="shop.items",
-        producer_config=kafka.client_config,
-        registry_config=registry.client_config,
+        settings=PublisherSettings(
+            producer_config=kafka.client_config, registry_config=registry.client_config
+        ),
     )
     done = publish_new_versions(uri, [publisher], 0)
     config = sink_config("items.secured", "items_secured", postgres, registry, False)

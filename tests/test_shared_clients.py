@@ -8,7 +8,7 @@ import pyarrow as pa
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from lance_cdf.kafka import clients
-from lance_cdf.kafka.publisher import POSITION_HEADER, KafkaChangePublisher
+from lance_cdf.kafka.publisher import POSITION_HEADER, KafkaChangePublisher, PublisherSettings
 from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
 
 SCHEMA = pa.schema([("id", pa.int64())])
@@ -18,11 +18,16 @@ def test_publishers_with_the_same_settings_share_their_clients():
     a = KafkaChangePublisher("127.0.0.1:1", "a", "mock://shared", SCHEMA, "p.a")
     b = KafkaChangePublisher("127.0.0.1:1", "b", "mock://shared", SCHEMA, "p.b")
     other = KafkaChangePublisher(
-        "127.0.0.1:1", "c", "mock://shared", SCHEMA, "p.c", producer_config={"linger.ms": "5"}
+        "127.0.0.1:1",
+        "c",
+        "mock://shared",
+        SCHEMA,
+        "p.c",
+        settings=PublisherSettings(producer_config={"linger.ms": "5"}),
     )
     try:
         assert a.producer is b.producer and a._failures is b._failures
-        assert a.registry is b.registry and a._consumer() is b._consumer()
+        assert a.registry is b.registry and a.marks.consumer() is b.marks.consumer()
         assert other.producer is not a.producer  # another setting, another producer
         assert a.key_writer.subject == "a-key" and b.value_writer.subject == "b-value"
     finally:
@@ -48,7 +53,7 @@ def test_tables_sharing_a_consumer_each_read_their_own_last_records(kafka_broker
     }
     try:
         assert pubs["a"].producer is pubs["b"].producer
-        assert pubs["a"]._consumer() is pubs["b"]._consumer()
+        assert pubs["a"].marks.consumer() is pubs["b"].marks.consumer()
         assert writers["a"].producer is writers["b"].producer
 
         def put(name: str, partition: int, position: str) -> None:

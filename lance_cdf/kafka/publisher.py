@@ -14,11 +14,10 @@ the driver.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
 from collections.abc import Collection, Iterable, Iterator
-from typing import TYPE_CHECKING, Any, cast
+from dataclasses import dataclass, field
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -44,16 +43,12 @@ from lance_cdf.errors import (
     PublishError,
 )
 from lance_cdf.kafka import clients
+from lance_cdf.kafka.marks import POSITION_HEADER, PartitionMarks, Position
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.transactions import VersionCounts
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
-
-log = logging.getLogger("lance_cdf.kafka")
-
-if TYPE_CHECKING:
-    from confluent_kafka import Consumer  # imported where used: only routed streams need one
 
 DEFAULT_PRODUCER = {
     "enable.idempotence": True,
@@ -104,15 +99,6 @@ def commit_order(events: pa.Table) -> pa.Table:
     return events.take(idx)
 
 
-# Where a record stands in its partition's sequence (routed streams only): commit version,
-# group (0 deletes, 1 updates, 2 inserts and snapshot reads), `_event_order`, and 0 for a
-# record, 1 for the tombstone after it, as ASCII "v.g.o.s". A partition's last record is its
-# high-water mark: a replayed micro-batch skips every record at or below it.
-POSITION_HEADER = "lance-cdf.position"
-# (version, group, order, sub) of a record (sub 0) or its tombstone (sub 1)
-Position = tuple[int, int, int, int]
-
-
 def record_positions(events: pa.Table) -> np.ndarray | None:
     """(version, group, order) per record, int64 (n, 3); None if the stream is not routed."""
     if EVENT_ORDER not in events.column_names:
@@ -128,16 +114,6 @@ def record_positions(events: pa.Table) -> np.ndarray | None:
     out[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False), 1] = 1
     out[:, 2] = pc.filter(events[EVENT_ORDER], rows).to_numpy()
     return out
-
-
-def parse_position(value: str | bytes | None) -> Position | None:
-    if not isinstance(value, bytes):
-        return None
-    try:
-        v, g, o, t = (int(x) for x in value.decode().split("."))
-        return v, g, o, t
-    except (AttributeError, ValueError):
-        return None
 
 
 def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
@@ -199,6 +175,21 @@ def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
     return values
 
 
+@dataclass(frozen=True)
+class PublisherSettings:
+    """A publisher's client settings: the producer's and the schema registry client's
+    (passed through; kafka/clients.py shares the clients of equal settings), how its topic
+    is made if missing (kafka/topics.py), how long a flush or a read of the partitions'
+    last records waits, and the checkpoint a broker outage's state goes to
+    (kafka/outage.py; None: none kept)."""
+
+    producer_config: dict[str, Any] = field(default_factory=dict)
+    registry_config: dict[str, Any] = field(default_factory=dict)
+    topic_settings: TopicSettings = field(default_factory=TopicSettings)
+    flush_timeout: float = 60.0
+    checkpoint: str | None = None
+
+
 class KafkaChangePublisher:
     """Produces the change events of one table to one topic."""
 
@@ -211,16 +202,13 @@ class KafkaChangePublisher:
         table_name: str | TableName,
         key_columns: list[str] | None = None,
         tombstones: bool = True,
-        producer_config: dict[str, Any] | None = None,
-        registry_config: dict[str, Any] | None = None,
-        flush_timeout: float = 60.0,
-        checkpoint: str | None = None,
-        topic_settings: TopicSettings | None = None,
+        settings: PublisherSettings | None = None,
     ):
+        settings = settings or PublisherSettings()
         self.topic = topic
         # how the topic is made if missing, before the first record (kafka/topics.py);
         # `topic_ready`: known to exist (set once made sure of, or by a caller that knows)
-        self.topic_settings = topic_settings or TopicSettings()
+        self.topic_settings = settings.topic_settings
         self.topic_ready = False
         self.user_schema = user_schema
         self.user_columns = list(user_schema.names)
@@ -228,28 +216,30 @@ class KafkaChangePublisher:
         self.table_name = TableName.of(table_name)  # record names, source.name/db/table
         self.key_columns = key_columns
         self.tombstones = tombstones
-        self.flush_timeout = flush_timeout
+        self.flush_timeout = settings.flush_timeout
         # a broker outage is ridden out (kafka/outage.py); its state goes to the checkpoint
-        self.ride_out = RideOut(bootstrap_servers, checkpoint)
+        self.ride_out = RideOut(bootstrap_servers, settings.checkpoint)
         # the registry client, the producer and the marks consumer are the process's, shared
         # by every table's publisher with the same settings (kafka/clients.py)
-        self.registry = clients.registry(registry_settings(schema_registry, registry_config))
+        self.registry = clients.registry(
+            registry_settings(schema_registry, settings.registry_config)
+        )
         self.value_writer = WireWriter(
             self.registry, f"{topic}-value", envelope_schema(user_schema, table_name)
         )
         self.key_writer = WireWriter(
             self.registry, f"{topic}-key", key_schema(user_schema, key_columns, table_name)
         )
-        self.connection = KafkaConnection(bootstrap_servers, producer_config or {})
+        self.connection = KafkaConnection(bootstrap_servers, settings.producer_config)
         shared = clients.producer(self.connection.producer(defaults=DEFAULT_PRODUCER))
         self.producer = shared.producer
         # delivery errors since the last flush (producer-wide: no callback object per record)
         self._failures: list[str] = shared.failures
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
-        # since the last flush, and per partition ((low, high) watermarks, the position of
-        # its last record) as known after this publisher's last successful flush
+        # since the last flush, and each partition's high-water mark as known after this
+        # publisher's last successful flush (kafka/marks.py)
         self._sent_last: dict[int, Position] = {}
-        self._settled: dict[int, tuple[tuple[int, int], Position | None]] = {}
+        self.marks = PartitionMarks(topic, self.connection, self.flush_timeout)
         # per commit version: its records per partition since `begin()`, sent or (on a
         # replay) skipped, for the transaction metadata (kafka/transactions.py)
         self.version_counts: dict[int, VersionCounts] = {}
@@ -423,114 +413,19 @@ class KafkaChangePublisher:
         self.topic_ready = True
 
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
-        """`_high_water_marks`, retried while the broker does not answer (kafka/outage.py)."""
+        """Each partition's high-water mark (`PartitionMarks.read`, kafka/marks.py), retried
+        while the broker does not answer (kafka/outage.py)."""
         self.ensure_topic()
         return self.ride_out.call(
             "reading the partitions' last records",
-            lambda: self._high_water_marks(partitions),
+            lambda: self.marks.read(partitions),
             (KafkaException, PublishError),
-        )
-
-    def _high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
-        """The position of the last record of each partition (None: none with a position).
-        With one writer task per partition at a time, a partition holds a prefix of its
-        records in order (the idempotent producer neither reorders nor leaves holes), so
-        its last record says exactly how far an earlier attempt got.
-
-        A partition whose watermarks are what they were after this publisher's last
-        successful flush (or last look) still ends with the record it knew: nothing was
-        appended since, so its position is reused without reading the record again."""
-        from confluent_kafka import TopicPartition
-
-        marks: dict[int, Position | None] = {}
-        every = self._watermarks(partitions)
-        last: dict[int, int] = {}  # partition -> the offset of its last record, to read
-        for p in sorted(partitions):
-            known = self._settled.get(p)
-            marks[p] = known[1] if known is not None and known[0] == every[p] else None
-            low, high = every[p]
-            if (known is None or known[0] != every[p]) and high > low:
-                last[p] = high - 1
-        if last:  # every partition's last record in one assignment
-            consumer = self._consumer()
-            consumer.assign([TopicPartition(self.topic, p, o) for p, o in last.items()])
-            waiting = set(last)
-            deadline = time.monotonic() + self.flush_timeout
-            while waiting and time.monotonic() < deadline:
-                m = consumer.poll(0.5)
-                part = m.partition() if m is not None else None
-                if m is None or m.error() or part is None or part not in waiting:
-                    continue
-                if m.topic() != self.topic:  # (a shared consumer: another table's, earlier)
-                    continue
-                marks[part] = parse_position(dict(m.headers() or []).get(POSITION_HEADER))
-                waiting.discard(part)
-            consumer.unassign()  # (also when the read fails: the consumer is shared)
-            if waiting:
-                raise PublishError(
-                    f"could not read the last record of {self.topic!r} partition(s) "
-                    f"{sorted(waiting)} within {self.flush_timeout:.0f}s; the micro-batch "
-                    "fails and is retried."
-                )
-        for p in partitions:
-            self._settled[p] = (every[p], marks[p])
-        return marks
-
-    def _consumer(self) -> Consumer:
-        """The consumer reading partitions' last records (the process's, shared by the
-        publishers with the same settings: it is only ever assigned, read and unassigned)."""
-        # fetch.wait.max.ms: a fetch after a new assignment otherwise waits out the
-        # default 500 ms long poll, and reading a partition's last record with it
-        # (docs/benchmarks.md, "Inside the publisher")
-        return clients.consumer(
-            self.connection.consumer(
-                fixed={
-                    "group.id": "lance-cdf-high-water-marks",
-                    "enable.auto.commit": False,
-                    "isolation.level": "read_committed",
-                    "fetch.wait.max.ms": 10,
-                }
-            )
         )
 
     def close(self) -> None:
         """Forget this publisher's view of its partitions; its clients are the process's
         (kafka/clients.py: `close_all`)."""
-        self._settled.clear()
-
-    def _watermarks(self, partitions: Iterable[int]) -> dict[int, tuple[int, int]]:
-        """(low, high) watermarks of each partition, in two requests for all of them
-        (ListOffsets for "earliest" (-2) and "latest" (-1), what `get_watermark_offsets`
-        asks one partition at a time)."""
-        from confluent_kafka import TopicPartition
-
-        wanted = sorted(partitions)
-        if not wanted:
-            return {}
-        out: dict[int, list[int]] = {p: [0, 0] for p in wanted}
-        consumer = self._consumer()
-        for i, when in enumerate((-2, -1)):  # earliest, latest
-            try:
-                answer = consumer.offsets_for_times(
-                    [TopicPartition(self.topic, p, when) for p in wanted],
-                    timeout=self.flush_timeout,
-                )
-            except KafkaException:
-                # the retry (outage.RideOut) must not ask with the metadata the failure left:
-                # the shared consumer is never subscribed, so librdkafka does not refresh the
-                # topic by itself, and after a 130-s broker freeze one kept answering "Unknown
-                # partition" for 300 s (CI, test_publish_failures). Asked afresh here.
-                with contextlib.suppress(KafkaException):
-                    consumer.list_topics(self.topic, timeout=min(5.0, self.flush_timeout))
-                raise
-            for tp in answer:
-                if tp.error is not None or tp.offset < 0:
-                    raise PublishError(
-                        f"could not read the offsets of {self.topic!r} partition {tp.partition}"
-                        f": {tp.error or tp.offset}; the micro-batch fails and is retried."
-                    )
-                out[tp.partition][i] = tp.offset
-        return {p: (low, high) for p, (low, high) in out.items()}
+        self.marks.forget()
 
     def begin(self) -> None:
         """Start a micro-batch: let records of an earlier, failed attempt drain and forget
@@ -550,7 +445,7 @@ class KafkaChangePublisher:
             try:
                 self.ride_out.waiting(f"{left} record(s) not acknowledged")
             except PublishError:  # past the budget: what the partitions hold is unknown
-                self._settled.clear()
+                self.marks.forget()
                 raise
             left = self.producer.flush(self.flush_timeout)
         if not left:
@@ -558,24 +453,13 @@ class KafkaChangePublisher:
         failures, self._failures[:] = list(self._failures), []
         sent_last, self._sent_last = self._sent_last, {}
         if left or failures:
-            self._settled.clear()  # what the partitions hold is unknown: read them again
+            self.marks.forget()  # what the partitions hold is unknown: read them again
             raise PublishError(
                 f"{left} record(s) unacknowledged after {self.flush_timeout:.0f}s and "
                 f"{len(failures)} delivery failure(s) on {self.topic!r}"
                 f"{': ' + failures[0] if failures else ''}; the micro-batch fails and is retried."
             )
-        try:  # every record is in: each partition written ends with its last position
-            every = self._watermarks(sent_last)
-        except Exception as exc:  # noqa: BLE001 (only an optimisation: read them next time)
-            log.debug(
-                "partition watermarks not read (%s: %s); read next time", type(exc).__name__, exc
-            )
-            every = {}
-        for p, position in sent_last.items():
-            if p in every:
-                self._settled[p] = (every[p], position)
-            else:
-                self._settled.pop(p, None)
+        self.marks.settle(sent_last)  # every record is in: each partition written ends there
 
     def _encode(
         self, events: pa.Table, operations: dict[int, str], now_ms: int

@@ -209,7 +209,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def _publisher(
         self, user_schema: pa.Schema, options: dict[str, str], name: TableName
     ) -> KafkaChangePublisher:
-        from lance_cdf.kafka.publisher import KafkaChangePublisher
+        from lance_cdf.kafka.publisher import KafkaChangePublisher, PublisherSettings
 
         o, producer, registry = client_options(options)
         key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
@@ -229,10 +229,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 table_name=name,
                 key_columns=key_cols or None,
                 tombstones=o.get("tombstones", "true").lower() == "true",
-                producer_config=producer,
-                registry_config=registry,
-                checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
-                topic_settings=TopicSettings.from_options(options),
+                settings=PublisherSettings(
+                    producer_config=producer,
+                    registry_config=registry,
+                    topic_settings=TopicSettings.from_options(options),
+                    checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
+                ),
             )
         return publisher
 
