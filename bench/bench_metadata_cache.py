@@ -1,5 +1,6 @@
-"""What bounding pylance's metadata cache (lance_cdf.core.rows.METADATA_CACHE_BYTES) costs
-change extraction, and what it saves (issue 32).
+"""What bounding pylance's metadata cache
+(lance_cdf.core.table_schemas.METADATA_CACHE_BYTES) costs change extraction, and what it
+saves (issue 32).
 
     python bench/bench_metadata_cache.py --rows 1000000 --fragments 200 --versions 300 \
         --bound default --bound 32 --bound 8 --rounds 2 --out bench/results_metadata_cache.json
@@ -60,13 +61,13 @@ def build(path: str, rows: int, fragments: int, versions: int, dim: int) -> None
 
 
 def child(path: str, bound: str) -> dict:
-    import lance_cdf.core.rows
+    import lance_cdf.core.table_schemas
     from lance_cdf.core.feed import ChangeFeed
 
     if bound != "default":
-        lance_cdf.core.rows.METADATA_CACHE_BYTES = int(float(bound) * (1 << 20))
+        lance_cdf.core.table_schemas.METADATA_CACHE_BYTES = int(float(bound) * (1 << 20))
     else:
-        lance_cdf.core.rows.METADATA_CACHE_BYTES = None  # type: ignore[assignment]
+        lance_cdf.core.table_schemas.METADATA_CACHE_BYTES = None  # type: ignore[assignment]
     feed = ChangeFeed(path)
     latest = feed.latest_version()
     start = 2
@@ -80,7 +81,7 @@ def child(path: str, bound: str) -> dict:
         for b in feed.events(feed.plan(v), schema):
             n += b.num_rows
     t1 = time.perf_counter()
-    ds = next(iter(feed.reader._datasets.values()))
+    ds = next(iter(feed.reader.schemas._datasets.values()))
     with open("/proc/self/status") as f:
         rss = next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
     return {

@@ -5,6 +5,7 @@ import lance
 import pyarrow as pa
 
 import lance_cdf.core.rows as rows_mod
+import lance_cdf.core.table_schemas as schemas_mod
 import lance_cdf.replicate.replica as replica_mod
 from lance_cdf.format.table import TableLog
 from lance_cdf.replicate.replica import ReplicaTable
@@ -36,7 +37,7 @@ def test_an_unbounded_session_outgrows_the_bound(tmp_path):
 def test_the_row_readers_session_stays_within_its_bound(tmp_path, monkeypatch):
     uri = str(tmp_path / "t.lance")
     latest = _many_versions(uri, 60)
-    monkeypatch.setattr(rows_mod, "METADATA_CACHE_BYTES", BOUND)
+    monkeypatch.setattr(schemas_mod, "METADATA_CACHE_BYTES", BOUND)
     reader = rows_mod.RowReader(TableLog(uri))
     for v in range(1, latest + 1):
         reader.dataset(v).count_rows()  # each a checkout sharing the first one's session

@@ -8,7 +8,9 @@ consulted and the cost is the rows returned. Fragments whose layout this path
 does not handle (legacy files, other bases, fields it cannot map, blob columns,
 newer manifest features) are read through pylance's `LanceFragment.take`, which
 addresses live rows; the physical offsets are mapped to that index with the
-fragment's deletion vector. Columns are found and shaped by `lance_cdf.core.columns`.
+fragment's deletion vector. Which columns a version has, and which column of one version
+is which of another, is `lance_cdf.core.table_schemas`'s; columns are shaped by
+`lance_cdf.core.columns`.
 """
 
 from __future__ import annotations
@@ -24,18 +26,9 @@ import numpy as np
 import pyarrow as pa
 from google.protobuf import unknown_fields
 
-from lance_cdf.core.columns import (
-    ColumnHistory,
-    Commit,
-    FieldState,
-    annotate,
-    column_sources,
-    conform,
-    is_blob,
-    origin_of,
-    strip,
-)
+from lance_cdf.core.columns import ColumnHistory, column_sources, conform, is_blob, strip
 from lance_cdf.core.plan import RowSet
+from lance_cdf.core.table_schemas import KnownSchema, TableSchemas
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.cache import LruCache
 from lance_cdf.format.io import LocalFileSystem
@@ -49,23 +42,11 @@ if TYPE_CHECKING:
     import lance
     import lance.file
 
-# pylance's metadata cache (manifests, data files' footers, row-ID sequences, deletion
-# vectors) of the session a RowReader's datasets share: with pylance's default bound, 1 GiB,
-# it keeps every version checked out for as long as the process follows the table.
-# Rows are read through lance.file readers (_FILES), so the datasets are used for the
-# schema and little else: the bounded session stays small, and reading takes the same
-# time bounded or not (docs/benchmarks.md, "Soak").
-METADATA_CACHE_BYTES = 16 << 20
-
-
 # Open data file readers, shared by every RowReader of the process: a data file never
 # changes once written (its name is unique), so a reader serves every version of a range,
 # every call of a ChangeFeed and every read_changes call.
 _FILES: LruCache[tuple[object, ...], FileColumns | None] = LruCache(256)
 _FILES_LOCK = threading.Lock()
-# Arrow schemas by (table, fields, schema metadata): what pylance says a manifest's schema is
-_SCHEMAS: LruCache[tuple[object, ...], pa.Schema] = LruCache(256)
-_SCHEMAS_LOCK = threading.Lock()
 
 
 class _Readers:
@@ -126,154 +107,54 @@ class _ReadJob(NamedTuple):
     read: Callable[[], pa.Table]
 
 
-def _field_states(table: TableLog, version: int) -> tuple[FieldState, ...]:
-    fields = table.manifest(version, operation=False).fields
-    return tuple(FieldState(f.id, f.parent_id, f.name, f.logical_type) for f in fields)
-
-
-def _commit(table: TableLog, version: int) -> Commit:
-    manifest = table.manifest(version)
-    return Commit(manifest.operation, manifest.restored_version)
-
-
 class RowReader:
-    """Reads located rows of any table version through pylance."""
+    """Reads located rows of any table version through pylance, against the columns
+    `TableSchemas` says each version has."""
 
     def __init__(self, table: TableLog):
         self.table = table
         self.remote = not isinstance(table.fs, LocalFileSystem)
         keep_freed_memory_if_asked()  # an opt-in (lance_cdf.ops.malloc), never a default
-        self._datasets: LruCache[int, lance.LanceDataset] = LruCache(4)
-        self._schemas: dict[tuple[object, ...], pa.Schema] = {}  # annotated schemas
+        self.schemas = TableSchemas(table)
         self._layouts: LruCache[tuple[object, ...], list[FileColumns] | None] = LruCache(1024)
-        self._histories: LruCache[int, ColumnHistory] = LruCache(8)  # per origin
-        self._history_lock = threading.RLock()
         self._lock = threading.Lock()  # reads of one commit's images run in several threads
         # rows of several requests read together (merge_reads): per data-file reader group
         # and columns, (sorted physical offsets, their rows)
         self._merged: dict[tuple[object, ...], _Merged] = {}
 
+    # The columns of a version (`lance_cdf.core.table_schemas`), as the reader's callers
+    # (events, snapshot, candidates, feed, the Spark source) have always asked it for them
     def dataset(self, version: int) -> lance.LanceDataset:
-        # imported here: pylance takes seconds to import, and the processes that only plan
-        # (Spark's driver-side source worker) or publish (the Kafka sink) never read rows
-        import lance
-
-        ds = self._datasets.get(version)
-        if ds is None:
-            try:
-                if self._datasets:
-                    # a checkout shares the open dataset's session (metadata and index caches)
-                    ds = next(reversed(self._datasets.values())).checkout_version(version)
-                else:
-                    ds = lance.dataset(
-                        self.table.uri,
-                        version=version,
-                        storage_options=self.table.storage_options,
-                        metadata_cache_size_bytes=METADATA_CACHE_BYTES,
-                    )
-            except Exception as exc:
-                if self.table.has_version(version):
-                    raise
-                raise self.table.missing_version_error(version) from exc
-            self._datasets.put(version, ds)
-        return ds
+        return self.schemas.dataset(version)
 
     def arrow_schema(self, version: int) -> pa.Schema:
-        """The table's Arrow schema at a version, cached per distinct schema for the
-        process: a fresh read_changes call does not open a pylance dataset for it."""
-        manifest = self.table.manifest(version, operation=False)
-        meta = tuple(sorted(manifest.proto.schema_metadata.items()))
-        key = (self.table.uri, manifest.schema_key(), meta)
-        with _SCHEMAS_LOCK:
-            schema = _SCHEMAS.get(key)
-        if schema is None:
-            schema = self.dataset(version).schema
-            with _SCHEMAS_LOCK:
-                _SCHEMAS.put(key, schema)
-        return schema
+        return self.schemas.arrow_schema(version)
 
-    def known_schemas(self) -> list[tuple[bytes, tuple[Any, ...], bytes]]:
-        """The Arrow schemas this process has from pylance for this table, as (fields key,
-        schema metadata, the schema in Arrow IPC) for `learn_schemas` in another process of
-        the same query: Spark's driver-side streaming source runner then never imports
-        pylance, a smaller process (docs/benchmarks.md, "Publisher footprint").
-        A schema holding an extension type is left out: it is only rebuilt where the
-        module defining it (pylance's bfloat16, ...) is imported, which the receiving
-        process may not have done."""
-        with _SCHEMAS_LOCK:
-            items = [(k, s) for k, s in _SCHEMAS.items() if k[0] == self.table.uri]
-        out = []
-        for (_, fields, meta), schema in items:  # (table, fields, metadata): arrow_schema's
-            ipc = schema.serialize().to_pybytes()
-            if b"ARROW:extension:name" not in ipc:
-                assert isinstance(fields, bytes) and isinstance(meta, tuple)
-                out.append((fields, meta, ipc))
-        return out
+    def known_schemas(self) -> list[KnownSchema]:
+        return self.schemas.known_schemas()
 
-    def learn_schemas(self, known: list[tuple[bytes, tuple[Any, ...], bytes]]) -> None:
-        """`known_schemas` of another process, into this process's cache: the versions
-        whose fields and metadata they match take their Arrow schema from it instead of
-        a pylance dataset (a version with any other schema still opens one)."""
-        for fields, meta, ipc in known:
-            schema = pa.ipc.read_schema(pa.py_buffer(ipc))
-            with _SCHEMAS_LOCK:
-                _SCHEMAS.put((self.table.uri, fields, meta), schema)
+    def learn_schemas(self, known: list[KnownSchema]) -> None:
+        self.schemas.learn_schemas(known)
 
     def annotated(self, version: int) -> pa.Schema:
-        """The table's columns at a version as events carry them: each field tagged
-        with its Lance field id, blob columns as large_binary (cached per schema)."""
-        manifest = self.table.manifest(version, operation=False)
-        key = (b"annotated", manifest.schema_key())
-        schema = self._schemas.get(key)
-        if schema is None:
-            schema = self._schemas[key] = annotate(self.arrow_schema(version), manifest.fields)
-        return schema
+        return self.schemas.annotated(version)
 
     def history(self, origin: int) -> ColumnHistory:
-        """Which column each field is, version by version from `origin` on
-        (`lance_cdf.core.columns`): one walk per origin, extended as versions are asked for."""
-        with self._history_lock:
-            history = self._histories.get(origin)
-            if history is None:
-                # functions of the TableLog, not bound methods: a history that held this
-                # reader would make a reference cycle, and every fresh read_changes call's
-                # reader, its manifests and decoded sequences would wait for the cyclic
-                # collector (markedly slower calls: docs/benchmarks.md, "Reading rows")
-                history = ColumnHistory(
-                    origin,
-                    functools.partial(_field_states, self.table),
-                    functools.partial(_commit, self.table),
-                    self.table.uri,
-                )
-                self._histories.put(origin, history)
-            return history
+        return self.schemas.history(origin)
 
     def tokens(self, version: int, origin: int) -> dict[int, str]:
-        """field id -> column token of the fields of `version`, counted from `origin`."""
-        with self._history_lock:  # a walk extends the history: one at a time
-            return self.history(origin).tokens(version)
+        return self.schemas.tokens(version, origin)
 
     def tagged(self, version: int, origin: int) -> pa.Schema:
-        """The table's columns at `version` as events carry them (see `annotated`), each
-        tagged with its column token counted from `origin` (`lance_cdf.core.columns`)."""
-        tokens = self.tokens(version, origin)
-        manifest = self.table.manifest(version, operation=False)
-        key = (b"tagged", manifest.schema_key(), origin, tuple(sorted(tokens.items())))
-        schema = self._schemas.get(key)
-        if schema is None:
-            arrow = self.arrow_schema(version)
-            schema = self._schemas[key] = annotate(arrow, manifest.fields, tokens, origin)
-        return schema
+        return self.schemas.tagged(version, origin)
 
     def annotated_for(self, schema: pa.Schema, version: int) -> pa.Schema:
-        """The columns of `version` tagged as `schema` (a range's columns) counts them."""
-        origin = origin_of(schema)
-        return self.annotated(version) if origin is None else self.tagged(version, origin)
+        return self.schemas.annotated_for(schema, version)
 
     def _columns(self, schema: pa.Schema, version: int) -> tuple[list[pa.Field | None], list[str]]:
         """Where each column of `schema` comes from at `version`, and the names of those
         read from data files (blob columns are fetched apart)."""
-        sources = column_sources(schema, self.annotated_for(schema, version))
+        sources = column_sources(schema, self.schemas.annotated_for(schema, version))
         return sources, [s.name for s in sources if s is not None and not is_blob(s)]
 
     def read(self, rows: RowSet, version: int, schema: pa.Schema) -> pa.Table:
