@@ -186,22 +186,26 @@ def _rewritten_in_place(
     return _rows(table, of, live), _rows(table, nf, live)
 
 
-def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> VersionChanges:
-    """The change plan of the commit that turned `old` into `new`.
+@dataclass
+class _EntryDiff:
+    """How two manifests' fragment entries differ: (fragment, physical offsets) of the row
+    entries present in the old and not in the new (`removed`), in the new and not in the
+    old (`added`), and the (pre, post) candidate rows of fragments rewritten in place."""
 
-    `old=None` is the empty table before version 1: every live row is inserted.
-    """
-    table.require_stable_row_ids(new)
+    removed: list[tuple[FragmentInfo, np.ndarray]] = field(default_factory=list)
+    added: list[tuple[FragmentInfo, np.ndarray]] = field(default_factory=list)
+    cand_pre: list[RowSet] = field(default_factory=list)
+    cand_post: list[RowSet] = field(default_factory=list)
+
+
+def _diff_entries(
+    table: TableLog, old: Manifest | None, new: Manifest, may_change: bool
+) -> _EntryDiff:
+    """The row entries the commit from `old` to `new` removed and added, fragment by
+    fragment; located in bulk by the caller."""
     old_frags = old.fragment_map if old is not None else {}
     new_frags = new.fragment_map
-    # (fragment, physical offsets) of row entries present in `old` and not in `new`, and
-    # in `new` and not in `old`; located in bulk below
-    removed: list[tuple[FragmentInfo, np.ndarray]] = []
-    added: list[tuple[FragmentInfo, np.ndarray]] = []
-    may_change = new.operation not in _NO_VALUE_CHANGE
-    cand_pre: list[RowSet] = []
-    cand_post: list[RowSet] = []
-
+    diff = _EntryDiff()
     changed = []  # (old entry or None, new entry) of every entry that differs
     for fid, nf in new_frags.items():
         of = old_frags.get(fid)
@@ -217,23 +221,39 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
             # Same rows and versions at the same offsets; only the deletion file
             # moved. Newly deleted offsets left, undeleted offsets came back.
             d_old, d_new = table.deletions(of).bitmap, table.deletions(nf).bitmap
-            removed.append((of, _bitmap_offsets(d_new - d_old)))
-            added.append((nf, _bitmap_offsets(d_old - d_new)))
+            diff.removed.append((of, _bitmap_offsets(d_new - d_old)))
+            diff.added.append((nf, _bitmap_offsets(d_old - d_new)))
             if may_change and not of.same_data_files(nf):
                 # new data files under the same rows and versions: add_columns by a writer
                 # that bumped no versions (0.38.x), a data replacement, an old restore
                 pre, post = _rewritten_in_place(table, of, nf)
-                cand_pre.append(pre)
-                cand_post.append(post)
+                diff.cand_pre.append(pre)
+                diff.cand_post.append(post)
             continue
         if of is not None:
-            removed.append((of, _live_offsets(table, of)))
-        added.append((nf, _live_offsets(table, nf)))
+            diff.removed.append((of, _live_offsets(table, of)))
+        diff.added.append((nf, _live_offsets(table, nf)))
     for fid, of in old_frags.items():
         if fid not in new_frags:
-            removed.append((of, _live_offsets(table, of)))
+            diff.removed.append((of, _live_offsets(table, of)))
+    return diff
 
-    gone, came = _locate(table, removed), _locate(table, added)
+
+@dataclass(frozen=True)
+class _Moved:
+    """Rows live both before and after a commit: their indices in `came` and `gone`, and
+    per such row whether it changed, or is undecided (its values decide)."""
+
+    in_came: np.ndarray
+    in_gone: np.ndarray
+    changed: np.ndarray
+    undecided: np.ndarray
+
+
+def _moved_rows(
+    came: RowSet, gone: RowSet, old: Manifest | None, new: Manifest, may_change: bool
+) -> _Moved:
+    """Which rows of `came` and `gone` are the same row moved, and which of those changed."""
     # A row ID is live at most once per version, so a row in `came` but not in
     # `gone` was not live before (insert), one in `gone` only is no longer live
     # (delete), and one in both moved; it changed if its version differs. Where a
@@ -246,10 +266,6 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         )
     else:  # only inserts or only deletes: nothing moved
         in_came = in_gone = np.zeros(0, dtype=np.intp)
-    only_came = np.ones(len(came), dtype=bool)
-    only_came[in_came] = False
-    only_gone = np.ones(len(gone), dtype=bool)
-    only_gone[in_gone] = False
     v_new, v_old = came.versions[in_came], gone.versions[in_gone]
     known = (v_new != UNKNOWN_VERSION) & (v_old != UNKNOWN_VERSION)
     stamped = v_new == _U64(new.version)
@@ -262,9 +278,32 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         # column it lacks is no change (as drop_columns), one it brings back is compared
         changed = np.zeros_like(changed)
     undecided = may_change & ~changed & (~known | reshaped)
-    if undecided.any():
-        cand_pre.append(gone.take(in_gone[undecided]))
-        cand_post.append(came.take(in_came[undecided]))
+    return _Moved(in_came, in_gone, changed, undecided)
+
+
+def _only(rows: RowSet, moved: np.ndarray) -> RowSet:
+    """The rows of `rows` not at indices `moved`, by row ID."""
+    if moved.size == 0:
+        return rows.sorted_by_rowid()
+    keep = np.ones(len(rows), dtype=bool)
+    keep[moved] = False
+    return rows.take(keep).sorted_by_rowid()
+
+
+def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> VersionChanges:
+    """The change plan of the commit that turned `old` into `new`.
+
+    `old=None` is the empty table before version 1: every live row is inserted.
+    """
+    table.require_stable_row_ids(new)
+    may_change = new.operation not in _NO_VALUE_CHANGE
+    diff = _diff_entries(table, old, new, may_change)
+    gone, came = _locate(table, diff.removed), _locate(table, diff.added)
+    moved = _moved_rows(came, gone, old, new, may_change)
+    cand_pre, cand_post = diff.cand_pre, diff.cand_post
+    if moved.undecided.any():
+        cand_pre.append(gone.take(moved.in_gone[moved.undecided]))
+        cand_post.append(came.take(moved.in_came[moved.undecided]))
     candidate_pre, candidate_post = RowSet.concat(cand_pre), RowSet.concat(cand_post)
     if len(candidate_post) > 1:
         by_rowid = np.argsort(candidate_post.rowids, kind="stable")
@@ -274,10 +313,10 @@ def diff_manifests(table: TableLog, old: Manifest | None, new: Manifest) -> Vers
         read_version=old.version if old is not None else 0,
         timestamp_us=new.timestamp_us,
         operation=new.operation,
-        inserted=(came if in_came.size == 0 else came.take(only_came)).sorted_by_rowid(),
-        deleted=(gone if in_gone.size == 0 else gone.take(only_gone)).sorted_by_rowid(),
-        update_pre=gone.take(in_gone[changed]),
-        update_post=came.take(in_came[changed]),
+        inserted=_only(came, moved.in_came),
+        deleted=_only(gone, moved.in_gone),
+        update_pre=gone.take(moved.in_gone[moved.changed]),
+        update_post=came.take(moved.in_came[moved.changed]),
         candidate_pre=candidate_pre,
         candidate_post=candidate_post,
     )
