@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import pyarrow as pa
 
@@ -404,6 +405,41 @@ def read_changes(
     # rewrote rows scattered everywhere has manifests of megabytes), not the range asked
     # for; the range's own manifests are checked for stable row IDs instead.
     feed = ChangeFeed(uri, storage_options, check_latest=False)
+    start, first_change, end = _checked_range(feed, start_version, end_version, snapshot)
+    query = _Query(
+        start=start,
+        first_change=first_change,
+        end=end,
+        user_schema=feed.user_schema(first_change, end, columns),
+        batch_size=batch_size,
+        snapshot=snapshot,
+        net=net,
+        drop_unchanged_updates=drop_unchanged_updates,
+    )
+    return _event_reader(feed, query)
+
+
+@dataclass(frozen=True)
+class _Query:
+    """A `read_changes` call, its range resolved: the version snapshotted (with
+    `snapshot`) or the first changed, the first and last versions whose changes are read,
+    the table columns returned, and the call's options."""
+
+    start: int
+    first_change: int
+    end: int
+    user_schema: pa.Schema
+    batch_size: int
+    snapshot: bool
+    net: bool
+    drop_unchanged_updates: bool
+
+
+def _checked_range(
+    feed: ChangeFeed, start_version: int | None, end_version: int | None, snapshot: bool
+) -> tuple[int, int, int]:
+    """`read_changes`' range as (start, first changed version, end), checked to exist
+    and, at its last version, to have stable row IDs."""
     # the feed listed the versions a moment ago: one LIST per query
     if snapshot:
         start, end = feed.resolve_snapshot(start_version, end_version, refresh=False)
@@ -417,20 +453,26 @@ def read_changes(
         start, end = feed.resolve_range(start_version, end_version, refresh=False)
         first_change = start
     feed.table.require_stable_row_ids(feed.table.manifest(end))  # planned below anyway
-    user_schema = feed.user_schema(first_change, end, columns)
+    return start, first_change, end
+
+
+def _event_reader(feed: ChangeFeed, query: _Query) -> pa.RecordBatchReader:
+    """The events of `query` as `read_changes` returns them: lazily, but for `net`."""
 
     def events() -> Iterator[pa.RecordBatch]:
-        if snapshot:
-            yield from feed.snapshot_events(start, user_schema, batch_size)
-        yield from feed.range_events(feed.plans(first_change, end), user_schema, batch_size)
+        if query.snapshot:
+            yield from feed.snapshot_events(query.start, query.user_schema, query.batch_size)
+        plans = feed.plans(query.first_change, query.end)
+        yield from feed.range_events(plans, query.user_schema, query.batch_size)
 
-    schema = event_schema(user_schema)
-    if net:
+    schema = event_schema(query.user_schema)
+    if query.net:
         table = net_changes(pa.Table.from_batches(list(events()), schema=schema))
-        if drop_unchanged_updates:
+        if query.drop_unchanged_updates:
             table = drop_unchanged_updates_of(table)
-        return pa.RecordBatchReader.from_batches(schema, pair_safe_batches(table, batch_size))
+        batches = pair_safe_batches(table, query.batch_size)
+        return pa.RecordBatchReader.from_batches(schema, batches)
     batches = events()
-    if drop_unchanged_updates:
+    if query.drop_unchanged_updates:
         batches = drop_unchanged_batches(batches)
     return pa.RecordBatchReader.from_batches(schema, batches)
