@@ -467,6 +467,91 @@ def _transaction_parts(
     return [_const(b"\x02", len(rows)), Padded(ids[inverse], id_lens[inverse]), order, order]
 
 
+def _change_kinds(events: pa.Table) -> dict[str, np.ndarray]:
+    """Per change type (update_preimage and every one of `OPS`), which events have it."""
+    kind_arr = _column(events, "_change_type")
+    if pat.is_dictionary(kind_arr.type):
+        kind_arr = kind_arr.cast(pa.string())
+    kinds = {
+        k: pc.equal(kind_arr, k).fill_null(False).to_numpy(zero_copy_only=False)
+        for k in ("update_preimage", *OPS)
+    }
+    if not np.logical_or.reduce(list(kinds.values())).all():
+        raise AvroEncodeDeclined("unknown change type")  # fastavro path refuses it
+    return kinds
+
+
+def _image_parts(
+    events: pa.Table, user_schema: pa.Schema, kinds: dict[str, np.ndarray], rows: np.ndarray
+) -> list[Part]:
+    """The envelope's `before` and `after` unions of the records at event `rows`: an
+    update's postimage carries the preimage before it, a delete only `before`."""
+    pre, post, delete = kinds["update_preimage"], kinds["update_postimage"], kinds["delete"]
+    after_pre = np.zeros(events.num_rows, bool)
+    after_pre[1:] = pre[:-1]
+    has_before = (post & after_pre)[rows] | delete[rows]
+    has_after = ~delete[rows]
+    before_rows = np.where(post[rows], rows - 1, rows)
+    columns = [_column(events, c) for c in user_schema.names]
+    row = record_parts(columns, list(user_schema))
+    if len(rows) == events.num_rows:  # no update pairs: records are the event rows
+        before, after = row, row
+    else:
+        before, after = _take(row, np.maximum(before_rows, 0)), _take(row, rows)
+    return [
+        Padded(has_before.astype(np.uint8)[:, None] << 1),
+        *_mask(before, has_before),
+        Padded(has_after.astype(np.uint8)[:, None] << 1),
+        *_mask(after, has_after),
+    ]
+
+
+def _op_part(kinds: dict[str, np.ndarray], rows: np.ndarray) -> Padded:
+    """The envelope's `op` (a one-letter string) of the records at event `rows`."""
+    kind_code = np.zeros(len(kinds["delete"]), np.uint8)
+    for kind, letter in OPS.items():
+        kind_code[kinds[kind]] = ord(letter)
+    op = np.empty((len(rows), 2), np.uint8)
+    op[:, 0], op[:, 1] = 2, kind_code[rows]
+    return Padded(op)
+
+
+def _operation_part(unique: np.ndarray, inverse: np.ndarray, operations: dict[int, str]) -> Padded:
+    """`source.operation` per record: the operation of its commit version (`unique`
+    versions, `inverse` each record's index in them)."""
+    names = [_string_bytes(operations.get(int(v), "Unknown")) for v in unique.tolist()]
+    width = max((len(b) for b in names), default=1)
+    name_bytes = np.zeros((len(names), width), np.uint8)
+    for i, b in enumerate(names):  # one per commit version, not per row
+        name_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
+    name_lens = np.array([len(b) for b in names], np.int64)
+    return Padded(name_bytes[inverse], name_lens[inverse])
+
+
+def _snapshot_part(is_snap: np.ndarray) -> Padded:
+    """`source.snapshot` per record: whether its event is a snapshot row."""
+    true, false = (_string_bytes(SNAPSHOT_VALUES[b]) for b in (True, False))
+    snapshot = np.zeros((len(is_snap), max(len(true), len(false))), np.uint8)
+    snapshot[is_snap, : len(true)] = np.frombuffer(true, np.uint8)
+    snapshot[~is_snap, : len(false)] = np.frombuffer(false, np.uint8)
+    return Padded(snapshot, np.where(is_snap, len(true), len(false)).astype(np.int64))
+
+
+def _key_parts(
+    events: pa.Table,
+    user_schema: pa.Schema,
+    key_columns: list[str] | None,
+    rows: np.ndarray,
+    rowid: np.ndarray,
+) -> list[Part]:
+    """The key record of each record at event `rows`: its key columns, or its row ID."""
+    if not key_columns:
+        return [_zigzag_varint(rowid)]
+    key_fields = [user_schema.field(c) for c in key_columns]
+    key_parts = record_parts([_column(events, c) for c in key_columns], key_fields)
+    return key_parts if len(rows) == events.num_rows else _take(key_parts, rows)
+
+
 def encode_changes(
     events: pa.Table,
     user_schema: pa.Schema,
@@ -484,89 +569,34 @@ def encode_changes(
     """
     if not can_encode(user_schema):
         raise AvroEncodeDeclined("a column type has no vectorised encoder")
-    kind_arr = _column(events, "_change_type")
-    if pat.is_dictionary(kind_arr.type):
-        kind_arr = kind_arr.cast(pa.string())
-    kinds = {
-        k: pc.equal(kind_arr, k).fill_null(False).to_numpy(zero_copy_only=False)
-        for k in ("update_preimage", *OPS)
-    }
-    pre, post = kinds["update_preimage"], kinds["update_postimage"]
-    delete, snap = kinds["delete"], kinds["snapshot"]
-    if not np.logical_or.reduce(list(kinds.values())).all():
-        raise AvroEncodeDeclined("unknown change type")  # fastavro path raises on it
-
-    n_events = events.num_rows
-    rows = np.flatnonzero(~pre)  # one record per non-preimage row
+    kinds = _change_kinds(events)
+    rows = np.flatnonzero(~kinds["update_preimage"])  # one record per non-preimage row
     n = len(rows)
-    after_pre = np.zeros(n_events, bool)
-    after_pre[1:] = pre[:-1]
-    has_before = (post & after_pre)[rows] | delete[rows]
-    has_after = ~delete[rows]
-    before_rows = np.where(post[rows], rows - 1, rows)
-
-    columns = [_column(events, c) for c in user_schema.names]
-    row = record_parts(columns, list(user_schema))
-    if n == n_events:  # no update pairs: records are the event rows
-        before, after = row, row
-    else:
-        before, after = _take(row, np.maximum(before_rows, 0)), _take(row, rows)
-
-    kind_code = np.zeros(n_events, np.uint8)
-    for kind, letter in OPS.items():
-        kind_code[kinds[kind]] = ord(letter)
-    op = np.empty((n, 2), np.uint8)
-    op[:, 0], op[:, 1] = 2, kind_code[rows]
-
     versions = _long_values(_column(events, "_commit_version"))[rows]
     unique, inverse = np.unique(versions, return_inverse=True)
-    names = [_string_bytes(operations.get(int(v), "Unknown")) for v in unique.tolist()]
-    width = max((len(b) for b in names), default=1)
-    name_bytes = np.zeros((len(names), width), np.uint8)
-    for i, b in enumerate(names):  # one per commit version, not per row
-        name_bytes[i, : len(b)] = np.frombuffer(b, np.uint8)
-    name_lens = np.array([len(b) for b in names], np.int64)
-    operation = Padded(name_bytes[inverse], name_lens[inverse])
     table = TableName.of(table_name)
-    transaction = _transaction_parts(events, rows, unique, inverse, table.namespace)
-
     rowid = _long_values(_column(events, "_rowid"))[rows]
     commit_ms = _commit_millis(_column(events, "_commit_timestamp"))[rows]
-    true, false = (_string_bytes(SNAPSHOT_VALUES[b]) for b in (True, False))
-    snapshot = np.zeros((n, max(len(true), len(false))), np.uint8)
-    is_snap = snap[rows]
-    snapshot[is_snap, : len(true)] = np.frombuffer(true, np.uint8)
-    snapshot[~is_snap, : len(false)] = np.frombuffer(false, np.uint8)
-    snapshot_lens = np.where(is_snap, len(true), len(false)).astype(np.int64)
     value_parts = [
         _const(value_prefix, n),
-        Padded(has_before.astype(np.uint8)[:, None] << 1),
-        *_mask(before, has_before),
-        Padded(has_after.astype(np.uint8)[:, None] << 1),
-        *_mask(after, has_after),
-        Padded(op),
+        *_image_parts(events, user_schema, kinds, rows),
+        _op_part(kinds, rows),
         _const(
             _string_bytes(version) + _string_bytes("lance-cdf") + _string_bytes(table.prefix), n
         ),
         _zigzag_varint(commit_ms),  # source.ts_ms
-        Padded(snapshot, snapshot_lens),
+        _snapshot_part(kinds["snapshot"][rows]),
         _const(_string_bytes(table.uri) + _string_bytes(table.table), n),
         _zigzag_varint(versions),
         _zigzag_varint(commit_ms),  # source.commit_timestamp
-        operation,
+        _operation_part(unique, inverse, operations),
         _zigzag_varint(rowid),
         _const(varint_bytes(now_ms), n),
-        *transaction,
+        *_transaction_parts(events, rows, unique, inverse, table.namespace),
     ]
-    if key_columns:
-        key_fields = [user_schema.field(c) for c in key_columns]
-        key_cols = [_column(events, c) for c in key_columns]
-        key_parts = record_parts(key_cols, key_fields)
-        key_parts = key_parts if n == n_events else _take(key_parts, rows)
-    else:
-        key_parts = [_zigzag_varint(rowid)]
+    key_parts = _key_parts(events, user_schema, key_columns, rows, rowid)
     return EncodedChanges(
         keys=assemble([_const(key_prefix, n), *key_parts], n),
         values=assemble(value_parts, n),
-        tombstone=delete[rows],
+        tombstone=kinds["delete"][rows],
     )
