@@ -208,9 +208,24 @@ def check_consumer_access(
     names = {topic: "--topic"}
     if transaction_topic:
         names[transaction_topic] = "--transaction-topic (or --no-transaction-topic)"
+    consumer = _probe_consumer(bootstrap_servers, group, config, causes)
+    try:
+        first = _first_partitions(consumer, names, bootstrap_servers, timeout)
+        if first is None:
+            return  # the broker did answer check_broker: left to the run
+        _check_group(admin, group, bootstrap_servers, timeout)
+        _check_reads(consumer, first, names, group, bootstrap_servers, deadline)
+    finally:
+        consumer.close()
+
+
+def _probe_consumer(
+    bootstrap_servers: str, group: str, config: dict[str, Any] | None, causes: _Causes
+) -> Consumer:
+    """A consumer of `group` that asks what `check_consumer_access` checks, and no more."""
     # no metadata request creates a topic (clientconfig.ALWAYS): a transaction topic made
     # here would hold the replicator waiting for versions no publisher writes
-    consumer = Consumer(
+    return Consumer(
         KafkaConnection(bootstrap_servers, config or {}).consumer(
             fixed={
                 "group.id": group,
@@ -225,34 +240,70 @@ def check_consumer_access(
             }
         )
     )
-    try:
-        first: list[TopicPartition] = []  # one partition of each topic that exists
-        for name, other in names.items():
-            try:
-                found = consumer.list_topics(name, timeout=timeout).topics.get(name)
-            except KafkaException:
-                return  # the broker did answer check_broker: left to the run
-            err = found.error if found is not None else None
-            if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
-                raise denied(
-                    "topic", name, "Describe and Read", bootstrap_servers, "consumer", err, other
-                )
-            if found is not None and err is None and found.partitions:
-                first.append(TopicPartition(name, min(found.partitions), OFFSET_BEGINNING))
-        # the group (FindCoordinator, DescribeGroups: Describe on the group); the admin
-        # API answers a denial at once, where the consumer's committed() retries it.
-        # Not list_consumer_group_offsets: librdkafka 2.16 dies of SIGSEGV in its own
-        # thread when the coordinator answers that offset fetch with NOT_COORDINATOR (a
-        # fresh broker creating __consumer_offsets, a coordinator moving; open upstream:
-        # https://github.com/confluentinc/librdkafka/issues/5040): it killed the
-        # replicator at start in bench runs, DescribeGroups never
-        # (docs/benchmarks.md, "Inside the publisher")
-        asked = admin.describe_consumer_groups([group], request_timeout=max(1.0, timeout / 2))
+
+
+def _first_partitions(
+    consumer: Consumer, names: dict[str, str], bootstrap_servers: str, timeout: float
+) -> list[TopicPartition] | None:
+    """The first partition of each topic of `names` (topic -> the flag naming it) that
+    exists, from its start; a topic the client may not describe raises; None when the
+    broker did not answer."""
+    first: list[TopicPartition] = []
+    for name, other in names.items():
         try:
-            for future in asked.values():
-                future.result(timeout=max(1.0, timeout / 2))
-        except KafkaException as exc:
-            err = _kafka_error(exc)
+            found = consumer.list_topics(name, timeout=timeout).topics.get(name)
+        except KafkaException:
+            return None
+        err = found.error if found is not None else None
+        if err is not None and err.code() == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            raise denied(
+                "topic", name, "Describe and Read", bootstrap_servers, "consumer", err, other
+            )
+        if found is not None and err is None and found.partitions:
+            first.append(TopicPartition(name, min(found.partitions), OFFSET_BEGINNING))
+    return first
+
+
+def _check_group(admin: AdminClient, group: str, bootstrap_servers: str, timeout: float) -> None:
+    """Raise if the client may not use consumer group `group` (Describe on it)."""
+    # the group (FindCoordinator, DescribeGroups: Describe on the group); the admin
+    # API answers a denial at once, where the consumer's committed() retries it.
+    # Not list_consumer_group_offsets: librdkafka 2.16 dies of SIGSEGV in its own
+    # thread when the coordinator answers that offset fetch with NOT_COORDINATOR (a
+    # fresh broker creating __consumer_offsets, a coordinator moving; open upstream:
+    # https://github.com/confluentinc/librdkafka/issues/5040): it killed the
+    # replicator at start in bench runs, DescribeGroups never
+    # (docs/benchmarks.md, "Inside the publisher")
+    asked = admin.describe_consumer_groups([group], request_timeout=max(1.0, timeout / 2))
+    try:
+        for future in asked.values():
+            future.result(timeout=max(1.0, timeout / 2))
+    except KafkaException as exc:
+        err = _kafka_error(exc)
+        if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            raise denied(
+                "consumer group", group, "Read", bootstrap_servers, "consumer", err, "--group-id"
+            ) from None
+    except Exception:  # noqa: BLE001 (not an authorization answer: left to the run)
+        pass
+
+
+def _check_reads(
+    consumer: Consumer,
+    first: list[TopicPartition],
+    names: dict[str, str],
+    group: str,
+    bootstrap_servers: str,
+    deadline: float,
+) -> None:
+    """Raise if a fetch from `first` (one partition per topic) is denied: each answered
+    with a record or the partition's end by `deadline` is allowed."""
+    topic = next(iter(names))  # the change topic: `names` lists it first
+    answered: set[str] = set()  # a record or the partition's end: Read is allowed
+    consumer.assign(first)
+    while len(answered) < len(first) and time.monotonic() < deadline:
+        for m in consumer.consume(len(first), 0.2):
+            err = m.error()
             if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
                 raise denied(
                     "consumer group",
@@ -262,39 +313,20 @@ def check_consumer_access(
                     "consumer",
                     err,
                     "--group-id",
-                ) from None
-        except Exception:  # noqa: BLE001 (not an authorization answer: left to the run)
-            pass
-        answered: set[str] = set()  # a record or the partition's end: Read is allowed
-        consumer.assign(first)
-        while len(answered) < len(first) and time.monotonic() < deadline:
-            for m in consumer.consume(len(first), 0.2):
-                err = m.error()
-                if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
-                    raise denied(
-                        "consumer group",
-                        group,
-                        "Read",
-                        bootstrap_servers,
-                        "consumer",
-                        err,
-                        "--group-id",
-                    )
-                if err is not None and err.code() in DENIED:
-                    name = m.topic() or topic
-                    raise denied(
-                        "topic",
-                        name,
-                        "Describe and Read",
-                        bootstrap_servers,
-                        "consumer",
-                        err,
-                        names.get(name, "--topic"),
-                    )
-                if err is None or err.code() == KafkaError._PARTITION_EOF:
-                    answered.add(m.topic() or "")
-    finally:
-        consumer.close()
+                )
+            if err is not None and err.code() in DENIED:
+                name = m.topic() or topic
+                raise denied(
+                    "topic",
+                    name,
+                    "Describe and Read",
+                    bootstrap_servers,
+                    "consumer",
+                    err,
+                    names.get(name, "--topic"),
+                )
+            if err is None or err.code() == KafkaError._PARTITION_EOF:
+                answered.add(m.topic() or "")
 
 
 def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
