@@ -174,6 +174,12 @@ class PipelineMetrics:
         done = "published" if self.role == "publish" else "applied"
         if self.tables is not None:
             yield from self._table_gauges(self.tables(), done, now)
+        yield from self._source_gauges(p, done, now)
+        yield from self._event_counters(p, now)
+        yield from self._kafka_gauges(p)
+
+    def _source_gauges(self, p: Progress, done: str, now: float) -> Iterator[Metric]:
+        """The pipeline table's latest version, the version done, and the lag between."""
         latest, oldest_pending = self._source(p.version)
         if latest is not None:
             yield GaugeMetricFamily(
@@ -201,6 +207,9 @@ class PipelineMetrics:
                 f"seconds since the oldest source version not yet {done} was committed",
                 value=0.0 if oldest_pending is None else max(0.0, now - oldest_pending),
             )
+
+    def _event_counters(self, p: Progress, now: float) -> Iterator[Metric]:
+        """Events, their rate, batches and failures."""
         yield CounterMetricFamily(
             "lance_cdf_events", "change events published / records consumed", value=p.events
         )
@@ -225,6 +234,9 @@ class PipelineMetrics:
             "unix time of the last failure (0: none)",
             value=p.last_error,
         )
+
+    def _kafka_gauges(self, p: Progress) -> Iterator[Metric]:
+        """The broker's availability and retries, and the records not yet consumed."""
         if p.kafka_unavailable_s is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_unavailable_seconds",
