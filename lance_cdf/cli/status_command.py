@@ -107,54 +107,72 @@ def cmd_status(args: argparse.Namespace) -> int:
     shown = redact_url(args.table)
     lines = [f"table       {shown}: latest version {latest} (committed {when:%F %T} UTC)"]
     if args.checkpoint:
-        from lance_cdf.spark.source.checkpoint import checkpoint_version
-
-        done = checkpoint_version(args.checkpoint)
-        report["checkpoint_version"] = done
-        report["checkpoint_lag"] = None if done is None else latest - done
-        lines.append(
-            f"checkpoint  {redact_url(args.checkpoint)}: "
-            + (
-                "no micro-batch completed yet"
-                if done is None
-                else f"delivered through version {done} (lag {latest - done} versions)"
-            )
-        )
-        from lance_cdf.kafka.outage import describe_state
-
-        kafka = describe_state(args.checkpoint)
-        if kafka is not None:
-            report["kafka"], line = kafka
-            lines.append(f"kafka       {line}")
+        _checkpoint_status(args.checkpoint, latest, report, lines)
     if args.replica:
-        from lance_cdf.replicate.replica import (
-            INSIDE_VERSION_PROPERTY,
-            ReplicaTable,
-            describe_position,
-            source_version_of,
-        )
-
-        replica_options = (
-            storage_options(args.replica_storage_option, "--replica-storage-option")
-            if args.replica_storage_option
-            else options
-        )
-        position = ReplicaTable(args.replica, [], replica_options).position()
-        held = source_version_of(position)
-        inside = position.get(INSIDE_VERSION_PROPERTY)
-        report["replica_version"] = held
-        report["replica_inside_version"] = None if inside is None else int(inside)
-        report["replica_lag"] = None if held is None else latest - held
-        lag = (
-            ""
-            if held is None
-            else (
-                f" ({latest - held} versions behind; commits that change no rows publish nothing)"
-            )
-        )
-        lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
+        _replica_status(args, options, latest, report, lines)
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
+
+
+def _checkpoint_status(
+    checkpoint: str, latest: int, report: dict[str, object], lines: list[str]
+) -> None:
+    """Into `report` and `lines`: the version a publisher's `checkpoint` delivered
+    through, its lag behind `latest`, and the broker outage it records."""
+    from lance_cdf.kafka.outage import describe_state
+    from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.spark.source.checkpoint import checkpoint_version
+
+    done = checkpoint_version(checkpoint)
+    report["checkpoint_version"] = done
+    report["checkpoint_lag"] = None if done is None else latest - done
+    lines.append(
+        f"checkpoint  {redact_url(checkpoint)}: "
+        + (
+            "no micro-batch completed yet"
+            if done is None
+            else f"delivered through version {done} (lag {latest - done} versions)"
+        )
+    )
+    kafka = describe_state(checkpoint)
+    if kafka is not None:
+        report["kafka"], line = kafka
+        lines.append(f"kafka       {line}")
+
+
+def _replica_status(
+    args: argparse.Namespace,
+    options: dict[str, str],
+    latest: int,
+    report: dict[str, object],
+    lines: list[str],
+) -> None:
+    """Into `report` and `lines`: the source version `--replica` holds, and its lag."""
+    from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.replicate.replica import (
+        INSIDE_VERSION_PROPERTY,
+        ReplicaTable,
+        describe_position,
+        source_version_of,
+    )
+
+    replica_options = (
+        storage_options(args.replica_storage_option, "--replica-storage-option")
+        if args.replica_storage_option
+        else options
+    )
+    position = ReplicaTable(args.replica, [], replica_options).position()
+    held = source_version_of(position)
+    inside = position.get(INSIDE_VERSION_PROPERTY)
+    report["replica_version"] = held
+    report["replica_inside_version"] = None if inside is None else int(inside)
+    report["replica_lag"] = None if held is None else latest - held
+    lag = (
+        ""
+        if held is None
+        else f" ({latest - held} versions behind; commits that change no rows publish nothing)"
+    )
+    lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
 
 
 def _database_status(args: argparse.Namespace) -> int:
