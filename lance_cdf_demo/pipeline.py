@@ -116,7 +116,6 @@ def run(
     out: TextIO | None = None,
 ) -> int:
     from lance_cdf_devtools import KafkaBroker, SchemaRegistry, provision
-    from lance_cdf_devtools.process import free_port
 
     out = out or sys.stdout
     paths = Paths(root)
@@ -137,52 +136,9 @@ def run(
         registry.start()
         say(f"Kafka {broker.bootstrap_servers}, schema registry {registry.url}")
         sources = create(paths.source)
-        topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
         say(f"database {paths.source}: tables {', '.join(sources)} (sales: a child namespace)")
         kafka = ["--bootstrap-servers", broker.bootstrap_servers, "--schema-registry", registry.url]
-        pub_port, rep_port = free_port(), free_port()
-        children.start(
-            "publisher",
-            [
-                "publish",
-                "--database",
-                paths.source,
-                "--topic-prefix",
-                PREFIX,
-                *kafka,
-                "--checkpoint",
-                paths.checkpoint,
-                "--starting-version",
-                "1",
-                "--trigger-interval",
-                "1 second",
-                "--partitions",
-                str(partitions),
-                "--metrics-port",
-                str(pub_port),
-            ],
-        )
-        children.start(
-            "replicator",
-            [
-                "replicate",
-                *kafka,
-                "--database-target",
-                paths.replica,
-                "--topic-prefix",
-                PREFIX,
-                "--dead-letter-topic",
-                DEAD_LETTERS,
-                "--max-batch-interval",
-                "500ms",
-                "--refresh-interval",
-                "1",
-                "--source-database",
-                paths.source,
-                "--metrics-port",
-                str(rep_port),
-            ],
-        )
+        pub_port, rep_port = _start_children(children, paths, kafka, partitions)
         say(
             f"one publisher (publish --database) and one replicator (replicate "
             f"--database-target) for the {len(sources)} tables, topics {PREFIX}.<table> "
@@ -210,7 +166,67 @@ def run(
     )
     for name, ok, detail in results:
         say(f"  {name:<14} {'equal' if ok else 'DIFFERS'} at {detail}")
-    say(
+    say(_explore(paths))
+    return 0 if equal else 1
+
+
+def _start_children(
+    children: Children, paths: Paths, kafka: list[str], partitions: int
+) -> tuple[int, int]:
+    """The publisher of the source database and the replicator into the replica
+    database, started; the ports of their metrics."""
+    from lance_cdf_devtools.process import free_port
+
+    pub_port, rep_port = free_port(), free_port()
+    children.start(
+        "publisher",
+        [
+            "publish",
+            "--database",
+            paths.source,
+            "--topic-prefix",
+            PREFIX,
+            *kafka,
+            "--checkpoint",
+            paths.checkpoint,
+            "--starting-version",
+            "1",
+            "--trigger-interval",
+            "1 second",
+            "--partitions",
+            str(partitions),
+            "--metrics-port",
+            str(pub_port),
+        ],
+    )
+    children.start(
+        "replicator",
+        [
+            "replicate",
+            *kafka,
+            "--database-target",
+            paths.replica,
+            "--topic-prefix",
+            PREFIX,
+            "--dead-letter-topic",
+            DEAD_LETTERS,
+            "--max-batch-interval",
+            "500ms",
+            "--refresh-interval",
+            "1",
+            "--source-database",
+            paths.source,
+            "--metrics-port",
+            str(rep_port),
+        ],
+    )
+    return pub_port, rep_port
+
+
+def _explore(paths: Paths) -> str:
+    """Where the demo left its databases, topics and logs, and commands to look at them."""
+    topics = [f"{PREFIX}.{spec.name}" for spec in TABLES]
+    return (
         f"\n  source database   {paths.source}\n  replica database  {paths.replica}\n"
         f"  Kafka topics      {', '.join(topics)} (Avro; the broker was stopped with the demo)\n"
         f"  logs              {paths.logs}\n\nExplore:\n"
@@ -223,7 +239,6 @@ def run(
         "  .venv/bin/python -m lance_cdf_devtools up   # a broker + registry of your own, then\n"
         "      kafka-avro-console-consumer / confluent_kafka.Consumer on the topic you publish"
     )
-    return 0 if equal else 1
 
 
 def _drive(

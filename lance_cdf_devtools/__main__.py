@@ -34,7 +34,7 @@ def _stop(*_: object) -> NoReturn:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="python -m lance_cdf_devtools",
         description=__doc__,
@@ -54,24 +54,17 @@ def main(argv: list[str] | None = None) -> int:
         default=f"User:{SecureKafkaBroker.USERNAME}",
         help="deny: whom (default: the client user of `up --secure`)",
     )
-    args = ap.parse_args(argv)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     if args.command == "deny":
         return _deny(args)
     if args.command == "s3":
         return _s3()
     if args.command == "connect":
-        from lance_cdf_devtools.maven import (
-            connect_lib,
-            connect_plugins,
-            connect_versions,
-            provision_connect,
-        )
-
-        cache, v = provision_connect(args.cache_dir), connect_versions()
-        print(f"Kafka Connect {v['connect.version']}, Debezium JDBC sink {v['debezium.version']}")
-        print(f"classpath:   {connect_lib(cache)}/*")
-        print(f"plugin.path={connect_plugins(cache)}")
-        return 0
+        return _connect(args.cache_dir)
     t0 = time.monotonic()
     cache = provision(args.cache_dir)
     v = versions()
@@ -81,16 +74,36 @@ def main(argv: list[str] | None = None) -> int:
             f"in {cache} ({time.monotonic() - t0:.1f}s)"
         )
         return 0
+    return _up(cache, args.secure, not args.no_auto_create_topics)
+
+
+def _connect(cache_dir: str | None) -> int:
+    """`connect`: Kafka Connect and the Debezium JDBC sink resolved; where they are."""
+    from lance_cdf_devtools.maven import (
+        connect_lib,
+        connect_plugins,
+        connect_versions,
+        provision_connect,
+    )
+
+    cache, v = provision_connect(cache_dir), connect_versions()
+    print(f"Kafka Connect {v['connect.version']}, Debezium JDBC sink {v['debezium.version']}")
+    print(f"classpath:   {connect_lib(cache)}/*")
+    print(f"plugin.path={connect_plugins(cache)}")
+    return 0
+
+
+def _up(cache: Path, secure: bool, auto_create: bool) -> int:
+    """`up`: the broker and the registry, until Ctrl-C, SIGTERM or one of them exits."""
     signal.signal(signal.SIGTERM, _stop)
     registry_type: type[SchemaRegistry] | type[SecureSchemaRegistry] = (
-        SecureSchemaRegistry if args.secure else SchemaRegistry
+        SecureSchemaRegistry if secure else SchemaRegistry
     )
-    auto_create = not args.no_auto_create_topics
     try:
         with (
             (
                 SecureKafkaBroker(auto_create_topics=auto_create, cache_dir=cache, authorizer=True)
-                if args.secure
+                if secure
                 else KafkaBroker(auto_create_topics=auto_create, cache_dir=cache)
             ) as kafka,
             registry_type(cache_dir=cache) as registry,
@@ -98,20 +111,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kafka bootstrap servers: {kafka.bootstrap_servers}")
             print(f"schema registry url:     {registry.url}")
             if isinstance(registry, SecureSchemaRegistry):
-                # credentials only in files (mode 0600), never on the terminal
-                client = _properties(kafka.workdir / "client.properties", kafka.client_config)
-                reg = _properties(registry.workdir / "registry.properties", registry.client_config)
-                print(f"--producer-config-file / --consumer-config-file {client}")
-                print(f"--registry-config-file {reg}")
-                if isinstance(kafka, SecureKafkaBroker):
-                    admin = _properties(
-                        kafka.workdir / "admin.properties",
-                        {"bootstrap.servers": kafka.bootstrap_servers, **kafka.admin_client_config},
-                    )
-                    print(
-                        f"broker admin (ACLs): python -m lance_cdf_devtools deny "
-                        f"--admin-config-file {admin} --topic NAME"
-                    )
+                _print_secure_settings(kafka, registry)
             print("Ctrl-C or SIGTERM stops both.", flush=True)
             while kafka.running() and registry.running():
                 time.sleep(1)
@@ -120,6 +120,24 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     except KeyboardInterrupt:
         return 0
+
+
+def _print_secure_settings(kafka: KafkaBroker, registry: SecureSchemaRegistry) -> None:
+    """The client settings of `up --secure`, credentials included, into files (mode 0600)
+    whose paths are printed: never the credentials on the terminal."""
+    client = _properties(kafka.workdir / "client.properties", kafka.client_config)
+    reg = _properties(registry.workdir / "registry.properties", registry.client_config)
+    print(f"--producer-config-file / --consumer-config-file {client}")
+    print(f"--registry-config-file {reg}")
+    if isinstance(kafka, SecureKafkaBroker):
+        admin = _properties(
+            kafka.workdir / "admin.properties",
+            {"bootstrap.servers": kafka.bootstrap_servers, **kafka.admin_client_config},
+        )
+        print(
+            f"broker admin (ACLs): python -m lance_cdf_devtools deny "
+            f"--admin-config-file {admin} --topic NAME"
+        )
 
 
 def _properties(path: Path, settings: dict[str, str]) -> Path:
