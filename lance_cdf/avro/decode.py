@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.avro.schema import ARROW_TYPE, FIXED_SIZE, arrow_type
+from lance_cdf.avro.schema import ARROW_TYPE, FIXED_SIZE, AvroSchema, AvroType, arrow_type
 from lance_cdf.avro.wire import split_many
 from lance_cdf.errors import AvroDecodeDeclined
 
@@ -155,7 +155,7 @@ def _long(ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray) -> np.
 
 
 def _fixed(
-    ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray, dtype: np.dtype[Any]
+    ctx: Frames, pos: np.ndarray, end: np.ndarray, err: np.ndarray, dtype: np.dtype[np.generic]
 ) -> np.ndarray:
     """A `dtype` value (little-endian float or double) at each cursor; advances `pos`."""
     out: np.ndarray = _at_every_byte(ctx.buf, dtype.str)[pos]
@@ -213,7 +213,7 @@ class _FixedWidth(_Node):
     one byte range."""
 
     width: int
-    dtype: np.dtype[Any]
+    dtype: np.dtype[np.generic]
 
     def values(self, raw: np.ndarray) -> pa.Array:
         raise NotImplementedError
@@ -267,7 +267,7 @@ class _Float(_FixedWidth):
 class _Bool(_FixedWidth):
     arrow = pa.bool_()
     width = 1
-    dtype: np.dtype[Any] = np.dtype("u1")
+    dtype: np.dtype[np.generic] = np.dtype("u1")
 
     def values(self, raw: np.ndarray) -> pa.Array:
         return pa.array(raw.reshape(-1) != 0)
@@ -517,7 +517,7 @@ _LOGICAL = {  # (base, logicalType) -> node, as avro.arrow_type maps them
 _PRIMITIVES = ("int", "long", "float", "double", "boolean", "string", "bytes")
 
 
-def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bool]:
+def _compile(t: AvroType, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bool]:
     """(node, nullable) of an Avro type."""
     if isinstance(t, str):
         if t in _PRIMITIVES:
@@ -536,7 +536,7 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
         raise AvroDecodeDeclined(f"union {t!r}")
     if not isinstance(t, dict):
         raise AvroDecodeDeclined(f"Avro type {t!r}")
-    base: Any = t.get("type")
+    base: Any = t.get("type")  # JSON values (AvroSchema)
     logical: Any = t.get("logicalType")
     if isinstance(base, (list, dict)) and logical is None:
         return _compile(base, namespace, names)
@@ -580,7 +580,7 @@ def _compile(t: Any, namespace: str, names: dict[str, _Node]) -> tuple[_Node, bo
 class BatchDecoder:
     """Decodes many bodies written with one Avro record schema (parsed JSON) at once."""
 
-    def __init__(self, schema: dict[str, Any]):
+    def __init__(self, schema: AvroSchema):
         node, _ = _compile(schema, "", {})
         if not isinstance(node, _Record):
             raise AvroDecodeDeclined("the top-level type is not a record")
@@ -601,7 +601,7 @@ class BatchDecoder:
         return out, err
 
 
-def can_decode(schema: dict[str, Any]) -> bool:
+def can_decode(schema: AvroSchema) -> bool:
     """True when `BatchDecoder` handles every type of `schema`."""
     try:
         BatchDecoder(schema)
@@ -610,7 +610,7 @@ def can_decode(schema: dict[str, Any]) -> bool:
     return True
 
 
-def decode_bodies(schema: dict[str, Any], bodies: list[bytes]) -> tuple[pa.StructArray, np.ndarray]:
+def decode_bodies(schema: AvroSchema, bodies: list[bytes]) -> tuple[pa.StructArray, np.ndarray]:
     """Convenience: decode schemaless Avro bodies (no wire header)."""
     return BatchDecoder(schema).decode(Frames.of(bodies))
 

@@ -48,6 +48,13 @@ import pyarrow.types as pat
 from lance_cdf.avro.names import Namer, TableName, avro_name
 from lance_cdf.errors import LanceCdfError
 
+# Avro schemas and records are JSON-like documents handed to and taken from fastavro and
+# json, whose values are of any JSON / Avro type: Any there, as in fastavro's own types
+# (fastavro.types.DictSchema, Schema, AvroMessage)
+AvroSchema = dict[str, Any]  # a named type, a field, an envelope
+AvroType = str | list[Any] | AvroSchema  # a field's type: a name, a union or a schema
+AvroRecord = dict[str, Any]  # a record's values by field name
+
 # The envelope / source / key schemas: the project's schemas/ directory, linked into the
 # package as avro/schemas (importlib.resources also reads them from a --py-files zip).
 SCHEMAS = resources.files("lance_cdf.avro") / "schemas"
@@ -79,12 +86,12 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 TOTAL_ORDER = "_total_order"
 
 
-def load_avsc(name: str) -> dict[str, Any]:
-    schema: dict[str, Any] = json.loads((SCHEMAS / f"{name}.avsc").read_text())
+def load_avsc(name: str) -> AvroSchema:
+    schema: AvroSchema = json.loads((SCHEMAS / f"{name}.avsc").read_text())
     return schema
 
 
-def avro_type(t: pa.DataType, path: str, names: Namer) -> Any:
+def avro_type(t: pa.DataType, path: str, names: Namer) -> AvroType:
     """The Avro type of an Arrow type (not nullable; see avro_field)."""
     if pat.is_boolean(t):
         return "boolean"
@@ -152,19 +159,19 @@ def avro_type(t: pa.DataType, path: str, names: Namer) -> Any:
     )
 
 
-def avro_field_type(field: pa.Field, path: str, names: Namer) -> Any:
+def avro_field_type(field: pa.Field, path: str, names: Namer) -> AvroType:
     inner = avro_type(field.type, path, names)
     return ["null", inner] if field.nullable else inner
 
 
-def avro_field(field: pa.Field, path: str, names: Namer) -> dict[str, Any]:
-    out = {"name": avro_name(field.name), "type": avro_field_type(field, path, names)}
+def avro_field(field: pa.Field, path: str, names: Namer) -> AvroSchema:
+    out: AvroSchema = {"name": avro_name(field.name), "type": avro_field_type(field, path, names)}
     if field.nullable:
         out["default"] = None
     return out
 
 
-def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]:
+def row_schema(schema: pa.Schema, table_name: str | TableName) -> AvroSchema:
     """Avro record `<prefix>.<table>.Value`: the table's rows (`before`/`after`)."""
     names = Namer()
     return {
@@ -175,7 +182,7 @@ def row_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]
     }
 
 
-def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str, Any]:
+def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> AvroSchema:
     """The full value schema `<prefix>.<table>.Envelope`: envelope + source + row."""
     name = TableName.of(table_name)
     envelope = copy.deepcopy(load_avsc("envelope"))
@@ -190,7 +197,7 @@ def envelope_schema(schema: pa.Schema, table_name: str | TableName) -> dict[str,
 
 def key_schema(
     schema: pa.Schema, key_columns: list[str] | None, table_name: str | TableName
-) -> dict[str, Any]:
+) -> AvroSchema:
     """The key schema `<prefix>.<table>.Key`: `_rowid`, or the key columns."""
     key = load_avsc("key")
     key["namespace"] = TableName.of(table_name).namespace
@@ -205,10 +212,10 @@ def key_schema(
     return key
 
 
-def _python_rows(table: pa.Table) -> list[dict[str, Any]]:
+def _python_rows(table: pa.Table) -> list[AvroRecord]:
     """Arrow rows as Python values fastavro accepts (maps as dicts)."""
     maps = [f.name for f in table.schema if pat.is_map(f.type)]
-    rows: list[dict[str, Any]] = table.to_pylist()
+    rows: list[AvroRecord] = table.to_pylist()
     if maps:
         string_keyed = {
             f.name for f in table.schema if pat.is_map(f.type) and pat.is_string(f.type.key_type)
@@ -235,10 +242,10 @@ def _millis(ts: int | dt.datetime) -> int:
 
 # (key, value, meta) of one record, the dicts fastavro writes; meta: {"tombstone": bool}.
 # A plain tuple: built per row on the library (fastavro) path
-ChangeRecord = tuple[dict[str, Any], dict[str, Any], dict[str, bool]]
+ChangeRecord = tuple[AvroRecord, AvroRecord, dict[str, bool]]
 
 
-def _block(namespace: str, version: int, total: int | None) -> dict[str, Any] | None:
+def _block(namespace: str, version: int, total: int | None) -> AvroRecord | None:
     """The `transaction` block of a record (None without its total order)."""
     if total is None:
         return None
@@ -263,7 +270,7 @@ def change_records(
     names = [(avro_name(c), c) for c in user_columns]  # Avro field name, column
     key_names = [avro_name(c) for c in key_columns or []]
     out: list[ChangeRecord] = []
-    pending_pre: dict[str, Any] | None = None
+    pending_pre: AvroRecord | None = None
     for row in rows:
         kind = row["_change_type"]
         image = {avro: row[col] for avro, col in names}
@@ -319,7 +326,7 @@ _AVRO_PRIMITIVES = {
 }
 
 
-def arrow_type(t: Any) -> tuple[pa.DataType, bool]:
+def arrow_type(t: AvroType) -> tuple[pa.DataType, bool]:
     """(Arrow type, nullable) of an Avro type written by `avro_type`."""
     if isinstance(t, list):
         inner = [x for x in t if x != "null"]
@@ -367,12 +374,12 @@ def arrow_type(t: Any) -> tuple[pa.DataType, bool]:
     raise LanceCdfError(f"Avro type {t!r} has no Arrow mapping")
 
 
-def arrow_field(f: dict[str, Any]) -> pa.Field:
+def arrow_field(f: AvroSchema) -> pa.Field:
     arrow, nullable = arrow_type(f["type"])
     return pa.field(f["name"], arrow, nullable)
 
 
-def row_arrow_schema(envelope: dict[str, Any]) -> pa.Schema:
+def row_arrow_schema(envelope: AvroSchema) -> pa.Schema:
     """Arrow schema of the row record (`before` / `after`) of an envelope schema."""
     before = next(f for f in envelope["fields"] if f["name"] == "before")["type"]
     row = next(x for x in before if isinstance(x, dict))

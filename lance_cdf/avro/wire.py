@@ -6,13 +6,15 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 if TYPE_CHECKING:  # (imported where used: Spark's commit process writes transaction
     import numpy as np  # records with WireWriter and has no other use for numpy)
+
+    from lance_cdf.avro.schema import AvroRecord, AvroSchema
 
 MAGIC = 0
 HEADER = struct.Struct(">bI")
@@ -58,7 +60,7 @@ class WireWriter:
     the per-record work is the Avro encoding alone.
     """
 
-    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: dict[str, Any]):
+    def __init__(self, registry: SchemaRegistryClient, subject: str, schema: AvroSchema):
         self.registry, self.subject, self.schema = registry, subject, schema
         self.parsed = fastavro.parse_schema(schema)
         self.header: bytes | None = None
@@ -72,7 +74,7 @@ class WireWriter:
             self.header = header(schema_id)
         return self.header
 
-    def encode(self, record: dict[str, Any]) -> bytes:
+    def encode(self, record: AvroRecord) -> bytes:
         buf = io.BytesIO()
         buf.write(self.wire_header())
         fastavro.schemaless_writer(buf, self.parsed, record)

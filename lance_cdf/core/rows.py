@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, NamedTuple, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 import pyarrow as pa
@@ -561,7 +561,10 @@ def _max_rows(fields: list[pa.Field]) -> int:
 
 
 def _file_take(
-    reader: lance.file.LanceFileReader, inner: Any | None, offsets: np.ndarray, max_rows: int
+    reader: lance.file.LanceFileReader,
+    inner: internals.RawFileReader | None,
+    offsets: np.ndarray,
+    max_rows: int,
 ) -> pa.Table:
     if offsets.size > max_rows:
         return pa.concat_tables(
@@ -576,7 +579,11 @@ def _file_take(
 
 
 def _file_range(
-    reader: lance.file.LanceFileReader, inner: Any | None, start: int, count: int, max_rows: int
+    reader: lance.file.LanceFileReader,
+    inner: internals.RawFileReader | None,
+    start: int,
+    count: int,
+    max_rows: int,
 ) -> pa.Table:
     if count > max_rows:
         return pa.concat_tables(

@@ -10,10 +10,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar, TypeVarTuple
 
 T = TypeVar("T")
 R = TypeVar("R")
+Ts = TypeVarTuple("Ts")
 
 
 class Pool:
@@ -30,7 +31,7 @@ class Pool:
                 self._executor = ThreadPoolExecutor(self.workers, thread_name_prefix=self.name)
             return self._executor
 
-    def submit(self, fn: Callable[..., R], *args: Any) -> Future[R]:
+    def submit(self, fn: Callable[[*Ts], R], *args: *Ts) -> Future[R]:
         return self._started().submit(fn, *args)
 
     def map(self, fn: Callable[[T], R], items: Iterable[T]) -> Iterator[R]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import numpy as np
 import pyarrow as pa
@@ -111,8 +111,8 @@ class TableLog:
         self._manifests: LruCache[int, Manifest] = LruCache(cache_size)
         self._deletions: LruCache[str, DeletionVector] = _DeletionCache(cache_size * 16)
         # decoded sequences by _sequence_key, made on first use (see _cached_sequence);
-        # Any: a key's oneof name decides which (RowIdSequence, VersionSequence)
-        self._sequences: LruCache[_SequenceKey, Any]
+        # a key's oneof name decides which of the two a value is
+        self._sequences: LruCache[_SequenceKey, RowIdSequence | VersionSequence]
         self._versions: list[int] = []
         self._scheme = "v2"
         self.refresh()

@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future, wait
-from typing import Any
+from typing import Any, TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -23,6 +23,8 @@ from lance_cdf.errors import KafkaAuthorizationError, PublishError
 from lance_cdf.ops.clientconfig import KafkaConnection, redact_url, registry_config, scrub
 
 _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
+
+_T = TypeVar("_T")
 
 
 class _Causes:
@@ -50,7 +52,7 @@ class _Causes:
         elif code == KafkaError._TRANSPORT:
             self._classify(text, tls_error=False)
 
-    def log(self, level: int, fmt: str, *args: Any) -> None:  # logger (logging.Logger.log)
+    def log(self, level: int, fmt: str, *args: object) -> None:  # logger (logging.Logger.log)
         if len(args) < 3 or str(args[0]) != "FAIL":  # (facility, client name, text)
             return
         text = _BROKER_PREFIX.sub("", str(args[-1]))  # "[proto://]host:port/id: "
@@ -373,7 +375,7 @@ def _registry_cause(where: str, exc: Exception) -> str:
     )
 
 
-def first_failure(checks: Future[Any], stopping: threading.Event, within: float = 12) -> None:
+def first_failure(checks: Future[_T], stopping: threading.Event, within: float = 12) -> None:
     """Wait up to `within` seconds (or until `stopping`) for `checks` to end and raise
     their error, if any: a caller that starts something slow next (publish: the JVM)
     ends in seconds instead when a check fails. Checks still running are left running."""

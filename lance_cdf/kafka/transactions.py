@@ -22,7 +22,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -34,17 +34,22 @@ from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
+if TYPE_CHECKING:
+    from fastavro.types import Schema as ParsedSchema
+
+    from lance_cdf.avro.schema import AvroRecord, AvroSchema
+
 SUFFIX = ".transaction"
 # the flags that name another transaction topic, or none (for the messages)
 OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
 _NS = "io.debezium.connector.common"
-KEY_SCHEMA: dict[str, Any] = {
+KEY_SCHEMA: AvroSchema = {
     "type": "record",
     "name": "TransactionMetadataKey",
     "namespace": _NS,
     "fields": [{"name": "id", "type": "string"}],
 }
-VALUE_SCHEMA: dict[str, Any] = {
+VALUE_SCHEMA: AvroSchema = {
     "type": "record",
     "name": "TransactionMetadataValue",
     "namespace": _NS,
@@ -139,9 +144,7 @@ def merge(counts: list[dict[int, VersionCounts]]) -> list[VersionCounts]:
     return [out[v] for v in sorted(out)]
 
 
-def transaction_value(
-    status: str, namespace: str, counts: VersionCounts, ts_ms: int
-) -> dict[str, Any]:
+def transaction_value(status: str, namespace: str, counts: VersionCounts, ts_ms: int) -> AvroRecord:
     """The value record (fastavro's dict) of a BEGIN or an END."""
     end = status == "END"
     routed = -1 not in counts.partitions
@@ -168,7 +171,7 @@ class TransactionDecoder:
 
     def __init__(self, registry: SchemaRegistryClient):
         self.registry = registry
-        self.parsed: dict[int, Any] = {}
+        self.parsed: dict[int, ParsedSchema] = {}
 
     def decode(self, payload: bytes) -> TransactionRecord:
         schema_id, body = split(payload)

@@ -19,7 +19,18 @@ Nothing here imports pylance or PySpark at import time.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
+
+from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    import lance
+    import lance.file
+    from lance.fragment import FragmentMetadata
+
+# pylance's native file reader (`LanceFileReader._reader`): a Rust object pylance gives no
+# type, so Any (its `take_rows` / `read_range` are tested in tests/test_internals.py)
+RawFileReader = Any
 
 # PySpark's `python -m` entry points of the long-lived driver-side processes of a Python
 # data source's stream reader (latestOffset / partitions / commit) and stream writer
@@ -31,17 +42,21 @@ PYSPARK_STREAMING_RUNNERS = frozenset(
 )
 
 
-def raw_file_reader(reader: Any) -> Any | None:
+def raw_file_reader(reader: lance.file.LanceFileReader) -> RawFileReader | None:
     """The native reader behind a `lance.file.LanceFileReader`, or None where this pylance
     has none (callers then use the public methods)."""
     return getattr(reader, "_reader", None)
 
 
-def delete_rows(fragment: Any, offsets: list[int]) -> Any | None:
+def delete_rows(
+    fragment: lance.LanceFragment | None, offsets: list[int]
+) -> FragmentMetadata | None:
     """`fragment.delete_rows(offsets)` (a `lance.LanceFragment`): the new fragment's
     `FragmentMetadata`, or None when every row of the fragment is deleted."""
+    if fragment is None:
+        raise LanceCdfError("internal error: delete_rows of a fragment the table does not have")
     inner = getattr(getattr(fragment, "_fragment", None), "delete_rows", None)
     if inner is None:
         return fragment.delete_rows(offsets)
     raw = inner(offsets)
-    return None if raw is None else raw.metadata()
+    return None if raw is None else cast("FragmentMetadata", raw.metadata())

@@ -15,12 +15,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any
 
 from lance_cdf.ops.internals import PYSPARK_STREAMING_RUNNERS as RUNNERS
 
 _HANG_UPS = (EOFError, BrokenPipeError, ConnectionResetError)
-_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], Any]
+_ExceptHook = Callable[[type[BaseException], BaseException, TracebackType | None], object]
 
 
 def quiet_when_spark_hangs_up() -> None:

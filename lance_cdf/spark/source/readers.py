@@ -634,7 +634,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.given = resolved.given
         self.origin = origin(self.opts.starting, self.opts.starting_timestamp_us)
         self.advice = resolved.advice
-        self.checked_offsets: set[tuple[Any, ...]] = set()  # offsets made or checked here
+        self.checked_offsets: set[tuple[object, ...]] = set()  # offsets made or checked here
 
     def __getstate__(self) -> dict[str, Any]:
         # executors get the reader pickled once, when the query starts (pyspark 4.3: not per
@@ -660,7 +660,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return out
 
     @staticmethod
-    def _key(offset: dict[str, Any]) -> tuple[Any, ...]:
+    def _key(offset: dict[str, Any]) -> tuple[object, ...]:
         table = offset.get("table")
         commit = table.get("commit") if isinstance(table, dict) else None
         return int(offset["version"]), commit, offset.get("from")

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, cast
 
 from pyspark.sql.functions import udtf
 from pyspark.sql.udtf import AnalyzeArgument, AnalyzeResult
@@ -80,7 +80,7 @@ class LanceTableChanges:
         schema = spark_schema(feed.user_schema(first, last))
         return _Analyzed(schema=schema, start=first, end=last)
 
-    def eval(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[Any, ...]]:
+    def eval(self, path: str, start: int, end: int | None = None) -> Iterator[tuple[object, ...]]:
         target = arrow_target(self.analyzed.schema)
         for batch in read_changes(path, self.analyzed.start, self.analyzed.end):
             columns = [c.to_pylist() for c in to_spark(batch, target).columns]
