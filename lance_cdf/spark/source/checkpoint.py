@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lance_cdf.errors import LanceCdfError
+
+if TYPE_CHECKING:
+    from lance_cdf.spark.source.partitions import Offset
 
 
 def _batches(path: str) -> list[int]:
@@ -21,7 +24,7 @@ def _batches(path: str) -> list[int]:
     return sorted(int(name) for name in os.listdir(path) if name.isdigit())
 
 
-def committed_offset(checkpoint: str) -> dict[str, Any] | None:
+def committed_offset(checkpoint: str) -> Offset | None:
     """The lance-cdf source's offset in the newest committed micro-batch (`{"version": N}`,
     with `"snapshot"` while a snapshot is being delivered), or None if the query has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""

@@ -49,7 +49,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.format.namespace import list_tables
 from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader, why_not_read
-from lance_cdf.spark.source.partitions import SourcePartition
+from lance_cdf.spark.source.partitions import Offset, SourcePartition
 from lance_cdf.spark.source.readers import (
     LanceCdfBatchReader,
     LanceCdfStreamReader,
@@ -277,7 +277,7 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
         self.schema = schema
         self.target = arrow_target(schema)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # executors need the options and the schema (the partitions name the tables)
         return {**super().__getstate__(), "schema": self.schema, "target": self.target}
 
@@ -327,7 +327,7 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
             )
         return LanceCdfStreamReader(resolved, fitted(name, event_struct(resolved), self.schema))
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         out: list[InputPartition] = []
         for name, reader, parts in self.table_partitions(start, end):
             out.extend(table_slices(name, reader.reading, parts))
@@ -360,7 +360,7 @@ class DatabaseBatchReader(_SliceReading, DataSourceReader):
             declared = fitted(name, event_struct(resolved), schema)
             self.readers[name] = LanceCdfBatchReader(resolved, declared)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # executors need the options and the schema (the partitions name the tables)
         return {
             "options": self.options,

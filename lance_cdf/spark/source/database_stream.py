@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import (
 from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
 from lance_cdf.format.namespace import TableRef, list_tables
+from lance_cdf.spark.source.partitions import Offset
 from lance_cdf.spark.source.readers import (
     HandOffReader,
     LanceCdfStreamReader,
@@ -172,7 +173,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.available_now = False
         self.reported: str | None = None
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # executors need nothing of it: the partitions carry the work items
         return {
             "options": self.options,
@@ -255,7 +256,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return "snapshot" if self.options.starting == "snapshot" else "earliest"
 
     # -- offsets ----------------------------------------------------------
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> Offset:
         tables: dict[str, Any] = {}
         for name in sorted(self._tables(force=True)):
             if name in self.skipped:
@@ -290,7 +291,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         rows = raw.get("maxrowspertrigger")
         return ReadMaxRows(int(rows)) if rows else ReadAllAvailable()
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         self._check(start)
         held: dict[str, Any] = dict(start.get("tables") or {})
         refs = self._tables()
@@ -321,7 +322,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
 
     def table_partitions(
-        self, start: dict[str, Any], end: dict[str, Any]
+        self, start: Offset, end: Offset
     ) -> Iterator[tuple[str, LanceCdfStreamReader, Sequence[Any]]]:
         """Each table with changes between the offsets `start` and `end`: its name, its
         single-table reader and that reader's partitions (a table gone from the database
@@ -345,7 +346,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 raise
             yield name, reader, parts
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
         count = 0
         for name, reader, shares in self.table_partitions(start, end):
@@ -385,7 +386,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             names=[WORK_SLOT, WORK_EVENTS, WORK_COLUMN, WORK_SCHEMA],
         )
 
-    def commit(self, end: dict[str, Any]) -> None:
+    def commit(self, end: Offset) -> None:
         for name, offset in (end.get("tables") or {}).items():
             reader = self.readers.get(name)
             if reader is not None:

@@ -178,9 +178,10 @@ class WorkItem:
         slot = whole(slot, WORK_SLOT)
         if slot >= slots:
             raise WorkItemError(f"{WORK_SLOT} {slot} of {slots} slots")
-        key_hash = tuple(listed(document["keyHash"], "keyHash"))
-        if not key_hash or not all(isinstance(c, str) and c for c in key_hash):
-            raise WorkItemError(f"keyHash is {list(key_hash)!r}, not a list of column names")
+        named = listed(document["keyHash"], "keyHash")
+        key_hash = tuple(c for c in named if isinstance(c, str) and c)
+        if not key_hash or len(key_hash) != len(named):
+            raise WorkItemError(f"keyHash is {named!r}, not a list of column names")
         flags = [document[k] for k in ("dropUnchangedUpdates", "failOnDataLoss")]
         if not all(type(f) is bool for f in flags):
             raise WorkItemError(f"dropUnchangedUpdates, failOnDataLoss are {flags}, not booleans")

@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from typing import Any
+from typing import TYPE_CHECKING
 
 from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.errors import CheckpointMismatchError
 from lance_cdf.spark.source.advice import Advice
+
+if TYPE_CHECKING:
+    from lance_cdf.spark.source.partitions import Offset
 
 
 def commit_fingerprint(feed: ChangeFeed, version: int) -> str | None:
@@ -51,7 +54,7 @@ def origin(starting: int | str, starting_timestamp_us: int | None) -> str:
     return str(starting)
 
 
-def stamp(offset: dict[str, Any], feed: ChangeFeed, uri: str, start: str | None) -> dict[str, Any]:
+def stamp(offset: Offset, feed: ChangeFeed, uri: str, start: str | None) -> Offset:
     """`offset` with the table's identity at its version and the stream's `from`."""
     out = {k: v for k, v in offset.items() if k not in ("table", "from")}
     commit = commit_fingerprint(feed, int(offset["version"]))
@@ -63,7 +66,7 @@ def stamp(offset: dict[str, Any], feed: ChangeFeed, uri: str, start: str | None)
 
 
 def check_offset(
-    offset: dict[str, Any],
+    offset: Offset,
     feed: ChangeFeed,
     uri: str,
     start: str | None,

@@ -15,6 +15,10 @@ from pyspark.sql.datasource import InputPartition
 
 from lance_cdf.errors import WorkItemError
 
+# A stream offset: the JSON object Spark keeps in the checkpoint and hands back to the
+# source (pyspark types it a plain dict); its values are JSON's, so Any
+Offset = dict[str, Any]
+
 
 @dataclass(frozen=True)
 class ChangeSlices(InputPartition):
@@ -76,7 +80,7 @@ def whole(value: object, what: str, minimum: int = 0) -> int:
     return value
 
 
-def fields(value: object, what: str, keys: set[str]) -> dict[str, Any]:
+def fields(value: object, what: str, keys: set[str]) -> dict[str, object]:
     """`value` if it is an object with exactly the keys `keys`."""
     if not isinstance(value, dict) or set(value) != keys:
         got = sorted(value) if isinstance(value, dict) else type(value).__name__
@@ -84,7 +88,7 @@ def fields(value: object, what: str, keys: set[str]) -> dict[str, Any]:
     return value
 
 
-def listed(value: object, what: str) -> list[Any]:
+def listed(value: object, what: str) -> list[object]:
     if not isinstance(value, list):
         raise WorkItemError(f"{what} is {type(value).__name__}, not a list")
     return value
@@ -108,11 +112,12 @@ def part_of(value: object, what: str = "partition") -> SourcePartition:
         segments = []
         for i, segment in enumerate(listed(v["segments"], f"{what}.segments")):
             at = f"{what}.segments[{i}]"
-            if len(listed(segment, at)) != 3:
-                raise WorkItemError(f"{at} has {len(segment)} items, not (version, part, parts)")
-            version = whole(segment[0], f"{at} version", 1)
-            part = whole(segment[1], f"{at} part")
-            parts = whole(segment[2], f"{at} parts", 1)
+            items = listed(segment, at)
+            if len(items) != 3:
+                raise WorkItemError(f"{at} has {len(items)} items, not (version, part, parts)")
+            version = whole(items[0], f"{at} version", 1)
+            part = whole(items[1], f"{at} part")
+            parts = whole(items[2], f"{at} parts", 1)
             _share(part, parts, at)
             segments.append((version, part, parts))
         return ChangeSlices(tuple(segments))

@@ -37,7 +37,6 @@ import math
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -76,7 +75,13 @@ from lance_cdf.spark.source.advice import Advice, advice_for
 from lance_cdf.spark.source.handoff import WorkItem, WriterSlot, table_digest
 from lance_cdf.spark.source.identity import check_offset, origin, stamp
 from lance_cdf.spark.source.options import SourceOptions
-from lance_cdf.spark.source.partitions import ChangeSlices, NetSlice, SnapshotSlice, SourcePartition
+from lance_cdf.spark.source.partitions import (
+    ChangeSlices,
+    NetSlice,
+    Offset,
+    SnapshotSlice,
+    SourcePartition,
+)
 from lance_cdf.spark.source.types import META_NAMES, arrow_target, spark_schema, to_spark
 
 log = logging.getLogger("lance_cdf.spark.source")
@@ -636,7 +641,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.advice = resolved.advice
         self.checked_offsets: set[tuple[object, ...]] = set()  # offsets made or checked here
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # executors get the reader pickled once, when the query starts (pyspark 4.3: not per
         # micro-batch, so state the driver adds later never reaches them): leave the caches
         # behind
@@ -646,26 +651,26 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return state
 
     # -- offsets ----------------------------------------------------------
-    def initialOffset(self) -> dict[str, Any]:
+    def initialOffset(self) -> Offset:
         if self.snapshot_version is not None:
             first = {"version": self.snapshot_version, "snapshot": {"fragment": 0, "offset": 0}}
         else:
             first = {"version": self.start - 1}
         return self._stamp(first, self.origin)
 
-    def _stamp(self, offset: dict[str, Any], start: Any) -> dict[str, Any]:
+    def _stamp(self, offset: Offset, start: str | None) -> Offset:
         """`offset` with the table's identity and the stream's start (identity.py)."""
         out = stamp(offset, feed_for(self.opts), self.opts.path, start)
         self.checked_offsets.add(self._key(out))
         return out
 
     @staticmethod
-    def _key(offset: dict[str, Any]) -> tuple[object, ...]:
+    def _key(offset: Offset) -> tuple[object, ...]:
         table = offset.get("table")
         commit = table.get("commit") if isinstance(table, dict) else None
         return int(offset["version"]), commit, offset.get("from")
 
-    def _check(self, offset: dict[str, Any]) -> None:
+    def _check(self, offset: Offset) -> None:
         """A stored offset (from the checkpoint) checked once against this table and the
         start given now (identity.check_offset); the offsets made here need no check."""
         key = self._key(offset)
@@ -685,14 +690,14 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return fragments
 
     @staticmethod
-    def _position(offset: dict[str, Any], fragments: Sequence[SnapshotFragment]) -> tuple[int, int]:
+    def _position(offset: Offset, fragments: Sequence[SnapshotFragment]) -> tuple[int, int]:
         """Where in the snapshot `offset` is: (fragment index, live-row offset)."""
         snap = offset.get("snapshot")
         if snap is None:
             return len(fragments), 0
         return int(snap["fragment"]), int(snap["offset"])
 
-    def _snapshot_offset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def _snapshot_offset(self, start: Offset, limit: ReadLimit) -> Offset:
         """The end of the next snapshot micro-batch: the whole rest of the
         snapshot, or `maxRowsPerTrigger` rows of it (changes come after it)."""
         version = int(start["version"])
@@ -714,10 +719,10 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMaxFiles(self.opts.max_versions_per_trigger)
         return ReadAllAvailable()
 
-    def reportLatestOffset(self) -> dict[str, Any]:
+    def reportLatestOffset(self) -> Offset:
         return {"version": feed_for(self.opts).latest_version()}
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+    def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         feed = feed_for(self.opts)
         done = int(start["version"])
         latest = feed.latest_version()
@@ -847,10 +852,10 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return None
 
     # -- reading ----------------------------------------------------------
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         return self._slices(start, end)
 
-    def _slices(self, start: dict[str, Any], end: dict[str, Any]) -> list[SourcePartition]:
+    def _slices(self, start: Offset, end: Offset) -> list[SourcePartition]:
         # a restarted query replays its last planned micro-batch from the checkpoint
         self._check(start)
         self._check(end)
@@ -879,7 +884,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         return self.reading.read(partition)
 
-    def commit(self, end: dict[str, Any]) -> None:
+    def commit(self, end: Offset) -> None:
         done = int(end["version"])
         for version in [v for v in self.sizes if v <= done]:
             del self.sizes[version]
@@ -893,7 +898,7 @@ class HandOffReader(LanceCdfStreamReader):
     (`_events`: snapshot rows, and each version's events before dropUnchangedUpdates or an
     old writer's undecided rows drop any)."""
 
-    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[WriterSlot]:
+    def partitions(self, start: Offset, end: Offset) -> Sequence[WriterSlot]:
         parts = tuple(self._slices(start, end))
         if not parts:
             return []
