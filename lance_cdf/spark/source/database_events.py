@@ -27,7 +27,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceReader, InputPartition
@@ -67,13 +66,13 @@ TABLE_COLUMN = "_table"  # the qualified name of the event's table
 _TAIL = META_NAMES | {KEY_HASH, EVENT_ORDER}  # columns every table's events have alike
 
 
-def is_database_events(options: Mapping[str, Any]) -> bool:
+def is_database_events(options: Mapping[str, str]) -> bool:
     """Option `database` without `path` and without `writerSlots`: every table's events."""
     lower = {str(k).lower(): v for k, v in options.items()}
     return bool(lower.get("database")) and not lower.get("path") and not lower.get("writerslots")
 
 
-def parse(raw: Mapping[str, Any], streaming: bool) -> DatabaseOptions:
+def parse(raw: Mapping[str, str], streaming: bool) -> DatabaseOptions:
     """The options of a database read, with the start options that hold across tables."""
     options = DatabaseOptions.parse(raw, events=True)
     lower = {str(k).lower(): str(v) for k, v in raw.items()}
@@ -172,7 +171,7 @@ def _resolved(options: DatabaseOptions, uri: str, start: str | None, streaming: 
     return resolve({**table, "path": uri}, streaming=streaming)
 
 
-def database_schema(raw: Mapping[str, Any]) -> StructType:
+def database_schema(raw: Mapping[str, str]) -> StructType:
     """The schema of a database read (see the module's doc): at `load()`."""
     options = parse(raw, streaming="startingtimestamp" not in {k.lower() for k in raw})
     structs: dict[str, StructType] = {}
@@ -271,7 +270,7 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
 
     EVENTS = True
 
-    def __init__(self, options: Mapping[str, Any], schema: StructType):
+    def __init__(self, options: Mapping[str, str], schema: StructType):
         parse(options, streaming=True)
         super().__init__(options)
         self.schema = schema
@@ -281,7 +280,7 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
         # executors need the options and the schema (the partitions name the tables)
         return {**super().__getstate__(), "schema": self.schema, "target": self.target}
 
-    def _check(self, start: Mapping[str, Any]) -> None:
+    def _check(self, start: Offset) -> None:
         held = start.get("from")
         given = self.options.starting
         if given is not None and held is not None and held != given:
@@ -341,11 +340,11 @@ class DatabaseBatchReader(_SliceReading, DataSourceReader):
     """`spark.read.format("lance-cdf").option("database", uri)`: the events of every
     matching table (each from its start to its latest version), with `_table`."""
 
-    def __init__(self, options: Mapping[str, Any], schema: StructType):
+    def __init__(self, options: Mapping[str, str], schema: StructType):
         self.options = parse(options, streaming=False)
         self.schema = schema
         self.target = arrow_target(schema)
-        self.readers: dict[str, Any] = {}
+        self.readers: dict[str, LanceCdfBatchReader] = {}
         for name, uri in sorted(_matching(self.options).items()):
             try:
                 resolved = _resolved(self.options, uri, None, streaming=False)

@@ -49,6 +49,7 @@ from pyspark.sql.streaming.datasource import (
 from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
 from lance_cdf.format.namespace import TableRef, list_tables
+from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.partitions import Offset
 from lance_cdf.spark.source.readers import (
     HandOffReader,
@@ -69,7 +70,7 @@ DATABASE_OPTIONS = {"database", "include", "exclude", "report"}
 _AVRO_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-def is_database_stream(options: Mapping[str, Any]) -> bool:
+def is_database_stream(options: Mapping[str, str]) -> bool:
     """Option `database` without `path`: the whole database (with `path`, one table of it)."""
     lower = {str(k).lower(): v for k, v in options.items()}
     return bool(lower.get("database")) and not lower.get("path")
@@ -86,7 +87,7 @@ class DatabaseOptions:
     starting: str | None  # the start given (startingVersion), None: the default (latest)
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any], events: bool = False) -> DatabaseOptions:
+    def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
         """`events`: the event stream of every table (spark/source/database_events.py), whose
         own start options are checked there; else the work items of publish --database."""
         options = {str(k): str(v) for k, v in raw.items()}
@@ -164,7 +165,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     EVENTS = False  # the work items of publish --database (database_events.py: events)
 
-    def __init__(self, options: Mapping[str, Any]):
+    def __init__(self, options: Mapping[str, str]):
         self.options = DatabaseOptions.parse(options, events=self.EVENTS)
         self.readers: dict[str, LanceCdfStreamReader] = {}  # name -> its reader (driver only)
         self.refs: dict[str, TableRef] = {}  # the matching tables at the last listing
@@ -257,7 +258,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ----------------------------------------------------------
     def initialOffset(self) -> Offset:
-        tables: dict[str, Any] = {}
+        tables: dict[str, Offset] = {}
         for name in sorted(self._tables(force=True)):
             if name in self.skipped:
                 continue
@@ -270,7 +271,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._report(tables)
         return {"tables": tables, "from": self.options.starting or "latest"}
 
-    def _check(self, start: Mapping[str, Any]) -> None:
+    def _check(self, start: Offset) -> None:
         held = start.get("from")
         given = self.options.starting or "latest"
         if self.options.starting is not None and held is not None and held != given:
@@ -293,9 +294,9 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         self._check(start)
-        held: dict[str, Any] = dict(start.get("tables") or {})
+        held: dict[str, Offset] = dict(start.get("tables") or {})
         refs = self._tables()
-        tables: dict[str, Any] = {}
+        tables: dict[str, Offset] = {}
         for name in sorted(refs):
             if name in self.skipped:
                 continue
@@ -323,11 +324,11 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def table_partitions(
         self, start: Offset, end: Offset
-    ) -> Iterator[tuple[str, LanceCdfStreamReader, Sequence[Any]]]:
+    ) -> Iterator[tuple[str, LanceCdfStreamReader, Sequence[InputPartition]]]:
         """Each table with changes between the offsets `start` and `end`: its name, its
         single-table reader and that reader's partitions (a table gone from the database
         meanwhile is reported and let go)."""
-        held: dict[str, Any] = start.get("tables") or {}
+        held: dict[str, Offset] = start.get("tables") or {}
         for name, until in sorted((end.get("tables") or {}).items()):
             since = held.get(name)
             if since is None or since == until:
@@ -353,6 +354,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             kafka_partitions = reader.opts.kafka_partitions
             assert kafka_partitions is not None  # (a work-item stream's: SourceOptions.parse)
             for share in shares:
+                # a work-item stream's tables are read by HandOffReaders: their shares
+                assert isinstance(share, WriterSlot)
                 item = replace(reader.reading.work(share, kafka_partitions), name=name)
                 batch = item.to_batch()
                 row = (
@@ -393,7 +396,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 reader.commit(offset)
 
     # -- the report status reads -----------------------------------------
-    def _report(self, tables: Mapping[str, Any]) -> None:
+    def _report(self, tables: Mapping[str, Offset]) -> None:
         """The followed tables (their URIs) and the skipped ones (why) to option `report`, a
         local JSON file, when they change."""
         path = self.options.report
