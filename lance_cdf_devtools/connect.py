@@ -30,10 +30,16 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 from lance_cdf_devtools.maven import connect_lib, connect_plugins, provision_connect
-from lance_cdf_devtools.process import ChildService, free_port, java_executable
+from lance_cdf_devtools.process import (
+    CacheOption,
+    ChildService,
+    ServiceOptions,
+    free_port,
+    java_executable,
+)
 
 T = TypeVar("T")
 
@@ -65,7 +71,7 @@ class KafkaConnect(ChildService):
         heap: str = "512m",
         client_config: dict[str, str] | None = None,
         secrets: dict[str, str] | None = None,
-        **kw: Any,
+        **kw: Unpack[CacheOption],
     ):
         super().__init__(workdir, heap=heap, **kw)
         self.bootstrap_servers = bootstrap_servers
@@ -201,7 +207,7 @@ class PostgresServer(ChildService):
     name = "postgres"
     stop_timeout = 20.0
 
-    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Unpack[ServiceOptions]):
         super().__init__(workdir, **kw)
         self.port = free_port()
         self.bin = _postgres_bin()

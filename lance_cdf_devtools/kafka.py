@@ -10,10 +10,10 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Unpack
 
 from lance_cdf_devtools.maven import kafka_lib
-from lance_cdf_devtools.process import JavaService, free_port, java_executable
+from lance_cdf_devtools.process import CacheOption, JavaService, free_port, java_executable
 
 _LOG4J2 = """\
 rootLogger.level = INFO
@@ -39,6 +39,14 @@ def _cluster_id() -> str:
             return cid
 
 
+class BrokerOptions(CacheOption, total=False):
+    """`KafkaBroker`'s keywords besides its workdir, as a subclass hands them on."""
+
+    auto_create_topics: bool
+    heap: str
+    num_partitions: int
+
+
 class KafkaBroker(JavaService):
     """`start()` formats the storage once, runs `kafka.Kafka` and waits until a client
     can list topics; `restart()` is a broker restart (same ports, same data)."""
@@ -51,7 +59,7 @@ class KafkaBroker(JavaService):
         auto_create_topics: bool = True,
         heap: str = "512m",
         num_partitions: int = 1,
-        **kw: Any,
+        **kw: Unpack[CacheOption],
     ):
         super().__init__(workdir, heap=heap, **kw)
         self.num_partitions = num_partitions  # the broker's default for new topics
@@ -182,7 +190,10 @@ class SecureKafkaBroker(KafkaBroker):
     USERNAME = "lance-cdf-user"
 
     def __init__(
-        self, workdir: str | os.PathLike[str] | None = None, authorizer: bool = False, **kw: Any
+        self,
+        workdir: str | os.PathLike[str] | None = None,
+        authorizer: bool = False,
+        **kw: Unpack[BrokerOptions],
     ):
         super().__init__(workdir, **kw)
         # Kafka's StandardAuthorizer: all allowed where no ACL says otherwise, `admin` (and

@@ -17,7 +17,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Self
+from typing import Self, TypedDict
 
 from lance_cdf_devtools.maven import default_cache_dir, provision
 
@@ -95,6 +95,18 @@ def _cleanup_all() -> None:
 
 
 atexit.register(_cleanup_all)
+
+
+class CacheOption(TypedDict, total=False):
+    """The keyword a service hands on to `ChildService` besides its workdir and heap."""
+
+    cache_dir: str | os.PathLike[str] | None
+
+
+class ServiceOptions(CacheOption, total=False):
+    """The keywords of `ChildService` besides its workdir."""
+
+    heap: str
 
 
 class ChildService:

@@ -10,10 +10,17 @@ import ssl
 import sys
 import urllib.error
 import urllib.request
-from typing import Any, cast
+from typing import Unpack, cast
 
 from lance_cdf_devtools.maven import registry_jar
-from lance_cdf_devtools.process import ChildService, JavaService, free_port, java_executable
+from lance_cdf_devtools.process import (
+    CacheOption,
+    ChildService,
+    JavaService,
+    ServiceOptions,
+    free_port,
+    java_executable,
+)
 
 
 class SchemaRegistry(JavaService):
@@ -24,7 +31,10 @@ class SchemaRegistry(JavaService):
     name = "registry"
 
     def __init__(
-        self, workdir: str | os.PathLike[str] | None = None, heap: str = "512m", **kw: Any
+        self,
+        workdir: str | os.PathLike[str] | None = None,
+        heap: str = "512m",
+        **kw: Unpack[CacheOption],
     ):
         super().__init__(workdir, heap=heap, **kw)
         self.port = free_port()
@@ -82,7 +92,7 @@ class SecureSchemaRegistry(ChildService):
     start_timeout = 60.0
     stop_timeout = 10.0
 
-    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Unpack[ServiceOptions]):
         super().__init__(workdir, **kw)
         from lance_cdf_devtools.tls import CertAuthority
 

@@ -15,9 +15,9 @@ import sys
 import urllib.error
 import urllib.request
 from collections import Counter
-from typing import Any, cast
+from typing import Unpack, cast
 
-from lance_cdf_devtools.process import ChildService, free_port
+from lance_cdf_devtools.process import ChildService, ServiceOptions, free_port
 from lance_cdf_devtools.s3app import COUNTS_PATH
 
 ACCESS_KEY = "lance-cdf-test"
@@ -33,7 +33,7 @@ class S3Server(ChildService):
     start_timeout = 60.0
     stop_timeout = 10.0
 
-    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Any):
+    def __init__(self, workdir: str | os.PathLike[str] | None = None, **kw: Unpack[ServiceOptions]):
         super().__init__(workdir, **kw)
         self.port = free_port()
 
