@@ -19,9 +19,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from lance_cdf.format.cache import LruCache
+from lance_cdf.ops.clientconfig import Setting
 
 if TYPE_CHECKING:
     from confluent_kafka import Consumer, Producer
@@ -33,7 +34,7 @@ Key = tuple[tuple[str, str], ...]
 _Client = TypeVar("_Client")
 
 
-def _key(config: Mapping[str, Any]) -> Key:
+def _key(config: Mapping[str, Setting]) -> Key:
     return tuple(sorted((str(k), str(v)) for k, v in config.items()))
 
 
@@ -56,10 +57,10 @@ _REGISTRIES: LruCache[Key, SchemaRegistryClient] = LruCache(KEPT)
 _LOCK = threading.Lock()  # (one client made per setting, whichever thread asks first)
 
 
-def producer(config: Mapping[str, Any]) -> SharedProducer:
+def producer(config: Mapping[str, Setting]) -> SharedProducer:
     """This process's producer with `config` (created on first use)."""
 
-    def make(settings: dict[str, Any]) -> SharedProducer:
+    def make(settings: dict[str, Setting]) -> SharedProducer:
         from confluent_kafka import KafkaError, Message, Producer
 
         failures: list[str] = []
@@ -75,8 +76,8 @@ def producer(config: Mapping[str, Any]) -> SharedProducer:
 
 def _made(
     cache: LruCache[Key, _Client],
-    config: Mapping[str, Any],
-    make: Callable[[dict[str, Any]], _Client],
+    config: Mapping[str, Setting],
+    make: Callable[[dict[str, Setting]], _Client],
 ) -> _Client:
     key = _key(config)
     with _LOCK:
@@ -86,7 +87,7 @@ def _made(
         return cache.put(key, made)
 
 
-def consumer(config: Mapping[str, Any]) -> Consumer:
+def consumer(config: Mapping[str, Setting]) -> Consumer:
     """This process's consumer with `config`: assigned partitions only (never subscribed,
     no offsets committed), for reading a partition's last record."""
     from confluent_kafka import Consumer
@@ -94,14 +95,14 @@ def consumer(config: Mapping[str, Any]) -> Consumer:
     return _made(_CONSUMERS, config, Consumer)
 
 
-def admin(config: Mapping[str, Any]) -> AdminClient:
+def admin(config: Mapping[str, Setting]) -> AdminClient:
     """This process's admin client with `config`."""
     from confluent_kafka.admin import AdminClient
 
     return _made(_ADMINS, config, AdminClient)
 
 
-def registry(config: Mapping[str, Any]) -> SchemaRegistryClient:
+def registry(config: Mapping[str, Setting]) -> SchemaRegistryClient:
     """This process's schema-registry client with `config` (`url` and its settings)."""
     from confluent_kafka.schema_registry import SchemaRegistryClient
 

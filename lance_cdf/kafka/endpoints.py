@@ -7,7 +7,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future, wait
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from confluent_kafka import (
     OFFSET_BEGINNING,
@@ -20,7 +20,13 @@ from confluent_kafka.admin import AdminClient, ClusterMetadata
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.errors import KafkaAuthorizationError, PublishError
-from lance_cdf.ops.clientconfig import KafkaConnection, redact_url, registry_config, scrub
+from lance_cdf.ops.clientconfig import (
+    KafkaConnection,
+    Setting,
+    redact_url,
+    registry_config,
+    scrub,
+)
 
 _BROKER_PREFIX = re.compile(r"^\S+/\S+: ")
 
@@ -112,7 +118,9 @@ class _Causes:
         }[kind]
 
 
-def _admin(bootstrap_servers: str, config: dict[str, Any] | None, causes: _Causes) -> AdminClient:
+def _admin(
+    bootstrap_servers: str, config: dict[str, Setting] | None, causes: _Causes
+) -> AdminClient:
     # librdkafka's own messages go to `causes` only (never to the terminal: they may
     # name settings), at INFO so that each failed connection is seen with its reason
     connection = KafkaConnection(bootstrap_servers, config or {})
@@ -151,7 +159,7 @@ def _metadata(
 
 def check_broker(
     bootstrap_servers: str,
-    config: dict[str, Any] | None = None,
+    config: dict[str, Setting] | None = None,
     timeout: float = 10,
     flag: str = "producer",
 ) -> None:
@@ -195,7 +203,7 @@ def check_consumer_access(
     bootstrap_servers: str,
     topic: str,
     group: str,
-    config: dict[str, Any] | None = None,
+    config: dict[str, Setting] | None = None,
     transaction_topic: str | None = None,
     timeout: float = 10,
 ) -> None:
@@ -222,7 +230,7 @@ def check_consumer_access(
 
 
 def _probe_consumer(
-    bootstrap_servers: str, group: str, config: dict[str, Any] | None, causes: _Causes
+    bootstrap_servers: str, group: str, config: dict[str, Setting] | None, causes: _Causes
 ) -> Consumer:
     """A consumer of `group` that asks what `check_consumer_access` checks, and no more."""
     # no metadata request creates a topic (clientconfig.ALWAYS): a transaction topic made
@@ -331,7 +339,7 @@ def _check_reads(
                 answered.add(m.topic() or "")
 
 
-def check_registry(url: str, config: dict[str, Any] | None = None) -> None:
+def check_registry(url: str, config: dict[str, Setting] | None = None) -> None:
     """Fail, naming the cause and the setting to fix, if the registry refuses the
     credentials (HTTP 401/403), its certificate does not verify, or it cannot be reached."""
     try:

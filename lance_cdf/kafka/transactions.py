@@ -22,7 +22,7 @@ import io
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
@@ -31,7 +31,7 @@ from lance_cdf.avro.wire import WireWriter, split
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
-from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf.ops.clientconfig import KafkaConnection, Setting
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
 if TYPE_CHECKING:
@@ -210,8 +210,8 @@ class TransactionWriter:
         topic: str,
         schema_registry: str,
         namespace: str,
-        producer_config: dict[str, Any] | None = None,
-        registry_config: dict[str, Any] | None = None,
+        producer_config: dict[str, Setting] | None = None,
+        registry_config: dict[str, Setting] | None = None,
         timeout: float = 60.0,
         topic_settings: TopicSettings | None = None,
     ):

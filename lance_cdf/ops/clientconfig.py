@@ -187,6 +187,10 @@ CONSUMER_ONLY = frozenset(
 # metadata request never makes the broker create a topic with its own defaults (lance-cdf
 # creates its topics on purpose, kafka/topics.py; librdkafka's producers and admin clients
 # allow it by default)
+# The value of one setting of a Kafka or schema-registry client: a string, a number, a flag
+# or a callback (error_cb, logger, oauth_cb). confluent-kafka takes them untyped, so Any
+Setting = Any
+
 ALWAYS = {"allow.auto.create.topics": False}
 
 # what each role drops of the user's settings: the other roles' own keys
@@ -213,9 +217,9 @@ class KafkaConnection:
     def config(
         self,
         role: str,
-        defaults: Mapping[str, Any] | None = None,
-        fixed: Mapping[str, Any] | None = None,
-    ) -> dict[str, Any]:
+        defaults: Mapping[str, Setting] | None = None,
+        fixed: Mapping[str, Setting] | None = None,
+    ) -> dict[str, Setting]:
         """The settings of a `role` ("producer", "consumer", "admin") client."""
         drop = _NOT_FOR[role]
         return {
@@ -227,24 +231,32 @@ class KafkaConnection:
         }
 
     def producer(
-        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self,
+        defaults: Mapping[str, Setting] | None = None,
+        fixed: Mapping[str, Setting] | None = None,
+    ) -> dict[str, Setting]:
         return self.config("producer", defaults, fixed)
 
     def consumer(
-        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self,
+        defaults: Mapping[str, Setting] | None = None,
+        fixed: Mapping[str, Setting] | None = None,
+    ) -> dict[str, Setting]:
         return self.config("consumer", defaults, fixed)
 
     def admin(
-        self, defaults: Mapping[str, Any] | None = None, fixed: Mapping[str, Any] | None = None
-    ) -> dict[str, Any]:
+        self,
+        defaults: Mapping[str, Setting] | None = None,
+        fixed: Mapping[str, Setting] | None = None,
+    ) -> dict[str, Setting]:
         return self.config("admin", defaults, fixed)
 
 
 def registry_config(
-    url: str, settings: Mapping[str, str] | None = None, defaults: Mapping[str, Any] | None = None
-) -> dict[str, Any]:
+    url: str,
+    settings: Mapping[str, str] | None = None,
+    defaults: Mapping[str, Setting] | None = None,
+) -> dict[str, Setting]:
     """The settings of a schema-registry client: the role's `defaults` under the user's
     `--registry-config` settings (the sink's `registry.<setting>`), and the URL."""
     return {**(defaults or {}), **(settings or {}), "url": url}
