@@ -141,7 +141,7 @@ class TableSchemas:
             history = self._histories.get(origin)
             if history is None:
                 # functions of the TableLog, not bound methods: a history that held this
-                # reader would make a reference cycle, and every fresh read_changes call's
+                # object would make a reference cycle, and every fresh read_changes call's
                 # reader, its manifests and decoded sequences would wait for the cyclic
                 # collector (markedly slower calls: docs/benchmarks.md, "Reading rows")
                 history = ColumnHistory(
