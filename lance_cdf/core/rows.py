@@ -176,7 +176,7 @@ class RowReader:
         order, chunks = _by_fragment(rows)
         got = None
         if columns:
-            arrow = self.arrow_schema(version)
+            arrow = self.schemas.arrow_schema(version)
             manifest = self.table.manifest(version, operation=False)
             fields = [arrow.field(c) for c in columns]
             jobs: list[_ReadJob] = []
@@ -195,7 +195,7 @@ class RowReader:
                 else:
                     logical = self.table.deletions(frags[fid]).logical_offsets(offsets)
                     gap = _window_gap(arrow, columns, self.remote)
-                    fragment = self.dataset(version).get_fragment(fid)
+                    fragment = self.schemas.dataset(version).get_fragment(fid)
                     if fragment is None:
                         raise LanceCdfError(
                             f"internal error: pylance has no fragment {fid} in version {version} "
@@ -218,7 +218,7 @@ class RowReader:
             addresses = (
                 rows.fragment_ids[order].astype(np.uint64) << np.uint64(32)
             ) | rows.offsets[order].astype(np.uint64)
-            got = with_blobs(got, self.dataset(version), blobs, addresses)
+            got = with_blobs(got, self.schemas.dataset(version), blobs, addresses)
         return conform(got, schema, n, sources), order
 
     def _take_merged(
@@ -259,7 +259,7 @@ class RowReader:
                 continue
             manifest = self.table.manifest(version, operation=False)
             frags = manifest.fragment_map
-            arrow = self.arrow_schema(version)
+            arrow = self.schemas.arrow_schema(version)
             fields = [arrow.field(c) for c in columns]
             for chunk in _by_fragment(rows)[1]:
                 frag = frags.get(int(rows.fragment_ids[chunk[0]]))
