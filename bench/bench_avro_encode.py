@@ -20,7 +20,7 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow, timed, vectors  # noqa: E402  (bench/ is on sys.path)
 
-from lance_cdf.avro.encode import encode_changes
+from lance_cdf.avro.encode import RecordShape, encode_changes
 from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
 
 OPS = {1: "Append"}
@@ -54,7 +54,7 @@ def old_path(events, schema, now_ms):
 
 
 def new_path(events, schema, now_ms):
-    enc = encode_changes(events, schema, OPS, "t", None, "0.1", now_ms)
+    enc = encode_changes(events, RecordShape(schema, "t", None, "0.1"), OPS, now_ms)
     return list(zip(enc.keys.to_pylist(), enc.values.to_pylist(), strict=True))
 
 

@@ -11,7 +11,7 @@ import pyarrow.compute as pc
 import pytest
 
 from lance_cdf.avro import encode as encoder
-from lance_cdf.avro.encode import can_encode, encode_changes
+from lance_cdf.avro.encode import RecordShape, can_encode, encode_changes
 from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
 from lance_cdf.errors import AvroEncodeDeclined
 
@@ -216,7 +216,7 @@ def fastavro_bodies(events, user_schema, key_columns):
 
 def check_identical(events, user_schema, key_columns):
     keys, values, tombstones = fastavro_bodies(events, user_schema, key_columns)
-    out = encode_changes(events, user_schema, OPS, "tbl", key_columns, "0.9", NOW_MS)
+    out = encode_changes(events, RecordShape(user_schema, "tbl", key_columns, "0.9"), OPS, NOW_MS)
     got_values = out.values.to_pylist()
     assert len(got_values) == len(values)
     for i, (got, want) in enumerate(zip(got_values, values, strict=True)):
@@ -351,7 +351,7 @@ def test_unsupported_types_use_the_fastavro_path(column):
         }
     )
     with pytest.raises(AvroEncodeDeclined):
-        encode_changes(events, schema, OPS, "t", None, "0.9", NOW_MS)
+        encode_changes(events, RecordShape(schema, "t", None, "0.9"), OPS, NOW_MS)
 
 
 def test_values_fastavro_rejects_are_unsupported():
@@ -365,17 +365,19 @@ def test_values_fastavro_rejects_are_unsupported():
         {"u": pa.array([2**63], pa.uint64()), "_rowid": pa.array([0], pa.uint64()), **base}
     )
     with pytest.raises(AvroEncodeDeclined):
-        encode_changes(big, big.select(["u"]).schema, OPS, "t", None, "0.9", NOW_MS)
+        encode_changes(big, RecordShape(big.select(["u"]).schema, "t", None, "0.9"), OPS, NOW_MS)
     schema = pa.schema([pa.field("r", pa.int64(), nullable=False)])
     nulls = pa.table(
         {"r": pa.array([None], pa.int64()), "_rowid": pa.array([0], pa.uint64()), **base}
     )
     with pytest.raises(AvroEncodeDeclined):
-        encode_changes(nulls, schema, OPS, "t", None, "0.9", NOW_MS)
+        encode_changes(nulls, RecordShape(schema, "t", None, "0.9"), OPS, NOW_MS)
     naive = pa.table({"r": [1], "_rowid": pa.array([0], pa.uint64()), **base})
     naive = naive.set_column(4, "_commit_timestamp", pa.array([0], pa.timestamp("us")))
     with pytest.raises(AvroEncodeDeclined):  # fastavro converts naive datetimes in local time
-        encode_changes(naive, naive.select(["r"]).schema, OPS, "t", None, "0.9", NOW_MS)
+        encode_changes(
+            naive, RecordShape(naive.select(["r"]).schema, "t", None, "0.9"), OPS, NOW_MS
+        )
 
 
 class _FakeProducer:
@@ -431,7 +433,7 @@ def test_transaction_block_is_byte_identical_and_decodes(seed):
     total = np.where(records, np.cumsum(records) * 3 + 1, 0)  # any positive number per record
     numbered = events.append_column("_total_order", pa.array(total, pa.int64()))
     assert check_identical(numbered, schema, ["i64"]) == int(records.sum())
-    out = encode_changes(numbered, schema, OPS, "tbl", None, "0.9", NOW_MS)
+    out = encode_changes(numbered, RecordShape(schema, "tbl", None, "0.9"), OPS, NOW_MS)
     parsed = fastavro.parse_schema(envelope_schema(schema, "tbl"))
     versions = numbered["_commit_version"].to_numpy()[records]
     for body, order, version in zip(out.values.to_pylist(), total[records], versions, strict=True):
@@ -441,6 +443,6 @@ def test_transaction_block_is_byte_identical_and_decodes(seed):
             "total_order": order,
             "data_collection_order": order,
         }
-    plain = encode_changes(events, schema, OPS, "tbl", None, "0.9", NOW_MS)
+    plain = encode_changes(events, RecordShape(schema, "tbl", None, "0.9"), OPS, NOW_MS)
     body = plain.values.to_pylist()[0]
     assert fastavro.schemaless_reader(io.BytesIO(body), parsed, parsed)["transaction"] is None

@@ -552,21 +552,29 @@ def _key_parts(
     return key_parts if len(rows) == events.num_rows else _take(key_parts, rows)
 
 
+@dataclass(frozen=True)
+class RecordShape:
+    """What every record of one publisher's batches shares: the table's columns and name,
+    the key, the connector version written in `source.version`, and the Confluent wire
+    headers (magic byte and schema id) of the key and value schemas."""
+
+    user_schema: pa.Schema
+    table_name: str | TableName
+    key_columns: list[str] | None
+    version: str
+    key_prefix: bytes = b""
+    value_prefix: bytes = b""
+
+
 def encode_changes(
-    events: pa.Table,
-    user_schema: pa.Schema,
-    operations: dict[int, str],
-    table_name: str | TableName,
-    key_columns: list[str] | None,
-    version: str,
-    now_ms: int,
-    key_prefix: bytes = b"",
-    value_prefix: bytes = b"",
+    events: pa.Table, shape: RecordShape, operations: dict[int, str], now_ms: int
 ) -> EncodedChanges:
     """The key and value bodies `change_records` + fastavro would write, in its order.
 
     Raises `AvroEncodeDeclined` when the batch needs the fastavro path.
     """
+    user_schema, key_columns, version = shape.user_schema, shape.key_columns, shape.version
+    key_prefix, value_prefix = shape.key_prefix, shape.value_prefix
     if not can_encode(user_schema):
         raise AvroEncodeDeclined("a column type has no vectorised encoder")
     kinds = _change_kinds(events)
@@ -574,7 +582,7 @@ def encode_changes(
     n = len(rows)
     versions = _long_values(_column(events, "_commit_version"))[rows]
     unique, inverse = np.unique(versions, return_inverse=True)
-    table = TableName.of(table_name)
+    table = TableName.of(shape.table_name)
     rowid = _long_values(_column(events, "_rowid"))[rows]
     commit_ms = _commit_millis(_column(events, "_commit_timestamp"))[rows]
     value_parts = [

@@ -25,7 +25,7 @@ import pyarrow.compute as pc
 from confluent_kafka import KafkaException
 
 from lance_cdf import __version__
-from lance_cdf.avro.encode import EncodedChanges, can_encode, encode_changes
+from lance_cdf.avro.encode import EncodedChanges, RecordShape, can_encode, encode_changes
 from lance_cdf.avro.names import TableName
 from lance_cdf.avro.schema import (
     TOTAL_ORDER,
@@ -469,17 +469,15 @@ class KafkaChangePublisher:
         if not self.vectorised or not events.num_rows:
             return None
         try:
-            return encode_changes(
-                events,
+            shape = RecordShape(
                 self.user_schema,
-                operations,
                 self.table_name,
                 self.key_columns,
                 __version__,
-                now_ms,
                 key_prefix=self.key_writer.wire_header(),
                 value_prefix=self.value_writer.wire_header(),
             )
+            return encode_changes(events, shape, operations, now_ms)
         except AvroEncodeDeclined:
             return None
 
