@@ -57,8 +57,8 @@ import numpy as np
 import pyarrow as pa
 from tables import narrow  # noqa: E402  (bench/ is on sys.path)
 
+from lance_cdf.replicate.key_lookup import KEY_INDEX_ZONE_ROWS, key_index_config
 from lance_cdf.replicate.replica import (
-    KEY_INDEX_ZONE_ROWS,
     OFFSETS_PROPERTY,
     RECORDS_THROUGH_PROPERTY,
     SOURCE_TABLE_PROPERTY,
@@ -67,7 +67,6 @@ from lance_cdf.replicate.replica import (
     TRANSACTION_OFFSET_PROPERTY,
     VERSION_OFFSETS_PROPERTY,
     ReplicaTable,
-    key_index_config,
 )
 
 KEY = "id"
@@ -140,8 +139,8 @@ def batch(n: int, b: int, seed: int) -> tuple[pa.Table, pa.Table, np.ndarray]:
 
 
 def commit_props(r: int, bare: bool) -> dict[str, str]:
-    """What the replicator records in the commit of batch r (replicator.py `_apply`): the
-    offsets it read up to, whose replica it is, the source version it equals, and where
+    """What the replicator records in the commit of batch r (applier.py, `BatchApplier`):
+    the offsets it read up to, whose replica it is, the source version it equals, and where
     the transaction topic and each partition stand after that version."""
     offsets = json.dumps({"bench": {str(p): 1000 * r + p for p in range(4)}})
     if bare:
@@ -224,11 +223,11 @@ def main() -> None:
             }
             for m, replica in replicas.items():  # the replicator preloads once, at start
                 if m != "replica_prev":
-                    ds = replica._with_key_index(replica.open())
+                    ds = replica.lookup.with_key_index(replica.open(), replica.open)
                 if m == "replica":  # the key map: built once per process
                     rss0 = rss_mb()
                     t0 = time.perf_counter()
-                    km = replica._current_map(ds, ds.schema.field(KEY).type, None, None)
+                    km = replica.lookup.current_map(ds, ds.schema.field(KEY).type, None, None)
                     row["map_build_s"] = time.perf_counter() - t0
                     row["map_mb"] = km.nbytes / 2**20
                     row["map_rss_mb"] = rss_mb() - rss0
@@ -239,8 +238,8 @@ def main() -> None:
                 for m in args.methods:
                     replica, path = replicas[m], paths[m]
                     if m in base_maps:  # the table holds the base rows (restored)
-                        replica._map = copy.deepcopy(base_maps[m])
-                        replica._map.version = lance.dataset(path).version
+                        replica.lookup.map = copy.deepcopy(base_maps[m])
+                        replica.lookup.map.version = lance.dataset(path).version
                     t0 = time.perf_counter()
                     if m.startswith("replica"):
                         new = fresh if m in ("replica", "replica_index", "replica_keep") else None

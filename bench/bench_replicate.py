@@ -52,13 +52,13 @@ from lance_cdf.kafka.transactions import (  # noqa: E402
     VersionCounts,
     default_topic,
 )
+from lance_cdf.replicate.key_lookup import key_index_config  # noqa: E402
 from lance_cdf.replicate.replica import (  # noqa: E402
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
     ORIGIN_PROPERTY,
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
-    key_index_config,
 )
 from lance_cdf.replicate.replicator import Replicator  # noqa: E402
 

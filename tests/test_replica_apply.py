@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 from lance_cdf.errors import DuplicateKeysError, LanceCdfError
-from lance_cdf.replicate import replica as replica_mod
+from lance_cdf.replicate import key_lookup
+from lance_cdf.replicate.key_lookup import KeyLookup
 from lance_cdf.replicate.keymap import GONE, KeyMap
 from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ORIGIN_PROPERTY, ReplicaTable
 
@@ -33,13 +34,13 @@ def rows_of(model: dict, keys: list, key_type: pa.DataType) -> pa.Table:
 def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, keep_row_ids):
     # probe: every batch through the index; scan: every batch through the key column;
     # map: the in-memory key map (integer keys without keep_row_ids; else the index)
-    monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0 if lookup == "probe" else 10**9)
-    monkeypatch.setattr(replica_mod, "PROBE_CHUNK", 7)  # several IN lists per batch
+    monkeypatch.setattr(key_lookup, "INDEX_PROBE_ROWS_PER_KEY", 0 if lookup == "probe" else 10**9)
+    monkeypatch.setattr(key_lookup, "PROBE_CHUNK", 7)  # several IN lists per batch
     uri = str(tmp_path / "replica.lance")
     rep = ReplicaTable(
         uri, ["k"], index_rows_max=50, keep_row_ids=keep_row_ids, key_map=lookup == "map"
     )
-    assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids)
+    assert rep.lookup.key_map_enabled == (lookup == "map" and not keep_row_ids)
     rng = random.Random(hash((lookup, str(key_type), keep_row_ids)) & 0xFFFF)
 
     def key(i):
@@ -77,8 +78,10 @@ def test_random_batches_equal_model(tmp_path, monkeypatch, lookup, key_type, kee
                 assert rowids.setdefault(r["k"], r["_rowid"]) == r["_rowid"], r
             for k in deleted:
                 rowids.pop(k, None)
-    assert rep._indexable and rep.unindexed_rows() <= 50
-    assert rep.key_map_enabled == (lookup == "map" and not keep_row_ids and key_type == pa.int64())
+    assert rep.lookup.indexed and rep.unindexed_rows() <= 50
+    assert rep.lookup.key_map_enabled == (
+        lookup == "map" and not keep_row_ids and key_type == pa.int64()
+    )
 
 
 def random_round(
@@ -123,9 +126,9 @@ def lance_exists(uri: str) -> bool:
 def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_map):
     """Upserts flagged fresh (keys the replica does not hold) skip the key lookup; the
     others are still found and replaced, against a dict model over random batches."""
-    monkeypatch.setattr(replica_mod, "INDEX_PROBE_ROWS_PER_KEY", 0)  # always probe
+    monkeypatch.setattr(key_lookup, "INDEX_PROBE_ROWS_PER_KEY", 0)  # always probe
     probed: list = []
-    find, map_find = ReplicaTable._find, KeyMap.find
+    find, map_find = KeyLookup.find, KeyMap.find
 
     def spy(self, ds, keys, with_keys):
         probed.append(set(keys.to_pylist()))
@@ -135,7 +138,7 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
         probed.append(set(np.asarray(keys).tolist()))
         return map_find(self, keys)
 
-    monkeypatch.setattr(ReplicaTable, "_find", spy)
+    monkeypatch.setattr(KeyLookup, "find", spy)
     monkeypatch.setattr(KeyMap, "find", map_spy)
     uri = str(tmp_path / "replica.lance")
     rep = ReplicaTable(uri, ["k"], index_rows_max=30, keep_row_ids=keep_row_ids, key_map=key_map)
@@ -156,7 +159,7 @@ def test_fresh_rows_are_not_looked_up(tmp_path, monkeypatch, keep_row_ids, key_m
             assert looked_up == set(updated) | set(deleted), step
         got = lance.dataset(uri).to_table().to_pylist()
         assert len(got) == len(model) and {r["k"]: r["v"] for r in got} == model, step
-    assert (rep._map is not None) == key_map
+    assert (rep.lookup.map is not None) == key_map
 
 
 def test_fresh_flags_must_match_the_rows(tmp_path):
@@ -281,8 +284,8 @@ def test_key_map_follows_the_replica(tmp_path, monkeypatch):
         pairs = dict(zip(got["k"].to_pylist(), got["_rowaddr"].to_pylist(), strict=True))
         assert len(pairs) == got.num_rows, f"duplicate keys after step {step}"
         assert dict(zip(got["k"].to_pylist(), got["v"].to_pylist(), strict=True)) == model, step
-        km = rep._map
+        km = rep.lookup.map
         if km is not None and km.version == ds.version:  # the map claims this version
             assert map_contents(km) == pairs, step
             checked += 1
-    assert rep.key_map_enabled and builds + rep.map_builds >= 5 and checked >= 30
+    assert rep.lookup.key_map_enabled and builds + rep.map_builds >= 5 and checked >= 30

@@ -2,16 +2,10 @@
 
 A batch is one Lance commit whose cost follows the batch, not the replica:
 
-  1. the replica rows holding the batch's keys are found in the in-memory key map
-     (keymap.py; integer keys: sorted keys beside row addresses, a binary search per
-     key, kept current by each apply, rebuilt from one scan of the key column after a
-     compaction or a commit of another writer), else through a BTREE index on
-     the key (`key IN (...)`; kept current by `maintain`, small pages of
-     KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a
-     probe reads no page from storage), or, for a batch so large that probing the
-     index key by key would cost more, by one scan of the key column. Upserts the
-     caller knows to be new (`fresh`: a source insert of a row ID the replica
-     cannot hold yet, see replicator.py) are not looked up at all;
+  1. the replica rows holding the batch's keys are found (key_lookup.py: the in-memory
+     key map of an integer key, else the BTREE key index, else one scan of the key
+     column). Upserts the caller knows to be new (`fresh`: a source insert of a row ID
+     the replica cannot hold yet, see replicator.py) are not looked up at all;
   2. those rows are marked deleted in the deletion vectors of just the fragments
      they live in (`LanceFragment.delete_rows`);
   3. the upserted rows are written as new fragments. A row that replaces a replica
@@ -38,21 +32,20 @@ import json
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.dataset import IndexInformation, LanceOperation, Transaction
+from lance.dataset import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata, RowIdSequence, write_fragments
 
-from lance_cdf.errors import DuplicateKeysError, LanceCdfError, ReplicaError
+from lance_cdf.errors import LanceCdfError, ReplicaError
 from lance_cdf.ops import internals
-from lance_cdf.replicate.keymap import GONE, KeyMap
+from lance_cdf.replicate.key_lookup import KeyLookup
 
 if TYPE_CHECKING:
-    from lance.indices.builder import IndexConfig
     from lance.lance import _Session
 
 log = logging.getLogger("lance_cdf.replicate")
@@ -75,15 +68,6 @@ TOPIC_PROPERTY = "lance-cdf.topic"
 SOURCE_TABLE_PROPERTY = "lance-cdf.source-table"
 # Fault injection for the crash tests: the process exits hard at the named point.
 CRASH_ENV = "LANCE_CDF_REPLICATOR_CRASH_AT"
-# A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
-# of the key column (bench/bench_replica_apply.py): above that the batch scans instead.
-INDEX_PROBE_ROWS_PER_KEY = 750
-PROBE_CHUNK = 2048  # keys per IN list
-# Rows per page of the key index the replicator builds. A probe of a random key visits
-# one whole page, so small pages make probes about twice as fast as Lance's default 4096,
-# for a longer preload; the index size is the same (docs/benchmarks.md, "Inside the
-# replicator").
-KEY_INDEX_ZONE_ROWS = 256
 # `maintain` adds fragments to the key index once they hold more rows than this: the
 # rows outside the index are scanned by every lookup.
 UNINDEXED_ROWS_MAX = 100_000
@@ -169,7 +153,7 @@ METADATA_CACHE_BYTES = 16 << 20
 
 
 class ReplicaTable:
-    """The target Lance table of a replicator, keyed by `key`."""
+    """The target Lance table of a replicator, keyed by `key` (found through `lookup`)."""
 
     def __init__(
         self,
@@ -183,20 +167,18 @@ class ReplicaTable:
     ):
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
-        self.prewarm = prewarm
         self._session: _Session | None = None  # one index / metadata cache across batches
-        self._indexable = len(self.key) == 1
-        self._warm: set[str] = set()  # key-index segments loaded into the index cache
-        # key -> row address in memory (keymap.py), for one integer key; None: not
-        # built yet, or dropped because the replica moved without it
-        self.key_map_enabled = key_map and self._indexable and not keep_row_ids
-        self._map: KeyMap | None = None
-        self.map_builds = 0  # how often the map was (re)built from a scan
+        self.lookup = KeyLookup(self.key, keep_row_ids, prewarm, key_map)
         # seconds spent per phase of `apply` since start (open: opening the table and
         # conforming the batch; lookup; delete: deletion vectors; write: new fragments;
         # commit; map: bringing the key map up to date)
         self.timings: dict[str, float] = {}
         self._t = 0.0
+
+    @property
+    def map_builds(self) -> int:
+        """How often the in-memory key map was (re)built from a scan of the key column."""
+        return self.lookup.map_builds
 
     def _clock(self, phase: str | None = None) -> None:
         now = time.perf_counter()
@@ -326,9 +308,9 @@ class ReplicaTable:
         if upserts is not None:
             ds = self._add_new_columns(ds, upserts.schema)
         data = self._conform(upserts, ds.schema) if upserts is not None else None
-        if self._indexable:
-            ds = self._with_key_index(ds)
-        if self._indexable:
+        if self.lookup.indexed:
+            ds = self.lookup.with_key_index(ds, self._reopen)
+        if self.lookup.indexed:
             n_upserts = upserts.num_rows if upserts is not None else 0
             if fresh is not None and len(fresh) != n_upserts:
                 raise LanceCdfError(
@@ -363,17 +345,7 @@ class ReplicaTable:
             for c in t[key].cast(key_type).chunks
         ]
         keys = pa.chunked_array(chunks, key_type).combine_chunks() if chunks else None
-        key_map = self._current_map(ds, key_type, data, deletes)
-        found, slots = None, None
-        if key_map is not None:  # O(batch log replica), in memory
-            addr, slots = (
-                key_map.find(keys.to_numpy())
-                if keys is not None
-                else (np.empty(0, np.uint64), np.empty(0, np.int64))
-            )
-            found = pa.table({"_rowaddr": addr[addr != GONE]})
-        elif keys is not None:
-            found = self._find(ds, keys, with_keys=self.keep_row_ids)
+        found, slots, key_map = self.lookup.locate(ds, keys, data, deletes)
         self._clock("lookup")
         crash_point("before-lance-commit")
         removed: list[int] = []
@@ -406,103 +378,8 @@ class ReplicaTable:
         )
         self._clock("commit")
         if key_map is not None:
-            self._advance_map(ds, committed, new, deletes, data, slots, fresh)
+            self.lookup.advance_map(ds, committed, new, deletes, data, slots, fresh)
             self._clock("map")
-
-    # -- the in-memory key map (keymap.py) --------------------------------------------
-    def _current_map(
-        self,
-        ds: lance.LanceDataset,
-        key_type: pa.DataType,
-        data: pa.Table | None,
-        deletes: pa.Table | None,
-    ) -> KeyMap | None:
-        """The key map of `ds`'s version, built from one scan of the key column when
-        there is none (first batch, or the replica moved without the map: compaction,
-        another writer); None when the map cannot serve (not enabled, a key type other
-        than integers, null keys, a key held twice): then the key index serves."""
-        if not self.key_map_enabled:
-            return None
-        if not (pa.types.is_integer(key_type) and key_type != pa.uint64()):
-            self.key_map_enabled = False
-            return None
-        if any(t is not None and t[self.key[0]].null_count for t in (data, deletes)):
-            self._map = None  # a null key: let the index path decide what it means
-            return None
-        if self._map is not None and self._map.version == ds.version:
-            return self._map
-        self._map = None
-        table = ds.to_table(columns=[self.key[0]], with_row_address=True)
-        keys = table[self.key[0]]
-        if keys.null_count:
-            log.warning("the replica holds null keys: looking keys up through the index")
-            self.key_map_enabled = False
-            return None
-        try:
-            self._map = KeyMap(keys.to_numpy(), table["_rowaddr"].to_numpy(), ds.version)
-        except DuplicateKeysError as exc:
-            log.warning("%s: looking keys up through the index", exc)
-            self.key_map_enabled = False
-            return None
-        self.map_builds += 1
-        log.info("key map of %d rows built (%d MB)", table.num_rows, self._map.nbytes >> 20)
-        return self._map
-
-    def _advance_map(
-        self,
-        ds: lance.LanceDataset,
-        committed: lance.LanceDataset,
-        new: list[FragmentMetadata],
-        deletes: pa.Table | None,
-        data: pa.Table | None,
-        slots: np.ndarray | None,
-        fresh: np.ndarray | None,
-    ) -> None:
-        """Tell the map what the commit just made did: the deleted keys are gone, the
-        written rows live in the new fragments, row i of `data` at offset i. Dropped
-        (rebuilt by the next batch) when the commit is not exactly ours on top of
-        `ds` or its new fragments are not the ones written. `slots`: where `find`
-        met the looked-up keys (the non-fresh upserts, then the deletes)."""
-        self._map, key_map = None, self._map
-        if key_map is None or committed.version != ds.version + 1:
-            return
-        if slots is None:  # the map was used for the lookup: `find` gave slots
-            raise LanceCdfError(
-                "internal error: the key map looked no keys up for the batch it applied; "
-                "please report it."
-            )
-        before = {f.fragment_id for f in ds.get_fragments()}
-        added = sorted(
-            (f.metadata for f in committed.get_fragments() if f.fragment_id not in before),
-            key=lambda m: m.id,
-        )
-        if [m.physical_rows for m in added] != [f.physical_rows for f in new]:
-            return
-        addrs = [
-            (np.uint64(m.id) << np.uint64(32)) + np.arange(m.physical_rows, dtype=np.uint64)
-            for m in added
-        ]
-        key = self.key[0]
-        gone = deletes[key].to_numpy() if deletes is not None else np.empty(0, np.int64)
-        written = data[key].to_numpy() if data is not None else np.empty(0, np.int64)
-        probed = written.size if fresh is None else int((~fresh).sum())
-        written_slots = np.full(written.size, -1, np.int64)  # fresh: searched as new
-        if fresh is None:
-            written_slots[:] = slots[:probed]
-        else:
-            written_slots[~fresh] = slots[:probed]
-        try:
-            key_map.update(
-                gone,
-                written,
-                np.concatenate(addrs) if addrs else np.empty(0, np.uint64),
-                committed.version,
-                deleted_slots=slots[probed:],
-                slots=written_slots,
-            )
-        except DuplicateKeysError:
-            return  # the rebuild finds the key twice and gives the map up
-        self._map = key_map
 
     def _write(
         self, ds: lance.LanceDataset, rows: pa.Table, row_ids: np.ndarray | None
@@ -520,76 +397,11 @@ class ReplicaTable:
                 start += f.physical_rows
         return fragments
 
-    def _find(self, ds: lance.LanceDataset, keys: pa.Array, with_keys: bool) -> pa.Table:
-        """(_rowaddr, and with `with_keys` key and _rowid) of the replica rows holding
-        `keys`: probes of the key index while that is cheaper than one scan of the key
-        column, else that scan. Without `with_keys` a probe reads no data page: the
-        addresses come from the index alone, a fraction of the cost per key
-        (docs/benchmarks.md, "Inside the replicator")."""
-        key = self.key[0]
-        cols: dict[str, Any] = dict(columns=[key], with_row_id=with_keys, with_row_address=True)
-        probe_cols = cols if with_keys else dict(columns=[], with_row_address=True)
-        small = len(keys) * INDEX_PROBE_ROWS_PER_KEY <= ds.count_rows()
-        probe = _sql_literals(keys) if small else None
-        if probe is not None:
-            parts = [
-                ds.to_table(filter=f"{_quoted(key)} IN ({', '.join(chunk)})", **probe_cols)
-                for chunk in (probe[i : i + PROBE_CHUNK] for i in range(0, len(probe), PROBE_CHUNK))
-            ]
-            return pa.concat_tables(parts)
-        table = ds.to_table(**cols)  # one hash set of the keys, one pass over the column
-        return table.filter(pc.is_in(table[key], value_set=keys))
-
-    def _with_key_index(self, ds: lance.LanceDataset) -> lance.LanceDataset:
-        """`ds` with a BTREE index on the key (built once, on the first batch that finds
-        none), its segments loaded into the index cache; a key type the index cannot
-        take keeps the merge_insert path."""
-        segments = self._key_index(ds)
-        if not segments:
-            try:
-                ds.create_scalar_index(self.key[0], key_index_config())
-            except Exception as exc:  # noqa: BLE001 - any refusal: fall back, do not fail
-                log.warning(
-                    "no BTREE index on %r (%s); applying with merge_insert", self.key[0], exc
-                )
-                self._indexable = False
-                return ds
-            ds = self._reopen()
-            segments = self._key_index(ds)
-        self._prewarm(ds, segments)
-        return ds
-
-    def _prewarm(self, ds: lance.LanceDataset, segments: list[IndexInformation]) -> None:
-        """Load the key-index segments not loaded yet into the session's index cache
-        (once per segment): a probe of a cold page costs a storage read, one per key of a
-        large replica (docs/benchmarks.md, "Inside the replicator")."""
-        cold = [s["uuid"] for s in segments if s["uuid"] not in self._warm]
-        if not self.prewarm or not cold or self.key_map_enabled:  # the map serves
-            return
-        try:
-            ds.prewarm_index(segments[0]["name"], index_segments=cold)
-        except Exception as exc:  # noqa: BLE001 - only speed is at stake
-            log.warning("could not preload the key index (%s); probing it from storage", exc)
-            self.prewarm = False
-            return
-        self._warm.update(cold)
-
-    def _key_index(self, ds: lance.LanceDataset) -> list[IndexInformation]:
-        """The segments of the BTREE index on the key (one, plus a delta per upkeep
-        between compactions); [] when there is none."""
-        return [i for i in ds.list_indices() if i["fields"] == self.key and i["type"] == "BTree"]
-
     # -- upkeep -----------------------------------------------------------------------
     def unindexed_rows(self, ds: lance.LanceDataset | None = None) -> int:
         """Rows in fragments the key index does not cover yet (each lookup scans them)."""
         ds = ds or self.open()
-        if ds is None or not self._indexable:
-            return 0
-        segments = self._key_index(ds)
-        if not segments:
-            return 0
-        covered: set[int] = set().union(*(set(s["fragment_ids"]) for s in segments))
-        return sum(f.count_rows() for f in ds.get_fragments() if f.fragment_id not in covered)
+        return 0 if ds is None else self.lookup.unindexed_rows(ds)
 
     def maintain(self, compact: bool = False) -> dict[str, int]:
         """Compact the replica's small fragments (`compact`, then the key index is merged
@@ -606,37 +418,13 @@ class ReplicaTable:
             done["fragments_removed"] = metrics.fragments_removed
             done["fragments_added"] = metrics.fragments_added
             ds = self._reopen()
-        segments = self._key_index(ds) if self._indexable else []
-        if segments:
-            unindexed = self.unindexed_rows(ds)
-            name = segments[0]["name"]
-            if compact and (unindexed or len(segments) > 1):
-                # one segment again: O(replica), as often as compaction runs
-                ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=len(segments))
-                done["indexed_rows"] = unindexed
-            elif unindexed > self.index_rows_max:
-                # a delta segment over the new fragments only: O(new rows)
-                before = ds.version  # (optimize_indices moves `ds` to its commit)
-                ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
-                done["indexed_rows"] = unindexed
-                # the index commit's own version (not the latest, which another writer
-                # may have moved past it): right after the map's, it moved no row
-                after = ds.version
-                if self._map is not None and self._map.version == before == after - 1:
-                    self._map.version = after
-        if not compact:
-            return done
-        # a compaction replaces every key-index segment, but pylance's index cache keeps
-        # the replaced ones (keyed by segment, unbounded by default: it grew at every
-        # compaction): a fresh session from the next open on, the key-index segments
-        # loaded again as needed
-        self._session = None
-        self._warm.clear()
-        if self._map is not None:
-            self._map = None  # rows moved: rebuilt now, not by the next batch
-            ds = self._reopen()
-            self._current_map(ds, ds.schema.field(self.key[0]).type, None, None)
-            done["key_map_rows"] = len(self._map) if self._map is not None else 0
+        done.update(self.lookup.index_upkeep(ds, compact, self.index_rows_max))
+        if compact:
+            # a compaction replaces every key-index segment, but pylance's index cache
+            # keeps the replaced ones (keyed by segment, unbounded by default: it grew at
+            # every compaction): a fresh session from the next open on
+            self._session = None
+            done.update(self.lookup.after_compaction(self._reopen))
         return done
 
     # -- composite keys: merge_insert ------------------------------------------------
@@ -700,23 +488,3 @@ class ReplicaTable:
             else:
                 columns.append(pa.nulls(data.num_rows, f.type))
         return pa.Table.from_arrays(columns, schema=target)
-
-
-def key_index_config() -> IndexConfig:
-    """The BTREE index the replicator builds on its key (KEY_INDEX_ZONE_ROWS-row pages)."""
-    from lance.indices.builder import IndexConfig
-
-    return IndexConfig(index_type="btree", parameters={"zone_size": KEY_INDEX_ZONE_ROWS})
-
-
-def _quoted(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
-
-
-def _sql_literals(keys: pa.Array) -> list[str] | None:
-    """The keys as SQL literals (integers, strings); None for other types (scanned)."""
-    if pa.types.is_integer(keys.type):
-        return list(map(str, keys.to_numpy(zero_copy_only=False).tolist()))
-    if pa.types.is_string(keys.type) or pa.types.is_large_string(keys.type):
-        return ["'" + k.replace("'", "''") + "'" for k in keys.to_pylist()]
-    return None
