@@ -60,6 +60,12 @@ from lance_cdf.replicate.replica import (  # noqa: E402
     SOURCE_ROWID,
     SOURCE_VERSION_PROPERTY,
 )
+from lance_cdf.replicate.replicate_settings import (  # noqa: E402
+    BatchSettings,
+    KafkaSettings,
+    ReplicaSettings,
+    ReplicateSettings,
+)
 from lance_cdf.replicate.replicator import Replicator  # noqa: E402
 
 # with transaction metadata (the default of `lance-cdf publish`) the replicator applies
@@ -83,13 +89,12 @@ def publish(kafka, registry, uri, topic, version) -> int:
 
 def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple[float, object]:
     rep = Replicator(
-        kafka.bootstrap_servers,
-        topic,
-        registry.url,
-        target,
-        group_id=f"bench-{topic}",
-        max_batch_rows=batch_rows,
-        max_batch_interval=2.0,
+        ReplicateSettings(
+            KafkaSettings(kafka.bootstrap_servers, registry.url, group_id=f"bench-{topic}"),
+            topic,
+            target,
+            BatchSettings(max_batch_rows=batch_rows, max_batch_interval=2.0),
+        )
     )
     prof = None
     if profile:
@@ -101,13 +106,13 @@ def replicate(kafka, registry, topic, target, batch_rows, profile=None) -> tuple
     # been idle for 3 s (and a poll waits up to max_batch_interval), which is not
     # replication work (r21c and before subtracted a flat 3 s, counting up to ~1-2 s of
     # that wait)
-    apply, done = rep._apply, [0.0]
+    apply, done = rep.applier.apply, [0.0]
 
-    def timed_apply(msgs, *take):
-        apply(msgs, *take)
+    def timed_apply(msgs, *take, **where):
+        apply(msgs, *take, **where)
         done[0] = time.perf_counter()
 
-    rep._apply = timed_apply
+    rep.applier.apply = timed_apply
     t0 = time.perf_counter()
     counters = rep.run(idle_timeout=3)
     if prof is not None:
@@ -282,30 +287,30 @@ def latency(
         .start()
     )
     rep = Replicator(
-        kafka.bootstrap_servers,
-        topic,
-        registry.url,
-        dst,
-        group_id=f"g-{topic}",
-        max_batch_interval=0.05,
-        key_map=key_map,
+        ReplicateSettings(
+            KafkaSettings(kafka.bootstrap_servers, registry.url, group_id=f"g-{topic}"),
+            topic,
+            dst,
+            BatchSettings(max_batch_interval=0.05),
+            ReplicaSettings(key_map=key_map),
+        )
     )
     errors: list[BaseException] = []
     applied: list[tuple[float, float, int]] = []  # (start, end, newest record timestamp ms)
-    apply = rep._apply
+    apply = rep.applier.apply
 
     phases: list[dict] = []  # per batch: where its time went (deltas of the counters)
 
-    def timed_apply(msgs, *take):
+    def timed_apply(msgs, *take, **where):
         c, t = rep.counters, rep.replica.timings
         before = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         start = time.time()
-        apply(msgs, *take)
+        apply(msgs, *take, **where)
         applied.append((start, time.time(), max(m.timestamp()[1] for m in msgs)))
         after = {k: getattr(c, k) for k in PHASES} | {k: t.get(k, 0.0) for k in APPLY_PHASES}
         phases.append({k: after[k] - before[k] for k in after} | {"records": len(msgs)})
 
-    rep._apply = timed_apply
+    rep.applier.apply = timed_apply
 
     def run():
         try:

@@ -232,7 +232,7 @@ SWITCHES = {
 PROGRAMS = {"cli/", "spark/sink/warm_daemon.py"}  # main programs of their processes
 ALLOWED_SWITCHES = {
     ("ops/malloc.py", "_mallopt"): "the opt-ins `lance-cdf` turns on for its own process",
-    ("replicate/replicator.py", "_gc_paused"): "only with pause_gc, which `replicate` sets",
+    ("replicate/poll_loop.py", "gc_paused"): "only with pause_gc, which `replicate` sets",
     ("spark/publish/runner.py", "_jvm_ignores_sigterm"): "in the JVM's child, before exec",
     ("spark/publish/runner.py", "_signal_handlers_kept"): "puts back the caller's handlers",
     ("spark/publish/runner.py", "_python_for_spark"): "while Spark starts; removed after",

@@ -23,10 +23,10 @@ from workload import Workload
 
 import lance_cdf
 from lance_cdf.core.feed import ChangeFeed
-from lance_cdf.errors import RegistryUnavailableError
+from lance_cdf.errors import RegistryUnavailableError, ReplicateError
 from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
 from lance_cdf.replicate.replica import CRASH_ENV, OFFSETS_PROPERTY, SOURCE_ROWID, ReplicaTable
-from lance_cdf.replicate.replicator import ReplicateError, Replicator
+from lance_cdf.replicate.replicator import Replicator
 
 pytestmark = pytest.mark.integration  # `lance-cdf replicate` in subprocesses
 
@@ -565,7 +565,7 @@ def test_a_batch_is_what_has_arrived_up_to_its_bound(kafka_broker):
     never more than the bound, in offset order, and a quiet topic gives none."""
     from confluent_kafka.admin import AdminClient, NewTopic
 
-    from lance_cdf.replicate.replicator import consume_ready
+    from lance_cdf.replicate.poll_loop import consume_ready
 
     topic = f"ready-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})

@@ -15,9 +15,14 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from test_avro_decode import COLUMNS, random_events
 
 from lance_cdf.avro.schema import change_records, envelope_schema
-from lance_cdf.errors import RegistryRefusedError
+from lance_cdf.errors import RegistryRefusedError, ReplicateError
+from lance_cdf.replicate.applier import batch_positions
+from lance_cdf.replicate.consumers import DeadLetters
+from lance_cdf.replicate.counters import Counters
+from lance_cdf.replicate.final_states import FinalStatesDecoder
 from lance_cdf.replicate.replica import SOURCE_ROWID
-from lance_cdf.replicate.replicator import Counters, ReplicateError, Replicator, _Decoder
+from lance_cdf.replicate.replica_identity import ReplicaIdentity
+from lance_cdf.replicate.writer_schemas import SchemaDecoder
 
 
 class Msg:
@@ -51,7 +56,7 @@ class Registry:
         return S()
 
 
-class DeadLetters:
+class DeadLetterProducer:
     def __init__(self):
         self.got = []
 
@@ -62,17 +67,26 @@ class DeadLetters:
         return 0
 
 
+class Decoding(FinalStatesDecoder):
+    """A replicator's decoding of topic "t" into replica "r.lance" (the first source table
+    seen is followed), with a dead-letter producer that keeps what it got (`dlq.got`);
+    every upsert looked up (no fresh bounds: the replica is not consulted here)."""
+
+    def __init__(self, schemas, key=None, dlq=True):
+        self.counters = Counters()
+        self.dlq = DeadLetterProducer() if dlq else None
+        letters = DeadLetters("t", "t.dlq" if dlq else None, self.dlq, self.counters)
+        super().__init__(
+            "t",
+            list(key) if key else [SOURCE_ROWID],
+            SchemaDecoder(Registry(schemas)),
+            letters,
+            ReplicaIdentity("t", "r.lance"),
+        )
+
+
 def replicator(schemas, key=None, dlq=True):
-    rep = Replicator.__new__(Replicator)
-    rep.topic, rep.key = "t", list(key) if key else [SOURCE_ROWID]
-    rep._fresh = None  # every upsert looked up (the replica is not consulted here)
-    rep.decoder = _Decoder(Registry(schemas))
-    rep.dead_letter_topic = "t.dlq" if dlq else None
-    rep.dlq = DeadLetters() if dlq else None
-    rep.counters = Counters()
-    rep._batch_partition = None
-    rep.target, rep._source = "r.lance", None  # the first source table seen is followed
-    return rep
+    return Decoding(schemas, key, dlq)
 
 
 def wire(sid, schema, value):
@@ -133,8 +147,8 @@ def rows_of(table):
 def test_vectorized_batch_equals_fastavro_batch(seed, key):
     schemas, msgs = batch(seed)
     fast, slow = replicator(schemas, key), replicator(schemas, key)
-    got = fast._final_states_vectorized(msgs)
-    want = slow._final_states_fastavro(msgs)
+    got = fast.final_states_vectorized(msgs)
+    want = slow.final_states_fastavro(msgs)
     assert got is not None
     assert got[2:] == want[2:]
     assert got[0].schema == want[0].schema
@@ -152,7 +166,7 @@ def test_without_dead_letter_topic_the_first_bad_record_stops_the_batch():
     msgs[9] = Msg(b"\x00\x00\x00\x00\x07garbage", msgs[9].partition(), msgs[9].offset())
     where = f"partition {msgs[5].partition()} offset {msgs[5].offset()} "
     with pytest.raises(ReplicateError, match=where):
-        replicator(schemas, dlq=False)._final_states(msgs)
+        replicator(schemas, dlq=False).final_states(msgs)
 
 
 class RefusingRegistry(Registry):
@@ -174,8 +188,8 @@ def test_a_registry_refusal_is_no_dead_letter_an_unknown_id_is(vectorized):
     schemas, msgs = batch(4, poison=False)
     for status, code in ((401, 40101), (403, -1), (404, -1)):
         rep = replicator(schemas)
-        rep.decoder = _Decoder(RefusingRegistry(schemas, status, code))
-        decode = rep._final_states_vectorized if vectorized else rep._final_states_fastavro
+        rep.schemas = SchemaDecoder(RefusingRegistry(schemas, status, code))
+        decode = rep.final_states_vectorized if vectorized else rep.final_states_fastavro
         with pytest.raises(
             RegistryRefusedError,
             match=r"^the schema registry refused schema "
@@ -185,8 +199,8 @@ def test_a_registry_refusal_is_no_dead_letter_an_unknown_id_is(vectorized):
             decode(msgs)
         assert rep.dlq.got == []
     rep = replicator(schemas)
-    rep.decoder = _Decoder(RefusingRegistry(schemas, 404, 40403))
-    decode = rep._final_states_vectorized if vectorized else rep._final_states_fastavro
+    rep.schemas = SchemaDecoder(RefusingRegistry(schemas, 404, 40403))
+    decode = rep.final_states_vectorized if vectorized else rep.final_states_fastavro
     decode(msgs)
     assert len(rep.dlq.got) == sum(m.value() is not None for m in msgs)  # (tombstones: none)
 
@@ -216,8 +230,8 @@ def test_unsupported_schema_takes_the_fastavro_path():
     }
     rep = replicator({1: schema})
     msgs = [Msg(wire(1, schema, value), 0, 0)]
-    assert rep._final_states_vectorized(msgs) is None
-    upserts, deletes, _, version, _ = rep._final_states(msgs)
+    assert rep.final_states_vectorized(msgs) is None
+    upserts, deletes, _, version, _ = rep.final_states(msgs)
     assert upserts.to_pylist() == [{"id": 1, "m": [("a", 1)], SOURCE_ROWID: 3}]
     assert version == 1 and not rep.dlq.got
 
@@ -225,8 +239,8 @@ def test_unsupported_schema_takes_the_fastavro_path():
 def test_key_column_missing_from_the_schema_is_a_dead_letter():
     schemas, msgs = batch(5, poison=False)
     fast, slow = replicator(schemas, ["nope"]), replicator(schemas, ["nope"])
-    assert fast._final_states_vectorized(msgs)[:2] == (None, None)
-    slow._final_states_fastavro(msgs)
+    assert fast.final_states_vectorized(msgs)[:2] == (None, None)
+    slow.final_states_fastavro(msgs)
     assert [h["lance-cdf.error"] for _, h in fast.dlq.got] == [
         h["lance-cdf.error"] for _, h in slow.dlq.got
     ]
@@ -238,7 +252,7 @@ def test_bytes_left_over_are_a_dead_letter():
     last = msgs[-1]
     msgs[-1] = Msg(last.value() + b"\x00", last.partition(), last.offset())
     rep = replicator(schemas)
-    rep._final_states_vectorized(msgs)
+    rep.final_states_vectorized(msgs)
     assert [v for v, _ in rep.dlq.got] == [msgs[-1].value()]
     assert b"left over" in rep.dlq.got[0][1]["lance-cdf.error"]
 
@@ -307,10 +321,10 @@ def test_records_of_the_previous_naming_and_the_new_one_replicate_alike(seed):
         else:
             msgs.append(Msg(wire(2, new, value), 0, i))
     rep = replicator({1: old, 2: new})
-    assert rep.decoder.batch_decoder(1) is not None and rep.decoder.batch_decoder(2) is not None
-    vectorized = rep._final_states_vectorized(msgs)
+    assert rep.schemas.batch_decoder(1) is not None and rep.schemas.batch_decoder(2) is not None
+    vectorized = rep.final_states_vectorized(msgs)
     assert vectorized is not None
-    slow = replicator({1: old, 2: new})._final_states(msgs)
+    slow = replicator({1: old, 2: new}).final_states(msgs)
     assert vectorized[0].sort_by(SOURCE_ROWID) == slow[0].sort_by(SOURCE_ROWID)
     assert sorted(vectorized[1].to_pylist(), key=str) == sorted(slow[1].to_pylist(), key=str)
     # the last state of each source row: its last record, whichever naming wrote it
@@ -341,18 +355,15 @@ def test_one_partition_batch_reads_positions_at_its_ends(seed):
     held_choices = [0, first, first + 1, last, last + 1, last + 5, rng.randrange(first, last)]
     for held in held_choices:
         fast, slow = replicator(schemas), replicator(schemas)
-        for rep in (fast, slow):
-            rep._applied = {2: held, 0: 7}
-        fast._batch_partition = 2
-        parts, ranks, keep, nxt = fast._positions(one)
-        s_parts, offsets, s_keep, s_nxt = slow._positions(one)
-        assert fast._batch_partition is None  # used once
+        applied = {2: held, 0: 7}
+        parts, ranks, keep, nxt = batch_positions(one, applied, one_partition=2)
+        s_parts, offsets, s_keep, s_nxt = batch_positions(one, applied)
         assert (parts == s_parts).all() and (keep == s_keep).all() and nxt == s_nxt
         assert (np.argsort(ranks, kind="stable") == np.argsort(offsets, kind="stable")).all()
         assert keep.sum() == sum(m.offset() >= held for m in one)
         if keep.any():
             kept = [m for m, k in zip(one, keep, strict=True) if k]
-            got = fast._final_states_vectorized(kept, parts[keep], ranks[keep])
-            want = slow._final_states_vectorized(kept, s_parts[keep], offsets[keep])
+            got = fast.final_states_vectorized(kept, parts[keep], ranks[keep])
+            want = slow.final_states_vectorized(kept, s_parts[keep], offsets[keep])
             assert got[2:4] == want[2:4]
             assert rows_of(got[0]) == rows_of(want[0]) and rows_of(got[1]) == rows_of(want[1])

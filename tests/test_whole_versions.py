@@ -305,7 +305,7 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         )
         == 0
     )
-    rep._take = _stop_after_first_piece(rep)
+    rep.take = _stop_after_first_piece(rep)
     rep.run(idle_timeout=4)
     report, text = status(src, dst)
     assert report["replica_inside_version"] is not None
@@ -349,10 +349,10 @@ def run_until_caught_up(rep, version, dst, within=180.0):
 
 
 def _stop_after_first_piece(rep):
-    take = rep._take
+    take = rep.take
 
-    def wrapped(msgs):
-        take(msgs)
+    def wrapped(msgs, *rest):
+        take(msgs, *rest)
         position = rep.replica.position()
         if INSIDE_VERSION_PROPERTY in position:
             rep.stop()

@@ -1,3 +1,4 @@
-"""Replication: a Kafka consumer that decodes batches of change records (replicator.py)
-and applies each batch's final row states to a Lance table (replica.py), exactly once in
-effect."""
+"""Replication: Kafka change records applied to a Lance replica, exactly once in effect.
+`Replicator` (replicator.py) follows one topic into one replica, `DatabaseReplicator`
+(database_replicator.py) every table topic of a database; both are told by
+`ReplicateSettings` (replicate_settings.py) and run the one poll loop (poll_loop.py)."""

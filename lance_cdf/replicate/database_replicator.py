@@ -18,7 +18,9 @@ A table whose start is refused (its replica follows another topic or table, is l
 another replicator, or holds a position its topic does not: a topic deleted and created
 again) is reported with that error and left out (`refused`; the command exits non-zero
 naming it), the other tables go on; a batch that fails stops the whole replicator (nothing
-half-applied; every replica resumes from its own position).
+half-applied; every replica resumes from its own position). The poll loop is the one a
+single table's replicator runs (poll_loop.py); this replicator hands each poll's records
+to the tables they belong to.
 """
 
 from __future__ import annotations
@@ -27,11 +29,10 @@ import logging
 import re
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-from confluent_kafka.schema_registry import SchemaRegistryClient
+from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from lance_cdf.errors import (
     ForeignReplicaError,
@@ -41,21 +42,13 @@ from lance_cdf.errors import (
     ReplicateError,
 )
 from lance_cdf.format.namespace import list_tables, table_location
-from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
-from lance_cdf.ops.clientconfig import KafkaConnection, redact_url
-from lance_cdf.ops.clientconfig import registry_config as registry_settings
-from lance_cdf.ops.lease import LeaseKeeper
-from lance_cdf.replicate.consumers import dead_letter_producer, replica_consumer_config
-from lance_cdf.replicate.replicator import (
-    Counters,
-    Replicator,
-    SchemaDecoder,
-    SharedClients,
-    consume_error,
-    consume_ready,
-    gc_paused,
-)
+from lance_cdf.ops.clientconfig import redact_url
+from lance_cdf.replicate.consumers import check_endpoints, open_clients
+from lance_cdf.replicate.counters import Counters, add_counters
+from lance_cdf.replicate.poll_loop import consume_error, run_polls
+from lance_cdf.replicate.replicate_settings import ReplicateSettings
+from lance_cdf.replicate.replicator import Replicator
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -114,74 +107,36 @@ class TableReplica:
 
 
 class DatabaseReplicator:
-    """Apply every table topic `<topic_prefix>.<qualified name>` (matching `include` /
+    """Apply every table topic `<topic prefix>.<qualified name>` (matching `include` /
     not `exclude`, regexes over qualified names) to the table of that name in the
-    database at `target`. `options` go to each table's `Replicator` (key, batch sizes,
-    compaction, lease TTL, ...). Run with `run()`; `stop()` (or SIGTERM / Ctrl-C when run
-    in the main thread) ends it after the current batch."""
+    database at `target`, as `ReplicateSettings` say (`topic`: the topic prefix;
+    `database`: include, exclude, refresh interval); the rest of the settings are each
+    table's `Replicator`'s (key, batch sizes, compaction, lease TTL, ...). Also the
+    keyword form `DatabaseReplicator(bootstrap_servers, topic_prefix, schema_registry,
+    target, include=..., ...)`. Run with `run()`; `stop()` ends it after the current
+    batch (it installs no signal handler: `lance-cdf replicate` calls `stop()` on
+    SIGTERM / Ctrl-C)."""
 
-    def __init__(
-        self,
-        bootstrap_servers: str,
-        topic_prefix: str,
-        schema_registry: str,
-        target: str,
-        include: str | None = None,
-        exclude: str | None = None,
-        group_id: str | None = None,
-        refresh_s: float = 5.0,
-        max_batch_rows: int = 100_000,
-        max_batch_interval: float = 1.0,
-        dead_letter_topic: str | None = None,
-        consumer_config: dict[str, Any] | None = None,
-        registry_config: dict[str, Any] | None = None,
-        storage_options: dict[str, str] | None = None,
-        registry_outage_s: float = 120.0,
-        **options: Any,
-    ):
-        if not topic_prefix or topic_prefix != topic_prefix.strip("."):
+    def __init__(self, settings: ReplicateSettings | str, *args: Any, **kwargs: Any):
+        self.settings = s = ReplicateSettings.given(settings, args, kwargs)
+        prefix = s.topic
+        if not prefix or prefix != prefix.strip("."):
             raise ReplicateError(
-                f"--topic-prefix {topic_prefix!r} is empty or starts / ends with a dot; give "
+                f"--topic-prefix {prefix!r} is empty or starts / ends with a dot; give "
                 "the publisher's --topic-prefix (topics are PREFIX.namespace.table)"
             )
         try:
-            self.include = re.compile(include) if include else None
-            self.exclude = re.compile(exclude) if exclude else None
+            self.include = re.compile(s.database.include) if s.database.include else None
+            self.exclude = re.compile(s.database.exclude) if s.database.exclude else None
         except re.error as exc:
             raise ReplicateError(f"--include / --exclude is not a regex: {exc}") from None
-        self.bootstrap_servers, self.schema_registry = bootstrap_servers, schema_registry
-        self.topic_prefix, self.target = topic_prefix, target
-        self.storage_options = storage_options
-        self.refresh_s = refresh_s
-        self.max_batch_rows, self.max_batch_interval = max_batch_rows, max_batch_interval
-        self.group_id = group_id or f"lance-cdf-replicate-db-{topic_prefix}"
-        self.registry_config = registry_config
-        self.dead_letter_topic = dead_letter_topic  # (never a table's, also under the prefix)
-        connection = KafkaConnection(bootstrap_servers, consumer_config or {}, "consumer")
-        check_broker(bootstrap_servers, consumer_config, flag="consumer")
-        check_registry(schema_registry, registry_config)
-        self.options = {
-            **options,
-            "max_batch_rows": max_batch_rows,
-            "max_batch_interval": max_batch_interval,
-            "dead_letter_topic": dead_letter_topic,
-            "consumer_config": consumer_config,
-            "registry_config": registry_config,
-            "storage_options": storage_options,
-        }
-        self.consumer = Consumer(replica_consumer_config(connection, self.group_id, _on_commit))
-        registry = SchemaRegistryClient(
-            registry_settings(
-                schema_registry, registry_config, defaults={"timeout": 10, "max.retries": 0}
-            )
-        )
-        self.shared = SharedClients(
-            self.consumer,
-            self.group_id,
-            SchemaDecoder(registry, outage_s=registry_outage_s),
-            dead_letter_producer(connection, dead_letter_topic) if dead_letter_topic else None,
-            LeaseKeeper(),
-        )
+        self.topic_prefix, self.target = prefix, s.target
+        self.group_id = s.kafka.group_id or f"lance-cdf-replicate-db-{prefix}"
+        check_endpoints(s.kafka)
+        self.shared = open_clients(s.kafka, self.group_id, _on_commit, shared=True)
+        self.consumer = self.shared.consumer
+        # (each table's replicator: the shared consumer's group)
+        self._kafka = replace(s.kafka, group_id=self.group_id)
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
         self._by_transaction_topic: dict[str, TableReplica] = {}
         self.gone: list[str] = []  # qualified names of tables whose topic disappeared
@@ -189,6 +144,7 @@ class DatabaseReplicator:
         self.refused: dict[str, str] = {}  # topic -> why its table's start was refused
         self._stop = threading.Event()
         self._changed = time.monotonic()  # the last table picked up
+        self._started = self._next_refresh = 0.0
 
     # -- tables -----------------------------------------------------------------------
     def refresh(self) -> None:
@@ -196,12 +152,17 @@ class DatabaseReplicator:
         try:
             meta = self.consumer.list_topics(timeout=10)
         except KafkaException as exc:
-            log.warning("cannot list the topics (%s); asked again in %.0f s", exc, self.refresh_s)
+            log.warning(
+                "cannot list the topics (%s); asked again in %.0f s",
+                exc,
+                self.settings.database.refresh_s,
+            )
             return
         listed = [
             t
             for t, m in meta.topics.items()
-            if m.error is None and m.partitions and t != self.dead_letter_topic
+            # (the dead-letter topic is never a table's, also under the prefix)
+            if m.error is None and m.partitions and t != self.settings.kafka.dead_letter_topic
         ]
         found = {
             t.topic: t for t in table_topics(listed, self.topic_prefix, self.include, self.exclude)
@@ -230,15 +191,11 @@ class DatabaseReplicator:
                 self._take_up(table_topic)
 
     def _take_up(self, table: TableTopic) -> None:
-        target = table_location(self.target, table.identifier, self.storage_options)
-        replicator = Replicator(
-            self.bootstrap_servers,
-            table.topic,
-            self.schema_registry,
-            target,
-            shared=self.shared,
-            **self.options,
+        target = table_location(
+            self.target, table.identifier, self.settings.replica.storage_options
         )
+        settings = replace(self.settings, kafka=self._kafka, topic=table.topic, target=target)
+        replicator = Replicator(settings, shared=self.shared)
         try:
             replicator.start()
         except (ForeignReplicaError, ReplicaPositionError, LeaseHeldError) as exc:
@@ -276,7 +233,7 @@ class DatabaseReplicator:
         del self.tables[topic]
         self._by_transaction_topic.pop(entry.replicator.transaction_topic or "", None)
         self.gone.append(entry.table.qualified_name)
-        _add(self._retired, entry.replicator.counters)
+        add_counters(self._retired, entry.replicator.counters)
         try:
             self.consumer.incremental_unassign(
                 [TopicPartition(topic, tp.partition) for tp in entry.partitions]
@@ -297,9 +254,9 @@ class DatabaseReplicator:
         """The counters summed over every table replicated since start, those let go
         included (so they only grow: the metrics' counters). Read from any thread."""
         out = Counters(started=self._retired.started)
-        _add(out, self._retired)
+        add_counters(out, self._retired)
         for entry in list(self.tables.values()):  # (a copy: the poll loop may change it)
-            _add(out, entry.replicator.counters)
+            add_counters(out, entry.replicator.counters)
         return out
 
     def table_positions(self) -> dict[str, tuple[int | None, int]]:
@@ -319,25 +276,9 @@ class DatabaseReplicator:
         SIGINT), or until no record has arrived (and no table appeared) for `idle_timeout`
         seconds. Each table's batch in progress is finished before returning. Returns each
         table's counters; the tables left out are in `refused` (topic -> why)."""
-        pause_gc = bool(self.options.get("pause_gc", False))  # (see Replicator)
-        last_data = time.monotonic()
-        next_refresh = 0.0
+        self._started, self._next_refresh = time.monotonic(), 0.0
         try:
-            while not self._stop.is_set():
-                if time.monotonic() >= next_refresh:
-                    self.refresh()
-                    next_refresh = time.monotonic() + self.refresh_s
-                with gc_paused(pause_gc):
-                    msgs = self._poll_batch()
-                    got = bool(msgs)
-                    self._dispatch(msgs)
-                    del msgs
-                if got:
-                    last_data = time.monotonic()
-                elif idle_timeout is not None and (
-                    time.monotonic() - max(last_data, self._changed) > idle_timeout
-                ):
-                    break
+            run_polls(self.consumer, self.settings.batching, self._stop, self, idle_timeout)
         finally:
             finished = self.counters
             try:
@@ -348,30 +289,33 @@ class DatabaseReplicator:
                 if self.shared.leases is not None:
                     self.shared.leases.close()
                 self.consumer.close()
-                if self.shared.dlq is not None:
-                    self.shared.dlq.flush(30)
+                if self.shared.dead_letters is not None:
+                    self.shared.dead_letters.flush(30)
         return finished
 
-    def _poll_batch(self) -> list[Message]:
-        # (the transaction topics come through this consumer too: an END ends the wait)
-        batch: list[Message] = []
-        for m in consume_ready(
-            self.consumer,
-            self.max_batch_rows,
-            self.max_batch_interval,
-            self.max_batch_interval,
-            self._stop,
-        ):
-            err = m.error()
-            if err is None:
-                batch.append(m)
-            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
-                continue  # a deleted topic: the next refresh lets its table go
-            elif err.code() != KafkaError._PARTITION_EOF:
-                raise consume_error(
-                    err, str(m.topic()), self.group_id, self.bootstrap_servers, "--exclude"
-                )
-        return batch
+    # -- what the poll loop (poll_loop.run_polls) asks of it ---------------------------
+    def next_wait(self) -> float:
+        """The topic list read again when due; a poll waits for a batch's interval (the
+        transaction topics come through this consumer too: an END ends the wait)."""
+        if time.monotonic() >= self._next_refresh:
+            self.refresh()
+            self._next_refresh = time.monotonic() + self.settings.database.refresh_s
+        return self.settings.batching.max_batch_interval
+
+    def topic_missing(self, m: Message) -> None:
+        """(a deleted topic: the next refresh lets its table go)"""
+
+    def consume_failed(self, m: Message, err: KafkaError) -> LanceCdfError:
+        bootstrap = self.settings.kafka.bootstrap_servers
+        return consume_error(err, str(m.topic()), self.group_id, bootstrap, "--exclude")
+
+    def handle(self, msgs: list[Message], poll_s: float) -> None:
+        self._dispatch(msgs)
+
+    def idle(self, idle_timeout: float, last_data: float) -> bool:
+        """No record (and no new table) for `idle_timeout` seconds since start."""
+        quiet_since = max(last_data, self._changed, self._started)
+        return time.monotonic() - quiet_since > idle_timeout
 
     def _dispatch(self, msgs: list[Message]) -> None:
         """Each table's records to its replicator, its transaction records to its gate;
@@ -392,26 +336,6 @@ class DatabaseReplicator:
                 touched[owner.table.topic] = owner
         for topic, entry in touched.items():
             entry.replicator.take(data.get(topic, []))  # (its lease checked first)
-
-
-_SUMMED = (
-    "batches",
-    "records",
-    "upserts",
-    "deletes",
-    "tombstones",
-    "skipped",
-    "dead_letters",
-    "delivery_failures",
-    "registry_retries",
-)
-
-
-def _add(total: Counters, c: Counters) -> None:
-    """`c`'s counts added to `total` (its last error: the later of the two)."""
-    for name in _SUMMED:
-        setattr(total, name, getattr(total, name) + getattr(c, name))
-    total.last_error = max(total.last_error, c.last_error)
 
 
 class SourceTables:
