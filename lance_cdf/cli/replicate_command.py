@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from lance_cdf.cli.flags import (
     Subcommands,
@@ -24,12 +24,14 @@ from lance_cdf.ops import malloc
 
 if TYPE_CHECKING:
     from lance_cdf.replicate.database_replicator import DatabaseReplicator
+    from lance_cdf.replicate.replicate_settings import ReplicateSettings
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 
 
 def replicate_parser(sub: Subcommands) -> None:
-    """`lance-cdf replicate`: where from, where to; how records are applied: `_applying_flags`."""
+    """`lance-cdf replicate`: where from, where to (one table, or `_database_flags`); how
+    records are batched and applied, how a run ends, what it reports: the flag groups."""
     rep = sub.add_parser(
         "replicate",
         help="apply a published change topic to a replica Lance table",
@@ -57,7 +59,19 @@ def replicate_parser(sub: Subcommands) -> None:
     )
     kafka_endpoint_flags(rep, topic_required=False)
     rep.add_argument("--target", default=None, help="replica table path or URI (with --topic)")
-    # a whole database: every topic of a prefix into its table (replicate/database_replicator.py)
+    _database_flags(rep)
+    _batch_flags(rep)
+    _upkeep_flags(rep)
+    _whole_version_flags(rep)
+    _run_flags(rep)
+    client_settings_flags(rep, "consumer", "the replica table")
+    _report_flags(rep)
+    rep.set_defaults(func=cmd_replicate)
+
+
+def _database_flags(rep: argparse.ArgumentParser) -> None:
+    """A whole database: every topic of a prefix into its table
+    (replicate/database_replicator.py)."""
     rep.add_argument(
         "--database-target",
         default=None,
@@ -94,12 +108,10 @@ def replicate_parser(sub: Subcommands) -> None:
         help="with --database-target: how often the topic list is read for new "
         "and deleted topics (default 5)",
     )
-    _applying_flags(rep)
-    rep.set_defaults(func=cmd_replicate)
 
 
-def _applying_flags(rep: argparse.ArgumentParser) -> None:
-    """How `replicate` applies records, and what it reports."""
+def _batch_flags(rep: argparse.ArgumentParser) -> None:
+    """The replica's key, and which records a batch holds: consumer group, size, pace."""
     rep.add_argument(
         "--key",
         type=csv_list,
@@ -128,6 +140,10 @@ def _applying_flags(rep: argparse.ArgumentParser) -> None:
         help="longest a batch keeps taking records that keep coming, e.g. 1 "
         "or 500ms (a quiet topic's records are applied at once)",
     )
+
+
+def _upkeep_flags(rep: argparse.ArgumentParser) -> None:
+    """How a batch finds the replica rows it replaces, and the replica's upkeep."""
     rep.add_argument(
         "--compact-every",
         type=int,
@@ -167,6 +183,10 @@ def _applying_flags(rep: argparse.ArgumentParser) -> None:
         "then go through the key index (a 100,000-row batch into 10M rows "
         "then costs O(replica))",
     )
+
+
+def _whole_version_flags(rep: argparse.ArgumentParser) -> None:
+    """Whole source versions: the transaction topic, and the records held for it."""
     rep.add_argument(
         "--transaction-topic",
         default=None,
@@ -187,6 +207,10 @@ def _applying_flags(rep: argparse.ArgumentParser) -> None:
         help="records of unfinished versions held in memory; beyond, they are "
         "applied as a piece; status says the replica is inside a version",
     )
+
+
+def _run_flags(rep: argparse.ArgumentParser) -> None:
+    """How a run starts and ends: undecodable records, idleness, rebuilds, the lease."""
     rep.add_argument(
         "--dead-letter-topic",
         default=None,
@@ -218,7 +242,10 @@ def _applying_flags(rep: argparse.ArgumentParser) -> None:
         "last renewal (every third of it) if it dies elsewhere, and is then "
         "taken over (default 30)",
     )
-    client_settings_flags(rep, "consumer", "the replica table")
+
+
+def _report_flags(rep: argparse.ArgumentParser) -> None:
+    """What `replicate` reports: metrics, and the source tables its lag is measured on."""
     metrics_flags(rep)
     rep.add_argument(
         "--source-table",
@@ -280,16 +307,7 @@ def _replicate(args: argparse.Namespace) -> int:
             "or --database-target and --topic-prefix (every table of a database, "
             "--source-database its source)"
         )
-    replicator = Replicator(
-        args.bootstrap_servers,
-        args.topic,
-        registry_url(args),
-        args.target,
-        key=args.key,
-        group_id=args.group_id,
-        transaction_topic=args.transaction_topic,
-        **_applying(args),
-    )
+    replicator = Replicator(_settings(args, args.topic, args.target))
     print(
         f"replicating {args.topic} on {redact_url(args.bootstrap_servers)} -> "
         f"{redact_url(args.target)}",
@@ -352,17 +370,9 @@ def _replicate_database(args: argparse.Namespace) -> int:
             "transaction topic and replica follow from its name; replicas are keyed by "
             "_source_rowid)"
         )
-    replicator = DatabaseReplicator(
-        args.bootstrap_servers,
-        args.topic_prefix,
-        registry_url(args),
-        args.database_target,
-        include=args.include,
-        exclude=args.exclude,
-        group_id=args.group_id,
-        refresh_s=args.refresh_interval,
-        **_applying(args),
-    )
+    # (each table's topic and transaction topic follow from its name: --topic, --key and
+    # --transaction-topic were refused above, so the settings hold none)
+    replicator = DatabaseReplicator(_settings(args, args.topic_prefix, args.database_target))
     print(
         f"replicating {args.topic_prefix}.* on {redact_url(args.bootstrap_servers)} -> "
         f"{redact_url(args.database_target)}",
@@ -425,15 +435,35 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
     print(f"metrics at {metrics.serve(args.metrics_port, args.metrics_host)}", flush=True)
 
 
-def _applying(args: argparse.Namespace) -> dict[str, Any]:
-    """How records are applied: the settings a single-table and a database replicator share."""
-    return dict(
-        pause_gc=True,  # this process is the replicator's own
-        max_batch_rows=args.max_batch_rows,
-        max_batch_interval=args.max_batch_interval,
-        dead_letter_topic=args.dead_letter_topic,
+def _settings(args: argparse.Namespace, topic: str, target: str) -> ReplicateSettings:
+    """The replicator's settings from the flags: `topic` the change topic (a database's:
+    the topic prefix), `target` the replica table (a database's: the replica database)."""
+    from lance_cdf.replicate.replicate_settings import (
+        BatchSettings,
+        DatabaseSettings,
+        KafkaSettings,
+        ReplicaSettings,
+        ReplicateSettings,
+    )
+
+    kafka = KafkaSettings(
+        args.bootstrap_servers,
+        registry_url(args),
+        group_id=args.group_id,
         consumer_config=client_settings(args, "consumer_config"),
         registry_config=client_settings(args, "registry_config"),
+        dead_letter_topic=args.dead_letter_topic,
+    )
+    batching = BatchSettings(
+        max_batch_rows=args.max_batch_rows,
+        max_batch_interval=args.max_batch_interval,
+        transaction_metadata=not args.no_transaction_topic,
+        transaction_topic=args.transaction_topic,
+        max_pending_records=args.max_pending_records,
+        pause_gc=True,  # this process is the replicator's own
+    )
+    replica = ReplicaSettings(
+        key=tuple(args.key) if args.key else None,
         storage_options=storage_options(args.storage_option),
         compact_every=args.compact_every,
         index_rows_max=args.index_rows,
@@ -442,6 +472,6 @@ def _applying(args: argparse.Namespace) -> dict[str, Any]:
         key_map=not args.no_key_map,
         rebuild=args.rebuild,
         lease_ttl_s=args.lease_ttl,
-        transaction_metadata=not args.no_transaction_topic,
-        max_pending_records=args.max_pending_records,
     )
+    database = DatabaseSettings(args.include, args.exclude, args.refresh_interval)
+    return ReplicateSettings(kafka, topic, target, batching, replica, database)
