@@ -16,7 +16,8 @@ import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxFiles
 
 from lance_cdf.errors import CheckpointMismatchError, VersionNotFoundError
-from lance_cdf.spark.source.readers import LanceCdfStreamReader, resolve
+from lance_cdf.spark.source.readers import LanceCdfStreamReader
+from lance_cdf.spark.source.resolution import resolve
 from lance_cdf.spark.source.types import spark_schema
 
 

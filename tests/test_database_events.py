@@ -174,7 +174,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     """LanceDB drops a root table's directory and creates a new table of that name at the same
     path: an executor that read the old table (its feed, with cached manifests) must read the
     new table's events from the new table's manifests."""
-    from lance_cdf.spark.source import readers
+    from lance_cdf.spark.source import table_feeds
 
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
@@ -185,7 +185,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     o0 = r.initialOffset()
     o1 = r.latestOffset(o0, ReadAllAvailable())
     assert len(read_back(r, remote, o0, o1)) == 20
-    held = dict(readers._FEEDS)  # what an executor holds after that micro-batch
+    held = dict(table_feeds._FEEDS)  # what an executor holds after that micro-batch
     db.drop_table("items")
     r.listed_at -= 60
     o2 = r.latestOffset(o1, ReadAllAvailable())
@@ -196,7 +196,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     r.listed_at -= 60
     o3 = r.latestOffset(o2, ReadAllAvailable())
     o4 = r.latestOffset(o3, ReadAllAvailable())
-    readers._FEEDS.update(held)  # the executor still holds the old table's feed
+    table_feeds._FEEDS.update(held)  # the executor still holds the old table's feed
     got = read_back(r, remote, o3, o4)
     oracle = lance_cdf.read_changes(path(new), 1).read_all()
     assert normalized(got, oracle.column_names) == normalized(oracle, oracle.column_names)

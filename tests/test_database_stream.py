@@ -214,7 +214,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     path: its versions 1, 2, ... are not the old table's. A writer process that read the old
     table (its feed, with cached manifests, kept from an earlier micro-batch) must read the
     new table's items from the new table's manifests: the events equal its read_changes."""
-    from lance_cdf.spark.source import readers
+    from lance_cdf.spark.source import table_feeds
 
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
@@ -223,7 +223,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     o0 = r.initialOffset()
     o1 = r.latestOffset(o0, ReadAllAvailable())
     assert list(events_by_table(r, o0, o1, root)) == ["items"]
-    held = dict(readers._FEEDS)  # what a writer process holds after that micro-batch
+    held = dict(table_feeds._FEEDS)  # what a writer process holds after that micro-batch
     db.drop_table("items")
     r.listed_at -= 60
     o2 = r.latestOffset(o1, ReadAllAvailable())
@@ -234,7 +234,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     r.listed_at -= 60
     o3 = r.latestOffset(o2, ReadAllAvailable())
     o4 = r.latestOffset(o3, ReadAllAvailable())
-    readers._FEEDS.update(held)  # the writer process still holds the old table's feed
+    table_feeds._FEEDS.update(held)  # the writer process still holds the old table's feed
     assert events_by_table(r, o3, o4, root) == {"items": oracle(new.uri.removeprefix("file://"))}
 
 
@@ -246,10 +246,10 @@ def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch
     still equal each table's read_changes."""
     import random
 
-    from lance_cdf.spark.source import readers
+    from lance_cdf.spark.source import table_feeds
 
-    monkeypatch.setattr(readers, "FEEDS_KEPT", 3)
-    monkeypatch.setattr(readers, "_FEEDS", readers.LruCache(3))
+    monkeypatch.setattr(table_feeds, "FEEDS_KEPT", 3)
+    monkeypatch.setattr(table_feeds, "_FEEDS", table_feeds.LruCache(3))
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
     tables = {
@@ -265,7 +265,7 @@ def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch
         end = r.latestOffset(offset, ReadAllAvailable())
         for name, got in events_by_table(r, offset, end, root).items():
             seen.setdefault(name, []).extend(got)
-        assert len(readers._FEEDS) <= 3
+        assert len(table_feeds._FEEDS) <= 3
         offset = end
     assert {n: sorted(v) for n, v in seen.items()} == {
         n: oracle(t.uri.removeprefix("file://")) for n, t in tables.items()

@@ -16,15 +16,9 @@ from pyspark.sql.types import ArrayType, FloatType, IntegerType, LongType, Short
 import lance_cdf
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.spark.source.options import SourceOptions
-from lance_cdf.spark.source.readers import (
-    ChangeSlices,
-    LanceCdfStreamReader,
-    earliest_readable,
-    pack,
-    resolve,
-    spans,
-    unreadable,
-)
+from lance_cdf.spark.source.readers import ChangeSlices, LanceCdfStreamReader
+from lance_cdf.spark.source.resolution import earliest_readable, resolve, spans, unreadable
+from lance_cdf.spark.source.slicing import pack
 from lance_cdf.spark.source.types import arrow_target, spark_schema, to_spark
 
 KEY = ["_commit_version", "_change_type", "_rowid"]

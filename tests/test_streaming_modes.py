@@ -20,9 +20,9 @@ from lance_cdf.spark.source.readers import (
     LanceCdfStreamReader,
     NetSlice,
     SnapshotSlice,
-    advance,
-    resolve,
 )
+from lance_cdf.spark.source.resolution import resolve
+from lance_cdf.spark.source.slicing import advance
 from lance_cdf.spark.source.types import spark_schema
 
 COLUMNS = ["id", "s", "_rowid", "_change_type", "_commit_version", "_commit_timestamp"]

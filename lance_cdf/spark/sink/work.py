@@ -32,7 +32,8 @@ from lance_cdf.core.stream_columns import (
 )
 from lance_cdf.spark.source.handoff import WorkItem
 from lance_cdf.spark.source.partitions import SnapshotSlice, SourcePartition
-from lance_cdf.spark.source.readers import forget_feed, work_reading
+from lance_cdf.spark.source.readers import work_reading
+from lance_cdf.spark.source.table_feeds import forget_feed
 
 
 @dataclass(frozen=True)

@@ -24,14 +24,9 @@ from lance_cdf.spark.source.database_stream import (
 from lance_cdf.spark.source.handoff import work_struct
 from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
 from lance_cdf.spark.source.options import SourceOptions
-from lance_cdf.spark.source.readers import (
-    HandOffReader,
-    LanceCdfBatchReader,
-    LanceCdfStreamReader,
-    event_struct,
-    feed_for,
-    resolve,
-)
+from lance_cdf.spark.source.readers import HandOffReader, LanceCdfBatchReader, LanceCdfStreamReader
+from lance_cdf.spark.source.resolution import event_struct, resolve
+from lance_cdf.spark.source.table_feeds import feed_for
 
 
 class LanceCdfDataSource(DataSource):

@@ -49,15 +49,9 @@ from lance_cdf.errors import (
 from lance_cdf.format.namespace import list_tables
 from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader, why_not_read
 from lance_cdf.spark.source.partitions import Offset, SourcePartition
-from lance_cdf.spark.source.readers import (
-    LanceCdfBatchReader,
-    LanceCdfStreamReader,
-    Resolved,
-    TableReading,
-    event_struct,
-    forget_feed,
-    resolve,
-)
+from lance_cdf.spark.source.readers import LanceCdfBatchReader, LanceCdfStreamReader, TableReading
+from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
+from lance_cdf.spark.source.table_feeds import forget_feed
 from lance_cdf.spark.source.types import META_NAMES, arrow_target
 
 log = logging.getLogger("lance_cdf.spark.source")

@@ -51,14 +51,9 @@ from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowId
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.partitions import Offset
-from lance_cdf.spark.source.readers import (
-    HandOffReader,
-    LanceCdfStreamReader,
-    Resolved,
-    event_struct,
-    forget_feed,
-    resolve,
-)
+from lance_cdf.spark.source.readers import HandOffReader, LanceCdfStreamReader
+from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
+from lance_cdf.spark.source.table_feeds import forget_feed
 
 log = logging.getLogger("lance_cdf.spark.source")
 

@@ -1,4 +1,4 @@
-"""The readers of the `lance-cdf` Spark data source (source.py): batch and streaming
+"""The readers of the `lance-cdf` Spark data source (data_source.py): batch and streaming
 reads of a Lance table's change feed on the PySpark Python Data Source API.
 
 Offsets are `{"version": N}`: every change up to and including version N has
@@ -31,12 +31,9 @@ the driver; `read()` runs on executors with a pickled copy of the reader.
 
 from __future__ import annotations
 
-import bisect
 import logging
-import math
-import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 
 import numpy as np
 import pyarrow as pa
@@ -52,26 +49,22 @@ from pyspark.sql.streaming.datasource import (
     ReadMaxRows,
     SupportsTriggerAvailableNow,
 )
-from pyspark.sql.types import LongType, StructType
+from pyspark.sql.types import StructType
 
-from lance_cdf.core.columns import column_sources
 from lance_cdf.core.events import event_schema
-from lance_cdf.core.feed import ChangeFeed, read_groups
+from lance_cdf.core.feed import read_groups
 from lance_cdf.core.keyhash import key_hash
 from lance_cdf.core.modes import drop_unchanged_batches, drop_unchanged_updates, net_changes
-from lance_cdf.core.plan import RowSet, VersionChanges
+from lance_cdf.core.plan import VersionChanges
 from lance_cdf.core.snapshot import SnapshotFragment
 from lance_cdf.core.stream_columns import EVENT_ORDER, KEY_HASH, ORDER_BITS
 from lance_cdf.errors import (
     CLEANUP,
     KEEP_VERSIONS,
     LanceCdfError,
-    NoVersionSinceError,
     VersionNotFoundError,
     WorkItemError,
 )
-from lance_cdf.format.cache import LruCache
-from lance_cdf.spark.source.advice import Advice, advice_for
 from lance_cdf.spark.source.handoff import WorkItem, WriterSlot, table_digest
 from lance_cdf.spark.source.identity import check_offset, origin, stamp
 from lance_cdf.spark.source.options import SourceOptions
@@ -82,291 +75,18 @@ from lance_cdf.spark.source.partitions import (
     SnapshotSlice,
     SourcePartition,
 )
-from lance_cdf.spark.source.types import META_NAMES, arrow_target, spark_schema, to_spark
+from lance_cdf.spark.source.resolution import (
+    Resolved,
+    renamed_columns,
+    routed_struct,
+    spans,
+    unreadable,
+)
+from lance_cdf.spark.source.slicing import advance, bucket, cut, net_slices, pack, snapshot_slices
+from lance_cdf.spark.source.table_feeds import feed_for
+from lance_cdf.spark.source.types import META_NAMES, arrow_target, to_spark
 
 log = logging.getLogger("lance_cdf.spark.source")
-
-# Versions packed into one partition at most (each is re-planned by the executor).
-MAX_SEGMENTS_PER_PARTITION = 1024
-
-# The feeds a process keeps, the most recently used, so that memory stays flat over a run.
-# Each feed caches what its table's versions cost to read again (up to 64 manifests, 16
-# plans, 4 pylance datasets, row layouts, deletion vectors: each bounded per table), so a
-# process that kept a feed for every table it met grew with the tables a database stream
-# follows, linearly for as long as it ran, where keeping 16 held it flat. A table whose
-# feed was let go opens it again when next asked (its version listing and a manifest or
-# two: a few ms a commit on local disk). Figures: docs/benchmarks.md, "A whole database".
-# One table's stream keeps its one feed.
-FEEDS_KEPT = 16
-
-# (path, sorted storage options) -> its feed
-_FEEDS: LruCache[tuple[str, tuple[tuple[str, str], ...]], ChangeFeed] = LruCache(FEEDS_KEPT)
-_FEEDS_LOCK = threading.Lock()
-
-
-def feed_for(opts: SourceOptions) -> ChangeFeed:
-    """One ChangeFeed per table per Python process (driver or executor worker), for the
-    FEEDS_KEPT tables used last."""
-    key = (opts.path, tuple(sorted(opts.storage_options.items())))
-    with _FEEDS_LOCK:
-        feed = _FEEDS.get(key)
-        if feed is not None:
-            _FEEDS.move_to_end(key)
-            return feed
-    feed = ChangeFeed(opts.path, opts.storage_options)  # (reads storage: not under the lock)
-    with _FEEDS_LOCK:  # (another thread may have opened it meanwhile: that one is kept)
-        kept = _FEEDS.get(key)
-        return kept if kept is not None else _FEEDS.put(key, feed)
-
-
-def forget_feed(path: str, storage_options: dict[str, str]) -> None:
-    """Drop this process's feed of a table: a database stream lets the table go, or takes it
-    up anew (a table created again at the same path is another table: its manifests are not
-    the cached ones)."""
-    with _FEEDS_LOCK:
-        _FEEDS.pop((path, tuple(sorted(storage_options.items()))), None)
-
-
-# -- versions -------------------------------------------------------------------
-
-
-def unreadable(versions: Sequence[int], first: int, last: int) -> list[int]:
-    """Versions in first..last whose changes cannot be computed any more: the
-    version, or the one it is diffed against, was removed by cleanup."""
-    present = set(versions)
-    return [
-        v for v in range(first, last + 1) if v not in present or (v > 1 and v - 1 not in present)
-    ]
-
-
-def earliest_readable(versions: Sequence[int]) -> int:
-    """The first version whose changes can still be read (latest + 1 if none)."""
-    present = set(versions)
-    for v in versions:
-        if v == 1 or v - 1 in present:
-            return v
-    return versions[-1] + 1
-
-
-def spans(versions: Iterable[int]) -> str:
-    """`[2, 3, 4, 7]` -> `"2..4, 7"`."""
-    out: list[list[int]] = []
-    for v in sorted(versions):
-        if out and v == out[-1][1] + 1:
-            out[-1][1] = v
-        else:
-            out.append([v, v])
-    return ", ".join(str(a) if a == b else f"{a}..{b}" for a, b in out)
-
-
-def _first_at_or_after(feed: ChangeFeed, timestamp_us: int, latest: int) -> int:
-    """First present version committed at or after `timestamp_us` (commit times
-    grow with versions), or latest + 1."""
-    versions = [v for v in feed.table.versions if v <= latest]
-    i = bisect.bisect_left(
-        range(len(versions)),
-        True,
-        key=lambda i: (
-            feed.table.manifest(versions[i], operation=False).timestamp_us >= timestamp_us
-        ),
-    )
-    return versions[i] if i < len(versions) else latest + 1
-
-
-def _start_version(opts: SourceOptions, feed: ChangeFeed, latest: int, streaming: bool) -> int:
-    """First version whose changes are delivered.
-
-    `latest`: a stream starts after it (only new commits); a batch read returns
-    the changes of the latest version. `earliest`: the first readable version.
-    `snapshot`: the changes after the snapshot version (the latest).
-    """
-    if opts.starting_timestamp_us is not None:
-        return _first_at_or_after(feed, opts.starting_timestamp_us, latest)
-    if opts.starting == "snapshot":
-        return latest + 1
-    if opts.starting == "latest":
-        return latest + 1 if streaming else latest
-    if opts.starting == "earliest":
-        return min(earliest_readable(feed.table.versions), latest + 1)
-    start = int(opts.starting)
-    if start > latest + (1 if streaming else 0):
-        raise feed.table.missing_version_error(start)
-    return start
-
-
-def _union(feed: ChangeFeed, first: int, last: int, columns: Sequence[str] | None) -> pa.Schema:
-    """The event columns of first..last, as read_changes has them, from the
-    versions still present (a stream skips or stops at the missing ones)."""
-    lo = max(first - 1, 1)
-    present = [v for v in feed.table.versions if lo <= v <= last]
-    if not present:
-        return feed.schema_at(feed.table.latest_version, columns)
-    return feed.union_of(present, columns, f"versions {first}..{last}")
-
-
-def _renames(fixed: pa.Schema, now: pa.Schema, gone: list[str]) -> list[str]:
-    """'old -> new' for columns of `fixed` missing by name from `now` whose Lance
-    field id is still there under another name."""
-    sources = column_sources(fixed, now)
-    return [
-        f"{f.name} -> {src.name}"
-        for f, src in zip(fixed, sources, strict=True)
-        if f.name in gone and src is not None and src.name != f.name
-    ]
-
-
-@dataclass(frozen=True)
-class Resolved:
-    """Options checked against the table: where to start, the columns."""
-
-    opts: SourceOptions
-    start: int
-    end: int  # a batch read's last version; a stream's "now" (the schema's version)
-    user_schema: pa.Schema
-    snapshot_version: int | None = None  # startingVersion=snapshot: V0
-    # the start this query was given (identity.origin), None if no option named one
-    given: str | None = None
-    advice: Advice = advice_for("spark")  # the entry point's words (option entryPoint)
-
-
-def resolve(options: Mapping[str, str], streaming: bool, as_of: int | None = None) -> Resolved:
-    """Parse options and fix the schema: the columns of every version from the
-    start to the end. `as_of` (the version `load()` saw) stands for "latest":
-    a stream starts after it, a batch read without endingVersion ends at it."""
-    opts = SourceOptions.parse(dict(options), streaming)
-    raw = {str(k).lower(): str(v) for k, v in options.items()}
-    named = "startingversion" in raw or "startingtimestamp" in raw
-    given = origin(opts.starting, opts.starting_timestamp_us) if named else None
-    advice = advice_for(raw.get("entrypoint", "spark").strip().lower())
-    feed = feed_for(opts)
-    latest = feed.latest_version()
-    if as_of is not None and as_of <= latest:
-        latest = as_of
-    if opts.starting == "snapshot" and not streaming:
-        # a batch read's snapshot is the table at endingVersion (default: the latest)
-        end = opts.ending_version if opts.ending_version is not None else latest
-        if not feed.table.has_version(end):
-            raise feed.table.missing_version_error(end)
-        return Resolved(opts, end + 1, end, feed.schema_at(end, opts.columns), end)
-    start = _start_version(opts, feed, latest, streaming)
-    if streaming:
-        snap = latest if opts.starting == "snapshot" else None
-        union = _union(feed, start, latest, opts.columns)
-        return Resolved(opts, start, latest, union, snap, given, advice)
-    if start > latest and opts.starting_timestamp_us is not None:
-        raise NoVersionSinceError(
-            f"no version of {opts.path} was committed at or after startingTimestamp; the "
-            f"latest, version {latest}, was committed at {feed.table.manifest(latest).timestamp}."
-        )
-    end = opts.ending_version if opts.ending_version is not None else latest
-    start, end = feed.resolve_range(start, end)
-    return Resolved(opts, start, end, feed.user_schema(start, end, opts.columns))
-
-
-# -- partitions and reading -----------------------------------------------------
-
-
-def pack(sizes: Iterable[tuple[int, int]], rows_per_partition: int) -> list[ChangeSlices]:
-    """Partitions for `(version, changed rows)` in version order: consecutive
-    small versions share a partition, a big one is split into row ranges."""
-    out: list[ChangeSlices] = []
-    current: list[tuple[int, int, int]] = []
-    filled = 0
-    for version, rows in sizes:
-        if rows > rows_per_partition:
-            if current:
-                out.append(ChangeSlices(tuple(current)))
-                current, filled = [], 0
-            parts = math.ceil(rows / rows_per_partition)
-            out.extend(ChangeSlices(((version, p, parts),)) for p in range(parts))
-            continue
-        if current and (
-            filled + rows > rows_per_partition or len(current) >= MAX_SEGMENTS_PER_PARTITION
-        ):
-            out.append(ChangeSlices(tuple(current)))
-            current, filled = [], 0
-        current.append((version, 0, 1))
-        filled += rows
-    if current:
-        out.append(ChangeSlices(tuple(current)))
-    return out
-
-
-def cut(vc: VersionChanges, part: int, parts: int) -> VersionChanges:
-    """Part `part` of `parts` of one version's changes (an update's two images
-    stay together: pre- and post-images are cut at the same positions)."""
-    if parts == 1:
-        return vc
-
-    def share(rows: RowSet) -> RowSet:
-        n = len(rows)
-        return rows.take(slice(n * part // parts, n * (part + 1) // parts))
-
-    return replace(
-        vc,
-        inserted=share(vc.inserted),
-        deleted=share(vc.deleted),
-        update_pre=share(vc.update_pre),
-        update_post=share(vc.update_post),
-    )
-
-
-def snapshot_slices(
-    version: int,
-    fragments: Sequence[SnapshotFragment],
-    start: tuple[int, int],
-    end: tuple[int, int],
-    rows_per_partition: int,
-) -> list[SnapshotSlice]:
-    """Partitions for the snapshot rows from position `start` up to (not
-    including) `end`; a position is (fragment index, live-row offset)."""
-    out = []
-    for i in range(start[0], min(end[0] + 1, len(fragments))):
-        lo = start[1] if i == start[0] else 0
-        hi = end[1] if i == end[0] else fragments[i].rows
-        for first in range(lo, hi, rows_per_partition):
-            count = min(rows_per_partition, hi - first)
-            out.append(SnapshotSlice(version, fragments[i].fragment_id, first, count))
-    return out
-
-
-def advance(
-    fragments: Sequence[SnapshotFragment], position: tuple[int, int], rows: int | None
-) -> tuple[int, int]:
-    """The snapshot position `rows` live rows after `position` (None: the end),
-    never resting on the end of a fragment: (len(fragments), 0) is the end."""
-    i, k = position
-    left = rows
-    while i < len(fragments):
-        available = fragments[i].rows - k
-        if left is not None and available > left:
-            return i, k + left
-        if left is not None:
-            left -= available
-        i, k = i + 1, 0
-        if left == 0:
-            break
-    while i < len(fragments) and fragments[i].rows == 0:
-        i += 1
-    return i, 0
-
-
-def bucket(rows: RowSet, part: int, parts: int) -> RowSet:
-    """The rows of `rows` whose row ID falls in bucket `part` of `parts`."""
-    if parts == 1:
-        return rows
-    return rows.take((rows.rowids % parts) == part)
-
-
-def net_slices(sizes: Sequence[tuple[int, int]], rows_per_partition: int) -> list[NetSlice]:
-    """Partitions of a net-changes read of `(version, changed rows)`: every task
-    sees all versions and one bucket of the row IDs."""
-    if not sizes:
-        return []
-    total = sum(rows for _, rows in sizes)
-    parts = max(1, math.ceil(total / rows_per_partition))
-    versions = tuple(v for v, _ in sizes)
-    return [NetSlice(versions, p, parts) for p in range(parts)]
 
 
 class TableReading:
@@ -546,29 +266,6 @@ def snapshot_lost(path: str, version: int, why: Exception) -> str:
         "the query from a new checkpoint to take a new snapshot, and keep versions longer "
         f"({KEEP_VERSIONS}) than a snapshot takes."
     )
-
-
-def event_struct(resolved: Resolved) -> StructType:
-    """The events' Spark schema: the user columns, the metadata, and with keyHash the
-    routing columns."""
-    if not resolved.opts.key_hash:
-        return spark_schema(resolved.user_schema)
-    names = resolved.user_schema.names
-    missing = [c for c in resolved.opts.key_hash if c != "_rowid" and c not in names]
-    if missing:
-        raise LanceCdfError(
-            f"keyHash names {missing}, not columns of {resolved.opts.path} "
-            f"(available: {resolved.user_schema.names} and _rowid)"
-        )
-    return routed_struct(resolved.user_schema)
-
-
-def routed_struct(user_schema: pa.Schema) -> StructType:
-    """The Spark schema of the events of `user_schema`'s columns with `_key_hash` and
-    `_event_order` (option keyHash)."""
-    declared = spark_schema(user_schema)
-    declared = declared.add(KEY_HASH, LongType(), nullable=False)
-    return declared.add(EVENT_ORDER, LongType(), nullable=False)
 
 
 def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> TableReading:
@@ -811,7 +508,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             now = feed.reader.annotated_for(fixed, version)  # blobs as bytes, as in events
             names = set(now.names)
             gone = [c for c in fixed.names if c in self.present and c not in names]
-            renamed = _renames(fixed, now, gone)
+            renamed = renamed_columns(fixed, now, gone)
             if renamed:
                 return version, (
                     f"the schema of {self.opts.path} changed at version {version}: renamed "
