@@ -233,9 +233,9 @@ PROGRAMS = {"cli/", "spark/sink/warm_daemon.py"}  # main programs of their proce
 ALLOWED_SWITCHES = {
     ("ops/malloc.py", "_mallopt"): "the opt-ins `lance-cdf` turns on for its own process",
     ("replicate/poll_loop.py", "gc_paused"): "only with pause_gc, which `replicate` sets",
-    ("spark/publish/runner.py", "_jvm_ignores_sigterm"): "in the JVM's child, before exec",
-    ("spark/publish/runner.py", "_signal_handlers_kept"): "puts back the caller's handlers",
-    ("spark/publish/runner.py", "_python_for_spark"): "while Spark starts; removed after",
+    ("spark/publish/spark_driver.py", "jvm_ignores_sigterm"): "in the JVM's child, before exec",
+    ("spark/publish/spark_driver.py", "signal_handlers_kept"): "puts back the caller's handlers",
+    ("spark/publish/spark_driver.py", "python_for_spark"): "while Spark starts; removed after",
 }
 
 
