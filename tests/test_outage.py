@@ -82,3 +82,31 @@ def test_status_shows_the_kafka_state(tmp_path, capsys):
     assert "kafka       answering; 2 outage(s) ridden out, the last one 131 s (7 retries)" in (
         capsys.readouterr().out
     )
+
+
+def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
+    """`--flush-timeout` becomes the sink option `flushTimeout`, what the writer tasks' and
+    the commit's waits for acknowledgements are (default: FLUSH_TIMEOUT_S)."""
+    from lance_cdf.cli import build_parser
+    from lance_cdf.cli.publish_command import publish_settings
+    from lance_cdf.spark.sink import kafka_sink
+
+    base = [
+        "publish",
+        "--table",
+        str(tmp_path / "t.lance"),
+        "--bootstrap-servers",
+        "b",
+        "--topic",
+        "x",
+        "--schema-registry",
+        "http://r",
+        "--checkpoint",
+        str(tmp_path / "c"),
+    ]
+    waits = []
+    for extra in (["--flush-timeout", "2.5s"], []):
+        settings = publish_settings(build_parser().parse_args([*base, *extra]))
+        options = {k.lower(): v for k, v in settings.target.transaction_options().items()}
+        waits.append(kafka_sink.flush_timeout(options))
+    assert waits == [2.5, kafka_sink.FLUSH_TIMEOUT_S]

@@ -15,6 +15,7 @@ from lance_cdf.cli.flags import (
     metrics_flags,
     on_signals,
     registry_url,
+    seconds,
     storage_options,
     topic_flags,
     topic_settings,
@@ -145,6 +146,14 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
         help="do not publish the commits waiting at start from this process "
         "while Spark starts; the query publishes everything",
     )
+    pub.add_argument(
+        "--flush-timeout",
+        type=seconds,
+        default=None,
+        metavar="SECONDS",
+        help="how long a micro-batch waits for the broker's acknowledgements before it "
+        "counts the broker as not answering and rides the outage out (default 60)",
+    )
 
 
 def _publish_target(args: argparse.Namespace) -> Database | None:
@@ -230,6 +239,7 @@ def publish_settings(args: argparse.Namespace) -> PublishSettings:
         transaction_topic=args.transaction_topic,
         transaction_metadata=not args.no_transaction_metadata,
         exactly_once=not args.at_least_once,
+        flush_timeout=args.flush_timeout,
     )
     run = RunSettings(
         checkpoint=args.checkpoint,

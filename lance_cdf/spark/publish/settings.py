@@ -66,7 +66,10 @@ class KafkaTarget:
     writers. `transaction_metadata`: a BEGIN and an END record per commit version on
     `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
     `exactly_once`: a replayed micro-batch skips the records each partition already holds
-    (per-partition high-water marks); False: plain at-least-once."""
+    (per-partition high-water marks); False: plain at-least-once. `flush_timeout`: seconds
+    a micro-batch waits for the broker's acknowledgements (and for a partition's last
+    record) before the broker counts as not answering and the outage is ridden out
+    (kafka/outage.py); None: the sink's default, 60 (sink option `flushTimeout`)."""
 
     bootstrap_servers: str
     topic: str  # ("" with a database)
@@ -80,13 +83,17 @@ class KafkaTarget:
     transaction_topic: str | None = None
     transaction_metadata: bool = True
     exactly_once: bool = True
+    flush_timeout: float | None = None
 
     def transaction_options(self) -> dict[str, str]:
-        """The sink options of the transaction metadata and of the topics' creation."""
+        """The sink options of the transaction metadata and of the topics' creation, and
+        the flush timeout (the writer tasks' and the transaction writer's)."""
         txn = {"transactionMetadata": str(self.transaction_metadata).lower()}
         if self.transaction_topic:
             txn["transaction.topic"] = self.transaction_topic
         txn.update(self.topics.options())
+        if self.flush_timeout is not None:
+            txn["flushTimeout"] = f"{self.flush_timeout:g}"
         return txn
 
 

@@ -196,6 +196,16 @@ def client_options(
     return lowered, producer, registry
 
 
+# how long a flush waits for acknowledgements (and a read for a partition's last record)
+# before Kafka counts as not answering and the outage is ridden out (kafka/outage.py)
+FLUSH_TIMEOUT_S = 60.0
+
+
+def flush_timeout(lowered: dict[str, str]) -> float:
+    """The sink option `flushTimeout` (seconds; `lowered`: the options lower-cased)."""
+    return float(lowered.get("flushtimeout", FLUSH_TIMEOUT_S))
+
+
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     """The sink's writer: `write` runs in each Spark task (produce, wait for every
     acknowledgement), `commit` on the driver (transaction metadata after all tasks)."""
@@ -234,6 +244,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     registry_config=registry,
                     topic_settings=TopicSettings.from_options(options),
                     checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
+                    flush_timeout=flush_timeout(o),
                 ),
             )
         return publisher
@@ -443,6 +454,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 name.namespace,
                 producer,
                 registry,
+                timeout=flush_timeout(o),
                 topic_settings=TopicSettings.from_options(options),
             )
         return writer
