@@ -19,7 +19,7 @@ import pytest
 from test_kafka_sink import consume_all
 
 import lance_cdf
-from lance_cdf_devtools.spark import SparkCluster, spark_home
+from lance_cdf_devtools.spark import spark_home
 
 pytestmark = pytest.mark.integration  # a Spark standalone cluster and spark-submit
 
@@ -66,7 +66,7 @@ def expected_records(uri, so):
 
 
 def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
-    tmp_path, s3_server, s3_uri, kafka_broker, schema_registry
+    tmp_path, s3_server, s3_uri, kafka_broker, schema_registry, spark_cluster
 ):
     so = s3_server.storage_options()
     make_table(s3_uri, so)
@@ -102,41 +102,41 @@ def test_stream_on_a_standalone_cluster_from_s3_to_kafka(
         SPARK_LOCAL_IP="127.0.0.1",
         PYTHONPATH=str(zip_path),
     )
-    with SparkCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
-        cmd = [
-            str(spark_home() / "bin" / "spark-submit"),
-            "--master",
-            cluster.master_url,
-            "--py-files",
-            str(zip_path),
-            "--driver-memory",
-            "512m",
-            "--conf",
-            f"spark.pyspark.python={py}",
-            "--conf",
-            "spark.executor.memory=512m",
-            "--conf",
-            "spark.executor.cores=1",
-            "--conf",
-            "spark.ui.enabled=false",
-            "--conf",
-            "spark.sql.session.timeZone=UTC",
-            str(JOB),
-            json.dumps(args),
-        ]
-        log = tmp_path / "submit.log"
-        with open(log, "wb") as fh:
-            done = subprocess.run(
-                cmd, env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
-            )
-        assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
+    cluster = spark_cluster
+    cmd = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--master",
+        cluster.master_url,
+        "--py-files",
+        str(zip_path),
+        "--driver-memory",
+        "512m",
+        "--conf",
+        f"spark.pyspark.python={py}",
+        "--conf",
+        "spark.executor.memory=512m",
+        "--conf",
+        "spark.executor.cores=1",
+        "--conf",
+        "spark.ui.enabled=false",
+        "--conf",
+        "spark.sql.session.timeZone=UTC",
+        str(JOB),
+        json.dumps(args),
+    ]
+    log = tmp_path / "submit.log"
+    with open(log, "wb") as fh:
+        done = subprocess.run(
+            cmd, env=env, cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
+        )
+    assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
     result = json.loads(out.read_text())
     assert result["master"] == cluster.master_url and result["publish"] == 0
     # lance_cdf came from the shipped zip, on the driver and on both executors
     assert "lance_cdf.zip" in result["driver_lance_cdf"]
     executor_dirs = {d for d, _ in result["executors"]}
     assert len(executor_dirs) == 2
-    assert all(d.startswith(str(tmp_path / "cluster" / "worker")) for d in executor_dirs)
+    assert all(d.startswith(str(cluster.workdir / "worker")) for d in executor_dirs)
     for cwd, origin in result["executors"]:  # each executor's own copy of the zip
         assert origin == f"{cwd}/lance_cdf.zip/lance_cdf/__init__.py"
     # slices of the feed were read in executor processes, by both executors

@@ -14,7 +14,7 @@ import pytest
 from workload import Workload
 
 import lance_cdf
-from lance_cdf_devtools.spark import SparkCluster, spark_home
+from lance_cdf_devtools.spark import spark_home
 
 pytestmark = pytest.mark.integration  # Spark in subprocesses, local and on a standalone cluster
 
@@ -90,35 +90,35 @@ def test_found_without_register_on_local(tmp_path):
     assert "INVALID_IDENTIFIER" in result["sql_unquoted_error"]
 
 
-def test_found_without_register_on_a_standalone_cluster(tmp_path):
+def test_found_without_register_on_a_standalone_cluster(tmp_path, spark_cluster):
     uri = str(tmp_path / "t.lance")
     latest = make_table(uri, seed=12)
     out = tmp_path / "result.json"
     # batch reads only: the stream's discovery is the same lookup (tested on local[2]), and
     # its planning worker on a loaded 2-core machine can miss Spark's 10 s connect-back
     args = {"table": uri, "start": 1, "end": latest, "out": str(out), "stream": False}
-    with SparkCluster(tmp_path / "cluster", workers=2, cores=1, memory="1g") as cluster:
-        cmd = [
-            str(spark_home() / "bin" / "spark-submit"),
-            "--master",
-            cluster.master_url,
-            "--driver-memory",
-            "512m",
-            "--conf",
-            f"spark.pyspark.python={sys.executable}",
-            "--conf",
-            "spark.executor.memory=512m",
-            "--conf",
-            "spark.executor.cores=1",
-            "--conf",
-            "spark.ui.enabled=false",
-            str(JOB),
-            json.dumps(args),
-        ]
-        log = tmp_path / "submit.log"
-        with open(log, "wb") as fh:
-            done = subprocess.run(
-                cmd, env=clean_env(), cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
-            )
-        assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
+    cluster = spark_cluster
+    cmd = [
+        str(spark_home() / "bin" / "spark-submit"),
+        "--master",
+        cluster.master_url,
+        "--driver-memory",
+        "512m",
+        "--conf",
+        f"spark.pyspark.python={sys.executable}",
+        "--conf",
+        "spark.executor.memory=512m",
+        "--conf",
+        "spark.executor.cores=1",
+        "--conf",
+        "spark.ui.enabled=false",
+        str(JOB),
+        json.dumps(args),
+    ]
+    log = tmp_path / "submit.log"
+    with open(log, "wb") as fh:
+        done = subprocess.run(
+            cmd, env=clean_env(), cwd=tmp_path, stdout=fh, stderr=subprocess.STDOUT, timeout=600
+        )
+    assert done.returncode == 0, log.read_text()[-6000:] + cluster.logs()
     check(json.loads(out.read_text()), uri, 1, latest, stream=False)
