@@ -65,17 +65,31 @@ RECORDER = textwrap.dedent(
 )
 
 
+def _start(args, env, cwd, name):
+    """`lance-cdf ARGS` started, its output to `cwd/name.out` and `cwd/name.err`."""
+    with open(cwd / f"{name}.out", "w") as out, open(cwd / f"{name}.err", "w") as err:
+        return subprocess.Popen(
+            [sys.executable, "-m", "lance_cdf.cli", *args],
+            env=env,
+            cwd=cwd,
+            stdout=out,
+            stderr=err,
+            text=True,
+        )
+
+
+def _finish(proc, cwd, name):
+    try:
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    out, err = ((cwd / f"{name}.{x}").read_text() for x in ("out", "err"))
+    assert proc.returncode == 0, out[-2000:] + err[-3000:]
+
+
 def _run(args, env, cwd):
-    done = subprocess.run(
-        [sys.executable, "-m", "lance_cdf.cli", *args],
-        env=env,
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    return done
+    _finish(_start(args, env, cwd, args[0]), cwd, args[0])
 
 
 def test_every_client_gets_the_users_connection_settings(
@@ -146,34 +160,23 @@ def test_every_client_gets_the_users_connection_settings(
         "--dead-letter-topic",
         f"dead-{run}",
     ]
-    _run(
-        [
-            "publish",
-            "--table",
-            table,
-            "--topic",
-            f"t-{run}",
-            "--checkpoint",
-            str(tmp_path / "ck1"),
-            *publish,
-        ],
-        env,
-        tmp_path,
-    )
-    _run(
-        [
-            "publish",
-            "--database",
-            str(tmp_path / "db"),
-            "--topic-prefix",
-            f"p{run}",
-            "--checkpoint",
-            str(tmp_path / "ck2"),
-            *publish,
-        ],
-        env,
-        tmp_path,
-    )
+    # the two publishers are independent (own checkpoint, own topics): they run side by side
+    ck1, ck2 = str(tmp_path / "ck1"), str(tmp_path / "ck2")
+    table_args = ["publish", "--table", table, "--topic", f"t-{run}", "--checkpoint", ck1]
+    db_args = ["publish", "--database", str(tmp_path / "db"), "--topic-prefix", f"p{run}"]
+    publishers = {
+        "publish-table": _start([*table_args, *publish], env, tmp_path, "publish-table"),
+        "publish-db": _start(
+            [*db_args, "--checkpoint", ck2, *publish], env, tmp_path, "publish-db"
+        ),
+    }
+    try:
+        for name, proc in publishers.items():
+            _finish(proc, tmp_path, name)
+    finally:
+        for proc in publishers.values():
+            if proc.poll() is None:
+                proc.kill()
     _run(
         [
             "replicate",
