@@ -89,6 +89,7 @@ def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
     the commit's waits for acknowledgements are (default: FLUSH_TIMEOUT_S)."""
     from lance_cdf.cli import build_parser
     from lance_cdf.cli.publish_command import publish_settings
+    from lance_cdf.kafka import outage
     from lance_cdf.spark.sink import kafka_sink
 
     base = [
@@ -109,4 +110,4 @@ def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
         settings = publish_settings(build_parser().parse_args([*base, *extra]))
         options = {k.lower(): v for k, v in settings.target.transaction_options().items()}
         waits.append(kafka_sink.flush_timeout(options))
-    assert waits == [2.5, kafka_sink.FLUSH_TIMEOUT_S]
+    assert waits == [2.5, outage.FLUSH_TIMEOUT_S]

@@ -27,6 +27,11 @@ from typing import TypeVar
 
 from lance_cdf.errors import KafkaUnavailableError
 
+# How long a flush waits for acknowledgements (and a read for a partition's last record)
+# before Kafka counts as not answering and the outage is ridden out: publish's
+# --flush-timeout, the sink's option flushTimeout.
+FLUSH_TIMEOUT_S = 60.0
+
 log = logging.getLogger("lance_cdf.kafka")
 
 # librdkafka's default message.timeout.ms (300 s) is how long queued records are kept:

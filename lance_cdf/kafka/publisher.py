@@ -44,7 +44,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.marks import POSITION_HEADER, PartitionMarks, Position
-from lance_cdf.kafka.outage import RideOut
+from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S, RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.kafka.transactions import VersionCounts
 from lance_cdf.ops.clientconfig import KafkaConnection
@@ -186,7 +186,7 @@ class PublisherSettings:
     producer_config: dict[str, Any] = field(default_factory=dict)
     registry_config: dict[str, Any] = field(default_factory=dict)
     topic_settings: TopicSettings = field(default_factory=TopicSettings)
-    flush_timeout: float = 60.0
+    flush_timeout: float = FLUSH_TIMEOUT_S
     checkpoint: str | None = None
 
 

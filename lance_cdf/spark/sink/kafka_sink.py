@@ -196,13 +196,10 @@ def client_options(
     return lowered, producer, registry
 
 
-# how long a flush waits for acknowledgements (and a read for a partition's last record)
-# before Kafka counts as not answering and the outage is ridden out (kafka/outage.py)
-FLUSH_TIMEOUT_S = 60.0
-
-
 def flush_timeout(lowered: dict[str, str]) -> float:
     """The sink option `flushTimeout` (seconds; `lowered`: the options lower-cased)."""
+    from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
+
     return float(lowered.get("flushtimeout", FLUSH_TIMEOUT_S))
 
 
