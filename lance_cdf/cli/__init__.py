@@ -1,4 +1,6 @@
-"""The `lance-cdf` command line: `changes`, `publish`, `replicate`, `status`, `demo`, `devtools`.
+"""The `lance-cdf` command line: `changes`, `publish`, `replicate`, `status`, a module each
+(`changes_command`, `publish_command`, `replicate_command`, `status_command`; the flags they
+share in `flags`).
 
 Each subcommand is one `cmd_*` function taking the parsed arguments and returning the exit
 status: 0 on success or a clean stop (SIGTERM / SIGINT), 2 for a `LanceCdfError` (printed as
