@@ -130,7 +130,7 @@ def test_the_replicas_caches_do_not_keep_the_key_index_segments_compaction_repla
 
     uri = str(tmp_path / "replica.lance")
     rng = np.random.default_rng(7)
-    replica = ReplicaTable(uri, ["k"])
+    replica = ReplicaTable(uri, ["k"], key_map=False)  # lookups through the key index
     n = 40_000
 
     def rows(keys: np.ndarray, step: int) -> pa.Table:

@@ -5,8 +5,9 @@ each apply, rebuilt from one scan of the key column after a compaction or a comm
 another writer); else probes of a BTREE index on the key (`key IN (...)`, small pages of
 KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a probe reads
 no page from storage); or, for a batch so large that probing key by key would cost more,
-one scan of the key column. The key index is built on the first batch and kept current by
-the replica's upkeep (`index_upkeep`).
+one scan of the key column. The key index is built on the first batch the map does not
+serve (none while it serves: LanceDB cannot read the BTREE format pylance writes) and kept
+current by the replica's upkeep (`index_upkeep`).
 """
 
 from __future__ import annotations
@@ -90,9 +91,7 @@ class KeyLookup:
         there is none (first batch, or the replica moved without the map: compaction,
         another writer); None when the map cannot serve (not enabled, a key type other
         than integers, null keys, a key held twice): then the key index serves."""
-        if not self.key_map_enabled:
-            return None
-        if not (pa.types.is_integer(key_type) and key_type != pa.uint64()):
+        if not self.map_serves(key_type):
             self.key_map_enabled = False
             return None
         if any(t is not None and t[self.key[0]].null_count for t in (data, deletes)):
@@ -116,6 +115,11 @@ class KeyLookup:
         self.map_builds += 1
         log.info("key map of %d rows built (%d MB)", table.num_rows, self.map.nbytes >> 20)
         return self.map
+
+    def map_serves(self, key_type: pa.DataType) -> bool:
+        """Whether the key map looks keys of `key_type` up (enabled, and integers it can
+        hold: not uint64); it gives itself up later on null or duplicate keys."""
+        return self.key_map_enabled and pa.types.is_integer(key_type) and key_type != pa.uint64()
 
     def advance_map(
         self,
@@ -199,8 +203,13 @@ class KeyLookup:
     ) -> lance.LanceDataset:
         """`ds` with a BTREE index on the key (built once, on the first batch that finds
         none; `reopen`: the table after that commit), its segments loaded into the index
-        cache; a key type the index cannot take keeps the merge_insert path."""
+        cache; a key type the index cannot take keeps the merge_insert path. No index is
+        built while the key map serves the key: LanceDB (its own, older Lance) ignores
+        the BTREE format pylance writes, with a warning on every open, and the map
+        needs none."""
         segments = self.key_index(ds)
+        if not segments and self.map_serves(ds.schema.field(self.key[0]).type):
+            return ds
         if not segments:
             try:
                 ds.create_scalar_index(self.key[0], key_index_config())
