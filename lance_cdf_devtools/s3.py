@@ -18,7 +18,7 @@ from collections import Counter
 from typing import Unpack, cast
 
 from lance_cdf_devtools.process import ChildService, ServiceOptions, free_port
-from lance_cdf_devtools.s3app import COUNTS_PATH
+from lance_cdf_devtools.s3app import BY_TABLE_PATH, COUNTS_PATH
 
 ACCESS_KEY = "lance-cdf-test"
 SECRET_KEY = "lance-cdf-test-secret"
@@ -92,6 +92,12 @@ class S3Server(ChildService):
         """Requests served so far by kind (list, get, get_range, head, put, ...)."""
         body = self._request("DELETE" if reset else "GET", COUNTS_PATH)
         return Counter(json.loads(body))
+
+    def request_counts_by_table(self, reset: bool = False) -> dict[str, Counter[str]]:
+        """Requests served so far per table (`bucket/key` up to a Lance table's own
+        folders, e.g. `lance-cdf-tests/db/t.lance`), by kind; `reset` resets every count."""
+        body = self._request("DELETE" if reset else "GET", BY_TABLE_PATH)
+        return {table: Counter(kinds) for table, kinds in json.loads(body).items()}
 
     def reset_counts(self) -> None:
         self.request_counts(reset=True)

@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
+from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, idle_poll_max
+
 if TYPE_CHECKING:
     from lance_cdf.kafka.topics import TopicSettings
 
@@ -27,6 +29,16 @@ EXAMPLES = """examples:
   lance-cdf changes /data/events.lance --snapshot --from 7 --format jsonl
   lance-cdf changes --database /data/lancedb sales.orders --from 2
 """
+
+
+def idle_poll_max_flag(value: str) -> float:
+    """--idle-poll-max: seconds >= 0 (argparse reports a bad value as a usage error)."""
+    from lance_cdf.errors import LanceCdfError
+
+    try:
+        return idle_poll_max(value)
+    except LanceCdfError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def csv_list(value: str) -> list[str]:
@@ -221,6 +233,16 @@ def database_flags(pub: argparse.ArgumentParser) -> None:
         default=None,
         metavar="REGEX",
         help="with --database: leave out tables whose whole qualified name matches",
+    )
+    group.add_argument(
+        "--idle-poll-max",
+        type=idle_poll_max_flag,
+        default=None,
+        metavar="SECONDS",
+        help="with --database: a table that stays quiet is listed less and less often, at "
+        f"least every SECONDS (default {IDLE_POLL_MAX:g}: one request per table per "
+        f"{IDLE_POLL_MAX:g} s on object storage, its first commit after a quiet period seen "
+        "within that; 0: every table every trigger)",
     )
 
 

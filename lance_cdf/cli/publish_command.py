@@ -93,8 +93,8 @@ def _record_flags(pub: argparse.ArgumentParser) -> None:
         type=trigger_interval,
         default=None,
         help="micro-batch interval: 500ms, 2s, 1.5 or Spark's '1 second' "
-        "(default 500ms; 1s with --database: each table is listed per "
-        "trigger)",
+        "(default 500ms; 1s with --database: a table that changed is listed "
+        "every trigger, a quiet one up to --idle-poll-max apart)",
     )
     pub.add_argument(
         "--available-now",
@@ -186,7 +186,9 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
             "(PREFIX.<table>.Envelope): use dot-separated parts of letters, digits and _, "
             "not starting with a digit, e.g. shop or cdf.prod"
         )
-    return Database(args.database, args.topic_prefix, args.include, args.exclude)
+    return Database(
+        args.database, args.topic_prefix, args.include, args.exclude, args.idle_poll_max
+    )
 
 
 def cmd_publish(args: argparse.Namespace) -> int:

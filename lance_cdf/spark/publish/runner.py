@@ -425,6 +425,8 @@ def _database_options(
     ):
         if value:
             source_options[key] = value
+    if database.idle_poll_max is not None:
+        source_options["idlePollMax"] = f"{database.idle_poll_max:g}"
     for key in ("table", "topic", "table.name"):
         sink_options.pop(key, None)
     sink_options["database"] = database.uri

@@ -21,12 +21,15 @@ DEFAULT_DATABASE_TRIGGER = "1 second"
 @dataclass(frozen=True)
 class Database:
     """`lance-cdf publish --database`: the database, which of its tables (regexes over
-    qualified names, `re.fullmatch`), and the prefix of their topics."""
+    qualified names, `re.fullmatch`), and the prefix of their topics. `idle_poll_max`:
+    the longest wait, in seconds, between two looks (one listing each) at a table that
+    stays quiet (spark/source/idle_polls.py; None: its default, 0: every trigger)."""
 
     uri: str
     topic_prefix: str
     include: str | None = None
     exclude: str | None = None
+    idle_poll_max: float | None = None
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}.{name}"

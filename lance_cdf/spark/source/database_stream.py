@@ -18,8 +18,10 @@ table began. Each micro-batch is `writerSlots` partitions; a slot's partition ho
 work item per table with changes, naming its table (`WorkItem.name`); the sink resolves the
 name to the table's URI, topic and record names itself (spark/sink/kafka_sink.py).
 
-Cost: an idle table costs one listing of its `_versions/` per trigger (the latest version),
-nothing else; the database is listed every `LIST_EVERY` seconds (new tables within that).
+Cost: a look at a table is one listing of its `_versions/` (the latest version), nothing
+else; a table that changed is looked at every trigger, a quiet one less and less often, up
+to option `idlePollMax` seconds apart (idle_polls.py); the database is listed every
+`LIST_EVERY` seconds (new tables within that).
 A table that cannot be followed (no stable row IDs, unreadable, a name that cannot be a
 topic, a checkpoint that is another table's) is reported in one line and left out; a table
 that disappears from the database is reported and let go; the others go on.
@@ -50,6 +52,7 @@ from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA,
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.spark.source.handoff import WriterSlot
+from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IdlePolls, idle_poll_max
 from lance_cdf.spark.source.partitions import Offset
 from lance_cdf.spark.source.readers import HandOffReader, LanceCdfStreamReader
 from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
@@ -60,7 +63,7 @@ log = logging.getLogger("lance_cdf.spark.source")
 LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
 TRANSACTION_SUFFIX = ".transaction"  # kafka/transactions.py's default transaction topic
 # options of the database stream itself (the rest are each table's source options)
-DATABASE_OPTIONS = {"database", "include", "exclude", "report"}
+DATABASE_OPTIONS = {"database", "include", "exclude", "report", "idlepollmax"}
 # a qualified name whose parts are Avro names (each part names a record namespace level)
 _AVRO_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -80,6 +83,7 @@ class DatabaseOptions:
     storage_options: dict[str, str]
     report: str | None  # a local file the followed and skipped tables are written to
     starting: str | None  # the start given (startingVersion), None: the default (latest)
+    idle_poll_max: float = IDLE_POLL_MAX  # longest wait between looks at a quiet table
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
@@ -120,6 +124,7 @@ class DatabaseOptions:
             storage_options=storage,
             report=lower.get("report"),
             starting=lower.get("startingversion"),
+            idle_poll_max=idle_poll_max(lower.get("idlepollmax", str(IDLE_POLL_MAX))),
         )
 
     def matches(self, name: str) -> bool:
@@ -168,6 +173,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.skipped: dict[str, str] = {}  # name -> why it is not followed
         self.available_now = False
         self.reported: str | None = None
+        self.polls = IdlePolls(ceiling=self.options.idle_poll_max)  # when tables are looked at
+        self.clock = time.monotonic  # the polls' clock
 
     def __getstate__(self) -> dict[str, object]:
         # executors need nothing of it: the partitions carry the work items
@@ -179,6 +186,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "skipped": {},
             "available_now": False,
             "reported": None,
+            "polls": IdlePolls(ceiling=self.options.idle_poll_max),
+            "clock": time.monotonic,
         }
 
     # -- tables -----------------------------------------------------------
@@ -292,6 +301,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         held: dict[str, Offset] = dict(start.get("tables") or {})
         refs = self._tables()
         tables: dict[str, Offset] = {}
+        now = self.clock()
         for name in sorted(refs):
             if name in self.skipped:
                 continue
@@ -300,8 +310,12 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 if offset is None:  # new: it enters the map at its initial offset first
                     tables[name] = self._reader(name, self._later_start()).initialOffset()
                     log.warning("table %s: followed from now on", name)
+                elif not self.available_now and not self.polls.due(name, now):
+                    tables[name] = offset  # quiet, and not due for a look yet
+                    continue
                 else:
                     tables[name] = self._reader(name, None).latestOffset(offset, limit)
+                self.polls.looked(name, tables[name] != offset, now)
             except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
                 if self._gone(name):
                     log.warning("table %s is gone from the database: let go", name)
@@ -314,6 +328,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for name in sorted(set(held) - set(refs)):
             if name not in self.skipped:
                 log.warning("table %s is gone from the database: let go", name)
+        self.polls.keep_only(tables)
         self._report(tables)
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
 

@@ -1,0 +1,84 @@
+"""When a database stream looks at each of its tables again (adaptive polling).
+
+Each look at a table lists its `_versions/` (one request to the object store). A table that
+changed is looked at every trigger; one that stays quiet is looked at less and less often:
+the wait after a look that found nothing new is a fraction (`backoff`) of how long the table
+has been quiet, up to `ceiling` seconds. So a table being written keeps its per-trigger
+latency, a table quiet for minutes costs one request per `ceiling`, and its first commit
+after the quiet is seen within `ceiling` (plus the trigger it lands on). `ceiling` 0: every
+table every trigger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from lance_cdf.errors import LanceCdfError
+
+# Default longest wait between two looks at a quiet table, in seconds: six requests a minute
+# per idle table on object storage, its first commit after a quiet period seen within this.
+IDLE_POLL_MAX = 10.0
+# The wait after a look that found nothing new, as a fraction of how long the table has been
+# quiet: a table written every few seconds is still looked at every trigger or nearly.
+IDLE_BACKOFF = 0.25
+# A look falls on a trigger: one due up to this much later than a trigger's time is taken
+# at that trigger, so the ceiling is not stretched by a whole trigger interval.
+DUE_SLACK = 0.2
+
+
+def idle_poll_max(text: str) -> float:
+    """The option / flag value: seconds, >= 0 (0: every table every trigger)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0 or value == float("inf"):
+        raise LanceCdfError(
+            f"idle poll ceiling {text!r} is not a number of seconds >= 0 (0: look at every "
+            f"table every trigger; default {IDLE_POLL_MAX:g})"
+        )
+    return value
+
+
+@dataclass
+class _Table:
+    quiet_since: float  # when the table last changed (or was taken up)
+    due: float  # when it is looked at next
+
+
+@dataclass
+class IdlePolls:
+    """Which tables a trigger looks at (`due`), learning from what each look found
+    (`looked`). Times are `time.monotonic()` seconds."""
+
+    ceiling: float = IDLE_POLL_MAX
+    backoff: float = IDLE_BACKOFF
+    tables: dict[str, _Table] = field(default_factory=dict)
+    looks: int = 0  # looks taken (tables listed) since start
+    skipped: int = 0  # looks saved (a quiet table not due at a trigger)
+
+    def due(self, name: str, now: float) -> bool:
+        """Whether the trigger at `now` looks at table `name` (a table never looked at: yes)."""
+        state = self.tables.get(name)
+        if state is None or self.ceiling <= 0 or now + DUE_SLACK >= state.due:
+            self.looks += 1
+            return True
+        self.skipped += 1
+        return False
+
+    def looked(self, name: str, changed: bool, now: float) -> None:
+        """What the look at `now` found: `changed` (new versions, or the table's first look)
+        brings its looks back to every trigger."""
+        state = self.tables.get(name)
+        if state is None or changed:
+            state = self.tables[name] = _Table(quiet_since=now, due=now)
+            return
+        wait = min(self.ceiling, (now - state.quiet_since) * self.backoff)
+        state.due = now + wait
+
+    def keep_only(self, names: Iterable[str]) -> None:
+        """Forget the tables not in `names` (gone, no longer followed)."""
+        keep = set(names)
+        for name in [n for n in self.tables if n not in keep]:
+            del self.tables[name]
