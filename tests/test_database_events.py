@@ -111,7 +111,7 @@ def read_back(r, remote, start, end) -> pa.Table:
 def test_the_stream_of_every_table_equals_read_changes_per_table(tmp_path):
     root, db, tables = database(tmp_path)
     db.create_table("legacy", logs(0, 3))  # no stable row IDs: left out, in one line
-    options = {"database": root, "startingVersion": "1"}
+    options = {"database": root, "startingVersion": "1", "idlePollMax": "0"}
     schema = database_schema(options)
     # the union by name: shared columns once, then the metadata columns and _table
     assert schema.fieldNames() == [
@@ -179,7 +179,7 @@ def test_a_table_created_again_at_its_path_is_read_afresh(tmp_path):
     root = str(tmp_path / "db")
     db = lancedb.connect(root)
     db.create_table("items", items(0, 10), storage_options=STABLE).add(items(10, 20))
-    options = {"database": root, "startingVersion": "1"}
+    options = {"database": root, "startingVersion": "1", "idlePollMax": "0"}
     r = DatabaseEventReader(options, database_schema(options))
     remote = executor(r)
     o0 = r.initialOffset()
@@ -206,7 +206,7 @@ def test_a_restart_reads_columns_dropped_since_the_checkpoint(tmp_path):
     """Versions committed while the query was stopped hold a column a later version drops:
     the restarted stream (whose schema has it) delivers its values, as read_changes does."""
     root, _, tables = database(tmp_path)
-    options = {"database": root, "startingVersion": "1"}
+    options = {"database": root, "startingVersion": "1", "idlePollMax": "0"}
     r = DatabaseEventReader(options, database_schema(options))
     o1 = r.latestOffset(r.initialOffset(), ReadAllAvailable())
     first = tables["logs"].version + 1
@@ -233,7 +233,7 @@ def test_columns_that_cannot_share_one_stream(tmp_path):
         "both; leave one table out (option include / exclude) or read each table in its own "
         "stream (option path)"
     )
-    options = {"database": root, "exclude": "clash"}
+    options = {"database": root, "exclude": "clash", "idlePollMax": "0"}
     schema = database_schema(options)
     assert "x" in schema.fieldNames()
     # a table taken up later whose columns the stream lacks stops the query, in one line
@@ -266,7 +266,7 @@ def test_a_batch_read_from_a_time(tmp_path):
     first = tables["items"].version + 1
     tables["items"].add(items(20, 25))
     tables["items"].delete("id = 0")
-    options = {"database": root, "startingTimestamp": since}
+    options = {"database": root, "startingTimestamp": since, "idlePollMax": "0"}
     b = DatabaseBatchReader(options, database_schema(options))
     remote = executor(b)
     got = pa.Table.from_batches([r for p in b.partitions() for r in remote.read(p)], b.target)
@@ -277,7 +277,12 @@ def test_a_batch_read_from_a_time(tmp_path):
 def test_options_that_do_not_hold_across_tables(tmp_path):
     root, _, _ = database(tmp_path)
     # maxVersionsPerTrigger holds per table: each table's first version alone
-    options = {"database": root, "startingVersion": "1", "maxVersionsPerTrigger": "1"}
+    options = {
+        "database": root,
+        "startingVersion": "1",
+        "maxVersionsPerTrigger": "1",
+        "idlePollMax": "0",
+    }
     r = DatabaseEventReader(options, database_schema(options))
     o1 = r.latestOffset(r.initialOffset(), r.getDefaultReadLimit())
     assert {n: t["version"] for n, t in o1["tables"].items()} == {

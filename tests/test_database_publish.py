@@ -163,6 +163,8 @@ def test_database_publish_follows_every_table_exactly_once(
         "id",
         "--exclude",
         "skip.*",
+        "--idle-poll-max",  # quiet tables looked at least every second (default 10)
+        "1",
     ]
     cmd = [
         sys.executable,

@@ -138,3 +138,19 @@ def test_idle_tables_on_s3_cost_what_the_ceiling_allows(s3_server, s3_uri, ceili
         assert clock.now - committed <= max(ceiling, 1.0) + DUE_SLACK, "not seen in time"
         trigger()
     assert offset["tables"]["t3"]["version"] == before["version"] + 1
+
+
+@pytest.mark.unit
+def test_publish_passes_the_ceiling_to_the_database_stream(tmp_path):
+    from lance_cdf.spark.publish.runner import _database_options
+    from lance_cdf.spark.publish.settings import Database
+
+    for given, option in ((None, None), (2.5, "2.5"), (0.0, "0")):
+        source: dict[str, str] = {"path": "unused"}
+        _database_options(Database("/db", "p", idle_poll_max=given), source, {}, str(tmp_path))
+        assert source.get("idlePollMax") == option
+    r = DatabaseReader({"database": str(tmp_path), "writerSlots": "1", "idlePollMax": "2.5"})
+    assert (
+        r.polls.ceiling == 2.5
+        and DatabaseReader({"database": str(tmp_path), "writerSlots": "1"}).polls.ceiling == 10.0
+    )
