@@ -6,11 +6,14 @@ the wait after a look that found nothing new is a fraction (`backoff`) of how lo
 has been quiet, up to `ceiling` seconds. So a table being written keeps its per-trigger
 latency, a table quiet for minutes costs one request per `ceiling`, and its first commit
 after the quiet is seen within `ceiling` (plus the trigger it lands on). `ceiling` 0: every
-table every trigger.
+table every trigger. Tables that went quiet together (all of them at start) would all be
+looked at in the same trigger every `ceiling`: the first wait that reaches the ceiling is
+shortened by a fraction fixed per table name, so their looks spread over the triggers.
 """
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -45,6 +48,7 @@ def idle_poll_max(text: str) -> float:
 class _Table:
     quiet_since: float  # when the table last changed (or was taken up)
     due: float  # when it is looked at next
+    capped: bool = False  # its waits reached the ceiling (its phase is set)
 
 
 @dataclass
@@ -74,7 +78,11 @@ class IdlePolls:
         if state is None or changed:
             state = self.tables[name] = _Table(quiet_since=now, due=now)
             return
-        wait = min(self.ceiling, (now - state.quiet_since) * self.backoff)
+        wait = (now - state.quiet_since) * self.backoff
+        if wait >= self.ceiling:
+            # the first capped wait sets the table's phase among the triggers
+            wait = self.ceiling if state.capped else self.ceiling * (1 - _spread(name))
+            state.capped = True
         state.due = now + wait
 
     def keep_only(self, names: Iterable[str]) -> None:
@@ -82,3 +90,8 @@ class IdlePolls:
         keep = set(names)
         for name in [n for n in self.tables if n not in keep]:
             del self.tables[name]
+
+
+def _spread(name: str) -> float:
+    """A fraction in [0, 1) fixed by the table's name."""
+    return zlib.crc32(name.encode()) / 2**32
