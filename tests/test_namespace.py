@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import urllib.request
 
 import lance
 import lance.namespace as ln
@@ -191,3 +192,31 @@ def test_a_lancedb_database_on_object_storage(s3_server, s3_uri):
     assert events.read_all()["_change_type"].to_pylist() == ["delete"]
     with pytest.raises(TableNameError, match="its tables: events, sales.orders"):
         resolve_table(root, "sales.refunds", opts)
+
+
+def test_listing_again_checks_only_new_root_directories(s3_server, s3_uri):
+    """A caller that lists again and again (the database stream, every few seconds) keeps
+    the root directories found to be tables: a second listing sends no HEAD per table (the
+    server's own count), a new directory is still checked (a deregistered one left out),
+    and a directory that goes is forgotten."""
+    opts = s3_server.storage_options()
+    root = s3_uri.rsplit("/", 1)[0] + "/plain"
+    for name in ("a", "b", "c"):
+        lance.write_dataset(data(), f"{root}/{name}.lance", storage_options=opts)
+    known: set[tuple[str, ...]] = set()
+    s3_server.reset_counts()
+    assert [r.qualified_name for r in list_tables(root, opts, known)] == ["a", "b", "c"]
+    assert s3_server.request_counts(reset=True)["head"] == 3 and known == {("a",), ("b",), ("c",)}
+    assert [r.qualified_name for r in list_tables(root, opts, known)] == ["a", "b", "c"]
+    assert s3_server.request_counts(reset=True)["head"] == 0
+    lance.write_dataset(data(), f"{root}/d.lance", storage_options=opts)
+    lance.write_dataset(data(), f"{root}/gone.lance", storage_options=opts)
+    marker = f"{root.removeprefix('s3://')}/gone.lance/.lance-deregistered"
+    urllib.request.urlopen(
+        urllib.request.Request(f"{s3_server.endpoint}/{marker}", data=b"", method="PUT")
+    ).close()
+    s3_server.reset_counts()
+    names = [r.qualified_name for r in list_tables(root, opts, known)]
+    assert s3_server.request_counts(reset=True)["head"] == 2
+    assert names == ["a", "b", "c", "d"] and ("gone",) not in known
+    assert list_tables(root, opts) == list_tables(root, opts, set())  # the same tables

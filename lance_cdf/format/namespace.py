@@ -43,14 +43,35 @@ class TableRef:
     identifier: tuple[str, ...] = ()  # namespace levels, then the table name
 
 
-def list_tables(root: str, storage_options: dict[str, str] | None = None) -> list[TableRef]:
+def list_tables(
+    root: str,
+    storage_options: dict[str, str] | None = None,
+    known: set[tuple[str, ...]] | None = None,
+) -> list[TableRef]:
     """Every table of the database at `root` (local path or object-store URI), sorted by
     qualified name. Costs one read of `__manifest` and one LIST of the root, plus one HEAD
-    per `.lance` directory it does not list (to leave out deregistered ones)."""
+    per `.lance` directory it does not list (to leave out deregistered ones). `known`, kept
+    by a caller that lists again and again: the root directories already found to be tables
+    (updated in place), which are not checked again while they stay in the listing, so a
+    listing costs no request per table (a known table deregistered without its directory
+    going stays listed)."""
     fs = _open(root, storage_options)
     refs, listed = _candidates(root, fs, storage_options)
-    live = [ref for key, ref in refs.items() if key not in listed or _is_table_dir(fs, ref)]
-    return sorted(live, key=lambda ref: ref.qualified_name)
+    if known is not None:
+        known &= listed
+
+    def live(key: tuple[str, ...], ref: TableRef) -> bool:
+        if key not in listed or (known is not None and key in known):
+            return True
+        if not _is_table_dir(fs, ref):
+            return False
+        if known is not None:
+            known.add(key)
+        return True
+
+    return sorted(
+        (ref for key, ref in refs.items() if live(key, ref)), key=lambda ref: ref.qualified_name
+    )
 
 
 def resolve_table(root: str, name: str, storage_options: dict[str, str] | None = None) -> str:

@@ -175,6 +175,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.reported: str | None = None
         self.polls = IdlePolls(ceiling=self.options.idle_poll_max)  # when tables are looked at
         self.clock = time.monotonic  # the polls' clock
+        self.known_dirs: set[tuple[str, ...]] = set()  # root directories found to be tables
 
     def __getstate__(self) -> dict[str, object]:
         # executors need nothing of it: the partitions carry the work items
@@ -188,6 +189,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "reported": None,
             "polls": IdlePolls(ceiling=self.options.idle_poll_max),
             "clock": time.monotonic,
+            "known_dirs": set(),
         }
 
     # -- tables -----------------------------------------------------------
@@ -197,7 +199,9 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if not force and (self.available_now or now - self.listed_at < LIST_EVERY):
             return self.refs
         try:
-            listed = list_tables(self.options.database, self.options.storage_options)
+            listed = list_tables(
+                self.options.database, self.options.storage_options, self.known_dirs
+            )
         except Exception as exc:
             if self.listed_at < 0:
                 raise  # the first listing: the database itself is wrong
