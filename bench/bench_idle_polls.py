@@ -75,7 +75,10 @@ class Stream:
             now = time.time()
             self.triggers += 1
             for name, off in self.offset["tables"].items():
-                self.seen.setdefault((name, int(off["version"])), now)
+                version = int(off["version"])  # (every version up to it: commits between
+                while (name, version) not in self.seen and version > 0:  # two triggers)
+                    self.seen[(name, version)] = now
+                    version -= 1
 
     def wait_seen(self, name: str, version: int, timeout: float = 120) -> float:
         end = time.time() + timeout
