@@ -27,9 +27,10 @@ def _parse_name(name: str) -> tuple[int, str] | None:
     return int(stem), "v1"
 
 
-def list_versions(fs: FileSystem) -> tuple[list[int], str]:
-    """All versions present, ascending, and the naming scheme ("v1" or "v2")."""
-    names = fs.list_dir(VERSIONS_DIR)
+def list_versions(fs: FileSystem, under: str = "") -> tuple[list[int], str]:
+    """All versions present, ascending, and the naming scheme ("v1" or "v2"), of the table
+    at `fs`'s root (or at folder `under` of it: a database's store listing one table)."""
+    names = fs.list_dir(f"{under.rstrip('/')}/{VERSIONS_DIR}" if under else VERSIONS_DIR)
     found: dict[int, str] = {}
     schemes = set()
     for name in names:

@@ -50,7 +50,9 @@ from pyspark.sql.streaming.datasource import (
 
 from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
 from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
+from lance_cdf.format.io import FileSystem, open_filesystem
 from lance_cdf.format.namespace import TableRef, list_tables
+from lance_cdf.format.versions import list_versions
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IdlePolls, idle_poll_max
 from lance_cdf.spark.source.partitions import Offset
@@ -176,6 +178,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.polls = IdlePolls(ceiling=self.options.idle_poll_max)  # when tables are looked at
         self.clock = time.monotonic  # the polls' clock
         self.known_dirs: set[tuple[str, ...]] = set()  # root directories found to be tables
+        self.root_fs: FileSystem | None = None  # the database's store (quiet tables' looks)
 
     def __getstate__(self) -> dict[str, object]:
         # executors need nothing of it: the partitions carry the work items
@@ -190,6 +193,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "polls": IdlePolls(ceiling=self.options.idle_poll_max),
             "clock": time.monotonic,
             "known_dirs": set(),
+            "root_fs": None,
         }
 
     # -- tables -----------------------------------------------------------
@@ -317,6 +321,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 elif not self.available_now and not self.polls.due(name, now):
                     tables[name] = offset  # quiet, and not due for a look yet
                     continue
+                elif self.polls.quiet(name) and self._still(name, offset):
+                    tables[name] = offset  # still quiet: one listing, no feed opened
                 else:
                     tables[name] = self._reader(name, None).latestOffset(offset, limit)
                 self.polls.looked(name, tables[name] != offset, now)
@@ -335,6 +341,22 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.polls.keep_only(tables)
         self._report(tables)
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
+
+    def _still(self, name: str, offset: Offset) -> bool:
+        """Whether a quiet table has no version after `offset`'s, from one listing of its
+        `_versions/` through the database's own store: a look at a quiet table costs that
+        one request, not the opening of its feed (a process keeps few; table_feeds.py).
+        False when that cannot be told (then the table's reader looks)."""
+        uri, root = self.refs[name].uri, self.options.database.rstrip("/")
+        if "snapshot" in offset or "version" not in offset or not uri.startswith(root + "/"):
+            return False
+        try:
+            if self.root_fs is None:
+                self.root_fs = open_filesystem(root, self.options.storage_options)
+            versions, _ = list_versions(self.root_fs, uri[len(root) + 1 :])
+        except Exception:  # noqa: BLE001 (the reader's own look reports what is wrong)
+            return False
+        return versions[-1] == int(offset["version"])
 
     def table_partitions(
         self, start: Offset, end: Offset

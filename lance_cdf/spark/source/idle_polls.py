@@ -49,6 +49,7 @@ class _Table:
     quiet_since: float  # when the table last changed (or was taken up)
     due: float  # when it is looked at next
     capped: bool = False  # its waits reached the ceiling (its phase is set)
+    quiet: bool = False  # its last look found nothing new
 
 
 @dataclass
@@ -78,12 +79,18 @@ class IdlePolls:
         if state is None or changed:
             state = self.tables[name] = _Table(quiet_since=now, due=now)
             return
+        state.quiet = True
         wait = (now - state.quiet_since) * self.backoff
         if wait >= self.ceiling:
             # the first capped wait sets the table's phase among the triggers
             wait = self.ceiling if state.capped else self.ceiling * (1 - _spread(name))
             state.capped = True
         state.due = now + wait
+
+    def quiet(self, name: str) -> bool:
+        """Whether the last look at `name` found nothing new."""
+        state = self.tables.get(name)
+        return state is not None and state.quiet
 
     def keep_only(self, names: Iterable[str]) -> None:
         """Forget the tables not in `names` (gone, no longer followed)."""
