@@ -17,8 +17,9 @@ seconds in real time, as Spark's processing-time trigger calls `latestOffset`:
   * first      --first commits, each to a different table quiet for minutes, --gap s
                apart: commit returned -> the trigger whose offset holds the new version
                (the micro-batch that publishes it starts there);
-  * busy       --busy s with one commit a second to a random table: the same latency, and
-               the requests per hour.
+  * busy       --busy s with one commit a second to a random table: the same latency (each
+               commit mostly to a table quiet for minutes), and the requests per hour;
+  * hot        --hot s with one commit a second to one table: a table being written.
 """
 
 from __future__ import annotations
@@ -180,6 +181,19 @@ def run_ceiling(
             "table_requests_per_hour": round(sum(per) / minutes * 60),
         }
         print(ceiling, "busy", out["busy"], flush=True)
+        hot, t0, pending = [], time.time(), []
+        while time.time() - t0 < args.hot:  # one table written once a second
+            version, at = commit(db, names[0])
+            pending.append((names[0], version, at))
+            time.sleep(max(0.0, 1.0 - (time.time() - at)))
+        hot = [stream.wait_seen(name, version) - at for name, version, at in pending]
+        out["hot"] = {
+            "commits": len(hot),
+            "p50": round(pct(hot, 50), 2),
+            "p99": round(pct(hot, 99), 2),
+            "max": round(max(hot), 2),
+        }
+        print(ceiling, "hot", out["hot"], flush=True)
     finally:
         stream.close()
     return out
@@ -195,6 +209,7 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=15)
     ap.add_argument("--gap", type=float, default=3.0)
     ap.add_argument("--busy", type=float, default=120.0)
+    ap.add_argument("--hot", type=float, default=60.0, help="s of commits to one table")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     import lancedb
