@@ -376,6 +376,8 @@ class Replicator:
                     found.error,
                     "--transaction-topic (or --no-transaction-topic)",
                 )
+        if txn is not None and found is not None and found.error is None and self._compacted():
+            return "records"
         if txn is None or found is None or found.error is not None:
             log.warning(
                 "no transaction topic%s: records are applied as they come and the replica "
@@ -404,6 +406,24 @@ class Replicator:
         )
         log.info("applying whole source versions (transaction topic %r)", txn)
         return "versions"
+
+    def _compacted(self) -> bool:
+        """Whether the change topic is compacted: compaction keeps only the last record of
+        each key, so a version's records may be gone and its END can never be matched; the
+        replica is then built from the records as they come (the last state of each key),
+        said once in one line, and records no source version."""
+        policy = self.checks.cleanup_policy()
+        if "compact" not in policy.split(","):
+            return False
+        log.warning(
+            "topic %r is compacted (cleanup.policy=%s): a version's records may have been "
+            "compacted away, so whole versions cannot be proven; applying records as they "
+            "come (the last state of each key) and recording no source version. For whole "
+            "versions publish into a topic with cleanup.policy=delete",
+            self.topic,
+            policy,
+        )
+        return True
 
     def _on_commit(
         self, err: KafkaError | KafkaException | None, partitions: list[TopicPartition]
