@@ -147,6 +147,13 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
         "while Spark starts; the query publishes everything",
     )
     pub.add_argument(
+        "--no-warm-workers",
+        action="store_true",
+        help="let a local session's Python workers stop after a minute without a "
+        "micro-batch (Spark's default; less memory idle, a slower micro-batch after "
+        "each quiet minute)",
+    )
+    pub.add_argument(
         "--flush-timeout",
         type=seconds,
         default=None,
@@ -250,5 +257,6 @@ def publish_settings(args: argparse.Namespace) -> PublishSettings:
         head_start=not args.no_head_start,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        warm_workers=not args.no_warm_workers,
     )
     return PublishSettings(source, target, run)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from lance_cdf.spark.publish.query_progress import QueryFollower
 from lance_cdf.spark.publish.spark_driver import (
     jvm_ignores_sigterm,
+    keep_workers_warm,
     log_file,
     python_for_spark,
     quiet_accumulators,
@@ -142,8 +143,9 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
     _announce(settings, tasks, partitions, started, stages)
     follower = _serve_metrics(query, settings)
 
-    trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
-    error = _await(query, spark, stopping, lease, trim)
+    local = own_session and (chosen or "").startswith("local")
+    # a local session's planner daemons to stop, its workers to keep
+    error = _await(query, spark, stopping, lease, local, local and settings.run.warm_workers)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -309,22 +311,33 @@ def _announce(
     )
 
 
+# how often a waiting local publisher marks its Python workers as used: well inside Spark's
+# minute of idleness after which it stops them (its monitor looks every 10 s)
+WARM_EVERY_S = 20.0
+
+
 def _await(
     query: StreamingQuery,
     spark: SparkSession,
     stopping: threading.Event,
     lease: Lease | None,
     trim: bool,
+    warm: bool,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
-    is none). `trim`: stop Spark's planner daemons once the query has run."""
+    is none). `trim`: stop Spark's planner daemons once the query has run. `warm`: keep the
+    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds)."""
     error: BaseException | None = None
+    marked = time.monotonic()
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
             if trim and query.lastProgress is not None:  # the query has planned and run
                 trim = False
                 stop_planner_daemons(spark)
+            if warm and not trim and time.monotonic() - marked >= WARM_EVERY_S:
+                marked = time.monotonic()
+                keep_workers_warm(spark)
             if lease is not None:
                 lease.check()  # LeaseLostError: another publisher took the checkpoint over
     except LeaseLostError as exc:

@@ -113,7 +113,10 @@ class RunSettings:
     exactly-once and one table only, and only where the query's start is known before it
     starts: a checkpoint's committed offset or a numeric starting version). `metrics_port`:
     serve Prometheus metrics on metrics_host:metrics_port (0: any free port;
-    lance_cdf.ops.metrics)."""
+    lance_cdf.ops.metrics). `warm_workers`: keep a local session's Python workers through
+    quiet periods (Spark stops them after a minute idle, and the first micro-batch after
+    one pays their start: spark/publish/spark_driver.py `keep_workers_warm`); their memory
+    stays while idle."""
 
     checkpoint: str
     trigger_interval: str | None = None
@@ -123,6 +126,7 @@ class RunSettings:
     head_start: bool = True
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    warm_workers: bool = True
 
 
 @dataclass(frozen=True)
