@@ -183,12 +183,7 @@ def _begin(
     hang, the JVM starts after 12 s and a failed check still stops publish before any
     query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
     start: the query starts once the head start has ended."""
-    early = None
-    if settings.head_start:
-        from lance_cdf.spark.publish.headstart import start_offset
-
-        source = settings.source
-        early = start_offset(settings.checkpoint, source.starting_version, source.snapshot)
+    early = _head_start_offset(settings) if settings.head_start else None
 
     def after_checks() -> int:
         partitions = checked.result()
@@ -468,6 +463,19 @@ def _check_checkpoint(
     check_offset(offset, feed, table, given, PUBLISH, f"checkpoint {checkpoint}")
 
 
+def _head_start_offset(settings: PublishSettings) -> dict[str, Any] | None:
+    """Where the query will start, if that is known before it starts (the head start's
+    start), else None."""
+    if settings.database is not None:
+        from lance_cdf.spark.publish.database_headstart import database_start_offset
+
+        return database_start_offset(settings.checkpoint)
+    from lance_cdf.spark.publish.headstart import start_offset
+
+    source = settings.source
+    return start_offset(settings.checkpoint, source.starting_version, source.snapshot)
+
+
 def _head_start(
     source_options: dict[str, str],
     sink_options: dict[str, str],
@@ -475,15 +483,21 @@ def _head_start(
     start: dict[str, Any],
     stages: dict[str, float],
 ) -> None:
-    """Publish the commits waiting at `start` from this process (spark/publish/headstart.py); a
-    failure is reported and left to the query, which skips whatever was acknowledged."""
+    """Publish the commits waiting at `start` from this process (spark/publish/headstart.py,
+    database_headstart.py); a failure is reported and left to the query, which skips
+    whatever was acknowledged."""
+    from lance_cdf.spark.publish.database_headstart import database_head_start
     from lance_cdf.spark.publish.headstart import head_start
 
     t = time.monotonic()
+    source = {**source_options, "kafkaPartitions": str(partitions)}
+    done: object
     try:
-        done = head_start(
-            {**source_options, "kafkaPartitions": str(partitions)}, sink_options, start
-        )
+        if "database" in source_options:  # new topics: a partition per writer, as the query's
+            sink = {"topic.partitions": str(partitions), **sink_options}
+            done = database_head_start(source, sink, start)
+        else:
+            done = head_start(source, sink_options, start)
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way

@@ -173,9 +173,10 @@ class PublishSettings:
 
     @property
     def head_start(self) -> bool:
-        """Whether the head start runs: exactly-once, one table (the head start follows one
-        table), and not turned off."""
-        return self.run.head_start and self.target.exactly_once and self.database is None
+        """Whether the head start runs: exactly-once (its records are skipped by the query's
+        writers through the exactly-once marks) and not turned off; for a table or a
+        database (spark/publish/headstart.py, database_headstart.py)."""
+        return self.run.head_start and self.target.exactly_once
 
     def shown_topic(self) -> str:
         """The topic as the lease and messages name it (a database's: `<prefix>.*`)."""
