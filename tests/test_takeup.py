@@ -246,3 +246,25 @@ def test_a_writer_task_fails_at_once_on_a_refusal(tmp_path, monkeypatch):
     with pytest.raises(KafkaAuthorizationError):
         writer._write_table(TableWork("t", "/db/t.lance"), opts)
     assert writer.calls == 1 and read_writer_retries(checkpoint) is None
+
+
+def test_a_writer_task_retries_a_failed_listing_of_the_database(tmp_path, monkeypatch):
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    t = db.create_table("t", rows(0, 3), storage_options=STABLE)
+    monkeypatch.setattr(database_sink, "DEFAULT", NO_PAUSE)
+    real, left = database_sink.list_tables, [2]
+
+    def throttled(*args):
+        if left[0]:
+            left[0] -= 1
+            raise OSError("503 Slow Down")
+        return real(*args)
+
+    monkeypatch.setattr(database_sink, "list_tables", throttled)
+    assert database_sink.table_uri(root, "t", "no-such-digest", {}) == t.uri
+    assert left == [0]
+    left[0] = 1
+    monkeypatch.setattr(database_sink, "is_transient", lambda exc: False)
+    with pytest.raises(OSError):  # a fault that does not pass: raised at once
+        database_sink.table_uri(root, "t", "no-such-digest", {})

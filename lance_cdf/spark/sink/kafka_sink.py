@@ -447,8 +447,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         the topic's last record is what it reads (no BEGIN/END written twice)."""
         from confluent_kafka import KafkaException
 
-        from lance_cdf.errors import PublishError
+        from lance_cdf.errors import PublishError, in_words
         from lance_cdf.kafka.outage import RideOut
+        from lance_cdf.ops.takeup import is_transient
 
         o = {k.lower(): v for k, v in self.options.items()}
         ride_out = RideOut(o["kafka.bootstrap.servers"], o.get("checkpointlocation"))
@@ -456,7 +457,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         def attempt() -> int:
             if writer.producer.flush(10):
                 raise PublishError("transaction records of an earlier attempt still queued")
-            return writer.write(versions)
+            try:
+                return writer.write(versions)
+            except (KafkaException, PublishError):
+                raise
+            except Exception as exc:  # the registry (a new table's first schemas)
+                if is_transient(exc):
+                    raise PublishError(f"the schema registry failed: {in_words(exc)}") from exc
+                raise
 
         ride_out.call("writing transaction metadata", attempt, (KafkaException, PublishError))
 
