@@ -9,7 +9,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
-from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
@@ -467,8 +467,7 @@ def _head_start(
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way
         print(
-            f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
-            "those commits",
+            f"head start skipped ({scrub(in_words(exc))}); the query publishes those commits",
             flush=True,
         )
         return
