@@ -26,6 +26,7 @@ import pytest
 from test_database_publish import topic_size
 
 import lance_cdf
+from lance_cdf.kafka.outage import read_state
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in a subprocess
 
@@ -46,6 +47,22 @@ def make_table(root, name, rows):
 
 def events_of(root, name):
     return lance_cdf.read_changes(os.path.join(root, f"{name}.lance"), 1).read_all().num_rows
+
+
+def topics(bootstrap, prefix):
+    """The topics `prefix.*` (transaction topics left out) and how many hold records."""
+    from confluent_kafka.admin import AdminClient
+
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    names = admin.list_topics(timeout=30).topics
+    return {n for n in names if n.startswith(f"{prefix}.") and not n.endswith(".transaction")}
+
+
+def wait_until(check, proc, err_path, deadline, what):
+    while not check():
+        assert proc.poll() is None, err_path.read_text()[-5000:]
+        assert time.monotonic() < deadline, f"never: {what}"
+        time.sleep(0.5)
 
 
 def paused(pid, seconds, proc):
@@ -106,9 +123,28 @@ def test_many_tables_taken_up_through_paused_services(tmp_path, kafka_broker, sc
             time.sleep(0.5)
         with ThreadPoolExecutor(8) as pool:  # created at once, while it runs
             list(pool.map(lambda i: make_table(root, f"new{i:04d}", 3), range(CREATED)))
-        time.sleep(1.0)  # (its next listing sees them: take-up under way)
+        bootstrap = kafka_broker.bootstrap_servers
+        new = {f"{prefix}.new{i:04d}" for i in range(CREATED)}
+        made: set[str] = set()
+
+        def some_made(at_least):
+            made.clear()
+            made.update(topics(bootstrap, prefix) & new)
+            return len(made) >= at_least
+
+        # paused while the take-up is under way: once its first new topics exist, the
+        # broker; once more exist, the registry (the first records of a table register
+        # its schemas)
+        wait_until(lambda: some_made(1), proc, err_path, deadline, "a new topic")
+        at_broker_pause = len(made)
         paused(kafka_broker.pid, PAUSE_S, proc)
+        wait_until(lambda: some_made(at_broker_pause + 1), proc, err_path, deadline, "more")
+        at_registry_pause = len(made)
         paused(schema_registry.pid, PAUSE_S, proc)
+        print(
+            f"new topics at the broker's pause {at_broker_pause}, at the registry's "
+            f"{at_registry_pause}, of {CREATED}"
+        )
         names = [f"start{i:04d}" for i in range(AT_START)] + [f"new{i:04d}" for i in range(CREATED)]
         want = {n: events_of(root, n) for n in names}
         while True:
@@ -139,6 +175,8 @@ def test_many_tables_taken_up_through_paused_services(tmp_path, kafka_broker, sc
         assert status.returncode == 0, status.stderr
         shown = json.loads(status.stdout)
         assert shown["aside"] == {} and "takeup_retries" in shown
+        kafka = read_state(str(checkpoint))
+        print(f"take-up retries {shown['takeup_retries']}; Kafka state {kafka}")
         os.kill(proc.pid, signal.SIGTERM)
         proc.wait(timeout=120)
         assert proc.returncode == 0, err_path.read_text()[-5000:]
