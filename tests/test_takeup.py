@@ -268,3 +268,15 @@ def test_a_writer_task_retries_a_failed_listing_of_the_database(tmp_path, monkey
     monkeypatch.setattr(database_sink, "is_transient", lambda exc: False)
     with pytest.raises(OSError):  # a fault that does not pass: raised at once
         database_sink.table_uri(root, "t", "no-such-digest", {})
+
+
+def test_the_demo_shows_an_unknown_lag_until_it_is_known():
+    from lance_cdf_demo.live_view import Snapshot, TableSnapshot, line
+
+    waiting = TableSnapshot("items", 3, None, None, None, 0)
+    assert waiting.lag_records is None and not waiting.caught_up
+    shown = line(Snapshot(1.0, [waiting], 0.0, "-"), "start")
+    assert "(lag -)" in shown and "(lag 0)" not in shown
+    done = TableSnapshot("items", 3, 3, 3, 12, 12)
+    assert done.lag_records == 0 and done.caught_up
+    assert "(lag 0)" in line(Snapshot(1.0, [done], 0.0, "-"), "run")
