@@ -137,6 +137,7 @@ def test_many_tables_taken_up_through_paused_services(tmp_path, kafka_broker, sc
         # its schemas)
         wait_until(lambda: some_made(1), proc, err_path, deadline, "a new topic")
         at_broker_pause = len(made)
+        assert at_broker_pause < CREATED  # (paused while tables are still being taken up)
         paused(kafka_broker.pid, PAUSE_S, proc)
         wait_until(
             lambda: some_made(min(at_broker_pause + 1, CREATED)), proc, err_path, deadline, "more"
