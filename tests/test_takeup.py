@@ -280,3 +280,23 @@ def test_the_demo_shows_an_unknown_lag_until_it_is_known():
     done = TableSnapshot("items", 3, 3, 3, 12, 12)
     assert done.lag_records == 0 and done.caught_up
     assert "(lag 0)" in line(Snapshot(1.0, [done], 0.0, "-"), "run")
+
+
+def test_a_dropped_table_is_reported_in_words(tmp_path, caplog):
+    root = str(tmp_path / "db")
+    db = lancedb.connect(root)
+    items = db.create_table("items", rows(0, 5), storage_options=STABLE)
+    db.create_table("other", rows(0, 5), storage_options=STABLE)
+    r = reader(root)
+    o0 = r.initialOffset()
+    items.add(rows(5, 9))
+    o1 = r.latestOffset(o0, ReadAllAvailable())
+    db.drop_table("items")  # dropped between planning and reading its micro-batch
+    r.refs.pop("items")
+    with caplog.at_level("WARNING"):
+        assert "items" not in events(r, o0, o1, root)
+        r.listed_at -= 60
+        assert sorted(r.latestOffset(o1, ReadAllAvailable())["tables"]) == ["other"]
+    lines = [rec.getMessage() for rec in caplog.records if "items" in rec.getMessage()]
+    assert lines and all("dropped from the database" in line for line in lines), lines
+    assert not any("Error" in line or "let go (" in line for line in lines), lines
