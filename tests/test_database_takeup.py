@@ -32,7 +32,10 @@ pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in a subproc
 
 AT_START = int(os.environ.get("LANCE_CDF_TAKEUP_AT_START", "20"))
 CREATED = int(os.environ.get("LANCE_CDF_TAKEUP_CREATED", "60"))
-PAUSE_S = float(os.environ.get("LANCE_CDF_TAKEUP_PAUSE_S", "8"))
+# longer than the clients' request timeouts (a describe waits 10 s), so the writer tasks
+# meet real faults (an unanswered request, a new topic's partitions not yet known) and
+# ride them out, not only slow answers
+PAUSE_S = float(os.environ.get("LANCE_CDF_TAKEUP_PAUSE_S", "25"))
 DEADLINE_S = float(os.environ.get("LANCE_CDF_TAKEUP_DEADLINE_S", "600"))
 
 
