@@ -10,6 +10,8 @@ from typing import TYPE_CHECKING, Any
 
 from lance_cdf.kafka.outage import read_state
 from lance_cdf.ops.metrics import Progress
+from lance_cdf.ops.takeup import read_writer_retries
+from lance_cdf.spark.source.checkpoint import read_report, report_path
 from lance_cdf.spark.source.stream_lag import source_versions
 
 if TYPE_CHECKING:
@@ -54,7 +56,22 @@ class QueryFollower:
             since = kafka.unavailable_since
             out.kafka_unavailable_s = max(0.0, time.time() - since) if since else 0.0
             out.kafka_retries = kafka.retries
+        self._takeup(out)
         return out
+
+    def _takeup(self, out: Progress) -> None:
+        """A database publisher's take-up retries and set-aside tables: its stream's
+        report (the driver's) and the writer tasks' state, in a local checkpoint."""
+        path = report_path(self.checkpoint) if self.checkpoint else None
+        report = read_report(path) if path else None
+        if report is None or "aside" not in report:
+            return
+        writer = read_writer_retries(self.checkpoint)
+        out.takeup_retries = int(report.get("takeup_retries") or 0) + (
+            writer.retries if writer is not None else 0
+        )
+        out.tables_aside = len(report.get("aside") or {})
+        out.set_asides = int(report.get("set_asides") or 0)
 
     def failed(self) -> None:
         """The query failed: its micro-batch was not delivered."""

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -10,11 +9,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
-from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
+from lance_cdf.spark.source.checkpoint import read_report, report_path
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
@@ -408,14 +408,6 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str
     return source_options, sink_options
 
 
-def report_path(checkpoint: str) -> str | None:
-    """Where a database publisher's stream lists the tables it follows and skips (a local
-    checkpoint's `database-tables.json`; None on object storage)."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return None
-    return os.path.join(checkpoint.removeprefix("file://"), "database-tables.json")
-
-
 def _database_options(
     database: Database,
     source_options: dict[str, str],
@@ -502,8 +494,7 @@ def _head_start(
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way
         print(
-            f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
-            "those commits",
+            f"head start skipped ({scrub(in_words(exc))}); the query publishes those commits",
             flush=True,
         )
         return
@@ -549,7 +540,6 @@ def database_tables(checkpoint: str) -> dict[str, tuple[str, int | None]]:
     """A database publisher's followed tables (its stream's report) and the version each
     is published through (the checkpoint's last committed offsets): name -> (URI, version)."""
     from lance_cdf.spark.source.checkpoint import committed_tables
-    from lance_cdf.spark.source.database_stream import read_report
 
     path = report_path(checkpoint)
     followed = ((read_report(path) if path else None) or {}).get("followed") or {}
