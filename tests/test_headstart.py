@@ -149,10 +149,14 @@ def test_a_database_head_start_publishes_each_table_once_with_its_transactions(
     start = DatabaseReader({**source, "writerSlots": "1"}).initialOffset()
     assert set(start["tables"]) == set(names)
 
+    # no time at all (its plan alone takes some): none
+    monkeypatch.setattr(database_headstart, "HEAD_START_SECONDS", 0.0)
+    assert database_head_start(source, sink, start) is None
+    monkeypatch.setattr(database_headstart, "HEAD_START_SECONDS", 600.0)  # (not the subject)
     # each table's first version (20 inserts) alone, both tables' in one head start
     monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 20)
     first = database_head_start(source, sink, start)
-    assert (first.records, first.tables) == (40, 2)
+    assert (first.records, first.tables, first.left) == (40, 2, 0)
     # all together over the bound: none
     monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 10_000)
     monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS_IN_ALL", 39)

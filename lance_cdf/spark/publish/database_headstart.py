@@ -8,7 +8,8 @@ checkpoint starts at each table's latest version, known only when the query star
 head start), and plans one micro-batch as the query would, with the database stream's own
 reader (spark/source/database_stream.py) and one writer slot: whole versions, at most
 `HEAD_START_EVENTS` events per table, nothing if all of them together are more than
-`HEAD_START_EVENTS_IN_ALL` (the query publishes them). The database sink's writer
+`HEAD_START_EVENTS_IN_ALL` (the query publishes them), and table after table for at most
+`HEAD_START_SECONDS` (the query publishes the tables not reached). The database sink's writer
 publishes each table's share to its topic and its commit writes their transaction
 metadata (both skip what an earlier writer left in the topics); then the query plans the
 same versions and its writer tasks skip what the topics hold. A table in the middle of its
@@ -28,18 +29,24 @@ from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS
 # bounded so that it still ends within the Spark session's start; more and the query
 # publishes them (docs/benchmarks.md, "Start-up")
 HEAD_START_EVENTS_IN_ALL = 5 * HEAD_START_EVENTS
+# the query starts once the head start has ended: it stops taking tables up after this
+# long (each table's first use costs its topic check, registry subjects and first reads),
+# well within the JVM's and the session's start, which it runs beside
+HEAD_START_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
 class DatabaseHeadStart:
     records: int
     tables: int  # tables with records published
+    left: int  # tables with waiting commits left to the query (the time was up)
     seconds: float
 
     def __str__(self) -> str:
+        left = f" ({self.left} more left to the query)" if self.left else ""
         return (
             f"head start: {self.records} record(s) of {self.tables} table(s) published in "
-            f"{self.seconds:.1f} s while Spark started"
+            f"{self.seconds:.1f} s while Spark started{left}"
         )
 
 
@@ -62,9 +69,10 @@ def database_start_offset(checkpoint: str) -> dict[str, Any] | None:
 def database_head_start(
     source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, Any]
 ) -> DatabaseHeadStart | None:
-    """Publish the whole versions waiting after `start` in every followed table (None:
-    nothing pending, or more than `HEAD_START_EVENTS_IN_ALL` events in all). Errors propagate;
-    records already acknowledged stay and the query skips them."""
+    """Publish the whole versions waiting after `start` in the followed tables, table by
+    table until `HEAD_START_SECONDS` have passed (None: nothing pending, more than
+    `HEAD_START_EVENTS_IN_ALL` events in all, or the plan alone took that long). Errors
+    propagate; records already acknowledged stay and the query skips them."""
     from pyspark.sql.streaming.datasource import ReadMaxRows
 
     from lance_cdf.spark.sink import kafka_sink as sink
@@ -73,6 +81,7 @@ def database_head_start(
     from lance_cdf.spark.source.handoff import work_struct
 
     t = time.monotonic()
+    deadline = t + HEAD_START_SECONDS
     options = {k: v for k, v in source_options.items() if k != "report"}  # (the query's)
     source = LanceCdfDataSource({**options, "writerSlots": "1"})
     reader = source.streamReader(source.schema())
@@ -80,15 +89,25 @@ def database_head_start(
         raise LanceCdfError(f"the head start needs a database reader, not {type(reader).__name__}")
     end = reader.latestOffset(start, ReadMaxRows(HEAD_START_EVENTS))
     slots = [s for s in reader.partitions(start, end) if isinstance(s, DatabaseSlot) and s.rows]
-    if not slots:
+    if not slots or time.monotonic() > deadline:
         return None
-    (slot,) = slots  # one writer slot
+    (slot,) = slots  # one writer slot: a row (a work item) per table
     if sum(row[1] for row in slot.rows) > HEAD_START_EVENTS_IN_ALL:
         return None
     writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+    published = []
     try:
-        published = writer.write(reader.read(slot))
-        writer.commit([published], -1)  # the versions' BEGIN/END (none without metadata)
+        for row in slot.rows:  # whole tables: the query publishes those not reached
+            if time.monotonic() > deadline:
+                break
+            published.append(writer.write(reader.read(DatabaseSlot(slot.slot, (row,)))))
+        writer.commit(list(published), -1)  # their BEGIN/END (none without metadata)
     finally:
         sink.close_publishers()  # the driver's producers are not needed after this
-    return DatabaseHeadStart(published.records, len(published.tables), time.monotonic() - t)
+    tables = {name for p in published for name in p.tables}
+    return DatabaseHeadStart(
+        sum(p.records for p in published),
+        len(tables),
+        len(slot.rows) - len(published),
+        time.monotonic() - t,
+    )
