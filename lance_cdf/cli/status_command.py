@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from lance_cdf.cli.flags import Subcommands, storage_options
@@ -173,6 +174,12 @@ def _replica_status(
         else f" ({latest - held} versions behind; commits that change no rows publish nothing)"
     )
     lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
+    from lance_cdf.replicate import unfinished
+
+    left = unfinished.read(args.replica, held)
+    report["replica_unfinished"] = None if left is None else asdict(left)
+    if left is not None:
+        lines.append(f"unfinished  {unfinished.describe(left)}")
 
 
 def _database_status(args: argparse.Namespace) -> int:

@@ -143,7 +143,7 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
     follower = _serve_metrics(query, settings)
 
     trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
-    error = _await(query, spark, stopping, lease, trim)
+    error = _await(query, spark, stopping, lease, trim, settings)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -315,6 +315,7 @@ def _await(
     stopping: threading.Event,
     lease: Lease | None,
     trim: bool,
+    settings: PublishSettings,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
     is none). `trim`: stop Spark's planner daemons once the query has run."""
@@ -333,14 +334,38 @@ def _await(
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
     if stopping.is_set():
-        # Stopping interrupts the running micro-batch: it is not committed, so the next
-        # start sends it again from the checkpoint (see README, "When things fail"). A
-        # failure while stopping (the signal reached Spark's Python workers too) is the stop.
+        # The running micro-batch is let finish first (its records and their versions'
+        # END: a whole-version replicator can apply them), up to `stop_timeout_s`; one
+        # still running then is interrupted, not committed, and the next start sends it
+        # again from the checkpoint (see README, "When things fail"). A failure while
+        # stopping (the signal reached Spark's Python workers too) is the stop.
+        if error is None:
+            _finish_running(query, settings)
         query.stop()
         error = None
     else:
         error = error or query.exception()
     return error
+
+
+def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
+    """On a stop: wait for the running micro-batch to commit (query_progress.py), saying so
+    if it does not within the run's `stop_timeout_s`."""
+    from lance_cdf.spark.publish.query_progress import finish_micro_batch, interval_seconds
+
+    limit = settings.run.stop_timeout_s
+    interval = None if settings.run.available_now else interval_seconds(settings.trigger_interval)
+    try:
+        finished = finish_micro_batch(query, limit, interval)
+    except Exception:  # noqa: BLE001 (the query failed or ended meanwhile: stopped below)
+        return
+    if not finished:
+        print(
+            f"stopping: the running micro-batch did not finish within {limit:g} s "
+            "(--stop-timeout) and is interrupted; its versions may be in the topic without "
+            "their END until publish runs again, which completes them",
+            flush=True,
+        )
 
 
 # a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text

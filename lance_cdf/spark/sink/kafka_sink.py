@@ -105,6 +105,7 @@ def close_publishers() -> None:
 
     while _PUBLISHERS:
         _PUBLISHERS.popitem()[1].close()
+    _TRANSACTION_WRITERS.clear()  # (their producer and consumer are the process's clients)
     clients.close_all()
 
 
@@ -381,10 +382,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
-        (kafka/transactions.py), written once however often the micro-batch runs."""
+        (kafka/transactions.py), written once however often the micro-batch runs. The head
+        start (spark/publish/headstart.py) calls it too, with batch id -1, for what it
+        published; the query's later commit of those versions skips them."""
         opts = {k.lower(): v for k, v in self.options.items()}
         if opts.get("transactionmetadata", "true").lower() != "true":
             return
+        if batchId >= 0:
+            hold_commit()
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
@@ -460,6 +465,26 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         pass
+
+
+# A test hook (the test's environment reaches Spark's Python workers): while the file this
+# names exists, a query's commit waits before writing its transaction metadata, and says
+# so by creating `<file>.held`: every record of the micro-batch is in the topic, no END
+# yet (tests/test_complete_versions.py). Unset: no effect.
+HOLD_COMMIT_ENV = "LANCE_CDF_TEST_HOLD_COMMIT"
+
+
+def hold_commit() -> None:
+    import os
+    import time
+
+    path = os.environ.get(HOLD_COMMIT_ENV)
+    if not path or not os.path.exists(path):
+        return
+    with open(f"{path}.held", "w"):
+        pass
+    while os.path.exists(path):
+        time.sleep(0.05)
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
