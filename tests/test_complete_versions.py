@@ -5,6 +5,7 @@ query commits leaves versions a whole-version replicator applies with no further
 publisher run. Oracles: the source table (the replica equals it at its latest version)
 and read_changes (each change once in the topic, per key in commit order)."""
 
+import logging
 import os
 import signal
 import subprocess
@@ -46,7 +47,7 @@ def _transaction_records(bootstrap, topic):
 
 
 def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
-    tmp_path, kafka_broker, schema_registry
+    tmp_path, kafka_broker, schema_registry, caplog
 ):
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     _history(src)  # versions 1-6
@@ -54,6 +55,8 @@ def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
     topic = new_topic(bootstrap, "complete")
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
     hold.touch()  # every query commit waits (before its END) while this exists
+    want = expected_by_key(src)
+    count = sum(len(v) for v in want.values())  # records, tombstones included
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_COMMIT_ENV: str(hold)}
     args = [
         *(sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src),
@@ -75,6 +78,17 @@ def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
         first.wait(60)
     assert not (tmp_path / "ck" / "commits" / "0").exists()
     assert _transaction_records(bootstrap, f"{topic}.transaction") == 0
+    # a replicator meanwhile applies nothing, and says which versions wait for their END
+    rep = Replicator(bootstrap, topic, schema_registry.url, dst, key=["id"], group_id=topic)
+    with caplog.at_level(logging.WARNING, logger="lance_cdf.replicate"):
+        counters = rep.run(idle_timeout=3)
+    assert counters.batches == 0 and counters.unfinished_records == count
+    said = [r.getMessage() for r in caplog.records if "without their END" in r.getMessage()]
+    assert len(said) == 1 and f"{count} record(s) of source version(s) 1-6" in said[0]
+    report, text = status(src, dst)
+    assert report["replica_unfinished"]["records"] == count
+    assert (report["replica_unfinished"]["first"], report["replica_unfinished"]["last"]) == (1, 6)
+    assert "run `lance-cdf publish`" in text
     held.unlink()
     # 2: restarted: the head start republishes versions 1-6 (skipping what the topic holds)
     # and completes them before the query starts; the query's replay of the micro-batch
@@ -108,8 +122,6 @@ def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
     # the query's commit, if it ran, skipped what the head start wrote: each once
     assert _transaction_records(bootstrap, f"{topic}.transaction") == 12
     # each change once in the topic, per key in commit order
-    want = expected_by_key(src)
-    count = sum(len(v) for v in want.values())
     got, _ = consume_by_key(bootstrap, topic, schema_registry.url, count + 1)
     assert got == want
     # a whole-version replicator, no publisher running: the source's latest version

@@ -232,6 +232,7 @@ def _status_database(args: argparse.Namespace) -> int:
     qualified name), the topic it follows and the source version it holds."""
     from lance_cdf.format.namespace import list_tables
     from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.replicate import unfinished
     from lance_cdf.replicate.replica import (
         INSIDE_VERSION_PROPERTY,
         TOPIC_PROPERTY,
@@ -262,6 +263,10 @@ def _status_database(args: argparse.Namespace) -> int:
             f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
             + (f" (topic {topic})" if topic else "")
         )
+        left = unfinished.read(ref.uri, source_version_of(position))
+        replicas[-1]["unfinished"] = None if left is None else asdict(left)
+        if left is not None:
+            lines.append(f"  {'':<{width}}  unfinished: {unfinished.describe(left)}")
     report = {"database_target": redact_url(args.database_target), "replicas": replicas}
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0
