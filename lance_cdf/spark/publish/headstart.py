@@ -27,6 +27,7 @@ whole-version replicator can apply them whether or not the query ever commits a
 micro-batch (a publisher stopped, or killed, while Spark starts). That commit skips what
 the transaction topic already holds (its last record says how far an earlier writer got),
 and so does the query's commit of the same versions after it: each BEGIN/END once.
+
 Without exactly-once (`--at-least-once`) there are no marks, so there is no head start.
 """
 
