@@ -20,7 +20,7 @@ from test_kafka_order import consume_by_key, expected_by_key
 from test_whole_versions import new_topic, run_until_caught_up, status
 
 from lance_cdf.replicate.replicator import Replicator
-from lance_cdf.spark.sink.kafka_sink import HOLD_COMMIT_ENV
+from lance_cdf.spark.sink.kafka_sink import HOLD_ENV
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` in subprocesses
 
@@ -57,7 +57,7 @@ def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
     hold.touch()  # every query commit waits (before its END) while this exists
     want = expected_by_key(src)
     count = sum(len(v) for v in want.values())  # records, tombstones included
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_COMMIT_ENV: str(hold)}
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"commit:{hold}"}
     args = [
         *(sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src),
         *("--bootstrap-servers", bootstrap, "--topic", topic),
@@ -134,3 +134,43 @@ def test_a_publisher_stopped_before_its_query_commits_leaves_whole_versions(
     report, _ = status(src, dst)
     assert report["replica_version"] == latest
     assert report["replica_unfinished"] is None
+
+
+def test_sigterm_lets_the_running_micro_batch_write_its_end(
+    tmp_path, kafka_broker, schema_registry
+):
+    src = str(tmp_path / "src.lance")
+    _history(src)  # versions 1-6
+    bootstrap = kafka_broker.bootstrap_servers
+    topic = new_topic(bootstrap, "sigterm")
+    hold, held = tmp_path / "hold", tmp_path / "hold.held"
+    hold.touch()  # the writer tasks wait, their records acknowledged, while this exists
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"write:{hold}"}
+    args = [
+        *(sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src),
+        *("--bootstrap-servers", bootstrap, "--topic", topic),
+        *("--schema-registry", schema_registry.url, "--checkpoint", str(tmp_path / "ck")),
+        *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
+        "--no-head-start",  # (the head start would be held too: it runs the writer's code)
+    ]
+    log = tmp_path / "publish.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+    try:
+        _wait_held(proc, held, log)
+        proc.send_signal(signal.SIGTERM)  # inside the first micro-batch's writer tasks
+        time.sleep(1)  # the stop waits for the held batch, however long it takes
+        assert proc.poll() is None, log.read_text()[-3000:]
+        hold.unlink()
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        hold.unlink(missing_ok=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "did not finish" not in log.read_text()
+    assert (tmp_path / "ck" / "commits" / "0").exists()  # the micro-batch committed
+    assert _transaction_records(bootstrap, f"{topic}.transaction") == 12  # BEGIN, END each
+    want = expected_by_key(src)
+    count = sum(len(v) for v in want.values())
+    got, _ = consume_by_key(bootstrap, topic, schema_registry.url, count + 1)
+    assert got == want

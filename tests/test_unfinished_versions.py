@@ -137,3 +137,24 @@ def test_unfinished_versions_are_kept_for_status_until_the_replica_is_past_them(
 def test_the_head_start_line_says_its_versions_are_complete():
     assert "published with their transaction metadata" in str(HeadStart(10, 1, 53, 0.5))
     assert "transaction metadata" not in str(HeadStart(10, 1, 53, 0.5, completed=False))
+
+
+def test_the_hold_hook_waits_only_for_its_stage(tmp_path, monkeypatch):
+    import threading
+
+    from lance_cdf.spark.sink import kafka_sink
+
+    path = tmp_path / "hold"
+    path.touch()
+    monkeypatch.delenv(kafka_sink.HOLD_ENV, raising=False)
+    kafka_sink.hold("commit")  # unset: no effect
+    monkeypatch.setenv(kafka_sink.HOLD_ENV, f"write:{path}")
+    kafka_sink.hold("commit")  # another stage: no effect
+    assert not (tmp_path / "hold.held").exists()
+    waiting = threading.Thread(target=kafka_sink.hold, args=("write",))
+    waiting.start()
+    waiting.join(0.3)
+    assert waiting.is_alive() and (tmp_path / "hold.held").exists()
+    path.unlink()
+    waiting.join(10)
+    assert not waiting.is_alive()

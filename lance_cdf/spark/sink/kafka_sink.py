@@ -376,6 +376,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if publisher is None:
             return Published(sent)
         publisher.flush()  # every record acknowledged, or the micro-batch fails
+        hold("write")
         return Published(sent, dict(publisher.version_counts))
 
     def commit(  # noqa: N803 (Spark's name)
@@ -389,7 +390,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if opts.get("transactionmetadata", "true").lower() != "true":
             return
         if batchId >= 0:
-            hold_commit()
+            hold("commit")
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
@@ -467,19 +468,19 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         pass
 
 
-# A test hook (the test's environment reaches Spark's Python workers): while the file this
-# names exists, a query's commit waits before writing its transaction metadata, and says
-# so by creating `<file>.held`: every record of the micro-batch is in the topic, no END
-# yet (tests/test_complete_versions.py). Unset: no effect.
-HOLD_COMMIT_ENV = "LANCE_CDF_TEST_HOLD_COMMIT"
+# A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
+# `write` (a writer task, once its records are acknowledged) or `commit` (the query's
+# commit, before its transaction metadata): while FILE exists that step waits, and says so
+# by creating `FILE.held` (tests/test_complete_versions.py). Unset: no effect.
+HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 
-def hold_commit() -> None:
+def hold(stage: str) -> None:
     import os
     import time
 
-    path = os.environ.get(HOLD_COMMIT_ENV)
-    if not path or not os.path.exists(path):
+    wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
+    if wanted != stage or not path or not os.path.exists(path):
         return
     with open(f"{path}.held", "w"):
         pass
