@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from lance_cdf.cli.flags import Subcommands, storage_options
@@ -173,6 +174,12 @@ def _replica_status(
         else f" ({latest - held} versions behind; commits that change no rows publish nothing)"
     )
     lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
+    from lance_cdf.replicate import unfinished
+
+    left = unfinished.read(args.replica, held)
+    report["replica_unfinished"] = None if left is None else asdict(left)
+    if left is not None:
+        lines.append(f"unfinished  {unfinished.describe(left)}")
 
 
 def _database_status(args: argparse.Namespace) -> int:
@@ -262,6 +269,7 @@ def _status_database(args: argparse.Namespace) -> int:
     qualified name), the topic it follows and the source version it holds."""
     from lance_cdf.format.namespace import list_tables
     from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.replicate import unfinished
     from lance_cdf.replicate.replica import (
         INSIDE_VERSION_PROPERTY,
         TOPIC_PROPERTY,
@@ -292,6 +300,10 @@ def _status_database(args: argparse.Namespace) -> int:
             f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
             + (f" (topic {topic})" if topic else "")
         )
+        left = unfinished.read(ref.uri, source_version_of(position))
+        replicas[-1]["unfinished"] = None if left is None else asdict(left)
+        if left is not None:
+            lines.append(f"  {'':<{width}}  unfinished: {unfinished.describe(left)}")
     report = {"database_target": redact_url(args.database_target), "replicas": replicas}
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0

@@ -145,7 +145,8 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
 
     local = own_session and (chosen or "").startswith("local")
     # a local session's planner daemons to stop, its workers to keep
-    error = _await(query, spark, stopping, lease, local, local and settings.run.warm_workers)
+    warm = local and settings.run.warm_workers
+    error = _await(query, spark, stopping, lease, local, warm, settings)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -318,6 +319,7 @@ def _await(
     lease: Lease | None,
     trim: bool,
     warm: bool,
+    settings: PublishSettings,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
     is none). `trim`: stop Spark's planner daemons once the query has run. `warm`: keep the
@@ -341,14 +343,38 @@ def _await(
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
     if stopping.is_set():
-        # Stopping interrupts the running micro-batch: it is not committed, so the next
-        # start sends it again from the checkpoint (see README, "When things fail"). A
-        # failure while stopping (the signal reached Spark's Python workers too) is the stop.
+        # The running micro-batch is let finish first (its records and their versions'
+        # END: a whole-version replicator can apply them), up to `stop_timeout_s`; one
+        # still running then is interrupted, not committed, and the next start sends it
+        # again from the checkpoint (see README, "When things fail"). A failure while
+        # stopping (the signal reached Spark's Python workers too) is the stop.
+        if error is None:
+            _finish_running(query, settings)
         query.stop()
         error = None
     else:
         error = error or query.exception()
     return error
+
+
+def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
+    """On a stop: wait for the running micro-batch to commit (query_progress.py), saying so
+    if it does not within the run's `stop_timeout_s`."""
+    from lance_cdf.spark.publish.query_progress import finish_micro_batch, interval_seconds
+
+    limit = settings.run.stop_timeout_s
+    interval = None if settings.run.available_now else interval_seconds(settings.trigger_interval)
+    try:
+        finished = finish_micro_batch(query, limit, interval)
+    except Exception:  # noqa: BLE001 (the query failed or ended meanwhile: stopped below)
+        return
+    if not finished:
+        print(
+            f"stopping: the running micro-batch did not finish within {limit:g} s "
+            "(--stop-timeout) and is interrupted; its versions may be in the topic without "
+            "their END until publish runs again, which completes them",
+            flush=True,
+        )
 
 
 # a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text

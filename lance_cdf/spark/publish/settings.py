@@ -111,7 +111,9 @@ class RunSettings:
     itself, so per-key order holds whatever their number. `head_start`: publish the commits
     waiting at start from this process while Spark starts (spark/publish/headstart.py;
     exactly-once and one table only, and only where the query's start is known before it
-    starts: a checkpoint's committed offset or a numeric starting version). `metrics_port`:
+    starts: a checkpoint's committed offset or a numeric starting version). `stop_timeout_s`:
+    how long a stop (SIGTERM, SIGINT) waits for the running micro-batch to commit (its
+    records and their versions' END) before interrupting it. `metrics_port`:
     serve Prometheus metrics on metrics_host:metrics_port (0: any free port;
     lance_cdf.ops.metrics). `warm_workers`: keep a local session's Python workers through
     quiet periods (Spark stops them after a minute idle, and the first micro-batch after
@@ -124,6 +126,7 @@ class RunSettings:
     master: str | None = None
     writers: int | None = None
     head_start: bool = True
+    stop_timeout_s: float = 60.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
     warm_workers: bool = True

@@ -107,6 +107,7 @@ def close_publishers() -> None:
 
     while _PUBLISHERS:
         _PUBLISHERS.popitem()[1].close()
+    _TRANSACTION_WRITERS.clear()  # (their producer and consumer are the process's clients)
     clients.close_all()
 
 
@@ -404,16 +405,21 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if publisher is None:
             return Published(sent)
         publisher.flush()  # every record acknowledged, or the micro-batch fails
+        hold("write")
         return Published(sent, dict(publisher.version_counts))
 
     def commit(  # noqa: N803 (Spark's name)
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
-        (kafka/transactions.py), written once however often the micro-batch runs."""
+        (kafka/transactions.py), written once however often the micro-batch runs. The head
+        start (spark/publish/headstart.py) calls it too, with batch id -1, for what it
+        published; the query's later commit of those versions skips them."""
         opts = {k.lower(): v for k, v in self.options.items()}
         if opts.get("transactionmetadata", "true").lower() != "true":
             return
+        if batchId >= 0:
+            hold("commit")
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
@@ -497,6 +503,26 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         pass
+
+
+# A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
+# `write` (a writer task, once its records are acknowledged) or `commit` (the query's
+# commit, before its transaction metadata): while FILE exists that step waits, and says so
+# by creating `FILE.held` (tests/test_complete_versions.py). Unset: no effect.
+HOLD_ENV = "LANCE_CDF_TEST_HOLD"
+
+
+def hold(stage: str) -> None:
+    import os
+    import time
+
+    wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
+    if wanted != stage or not path or not os.path.exists(path):
+        return
+    with open(f"{path}.held", "w"):
+        pass
+    while os.path.exists(path):
+        time.sleep(0.05)
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object
