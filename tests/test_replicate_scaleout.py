@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import pytest
 from confluent_kafka.admin import AdminClient, NewTopic
 from oracle import table_state
 
-from lance_cdf.replicate.table_shares import share_tables
+from lance_cdf.replicate.table_shares import share_tables, topics_under
 
 TABLES = 30  # tables of the database
 PARTITIONS = 2  # partitions of each table's topic
@@ -71,6 +72,15 @@ def test_no_members_no_owners_and_one_member_owns_all():
     assert share_tables(["x", "y"], []) == {}
     assert share_tables(["x", "y", "x"], ["only"]) == {"x": "only", "y": "only"}
     assert share_tables([], ["a", "b"]) == {}
+
+
+def test_the_subscription_matches_the_prefix_topics_only():
+    pattern = re.compile(topics_under("shop-1.a_b"))  # (librdkafka reads it as POSIX does)
+    assert pattern.match("shop-1.a_b.sales.orders")
+    assert pattern.match("shop-1.a_b.items.transaction")
+    assert not pattern.match("shopx1.a_b.items")
+    assert not pattern.match("shop-1.a_b")
+    assert not pattern.match("shop-1xa_b.items")
 
 
 # -- three processes, one killed, one added ----------------------------------------------

@@ -21,6 +21,12 @@ naming it), the other tables go on; a batch that fails stops the whole replicato
 half-applied; every replica resumes from its own position). The poll loop is the one a
 single table's replicator runs (poll_loop.py); this replicator hands each poll's records
 to the tables they belong to.
+
+Several database replicators of one consumer group share the tables (table_shares.py):
+each takes up only its share of the listed tables, gives up (between two polls: no batch
+half-applied) a table that is no longer its share, and waits for the lease of one that
+another member still holds. A table whose lease is lost (this process was cut off for a
+TTL and another took it over) is let go alone.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ from lance_cdf.replicate.counters import Counters, add_counters
 from lance_cdf.replicate.poll_loop import consume_error, run_polls
 from lance_cdf.replicate.replicate_settings import ReplicateSettings
 from lance_cdf.replicate.replicator import Replicator
-from lance_cdf.replicate.table_shares import GroupMembers, share_tables
+from lance_cdf.replicate.table_shares import GroupMembers, share_tables, topics_under
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -148,7 +154,7 @@ class DatabaseReplicator:
         self.members = GroupMembers(
             self.shared.connection,
             self.group_id,
-            f"^{re.escape(prefix)}[.].*",
+            topics_under(prefix),
             s.database.member_timeout_s,
         )
         # (each table's replicator: the shared consumer's group)

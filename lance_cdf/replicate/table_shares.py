@@ -76,6 +76,12 @@ def share_tables(tables: Sequence[str], members: Sequence[str]) -> dict[str, str
     return out
 
 
+def topics_under(prefix: str) -> str:
+    """The subscription pattern of the topics `<prefix>.*` as librdkafka's regex engine
+    reads it (POSIX-like: a topic name's `.` and `-` put in brackets, not escaped)."""
+    return "^" + "".join(c if c.isalnum() or c == "_" else f"[{c}]" for c in prefix) + "[.].*"
+
+
 class GroupMembers:
     """This process's membership of consumer group `group_id` (the topics matching
     `pattern` subscribed, never read) and the group's members as Kafka reports them.
@@ -99,12 +105,18 @@ class GroupMembers:
                     # the topic list read often: a new table topic becomes part of the
                     # subscription soon (it matters little: tables are shared out here)
                     "topic.metadata.refresh.interval.ms": 30_000,
+                    # a long batch (a big version, a compaction) between two polls must
+                    # not drop the member: its heartbeats, from librdkafka's own thread,
+                    # are what tells whether it is alive
+                    "max.poll.interval.ms": 1_800_000,
                 },
                 fixed={
                     "group.id": group_id,
                     "enable.auto.commit": False,
                     "enable.auto.offset.store": False,
                     "auto.offset.reset": "latest",
+                    # eager rebalances: the callbacks below (re)assign the whole set
+                    "partition.assignment.strategy": "roundrobin",
                 },
             )
         )
