@@ -26,6 +26,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from oracle import table_state
 
@@ -100,8 +101,18 @@ class Source:
         self.published = dict.fromkeys(self.names, 0)
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
         topics = [NewTopic(self.topic(n), PARTITIONS, 1) for n in self.names]
+        topics += [NewTopic(f"{self.topic(n)}.transaction", 1, 1) for n in self.names]
         for f in admin.create_topics(topics).values():
             f.result(30)
+        # (every partition led before the first write: a fresh topic's leader is elected
+        # after create_topics returns)
+        probe = Consumer({"bootstrap.servers": kafka.bootstrap_servers, "group.id": "probe"})
+        try:
+            for t in topics:
+                for p in range(t.num_partitions):
+                    wait_for(lambda t=t, p=p: led(probe, t.topic, p), 30, f"{t.topic} led")
+        finally:
+            probe.close()
         for n in self.names:
             lance.write_dataset(table_rows(0, 30, "a"), self.uri(n), enable_stable_row_ids=True)
 
@@ -127,6 +138,7 @@ class Source:
         (as the Spark sink writes them)."""
         import lance_cdf
         from lance_cdf.core.feed import ChangeFeed
+        from lance_cdf.core.stream_columns import PARTITION_COLUMN
         from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
         from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
 
@@ -138,6 +150,12 @@ class Source:
                 continue
             feed = ChangeFeed(uri)
             events = lance_cdf.read_changes(uri, start, end).read_all()
+            # routed as the Spark sink routes: a row's events to one partition, counted
+            # per partition in its version's END
+            rowids = events["_rowid"].to_numpy().astype(np.int64)
+            events = events.append_column(
+                PARTITION_COLUMN, pa.array((rowids % PARTITIONS).astype(np.int32))
+            )
             ops = {v: feed.table.manifest(v).operation for v in range(start, end + 1)}
             pub = KafkaChangePublisher(bs, topic, reg, user_schema_of(events.schema), uri)
             pub.publish(events, ops)
@@ -146,6 +164,14 @@ class Source:
                 counts[v] = c
             TransactionWriter(bs, f"{topic}.transaction", reg, uri).write(list(counts.values()))
             self.published[n] = end
+
+
+def led(consumer: Consumer, topic: str, partition: int) -> bool:
+    try:
+        consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=5)
+    except KafkaException:
+        return False
+    return True
 
 
 def replica_uri(dst: str, name: str) -> str:

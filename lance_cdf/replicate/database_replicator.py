@@ -241,7 +241,11 @@ class DatabaseReplicator:
         )
         settings = replace(self.settings, kafka=self._kafka, topic=table.topic, target=target)
         replicator = Replicator(settings, shared=self.shared)
+        # the group's offsets committed, and the start's broker requests (topic metadata,
+        # watermarks, committed offsets) made, through the member: its partitions are
+        # paused, so its requests do not queue behind the shared consumer's long-poll fetch
         replicator.applier.committer = self.members.consumer
+        replicator.checks.consumer = self.members.consumer
         try:
             replicator.start()
         except LeaseHeldError as exc:
