@@ -216,7 +216,7 @@ class DatabaseReplicator:
         if mine is None:
             return  # (the group is rebalancing: nothing changes hands meanwhile)
         for topic, entry in list(self.tables.items()):
-            if topic not in mine:
+            if topic in found and topic not in mine:  # (one missing: gone, above)
                 self._drop(entry, "handed over to another replicator of the group")
         self.waiting = {t: w for t, w in self.waiting.items() if t in mine}
         for topic, table_topic in mine.items():
