@@ -28,15 +28,25 @@ import uuid
 import lance
 import numpy as np
 import pyarrow as pa
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
 
 
 def build(root: str, prefix: str, args: argparse.Namespace, kafka, registry) -> int:
     """The tables and their topics; the number of change events published."""
     import lance_cdf
     from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.core.stream_columns import PARTITION_COLUMN
     from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
     from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
 
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    made = admin.create_topics(
+        [NewTopic(f"{prefix}.t{i:03d}", args.partitions, 1) for i in range(args.tables)]
+        + [NewTopic(f"{prefix}.t{i:03d}.transaction", 1, 1) for i in range(args.tables)]
+    )
+    for f in made.values():
+        f.result(30)
     events_total = 0
     for i in range(args.tables):
         uri = os.path.join(root, f"t{i:03d}.lance")
@@ -52,16 +62,29 @@ def build(root: str, prefix: str, args: argparse.Namespace, kafka, registry) -> 
         end = lance.dataset(uri).version
         feed = ChangeFeed(uri)
         events = lance_cdf.read_changes(uri, 1, end).read_all()
+        rowids = events["_rowid"].to_numpy().astype(np.int64)  # routed as the Spark sink does
+        events = events.append_column(
+            PARTITION_COLUMN, pa.array((rowids % args.partitions).astype(np.int32))
+        )
         ops = {v: feed.table.manifest(v).operation for v in range(1, end + 1)}
         pub = KafkaChangePublisher(
             kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri
         )
-        pub.publish(events, ops)
         counts = {v: VersionCounts(v) for v in range(1, end + 1)}
-        counts.update(pub.version_counts)
-        TransactionWriter(kafka.bootstrap_servers, f"{topic}.transaction", registry.url, uri).write(
-            list(counts.values())
+        writer = TransactionWriter(
+            kafka.bootstrap_servers, f"{topic}.transaction", registry.url, uri
         )
+        for attempt in range(40):  # (a fresh topic's leader is elected after its creation)
+            try:
+                if attempt == 0:
+                    pub.publish(events, ops)
+                    counts.update(pub.version_counts)
+                writer.write(list(counts.values()))
+                break
+            except KafkaException:
+                if attempt == 39:
+                    raise
+                time.sleep(0.5)
         events_total += events.num_rows
     return events_total
 
@@ -134,6 +157,7 @@ def main() -> None:
     ap.add_argument("--tables", type=int, default=30)
     ap.add_argument("--versions", type=int, default=20)
     ap.add_argument("--rows", type=int, default=2000, help="rows appended per version")
+    ap.add_argument("--partitions", type=int, default=2, help="partitions per table topic")
     ap.add_argument("--processes", default="1,3")
     ap.add_argument("--timeout", type=float, default=1200.0)
     ap.add_argument("--out", default=None)
