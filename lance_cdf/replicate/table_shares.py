@@ -37,9 +37,11 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 
+from lance_cdf.errors import LanceCdfError
+from lance_cdf.kafka.endpoints import denied
 from lance_cdf.ops.clientconfig import KafkaConnection
 
 log = logging.getLogger("lance_cdf.replicate")
@@ -95,7 +97,7 @@ class GroupMembers:
         pattern: str,
         session_timeout_s: float,
     ):
-        self.group_id = group_id
+        self.group_id, self.bootstrap_servers = group_id, connection.bootstrap_servers
         self.changed = threading.Event()
         self.consumer = Consumer(
             connection.consumer(
@@ -142,8 +144,11 @@ class GroupMembers:
 
     def poll(self) -> None:
         """Serve the group's callbacks (rebalances); the consumer returns no records (its
-        partitions are paused)."""
-        self.consumer.poll(0)
+        partitions are paused). A group the client may not use is raised, naming it."""
+        m = self.consumer.poll(0)
+        err = m.error() if m is not None else None
+        if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+            raise self._denied(err)
 
     def members(self) -> list[str] | None:
         """The group's members (sorted member ids) while the group is stable and this
@@ -156,6 +161,9 @@ class GroupMembers:
             future = self.admin.describe_consumer_groups([self.group_id], request_timeout=10)
             description: Any = future[self.group_id].result(timeout=15)
         except KafkaException as exc:
+            err = exc.args[0] if exc.args and isinstance(exc.args[0], KafkaError) else None
+            if err is not None and err.code() == KafkaError.GROUP_AUTHORIZATION_FAILED:
+                raise self._denied(err) from None
             log.warning("cannot read the members of group %r (%s)", self.group_id, exc)
             return None
         if _state_name(description.state) != _STABLE:
@@ -172,6 +180,17 @@ class GroupMembers:
             )
             self._members = members
         return members
+
+    def _denied(self, err: KafkaError) -> LanceCdfError:
+        return denied(
+            "consumer group",
+            self.group_id,
+            "Read and Describe",
+            self.bootstrap_servers,
+            "consumer",
+            err,
+            "--group-id",
+        )
 
     def close(self) -> None:
         """Leave the group (the others are told at once, without the session timeout)."""
