@@ -110,6 +110,9 @@ class ClientConfigError(LanceCdfError):
 class LeaseHeldError(LanceCdfError):
     """Another live writer holds the target's lease (`lance_cdf.ops.lease`)."""
 
+    # what the holder said it does (its lease's `command`), when there is one
+    holder_command: str | None = None
+
 
 class LeaseLostError(LanceCdfError):
     """This writer's lease was taken over by another writer: it must stop writing."""

@@ -348,12 +348,14 @@ class Lease:
                 if current is not None:
                     why = current.free(time.time())
                     if why is None:
-                        raise LeaseHeldError(
+                        held = LeaseHeldError(
                             f"{what} is being written by {current.holder.describe()}; one "
                             f"writer at a time. Stop that process first (its lease "
                             f"{store.where} expires {current.ttl_s:g} s after its last renewal "
                             "if it died, and is then taken over)."
                         )
+                        held.holder_command = current.holder.command
+                        raise held
                 try:
                     etag = store.write(mine, etag, create=current is None)
                 except _Conflict:
