@@ -65,7 +65,9 @@ STABLE = {"new_table_enable_stable_row_ids": "true"}
 
 
 def tree_cpu(root: int) -> float:
-    """CPU seconds (user + system) of `root` and every descendant alive now."""
+    """CPU seconds (user + system) of `root` and every descendant alive now, with what the
+    children they reaped used (a Python worker Spark stopped took its CPU time with it
+    otherwise: its daemon reaps it)."""
     kids = _children()
     total, stack = 0.0, [root]
     tick = os.sysconf("SC_CLK_TCK")
@@ -74,7 +76,7 @@ def tree_cpu(root: int) -> float:
         try:
             with open(f"/proc/{pid}/stat") as f:
                 fields = f.read().rsplit(")", 1)[1].split()
-            total += (int(fields[11]) + int(fields[12])) / tick
+            total += sum(int(x) for x in fields[11:15]) / tick
         except (OSError, IndexError, ValueError):
             pass
         stack.extend(kids.get(pid, []))
@@ -252,6 +254,13 @@ def main() -> int:
         help="one single-table `lance-cdf publish --table` per table instead of "
         "the database publisher (the memory they take side by side)",
     )
+    ap.add_argument(
+        "--publish-arg",
+        action="append",
+        default=[],
+        help="one more argument for the database publisher (repeatable; "
+        "e.g. --publish-arg=--no-warm-workers)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
 
@@ -330,6 +339,7 @@ def main() -> int:
                     *common,
                     "--checkpoint",
                     checkpoint,
+                    *args.publish_arg,
                 ]
                 procs.append(
                     subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)

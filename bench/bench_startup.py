@@ -1,6 +1,7 @@
 """Start-up of `lance-cdf publish`: time from launch to the first acknowledged record.
 
     python bench/bench_startup.py --runs 2 [--before /work/main]
+    python bench/bench_startup.py --database 20 --runs 2
 
 Starts a local broker and registry, writes a 1-row table, then runs
 `lance-cdf publish --available-now` as its own process (as a user does) while a consumer
@@ -11,7 +12,8 @@ the same for bench/startup_floor.py, a minimal Python stream through the same Sp
 machinery into Kafka with nothing of lance-cdf (what no change to lance-cdf's Spark code
 can go below). With `--before DIR`, the same runs with the lance_cdf package of DIR
 (another checkout) on PYTHONPATH, alternating with this one (side by side, same machine
-state).
+state). With `--database N`: a database publisher over N one-row tables, restarted with a
+row appended to each, its head start against `--no-head-start` (`database_run`).
 """
 
 from __future__ import annotations
@@ -98,11 +100,100 @@ def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
     return {"first_record_s": first, "exit_s": exited, "stages": stages}
 
 
+def database_run(kafka, registry, root: str, tables: list[str], workdir, extra=()) -> dict:
+    """`publish --database` restarted with one commit waiting in every table: launch ->
+    the first record of any table's topic. A first run (`--available-now`, a new
+    checkpoint: it starts at every table's latest version) makes the checkpoint; then one
+    row is appended to each table and the timed run resumes from it."""
+    prefix = f"dbstart{uuid.uuid4().hex[:8]}"
+    checkpoint = os.path.join(workdir, f"ck-{prefix}")
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    cmd = [
+        sys.executable,
+        "-m",
+        "lance_cdf.cli",
+        "publish",
+        "--database",
+        root,
+        "--topic-prefix",
+        prefix,
+        "--bootstrap-servers",
+        kafka.bootstrap_servers,
+        "--schema-registry",
+        registry.url,
+        "--checkpoint",
+        checkpoint,
+        "--available-now",
+        *extra,
+    ]
+    subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
+    for name in tables:
+        uri = os.path.join(root, f"{name}.lance")
+        n = lance.dataset(uri).count_rows()
+        lance.write_dataset(pa.table({"id": [n]}), uri, mode="append")
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka.bootstrap_servers,
+            "group.id": prefix,
+            "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 200,
+        }
+    )
+    c.subscribe([f"^{re.escape(prefix)}\\..*"])
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    first = None
+    while first is None and time.monotonic() - t0 < 180:
+        m = c.poll(0.05)
+        if m is not None and not m.error():
+            first = time.monotonic() - t0
+    out, err = proc.communicate(timeout=300)
+    exited = time.monotonic() - t0
+    c.close()
+    assert proc.returncode == 0, err.decode()[-2000:]
+    head = next((ln for ln in out.decode().splitlines() if ln.startswith("head start")), "")
+    return {"first_record_s": first, "exit_s": exited, "head_start": head}
+
+
+def main_database(tables: int, runs: int) -> None:
+    """--database N: launch -> first record of a restarted database publisher, with its
+    head start and with --no-head-start, alternated."""
+    from lance_cdf_devtools import KafkaBroker, SchemaRegistry
+
+    workdir = tempfile.mkdtemp(prefix="bench-startup-db-")
+    root = os.path.join(workdir, "db")
+    names = [f"t{i}" for i in range(tables)]
+    for name in names:
+        lance.write_dataset(
+            pa.table({"id": [0]}), os.path.join(root, f"{name}.lance"), enable_stable_row_ids=True
+        )
+    results: dict[str, list] = {"head start": [], "no head start": []}
+    with KafkaBroker() as kafka, SchemaRegistry() as registry:
+        for _ in range(runs):
+            for label, extra in (("head start", ()), ("no head start", ("--no-head-start",))):
+                r = database_run(kafka, registry, root, names, workdir, extra)
+                results[label].append(r)
+                print(label, json.dumps(r), flush=True)
+    for label, got in results.items():
+        firsts = ", ".join(f"{r['first_record_s']:.1f}" for r in got)
+        print(f"{label}: first record {firsts} s ({tables} tables)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--before", default=None, help="a checkout whose lance_cdf is 'before'")
+    ap.add_argument(
+        "--database",
+        type=int,
+        default=None,
+        metavar="TABLES",
+        help="a database publisher over this many tables, restarted with a commit in each",
+    )
     args = ap.parse_args()
+    if args.database:
+        main_database(args.database, args.runs)
+        return
     from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     workdir = tempfile.mkdtemp(prefix="bench-startup-")

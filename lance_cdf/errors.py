@@ -110,6 +110,9 @@ class ClientConfigError(LanceCdfError):
 class LeaseHeldError(LanceCdfError):
     """Another live writer holds the target's lease (`lance_cdf.ops.lease`)."""
 
+    # what the holder said it does (its lease's `command`), when there is one
+    holder_command: str | None = None
+
 
 class LeaseLostError(LanceCdfError):
     """This writer's lease was taken over by another writer: it must stop writing."""
@@ -173,3 +176,31 @@ class DatabaseSchemaError(LanceCdfError):
 class NoVersionSinceError(LanceCdfError):
     """A batch read's startingTimestamp is after the table's latest commit (a database read
     reads nothing of that table; a one-table read refuses)."""
+
+
+def in_words(exc: BaseException) -> str:
+    """What went wrong, in words, on one line: a lance-cdf error's own message; for any
+    other exception a description of its kind and its first line, never the name of an
+    internal exception class (a `KeyError: 'items'` says nothing to an operator)."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].rstrip(".") if text else ""
+    if isinstance(exc, LanceCdfError):
+        return first or "an error without a message"
+    if isinstance(exc, KeyError):
+        key = exc.args[0] if exc.args else None
+        return f"{key!r} was not found" if key is not None else "an entry was not found"
+    if isinstance(exc, FileNotFoundError):
+        name = exc.filename or first
+        return f"a file it needs is missing ({name})" if name else "a file it needs is missing"
+    if isinstance(exc, PermissionError):
+        return f"access was denied ({exc.strerror or first})" if first else "access was denied"
+    if isinstance(exc, TimeoutError):
+        return f"no answer in time ({first})" if first else "no answer in time"
+    if isinstance(exc, ConnectionError):
+        return f"the connection failed ({first})" if first else "the connection failed"
+    if isinstance(exc, OSError):
+        why = exc.strerror or first
+        return f"reading or writing failed ({why})" if why else "reading or writing failed"
+    if isinstance(exc, MemoryError):
+        return "the process ran out of memory"
+    return first or "an unexpected error without a message (the log has its details)"

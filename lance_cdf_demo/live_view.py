@@ -28,11 +28,15 @@ class TableSnapshot:
     source_version: int
     published_version: int | None
     replicated_version: int | None
-    kafka_records: int
+    kafka_records: int | None  # None: the topic is not there (or not read) yet
     replicated_records: int
 
     @property
-    def lag_records(self) -> int:
+    def lag_records(self) -> int | None:
+        """Records in Kafka the replica has not applied; None (unknown, not 0) until the
+        publisher has delivered a version and the topic could be read."""
+        if self.published_version is None or self.kafka_records is None:
+            return None
         return max(0, self.kafka_records - self.replicated_records)
 
     @property
@@ -41,7 +45,7 @@ class TableSnapshot:
         no rows, e.g. a compaction, publish nothing: the replica's version stays behind)."""
         return (
             self.published_version == self.source_version
-            and self.kafka_records > 0
+            and bool(self.kafka_records)
             and self.lag_records == 0
         )
 
@@ -55,15 +59,17 @@ class Snapshot:
 
     @property
     def kafka_records(self) -> int:
-        return sum(t.kafka_records for t in self.tables)
+        return sum(t.kafka_records or 0 for t in self.tables)
 
     @property
     def replicated_records(self) -> int:
         return sum(t.replicated_records for t in self.tables)
 
     @property
-    def lag_records(self) -> int:
-        return sum(t.lag_records for t in self.tables)
+    def lag_records(self) -> int | None:
+        """The tables' lags summed; None while any is unknown."""
+        lags = [t.lag_records for t in self.tables]
+        return None if any(lag is None for lag in lags) else sum(lag or 0 for lag in lags)
 
     @property
     def caught_up(self) -> bool:
@@ -90,16 +96,18 @@ class Probe:
     def topic(self, name: str) -> str:
         return f"{self.prefix}.{name}"
 
-    def kafka_records(self, topic: str) -> int:
+    def kafka_records(self, topic: str) -> int | None:
+        """The records in `topic`; None while it does not exist or cannot be read."""
         try:
             meta = self.consumer.list_topics(topic, timeout=2).topics.get(topic)
-            parts = list(meta.partitions) if meta is not None and meta.partitions else []
+            if meta is None or meta.error is not None or not meta.partitions:
+                return None
             return sum(
                 self.consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=2)[1]
-                for p in parts
+                for p in meta.partitions
             )
         except KafkaException:
-            return 0
+            return None
 
     def _replica(self, name: str) -> ReplicaTable | None:
         """The replica of table `name` once the replicator has created it."""
@@ -146,6 +154,10 @@ def _v(version: int | None) -> str:
     return "-" if version is None else str(version)
 
 
+def _n(count: int | None) -> str:
+    return "-" if count is None else f"{count:,}"
+
+
 def render(s: Snapshot, total: float, phase: str) -> Table:
     """A rich renderable of one snapshot: a row per table."""
     from rich.table import Table
@@ -165,8 +177,8 @@ def render(s: Snapshot, total: float, phase: str) -> Table:
             str(t.source_version),
             _v(t.published_version),
             _v(t.replicated_version),
-            f"{t.kafka_records:,}",
-            f"{t.lag_records:,} records",
+            _n(t.kafka_records),
+            "-" if t.lag_records is None else f"{t.lag_records:,} records",
         )
     table.caption = (
         f"last commit: {s.last_commit}; {s.events_per_s:,.0f} events/s applied (10 s window)"
@@ -178,7 +190,7 @@ def line(s: Snapshot, phase: str) -> str:
     """The same as one plain line, for logs and terminals without rich."""
     tables = "; ".join(
         f"{t.name} v{t.source_version} -> published v{_v(t.published_version)} -> replicated "
-        f"v{_v(t.replicated_version)} (lag {t.lag_records})"
+        f"v{_v(t.replicated_version)} (lag {_v(t.lag_records)})"
         for t in s.tables
     )
     return (

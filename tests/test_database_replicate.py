@@ -251,9 +251,14 @@ def test_database_replica_equals_source_after_a_kill(
             )
             publish_all(src, prefix, kafka_broker, schema_registry, ck, only="sales.returns")
             wait_for(lambda: caught_up(src, dst, "sales.returns"), 60, "the new table")
-            # a second replicator of the same database: every table's lease is held
+            # a second replicator of the same database in another group (one of the same
+            # group would share the tables): every table's lease is held
             second = subprocess.run(
-                [*cmd, "--idle-timeout", "2"], capture_output=True, text=True, timeout=120, env=env
+                [*cmd, "--idle-timeout", "2", "--group-id", f"other-{prefix}"],
+                capture_output=True,
+                text=True,
+                timeout=120,
+                env=env,
             )
             assert second.returncode == 2, second.stderr[-3000:]
             assert "4 table(s) not replicated" in second.stderr

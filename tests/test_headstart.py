@@ -107,3 +107,89 @@ def test_writers_skip_what_the_head_start_published(
         isolation="read_committed",
     )
     assert got == want  # every change once, per key in commit order
+
+
+def test_a_database_head_start_publishes_each_table_once_with_its_transactions(
+    tmp_path, kafka_broker, schema_registry, monkeypatch
+):
+    """The database head start (spark/publish/database_headstart.py): every table's waiting
+    versions from the database reader's own plan, each table's share to its own topic with
+    its BEGIN/END; a second head start from the same start (as the query after it) skips
+    what the first published: every change once, per key in commit order, and one BEGIN and
+    END per version."""
+    from test_transactions import change_counts, check_transactions, transactions
+
+    from lance_cdf.spark.publish import database_headstart
+    from lance_cdf.spark.publish.database_headstart import (
+        database_head_start,
+        database_start_offset,
+    )
+    from lance_cdf.spark.source.database_stream import DatabaseReader
+
+    root = tmp_path / "db"
+    names = ("orders", "users")
+    for name in names:
+        _history(str(root / f"{name}.lance"))
+    prefix = f"dbhs{uuid.uuid4().hex[:6]}"
+    source = {
+        "database": str(root),
+        "startingVersion": "1",
+        "keyHash": "id",
+        "kafkaPartitions": str(PARTITIONS),
+    }
+    sink = {
+        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+        "schema.registry.url": schema_registry.url,
+        "database": str(root),
+        "topic.prefix": prefix,
+        "topic.partitions": str(PARTITIONS),
+        "key": "id",
+        "checkpointLocation": str(tmp_path / "ck"),
+    }
+    start = DatabaseReader({**source, "writerSlots": "1"}).initialOffset()
+    assert set(start["tables"]) == set(names)
+
+    # no time at all (its plan alone takes some): none
+    monkeypatch.setattr(database_headstart, "HEAD_START_SECONDS", 0.0)
+    assert database_head_start(source, sink, start) is None
+    monkeypatch.setattr(database_headstart, "HEAD_START_SECONDS", 600.0)  # (not the subject)
+    # each table's first version (20 inserts) alone, both tables' in one head start
+    monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 20)
+    first = database_head_start(source, sink, start)
+    assert (first.records, first.tables, first.left) == (40, 2, 0)
+    # all together over the bound: none
+    monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 10_000)
+    monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS_IN_ALL", 39)
+    assert database_head_start(source, sink, start) is None
+    # everything from the same start: what the first sent is skipped
+    monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS_IN_ALL", 100_000)
+    rest = database_head_start(source, sink, start)
+    assert rest.tables == 2
+    for name in names:
+        uri = str(root / f"{name}.lance")
+        topic = f"{prefix}.{name}"
+        want = expected_by_key(uri)
+        count = sum(len(v) for v in want.values())
+        got, _ = consume_by_key(
+            kafka_broker.bootstrap_servers,
+            topic,
+            schema_registry.url,
+            count + 1,
+            isolation="read_committed",
+        )
+        assert got == want, name  # every change once, per key in commit order
+        txns = transactions(
+            kafka_broker.bootstrap_servers, f"{topic}.transaction", schema_registry.url
+        )
+        check_transactions(
+            txns, change_counts(kafka_broker.bootstrap_servers, topic), f"{prefix}.{name}"
+        )
+    assert first.records + rest.records == sum(
+        sum(len(v) for v in expected_by_key(str(root / f"{n}.lance")).values()) for n in names
+    )
+    # where a restarted query starts: the committed offset, none while a table snapshots
+    assert database_start_offset(str(tmp_path / "none")) is None
+    ck = _checkpoint(tmp_path / "ck2", {0: '{"tables":{"a":{"version":3}},"from":"1"}'}, [0])
+    assert database_start_offset(ck) == {"tables": {"a": {"version": 3}}, "from": "1"}
+    snap = '{"tables":{"a":{"version":3,"snapshot":{"fragment":1,"offset":10}}},"from":"1"}'
+    assert database_start_offset(_checkpoint(tmp_path / "ck3", {0: snap}, [0])) is None

@@ -371,3 +371,25 @@ def test_database_replicate_metrics_per_table(tmp_path, kafka_broker, schema_reg
         assert scrape_tables(url)["lance_cdf_lag_versions", "sales.orders"] == 0
     finally:
         _stop(proc)
+
+
+def test_a_lag_is_unknown_until_a_version_is_done(tmp_path):
+    """Nothing published yet: the lag series are absent (unknown), never 0; a database
+    publisher's table likewise until its first version is delivered."""
+    uri = str(tmp_path / "t.lance")
+    w = Workload(uri, seed=2, rows=20)
+    w.step("append")
+    latest = lance.dataset(uri).version
+    state = Progress(version=None)
+    tables = {"t": (uri, None)}
+    metrics = PipelineMetrics("publish", lambda: state, uri, tables=lambda: tables)
+    url = metrics.serve(0)
+    try:
+        m = scrape(url)
+        assert m["lance_cdf_source_latest_version"] == latest
+        assert "lance_cdf_lag_versions" not in m and "lance_cdf_lag_seconds" not in m
+        state.version, tables["t"] = latest - 1, (uri, latest - 1)
+        m = scrape(url)
+        assert m["lance_cdf_lag_versions"] == 1 and m["lance_cdf_lag_seconds"] > 0
+    finally:
+        metrics.close()

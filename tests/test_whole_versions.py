@@ -260,6 +260,7 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         max_batch_interval=0.3,
         max_pending_records=20,
     )
+    _ends_first(rep)
     run_until_caught_up(rep, lance.dataset(src).version, dst)
     commits = replica_commits(dst)
     pieces = [p for _, p in commits if INSIDE_VERSION_PROPERTY in p]
@@ -305,8 +306,9 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         )
         == 0
     )
+    _ends_first(rep)
     rep.take = _stop_after_first_piece(rep)
-    rep.run(idle_timeout=4)
+    rep.run(idle_timeout=30)  # (stopped by its first piece)
     report, text = status(src, dst)
     assert report["replica_inside_version"] is not None
     assert "plus part of version" in text
@@ -346,6 +348,24 @@ def run_until_caught_up(rep, version, dst, within=180.0):
     assert not thread.is_alive(), "the replicator did not stop"
     if failed:
         raise failed[0]
+
+
+def _ends_first(rep):
+    """The gate reads every END already written before it takes any record. A piece is
+    only cut while a version's records are partly polled and every END has been read; a
+    transaction-topic fetch that came after all of a version's records (a loaded machine)
+    left that version to be applied whole, and no piece was ever cut."""
+    start_mode = rep._start_mode
+
+    def wrapped():
+        mode = start_mode()
+        deadline = time.monotonic() + 60
+        while mode == "versions" and not rep._gate._caught_up():
+            assert time.monotonic() < deadline, "the transaction topic was not read"
+            rep._gate._poll_transactions()
+        return mode
+
+    rep._start_mode = wrapped
 
 
 def _stop_after_first_piece(rep):

@@ -147,6 +147,21 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
         "while Spark starts; the query publishes everything",
     )
     pub.add_argument(
+        "--no-warm-workers",
+        action="store_true",
+        help="let a local session's Python workers stop after a minute without a "
+        "micro-batch (Spark's default; less memory idle, a slower micro-batch after "
+        "each quiet minute)",
+    )
+    pub.add_argument(
+        "--stop-timeout",
+        type=seconds,
+        default=60.0,
+        metavar="SECONDS",
+        help="on SIGTERM / SIGINT, how long the running micro-batch may take to finish "
+        "(its records and their versions' END) before it is interrupted (default 60)",
+    )
+    pub.add_argument(
         "--flush-timeout",
         type=seconds,
         default=None,
@@ -250,7 +265,9 @@ def publish_settings(args: argparse.Namespace) -> PublishSettings:
         master=args.master,
         writers=args.writers,
         head_start=not args.no_head_start,
+        stop_timeout_s=args.stop_timeout,
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
+        warm_workers=not args.no_warm_workers,
     )
     return PublishSettings(source, target, run)

@@ -28,6 +28,10 @@ if TYPE_CHECKING:
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 
+# (s) a database replicator's lease TTL: a replicator that dies on another machine has its
+# tables taken up within this (its group membership ends sooner, --member-timeout)
+DATABASE_LEASE_TTL_S = 20.0
+
 
 def replicate_parser(sub: Subcommands) -> None:
     """`lance-cdf replicate`: where from, where to (one table, or `_database_flags`); how
@@ -107,6 +111,16 @@ def _database_flags(rep: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="with --database-target: how often the topic list is read for new "
         "and deleted topics (default 5)",
+    )
+    rep.add_argument(
+        "--member-timeout",
+        type=seconds,
+        default=10.0,
+        metavar="SECONDS",
+        help="with --database-target: the replicators of one --group-id share the "
+        "tables; one that stops heartbeating leaves the group after this long (Kafka's "
+        "session timeout, within the broker's group.min/max.session.timeout.ms) and its "
+        "tables are taken up by the others once their leases are free (default 10)",
     )
 
 
@@ -236,11 +250,11 @@ def _run_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--lease-ttl",
         type=seconds,
-        default=30.0,
+        default=None,
         metavar="SECONDS",
         help="one replicator per replica: its lease expires this long after its "
         "last renewal (every third of it) if it dies elsewhere, and is then "
-        "taken over (default 30)",
+        "taken over (default 30; with --database-target 20)",
     )
 
 
@@ -471,7 +485,11 @@ def _settings(args: argparse.Namespace, topic: str, target: str) -> ReplicateSet
         preload_index=not args.no_index_preload,
         key_map=not args.no_key_map,
         rebuild=args.rebuild,
-        lease_ttl_s=args.lease_ttl,
+        lease_ttl_s=args.lease_ttl
+        if args.lease_ttl is not None
+        else (DATABASE_LEASE_TTL_S if args.database_target is not None else 30.0),
     )
-    database = DatabaseSettings(args.include, args.exclude, args.refresh_interval)
+    database = DatabaseSettings(
+        args.include, args.exclude, args.refresh_interval, args.member_timeout
+    )
     return ReplicateSettings(kafka, topic, target, batching, replica, database)

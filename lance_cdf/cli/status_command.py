@@ -5,10 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from lance_cdf.cli.flags import Subcommands, storage_options
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import LanceCdfError, in_words
 
 if TYPE_CHECKING:
     pass
@@ -129,7 +130,7 @@ def _checkpoint_status(
     lines.append(
         f"checkpoint  {redact_url(checkpoint)}: "
         + (
-            "no micro-batch completed yet"
+            "no micro-batch completed yet (lag unknown)"
             if done is None
             else f"delivered through version {done} (lag {latest - done} versions)"
         )
@@ -173,6 +174,12 @@ def _replica_status(
         else f" ({latest - held} versions behind; commits that change no rows publish nothing)"
     )
     lines.append(f"replica     {redact_url(args.replica)}: {describe_position(position)}{lag}")
+    from lance_cdf.replicate import unfinished
+
+    left = unfinished.read(args.replica, held)
+    report["replica_unfinished"] = None if left is None else asdict(left)
+    if left is not None:
+        lines.append(f"unfinished  {unfinished.describe(left)}")
 
 
 def _database_status(args: argparse.Namespace) -> int:
@@ -181,15 +188,14 @@ def _database_status(args: argparse.Namespace) -> int:
     from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.format.namespace import list_tables
     from lance_cdf.ops.clientconfig import redact_url
-    from lance_cdf.spark.source.checkpoint import committed_tables
-    from lance_cdf.spark.source.database_stream import read_report
+    from lance_cdf.spark.source.checkpoint import REPORT_FILE, committed_tables, read_report
 
     if not args.checkpoint or args.replica:
         raise LanceCdfError("status --database takes --checkpoint (the publisher's), no --replica")
     options = storage_options(args.storage_option)
     delivered = committed_tables(args.checkpoint) or {}
     root = args.checkpoint.removeprefix("file://")
-    report = read_report(os.path.join(root, "database-tables.json")) or {}
+    report = read_report(os.path.join(root, REPORT_FILE)) or {}
     followed: dict[str, str] = dict(report.get("followed") or {})
     skipped: dict[str, str] = dict(report.get("skipped") or {})
     uris = {ref.qualified_name: ref.uri for ref in list_tables(args.database, options)}
@@ -202,22 +208,60 @@ def _database_status(args: argparse.Namespace) -> int:
             tables[name] = {"gone": True, "checkpoint_version": done}
             lines.append(f"table       {name}: gone from the database")
             continue
-        latest = ChangeFeed(uri, options).latest_version()
-        lag = None if done is None else latest - done
+        try:
+            latest: int | None = ChangeFeed(uri, options).latest_version()
+        except (LanceCdfError, OSError) as exc:  # (caught mid-commit, storage unreachable)
+            latest = None
+            lines.append(f"table       {name}: latest version not read ({in_words(exc)})")
+        lag = None if done is None or latest is None else latest - done
         tables[name] = {"latest_version": latest, "checkpoint_version": done, "checkpoint_lag": lag}
-        lines.append(
-            f"table       {name}: latest version {latest}, "
-            + (
-                "no micro-batch delivered it yet"
-                if done is None
-                else f"delivered through version {done} (lag {lag} versions)"
+        if latest is not None:
+            lines.append(
+                f"table       {name}: latest version {latest}, "
+                + (
+                    "no micro-batch delivered it yet (lag unknown)"
+                    if done is None
+                    else f"delivered through version {done} (lag {lag} versions)"
+                )
             )
-        )
     for name, why in sorted(skipped.items()):
         lines.append(f"skipped     {name}: {why}")
-    document = {"database": redact_url(args.database), "tables": tables, "skipped": skipped}
+    aside: dict[str, dict[str, object]] = dict(report.get("aside") or {})
+    lines += [_aside_line(name, entry) for name, entry in sorted(aside.items())]
+    retries = _takeup_retries(args.checkpoint, report)
+    if retries:
+        lines.append(f"retries     {retries} take-up / publish attempt(s) repeated after a fault")
+    document = {
+        "database": redact_url(args.database),
+        "tables": tables,
+        "skipped": skipped,
+        "aside": aside,
+        "takeup_retries": retries,
+    }
     print(json.dumps(document) if args.json else "\n".join(lines))
     return 0
+
+
+def _aside_line(name: str, entry: dict[str, object]) -> str:
+    """One line for a table a database publisher set aside: why, and when it is retried."""
+    import time
+
+    retry_at = float(str(entry.get("retry_at") or 0))
+    when = (
+        f"tried again at {time.strftime('%H:%M:%S', time.gmtime(retry_at))} UTC"
+        if retry_at
+        else "tried again later"
+    )
+    return f"set aside   {name}: {entry.get('cause')} ({entry.get('attempts')} attempt(s); {when})"
+
+
+def _takeup_retries(checkpoint: str, report: dict[str, object]) -> int:
+    """The take-up and publish attempts a database publisher repeated: its stream's
+    (the report) and its writer tasks' (ops/takeup.py)."""
+    from lance_cdf.ops.takeup import read_writer_retries
+
+    writer = read_writer_retries(checkpoint)
+    return int(str(report.get("takeup_retries") or 0)) + (writer.retries if writer else 0)
 
 
 def _status_database(args: argparse.Namespace) -> int:
@@ -225,6 +269,7 @@ def _status_database(args: argparse.Namespace) -> int:
     qualified name), the topic it follows and the source version it holds."""
     from lance_cdf.format.namespace import list_tables
     from lance_cdf.ops.clientconfig import redact_url
+    from lance_cdf.replicate import unfinished
     from lance_cdf.replicate.replica import (
         INSIDE_VERSION_PROPERTY,
         TOPIC_PROPERTY,
@@ -255,6 +300,10 @@ def _status_database(args: argparse.Namespace) -> int:
             f"  {ref.qualified_name:<{width}}  {describe_position(position)}"
             + (f" (topic {topic})" if topic else "")
         )
+        left = unfinished.read(ref.uri, source_version_of(position))
+        replicas[-1]["unfinished"] = None if left is None else asdict(left)
+        if left is not None:
+            lines.append(f"  {'':<{width}}  unfinished: {unfinished.describe(left)}")
     report = {"database_target": redact_url(args.database_target), "replicas": replicas}
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0

@@ -29,7 +29,7 @@ from google.protobuf import unknown_fields
 from lance_cdf.core.columns import ColumnHistory, column_sources, conform, is_blob, strip
 from lance_cdf.core.plan import RowSet
 from lance_cdf.core.table_schemas import KnownSchema, TableSchemas
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import LanceCdfError, in_words
 from lance_cdf.format.cache import LruCache
 from lance_cdf.format.io import LocalFileSystem
 from lance_cdf.format.manifest import LINEAGE_COLUMNS, FragmentInfo, Manifest
@@ -304,7 +304,7 @@ class RowReader:
         return LanceCdfError(
             f"pylance cannot read fragment {frag.id} of version {version} of {self.table.uri}: "
             f"data file(s) {files}; the version was written by {writer}. "
-            f"({type(exc).__name__}: {str(exc)[:300]}) If the file is damaged, restore it; if "
+            f"({in_words(exc)[:300]}) If the file is damaged, restore it; if "
             "an old writer made it, rewrite the table with a current pylance."
         )
 

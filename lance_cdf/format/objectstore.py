@@ -17,7 +17,7 @@ from datetime import timedelta
 from typing import Any, cast
 from urllib.parse import urlparse
 
-from lance_cdf.errors import LanceCdfError, StorageAccessError, UnsupportedStorageError
+from lance_cdf.errors import LanceCdfError, StorageAccessError, UnsupportedStorageError, in_words
 
 # URI scheme -> (obstore store kind, prefix of that store's configuration keys)
 SCHEMES = {
@@ -284,7 +284,7 @@ class ObjectStoreFileSystem:
 
 def _first_line(exc: Exception) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0].rstrip(".") if text else type(exc).__name__
+    return text.splitlines()[0].rstrip(".") if text else in_words(exc)
 
 
 __all__ = ["ObjectStoreFileSystem", "is_object_store_uri", "store_arguments"]

@@ -378,7 +378,7 @@ def _registry_cause(where: str, exc: Exception) -> str:
             "use its http:// URL (or its TLS port) in --schema-registry."
         )
     return (
-        f"cannot reach the schema registry at {where} ({type(exc).__name__}: {text}); check "
+        f"cannot reach the schema registry at {where} ({text}); check "
         "--schema-registry (for Apicurio: http://HOST:PORT/apis/ccompat/v7)."
     )
 

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from confluent_kafka import KafkaException
 
-from lance_cdf.errors import PublishError
+from lance_cdf.errors import PublishError, in_words
 from lance_cdf.kafka import clients
 
 if TYPE_CHECKING:
@@ -112,9 +112,7 @@ class PartitionMarks:
         try:
             every = self.watermarks(sent_last)
         except Exception as exc:  # noqa: BLE001 (only an optimisation: read them next time)
-            log.debug(
-                "partition watermarks not read (%s: %s); read next time", type(exc).__name__, exc
-            )
+            log.debug("partition watermarks not read (%s); read next time", in_words(exc))
             every = {}
         for p, position in sent_last.items():
             if p in every:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
-from lance_cdf.errors import KafkaUnavailableError
+from lance_cdf.errors import KafkaUnavailableError, in_words
 
 # How long a flush waits for acknowledgements (and a read for a partition's last record)
 # before Kafka counts as not answering and the outage is ridden out: publish's
@@ -53,6 +53,16 @@ class KafkaState:
     last_outage_s: float = 0.0  # how long the last outage that ended lasted
     cause: str = ""  # the last error seen while Kafka did not answer
     updated: float = 0.0
+
+
+def cause_of(exc: BaseException) -> str:
+    """A client error in words: a Kafka error's own text, else `in_words`."""
+    from confluent_kafka import KafkaError
+
+    err = exc.args[0] if exc.args else None
+    if isinstance(err, KafkaError):
+        return str(err.str())
+    return in_words(exc)
 
 
 def state_path(checkpoint: str | None) -> str | None:
@@ -92,7 +102,7 @@ class RideOut:
             try:
                 out = attempt()
             except transient as exc:
-                self.waiting(f"{what}: {type(exc).__name__}: {exc}")
+                self.waiting(f"{what}: {cause_of(exc)}")
                 time.sleep(min(BACKOFF_S[min(self.attempts, len(BACKOFF_S)) - 1], self._left()))
                 continue
             self.answered()

@@ -41,6 +41,7 @@ from lance_cdf.errors import (
     KafkaUnavailableError,
     LanceCdfError,
     PublishError,
+    in_words,
 )
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.marks import POSITION_HEADER, PartitionMarks, Position
@@ -317,7 +318,7 @@ class KafkaChangePublisher:
             if isinstance(exc, LanceCdfError):
                 raise
             raise PublishError(
-                f"could not publish to {self.topic!r}: {type(exc).__name__}: {exc}. If the "
+                f"could not publish to {self.topic!r}: {in_words(exc)}. If the "
                 "registry rejected the schema, the table's schema changed in a way its "
                 "compatibility rules forbid; publish to a new topic or relax the subject's "
                 "compatibility."

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from lance_cdf.errors import ClientConfigError
+from lance_cdf.errors import ClientConfigError, in_words
 
 # librdkafka's properties flagged _RK_SENSITIVE (src/rdkafka_conf.c, confluentinc/librdkafka
 # at 4c3b017, 2026-07), plus the alias of one of them and the JVM client's JAAS config
@@ -412,7 +412,7 @@ def read_properties(path: str, flag: str) -> dict[str, str]:
             text = f.read()
     except OSError as exc:
         raise ClientConfigError(
-            f"cannot read {flag} {path} ({exc.strerror or type(exc).__name__}); check the path"
+            f"cannot read {flag} {path} ({in_words(exc)}); check the path"
         ) from None
     except UnicodeDecodeError:
         raise ClientConfigError(f"{flag} {path} is not UTF-8 text; save it as UTF-8") from None

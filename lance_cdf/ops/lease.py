@@ -44,7 +44,13 @@ from dataclasses import asdict, dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING
 
-from lance_cdf.errors import LanceCdfError, LeaseHeldError, LeaseLostError, StorageAccessError
+from lance_cdf.errors import (
+    LanceCdfError,
+    LeaseHeldError,
+    LeaseLostError,
+    StorageAccessError,
+    in_words,
+)
 from lance_cdf.format.io import local_path
 
 if TYPE_CHECKING:
@@ -109,7 +115,7 @@ class _State:
             )
         except (ValueError, KeyError, TypeError) as exc:
             raise LanceCdfError(
-                f"the lease {where} is not one lance-cdf wrote ({type(exc).__name__}: {exc}); "
+                f"the lease {where} is not one lance-cdf wrote ({in_words(exc)}); "
                 "stop every writer of this target, delete that file, and start again"
             ) from None
 
@@ -239,7 +245,7 @@ class _ObjectStore:
         except Exception as exc:  # obstore's own types, and panics on bad keys
             raise StorageAccessError(
                 f"cannot configure the object store for the lease {self.where}: "
-                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; check the "
+                f"{in_words(exc)}; check the "
                 "storage options"
             ) from None
 
@@ -248,10 +254,9 @@ class _ObjectStore:
         yield  # the conditional writes are the lock
 
     def _failed(self, exc: Exception) -> StorageAccessError:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         return StorageAccessError(
-            f"the lease {self.where} could not be read or written ({type(exc).__name__}: "
-            f"{first[:200]}); check the object store and its storage options"
+            f"the lease {self.where} could not be read or written ({in_words(exc)[:200]}); "
+            "check the object store and its storage options"
         )
 
     def read(self) -> tuple[_State | None, str | None]:
@@ -343,12 +348,14 @@ class Lease:
                 if current is not None:
                     why = current.free(time.time())
                     if why is None:
-                        raise LeaseHeldError(
+                        held = LeaseHeldError(
                             f"{what} is being written by {current.holder.describe()}; one "
                             f"writer at a time. Stop that process first (its lease "
                             f"{store.where} expires {current.ttl_s:g} s after its last renewal "
                             "if it died, and is then taken over)."
                         )
+                        held.holder_command = current.holder.command
+                        raise held
                 try:
                     etag = store.write(mine, etag, create=current is None)
                 except _Conflict:

@@ -12,6 +12,8 @@ and commit times, so lag is computed when asked, never stale:
     lance_cdf_lag_versions               latest - published/applied
     lance_cdf_lag_seconds                age of the oldest version not yet published/applied
                                          (now - its commit time; 0 when caught up)
+                                         (both absent until a version is published /
+                                         applied: the lag is not known, not 0)
     lance_cdf_events_total               events published / records consumed
     lance_cdf_events_per_second          over the last minute
     lance_cdf_batches_total              micro-batches / replica batches
@@ -22,6 +24,11 @@ and commit times, so lag is computed when asked, never stale:
     lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
     lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
     lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
+    lance_cdf_takeup_retries_total       publish --database: a table's take-up or publish
+                                         repeated after a transient fault
+    lance_cdf_tables_set_aside           publish --database: tables set aside now (their
+                                         take-up keeps failing; tried again later)
+    lance_cdf_set_asides_total           publish --database: times a table was set aside
     lance_cdf_pipeline_info{role,table,topic}  1
 
 A database publisher (`publish --database`) gives the source and lag gauges once per
@@ -70,6 +77,12 @@ class Progress:
     # checkpoint's first outage (kafka/outage.py); None: not known
     kafka_unavailable_s: float | None = None
     kafka_retries: int | None = None
+    # publish --database: take-up and publish attempts of a table repeated after a
+    # transient fault, the tables set aside now, and the times a table was set aside
+    # (ops/takeup.py); None: not a database publisher
+    takeup_retries: int | None = None
+    tables_aside: int | None = None
+    set_asides: int | None = None
 
 
 class PipelineMetrics:
@@ -196,11 +209,11 @@ class PipelineMetrics:
                     "up to it possibly incomplete)"
                 )
             yield GaugeMetricFamily(f"lance_cdf_{done}_version", meaning, value=p.version)
-        if latest is not None:
+        if latest is not None and p.version is not None:  # (else the lag is not known yet)
             yield GaugeMetricFamily(
                 "lance_cdf_lag_versions",
                 f"latest source version - {done} version",
-                value=max(0, latest - (p.version or 0)),
+                value=max(0, latest - p.version),
             )
             yield GaugeMetricFamily(
                 "lance_cdf_lag_seconds",
@@ -249,6 +262,7 @@ class PipelineMetrics:
                 "requests to the broker repeated during outages",
                 value=p.kafka_retries,
             )
+        yield from _takeup_metrics(p)
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records",
@@ -302,9 +316,30 @@ class PipelineMetrics:
             if latest is None:
                 continue
             latest_g.add_metric([name], latest)
-            if version is not None:
-                done_g.add_metric([name], version)
-            lag_g.add_metric([name], max(0, latest - (version or 0)))
+            if version is None:
+                continue  # nothing published / applied yet: its lag is not known
+            done_g.add_metric([name], version)
+            lag_g.add_metric([name], max(0, latest - version))
             age = 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
             age_g.add_metric([name], age)
         yield from (latest_g, done_g, lag_g, age_g)
+
+
+def _takeup_metrics(p: Progress) -> Iterator[Metric]:
+    """A database publisher's retries and set-aside tables (ops/takeup.py)."""
+    if p.takeup_retries is not None:
+        yield CounterMetricFamily(
+            "lance_cdf_takeup_retries",
+            "take-ups or publishes of a table repeated after a transient fault",
+            value=p.takeup_retries,
+        )
+    if p.tables_aside is not None:
+        yield GaugeMetricFamily(
+            "lance_cdf_tables_set_aside",
+            "tables set aside now (their take-up keeps failing; tried again later)",
+            value=p.tables_aside,
+        )
+    if p.set_asides is not None:
+        yield CounterMetricFamily(
+            "lance_cdf_set_asides", "times a table was set aside", value=p.set_asides
+        )

@@ -111,6 +111,10 @@ class BatchApplier:
         self.topic, self.replica, self.states = states.topic, replica, states
         self.identity: ReplicaIdentity = states.identity
         self.consumer, self.settings, self.counters = consumer, settings, counters
+        # the consumer the group's offsets are committed with (a database replicator
+        # sharing its tables in a group: its member's, the group's offsets being only
+        # its members' to commit)
+        self.committer = consumer
         self.on_commit = on_commit  # (a failed offset commit: counted and logged)
         self.prefix = ""  # (a database replicator's tables: each log line names its topic)
         self.applied: dict[int, int] = {}  # partition -> next offset the replica holds
@@ -245,7 +249,7 @@ class BatchApplier:
         try:
             # confluent-kafka's stub overloads commit() on Literal[True] / Literal[False]
             # only, with no overload for a plain bool
-            self.consumer.commit(  # type: ignore[call-overload]
+            self.committer.commit(  # type: ignore[call-overload]
                 offsets=[TopicPartition(self.topic, p, o) for p, o in offsets.items()],
                 asynchronous=asynchronous,
             )

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.errors import ReplicateError
+from lance_cdf.errors import ReplicateError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, registry_config, scrub
@@ -115,7 +115,7 @@ class DeadLetters:
 
     def send(self, m: Message, exc: Exception) -> None:
         where = f"partition {m.partition()} offset {m.offset()} of {self.source!r}"
-        error = scrub(f"{type(exc).__name__}: {exc}")  # (a record header: no secret in it)
+        error = scrub(in_words(exc))  # (a record header: no secret in it)
         if self.producer is None or self.topic is None:
             raise ReplicateError(
                 f"cannot decode the record at {where}: {error}. Nothing of its batch was "

@@ -34,6 +34,8 @@ class Counters:
     offset_commit_s: float = 0.0
     upkeep_s: float = 0.0
     fresh_upserts: int = 0  # upserts written without a key lookup (new source rows)
+    # records held at the stop whose version's END never came (replicate/unfinished.py)
+    unfinished_records: int = 0
 
     def failed(self) -> None:
         self.delivery_failures += 1

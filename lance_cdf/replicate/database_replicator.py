@@ -21,6 +21,12 @@ naming it), the other tables go on; a batch that fails stops the whole replicato
 half-applied; every replica resumes from its own position). The poll loop is the one a
 single table's replicator runs (poll_loop.py); this replicator hands each poll's records
 to the tables they belong to.
+
+Several database replicators of one consumer group share the tables (table_shares.py):
+each takes up only its share of the listed tables, gives up (between two polls: no batch
+half-applied) a table that is no longer its share, and waits for the lease of one that
+another member still holds. A table whose lease is lost (this process was cut off for a
+TTL and another took it over) is let go alone.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from lance_cdf.errors import (
     ForeignReplicaError,
     LanceCdfError,
     LeaseHeldError,
+    LeaseLostError,
     ReplicaPositionError,
     ReplicateError,
 )
@@ -49,6 +56,7 @@ from lance_cdf.replicate.counters import Counters, add_counters
 from lance_cdf.replicate.poll_loop import consume_error, run_polls
 from lance_cdf.replicate.replicate_settings import ReplicateSettings
 from lance_cdf.replicate.replicator import Replicator
+from lance_cdf.replicate.table_shares import GroupMembers, share_tables, topics_under
 
 if TYPE_CHECKING:
     from confluent_kafka import Message
@@ -58,6 +66,12 @@ log = logging.getLogger("lance_cdf.replicate")
 # a topic missing from this many topic listings in a row is let go (one listing may be
 # served by a broker that has not heard of a topic yet)
 GONE_AFTER = 2
+
+# (s) a table of this replicator's share whose lease another replicator of the group still
+# holds (handing it over) is asked for again this often
+LEASE_RETRY_S = 1.0
+# (s) how much longer than --idle-timeout a replicator waits to join its group at start
+JOIN_WAIT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -135,6 +149,14 @@ class DatabaseReplicator:
         check_endpoints(s.kafka)
         self.shared = open_clients(s.kafka, self.group_id, _on_commit, shared=True)
         self.consumer = self.shared.consumer
+        # the group's members share the tables (table_shares.py); the group's offsets are
+        # committed through this member
+        self.members = GroupMembers(
+            self.shared.connection,
+            self.group_id,
+            topics_under(prefix),
+            s.database.member_timeout_s,
+        )
         # (each table's replicator: the shared consumer's group)
         self._kafka = replace(s.kafka, group_id=self.group_id)
         self.tables: dict[str, TableReplica] = {}  # topic -> its table
@@ -142,6 +164,10 @@ class DatabaseReplicator:
         self.gone: list[str] = []  # qualified names of tables whose topic disappeared
         self._retired = Counters()  # the counters of the tables let go, summed (totals())
         self.refused: dict[str, str] = {}  # topic -> why its table's start was refused
+        # tables of this replicator's share whose lease another of the group still holds
+        self.waiting: dict[str, TableTopic] = {}
+        self._next_retry = 0.0
+        self._shared_out = False  # the group's members known at least once
         self._stop = threading.Event()
         self._changed = time.monotonic()  # the last table picked up
         self._started = self._next_refresh = 0.0
@@ -186,9 +212,28 @@ class DatabaseReplicator:
                 self._let_go(table)
         for topic in [t for t in self.refused if t not in found]:
             del self.refused[topic]  # (deleted: taken up again if it comes back)
-        for topic, table_topic in found.items():
+        mine = self._share(found)
+        if mine is None:
+            return  # (the group is rebalancing: nothing changes hands meanwhile)
+        for topic, entry in list(self.tables.items()):
+            if topic in found and topic not in mine:  # (one missing: gone, above)
+                self._drop(entry, "handed over to another replicator of the group")
+        self.waiting = {t: w for t, w in self.waiting.items() if t in mine}
+        for topic, table_topic in mine.items():
             if topic not in self.tables and topic not in self.refused:
                 self._take_up(table_topic)
+
+    def _share(self, found: dict[str, TableTopic]) -> dict[str, TableTopic] | None:
+        """This replicator's share of the tables `found` (None: the group's members are
+        not settled now)."""
+        members = self.members.members()
+        if members is None:
+            return None
+        if not self._shared_out:
+            self._shared_out, self._changed = True, time.monotonic()
+        owners = share_tables(list(found), members)
+        me = self.members.me
+        return {t: table for t, table in found.items() if owners.get(t) == me}
 
     def _take_up(self, table: TableTopic) -> None:
         target = table_location(
@@ -196,13 +241,29 @@ class DatabaseReplicator:
         )
         settings = replace(self.settings, kafka=self._kafka, topic=table.topic, target=target)
         replicator = Replicator(settings, shared=self.shared)
+        # the group's offsets committed, and the start's broker requests (topic metadata,
+        # watermarks, committed offsets) made, through the member: its partitions are
+        # paused, so its requests do not queue behind the shared consumer's long-poll fetch
+        replicator.applier.committer = self.members.consumer
+        replicator.checks.consumer = self.members.consumer
         try:
             replicator.start()
-        except (ForeignReplicaError, ReplicaPositionError, LeaseHeldError) as exc:
-            self.refused[table.topic] = f"{table.qualified_name}: {exc}"
-            log.error("table %s not replicated, the others go on: %s", table.qualified_name, exc)
-            self._changed = time.monotonic()
+        except LeaseHeldError as exc:
+            if exc.holder_command is None or not exc.holder_command.endswith(
+                f" --group-id {self.group_id}"
+            ):
+                self._refuse(table, exc)
+                return
+            # another replicator of the group has it still (handing it over, or it died
+            # and its lease has not expired): asked for again, LEASE_RETRY_S apart
+            if table.topic not in self.waiting:
+                log.info("table %s: waiting for its lease (%s)", table.qualified_name, exc)
+            self.waiting[table.topic] = table
             return
+        except (ForeignReplicaError, ReplicaPositionError) as exc:
+            self._refuse(table, exc)
+            return
+        self.waiting.pop(table.topic, None)
         try:
             partitions = replicator.topic_partitions()
             if partitions is None:  # (deleted since the listing: the next one says so)
@@ -220,26 +281,46 @@ class DatabaseReplicator:
         self._changed = time.monotonic()
         log.info("table %s: topic %r -> replica %s", table.qualified_name, table.topic, target)
 
+    def _refuse(self, table: TableTopic, exc: LanceCdfError) -> None:
+        self.refused[table.topic] = f"{table.qualified_name}: {exc}"
+        log.error("table %s not replicated, the others go on: %s", table.qualified_name, exc)
+        self._changed = time.monotonic()
+
     def _let_go(self, entry: TableReplica) -> None:
-        topic = entry.table.topic
         log.warning(
             "table %s: topic %r no longer exists; its replica %s is let go as it stands "
             "(source version %d); the other tables go on",
             entry.table.qualified_name,
-            topic,
+            entry.table.topic,
             entry.target,
             entry.replicator.counters.source_version,
         )
+        self.gone.append(entry.table.qualified_name)
+        self._drop(entry, None)
+
+    def _drop(self, entry: TableReplica, why: str | None) -> None:
+        """Stop applying `entry`'s table: its partitions unassigned (what was polled and
+        not applied, records of unfinished versions included, is dropped: whoever applies
+        it next resumes from the replica's own position) and its lease released. `why`:
+        given up while its topic exists (then the group's offsets follow the replica);
+        None: its topic is gone, or its lease was lost."""
+        topic = entry.table.topic
+        if why is not None:
+            log.info(
+                "table %s: %s (source version %d)",
+                entry.table.qualified_name,
+                why,
+                entry.replicator.counters.source_version,
+            )
         del self.tables[topic]
         self._by_transaction_topic.pop(entry.replicator.transaction_topic or "", None)
-        self.gone.append(entry.table.qualified_name)
         add_counters(self._retired, entry.replicator.counters)
         try:
             self.consumer.incremental_unassign(
                 [TopicPartition(topic, tp.partition) for tp in entry.partitions]
             )
         finally:
-            entry.replicator.finish(commit=False)
+            entry.replicator.finish(commit=why is not None)
 
     # -- running ----------------------------------------------------------------------
     def stop(self) -> None:
@@ -288,6 +369,7 @@ class DatabaseReplicator:
                 self.tables.clear()
                 if self.shared.leases is not None:
                     self.shared.leases.close()
+                self.members.close()  # (after the leases' release: the group moves on at once)
                 self.consumer.close()
                 if self.shared.dead_letters is not None:
                     self.shared.dead_letters.flush(30)
@@ -297,9 +379,18 @@ class DatabaseReplicator:
     def next_wait(self) -> float:
         """The topic list read again when due; a poll waits for a batch's interval (the
         transaction topics come through this consumer too: an END ends the wait)."""
-        if time.monotonic() >= self._next_refresh:
+        self.members.poll()
+        if self.members.changed.is_set():  # a rebalance: the tables shared out again now
+            self.members.changed.clear()
+            self._next_refresh = 0.0
+        now = time.monotonic()
+        if now >= self._next_refresh:
             self.refresh()
             self._next_refresh = time.monotonic() + self.settings.database.refresh_s
+        elif self.waiting and now >= self._next_retry:
+            for table in list(self.waiting.values()):
+                self._take_up(table)
+            self._next_retry = now + LEASE_RETRY_S
         return self.settings.batching.max_batch_interval
 
     def topic_missing(self, m: Message) -> None:
@@ -314,8 +405,11 @@ class DatabaseReplicator:
 
     def idle(self, idle_timeout: float, last_data: float) -> bool:
         """No record (and no new table) for `idle_timeout` seconds since start."""
+        now = time.monotonic()
+        if not self._shared_out and now - self._started < idle_timeout + JOIN_WAIT_S:
+            return False  # (not in the group yet: its share of the tables is not known)
         quiet_since = max(last_data, self._changed, self._started)
-        return time.monotonic() - quiet_since > idle_timeout
+        return now - quiet_since > idle_timeout
 
     def _dispatch(self, msgs: list[Message]) -> None:
         """Each table's records to its replicator, its transaction records to its gate;
@@ -335,7 +429,13 @@ class DatabaseReplicator:
             if owner is not None and owner.replicator.feed_transactions(got):
                 touched[owner.table.topic] = owner
         for topic, entry in touched.items():
-            entry.replicator.take(data.get(topic, []))  # (its lease checked first)
+            try:
+                entry.replicator.take(data.get(topic, []))  # (its lease checked first)
+            except LeaseLostError as exc:
+                # another replicator took this table over (this one was cut off for a
+                # lease's TTL): nothing more of it is applied here, the others go on
+                log.error("table %s: %s", entry.table.qualified_name, exc)
+                self._drop(entry, None)
 
 
 class SourceTables:

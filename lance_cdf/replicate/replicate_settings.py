@@ -78,6 +78,9 @@ class DatabaseSettings:
     include: str | None = None
     exclude: str | None = None
     refresh_s: float = 5.0  # (s) how often the topic list is read for new and deleted topics
+    # (s) a replicator of the group that stops heartbeating leaves it after this long, and
+    # its tables are shared out among the others (table_shares.py)
+    member_timeout_s: float = 10.0
 
 
 @dataclass(frozen=True)

@@ -49,6 +49,7 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.endpoints import DENIED, check_consumer_access, denied
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
 from lance_cdf.ops.lease import Lease
+from lance_cdf.replicate import unfinished
 from lance_cdf.replicate.applier import BatchApplier
 from lance_cdf.replicate.consumers import (
     DeadLetters,
@@ -71,6 +72,7 @@ from lance_cdf.replicate.replica import (
 from lance_cdf.replicate.replica_identity import ReplicaIdentity
 from lance_cdf.replicate.replicate_settings import ReplicateSettings
 from lance_cdf.replicate.start_checks import StartChecks
+from lance_cdf.replicate.unfinished import Unfinished
 from lance_cdf.replicate.wholeversions import VersionGate
 
 if TYPE_CHECKING:
@@ -214,6 +216,7 @@ class Replicator:
             run_polls(self.consumer, self.settings.batching, self._stop, self, idle_timeout)
         finally:
             try:
+                self.note_unfinished()
                 if self._assigned is not None:  # the last position, waited for
                     self.applier.commit_offsets(self.applier.applied, asynchronous=False)
                 self.consumer.close()
@@ -243,6 +246,7 @@ class Replicator:
         group (`commit`: the topic still exists), the transaction partition let go and
         the lease given up."""
         try:
+            self.note_unfinished()
             if commit and self._assigned is not None:
                 self.applier.commit_offsets(self.applier.applied, asynchronous=False)
             if self._gate is not None:
@@ -250,6 +254,23 @@ class Replicator:
         finally:
             if self._lease is not None:
                 self.checks.release(self._lease)
+
+    def note_unfinished(self) -> Unfinished | None:
+        """On stopping: records held whose version's END never came (the publisher stopped
+        before completing their versions) said in one line and kept for `status`
+        (replicate/unfinished.py); what an earlier run kept is removed when there are none."""
+        found = None
+        gate, txn = self._gate, self.transaction_topic
+        try:
+            held = gate.without_end() if gate is not None and txn is not None else None
+            if held is not None and txn is not None:
+                found = Unfinished(*held, self.topic, txn, time.time())
+                log.warning("%s%s", self.applier.prefix, found.line())
+            unfinished.record(self.target, found)
+        except Exception as exc:  # noqa: BLE001 (a report only: the stop goes on)
+            log.debug("unfinished versions not looked at: %s", exc)
+        self.counters.unfinished_records = 0 if found is None else found.records
+        return found
 
     def take(self, msgs: list[Message], one_partition: int | None = None) -> None:
         """Apply what may be applied of the topic's records polled so far: all of them
@@ -376,6 +397,8 @@ class Replicator:
                     found.error,
                     "--transaction-topic (or --no-transaction-topic)",
                 )
+        if txn is not None and found is not None and found.error is None and self._compacted():
+            return "records"
         if txn is None or found is None or found.error is not None:
             log.warning(
                 "no transaction topic%s: records are applied as they come and the replica "
@@ -404,6 +427,24 @@ class Replicator:
         )
         log.info("applying whole source versions (transaction topic %r)", txn)
         return "versions"
+
+    def _compacted(self) -> bool:
+        """Whether the change topic is compacted: compaction keeps only the last record of
+        each key, so a version's records may be gone and its END can never be matched; the
+        replica is then built from the records as they come (the last state of each key),
+        said once in one line, and records no source version."""
+        policy = self.checks.cleanup_policy()
+        if "compact" not in policy.split(","):
+            return False
+        log.warning(
+            "topic %r is compacted (cleanup.policy=%s): a version's records may have been "
+            "compacted away, so whole versions cannot be proven; applying records as they "
+            "come (the last state of each key) and recording no source version. For whole "
+            "versions publish into a topic with cleanup.policy=delete",
+            self.topic,
+            policy,
+        )
+        return True
 
     def _on_commit(
         self, err: KafkaError | KafkaException | None, partitions: list[TopicPartition]

@@ -175,7 +175,7 @@ class StartChecks:
                 )
             if low <= start:
                 continue
-            policy = self._cleanup_policy()
+            policy = self.cleanup_policy()
             if start == 0 and policy == "compact":
                 continue
             held = "holds nothing of it" if start == 0 else f"resumes at offset {start}"
@@ -187,7 +187,8 @@ class StartChecks:
                 "and replicate that into a new --target."
             )
 
-    def _cleanup_policy(self) -> str:
+    def cleanup_policy(self) -> str:
+        """The change topic's `cleanup.policy` ("unknown" when it cannot be read)."""
         from confluent_kafka.admin import AdminClient, ConfigResource, ResourceType
 
         resource = ConfigResource(ResourceType.TOPIC, self.topic)

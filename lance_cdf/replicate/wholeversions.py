@@ -24,6 +24,7 @@ the replicator with `TransactionMetadataError` rather than applying a mix.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -215,6 +216,18 @@ class VersionGate:
                 if self.ends and rec.version <= self.ends[-1][0].version:
                     continue  # (a duplicate END: at most once per version is used)
                 self.ends.append((rec, offset))
+
+    def without_end(self) -> tuple[int, int, int] | None:
+        """(records, first version, last version) of the waiting records whose version's
+        END has not been read (the transaction topic read once more first); None: none."""
+        with contextlib.suppress(Exception):  # (what was read already still answers)
+            self._poll_transactions()
+        ended = self.ends[-1][0].version if self.ends else self.version
+        versions = [v for held in self.pending.values() for m in held if (v := _version_of(m))]
+        late = np.asarray([v for v in versions if v > ended], np.int64)
+        if not late.size:
+            return None
+        return int(late.size), int(late.min()), int(late.max())
 
     def _have(self, p: int) -> int:
         return self.applied.get(p, 0) + len(self.pending.get(p, []))

@@ -18,7 +18,12 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from lance_cdf.avro.decode import AvroDecodeDeclined, BatchDecoder
 from lance_cdf.avro.schema import row_arrow_schema
 from lance_cdf.avro.wire import split
-from lance_cdf.errors import RegistryRefusedError, RegistryUnavailableError, ReplicateError
+from lance_cdf.errors import (
+    RegistryRefusedError,
+    RegistryUnavailableError,
+    ReplicateError,
+    in_words,
+)
 
 if TYPE_CHECKING:
     from fastavro.types import Schema as ParsedSchema
@@ -65,7 +70,7 @@ class SchemaDecoder:
             if left <= 0:
                 raise RegistryUnavailableError(
                     f"the schema registry did not give schema id {schema_id} for "
-                    f"{self.outage_s:.0f} s ({type(why).__name__}: {str(why)[:200]}). Nothing of "
+                    f"{self.outage_s:.0f} s ({in_words(why)[:200]}). Nothing of "
                     "the batch was applied and no offset moved: start the replicator again "
                     "once the registry answers; no record is lost."
                 ) from None
@@ -73,7 +78,7 @@ class SchemaDecoder:
             log.warning(
                 "schema registry unavailable (%s); schema id %d asked again in %.1f s "
                 "(giving up after %.0f s)",
-                type(why).__name__,
+                in_words(why),
                 schema_id,
                 min(delay, left),
                 self.outage_s,

@@ -20,6 +20,14 @@ Why this sends nothing twice and reorders nothing (the exactly-once marks, see
 - it ends before the query starts, so one writer at a time appends to a partition; the
   query then plans the same versions, and each writer task finds its partitions' last
   records at or past them and skips what they hold.
+
+It completes what it publishes: once every record is acknowledged it writes the versions'
+BEGIN/END transaction metadata (the sink's own commit, `KafkaStreamWriter.commit`), so a
+whole-version replicator can apply them whether or not the query ever commits a
+micro-batch (a publisher stopped, or killed, while Spark starts). That commit skips what
+the transaction topic already holds (its last record says how far an earlier writer got),
+and so does the query's commit of the same versions after it: each BEGIN/END once.
+
 Without exactly-once (`--at-least-once`) there are no marks, so there is no head start.
 """
 
@@ -43,12 +51,14 @@ class HeadStart:
     first: int  # first version published
     last: int
     seconds: float
+    completed: bool = True  # their transaction metadata written too
 
     def __str__(self) -> str:
         versions = f"{self.first}" if self.first == self.last else f"{self.first}-{self.last}"
+        ends = " with their transaction metadata" if self.completed else ""
         return (
-            f"head start: {self.records} record(s) of version(s) {versions} published in "
-            f"{self.seconds:.1f} s while Spark started"
+            f"head start: {self.records} record(s) of version(s) {versions} published{ends} "
+            f"in {self.seconds:.1f} s while Spark started"
         )
 
 
@@ -99,8 +109,11 @@ def head_start(
     if share.planned > HEAD_START_EVENTS:
         return None
     writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+    lowered = {k.lower(): v for k, v in sink_options.items()}
+    completed = lowered.get("transactionmetadata", "true").lower() == "true"
     try:
         published = writer.write(reader.read(share))
+        writer.commit([published], -1)  # the versions' BEGIN/END (none without metadata)
     finally:
         sink.close_publishers()  # the driver's producer is not needed after this
-    return HeadStart(published.records, first, last, time.monotonic() - t)
+    return HeadStart(published.records, first, last, time.monotonic() - t, completed)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import re
 import threading
 import time
@@ -10,11 +9,12 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
-from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
+from lance_cdf.spark.source.checkpoint import read_report, report_path
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from lance_cdf.spark.publish.query_progress import QueryFollower
 from lance_cdf.spark.publish.spark_driver import (
     jvm_ignores_sigterm,
+    keep_workers_warm,
     log_file,
     python_for_spark,
     quiet_accumulators,
@@ -142,8 +143,10 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
     _announce(settings, tasks, partitions, started, stages)
     follower = _serve_metrics(query, settings)
 
-    trim = own_session and (chosen or "").startswith("local")  # planner daemons to stop
-    error = _await(query, spark, stopping, lease, trim)
+    local = own_session and (chosen or "").startswith("local")
+    # a local session's planner daemons to stop, its workers to keep
+    warm = local and settings.run.warm_workers
+    error = _await(query, spark, stopping, lease, local, warm, settings)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -181,12 +184,7 @@ def _begin(
     hang, the JVM starts after 12 s and a failed check still stops publish before any
     query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
     start: the query starts once the head start has ended."""
-    early = None
-    if settings.head_start:
-        from lance_cdf.spark.publish.headstart import start_offset
-
-        source = settings.source
-        early = start_offset(settings.checkpoint, source.starting_version, source.snapshot)
+    early = _head_start_offset(settings) if settings.head_start else None
 
     def after_checks() -> int:
         partitions = checked.result()
@@ -309,22 +307,34 @@ def _announce(
     )
 
 
+# how often a waiting local publisher marks its Python workers as used: well inside Spark's
+# minute of idleness after which it stops them (its monitor looks every 10 s)
+WARM_EVERY_S = 20.0
+
+
 def _await(
     query: StreamingQuery,
     spark: SparkSession,
     stopping: threading.Event,
     lease: Lease | None,
     trim: bool,
+    warm: bool,
+    settings: PublishSettings,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
-    is none). `trim`: stop Spark's planner daemons once the query has run."""
+    is none). `trim`: stop Spark's planner daemons once the query has run. `warm`: keep the
+    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds)."""
     error: BaseException | None = None
+    marked = time.monotonic()
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
             if trim and query.lastProgress is not None:  # the query has planned and run
                 trim = False
                 stop_planner_daemons(spark)
+            if warm and not trim and time.monotonic() - marked >= WARM_EVERY_S:
+                marked = time.monotonic()
+                keep_workers_warm(spark)
             if lease is not None:
                 lease.check()  # LeaseLostError: another publisher took the checkpoint over
     except LeaseLostError as exc:
@@ -333,14 +343,38 @@ def _await(
     except Exception as exc:  # the query failed: Spark raises StreamingQueryException
         error = exc
     if stopping.is_set():
-        # Stopping interrupts the running micro-batch: it is not committed, so the next
-        # start sends it again from the checkpoint (see README, "When things fail"). A
-        # failure while stopping (the signal reached Spark's Python workers too) is the stop.
+        # The running micro-batch is let finish first (its records and their versions'
+        # END: a whole-version replicator can apply them), up to `stop_timeout_s`; one
+        # still running then is interrupted, not committed, and the next start sends it
+        # again from the checkpoint (see README, "When things fail"). A failure while
+        # stopping (the signal reached Spark's Python workers too) is the stop.
+        if error is None:
+            _finish_running(query, settings)
         query.stop()
         error = None
     else:
         error = error or query.exception()
     return error
+
+
+def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
+    """On a stop: wait for the running micro-batch to commit (query_progress.py), saying so
+    if it does not within the run's `stop_timeout_s`."""
+    from lance_cdf.spark.publish.query_progress import finish_micro_batch, interval_seconds
+
+    limit = settings.run.stop_timeout_s
+    interval = None if settings.run.available_now else interval_seconds(settings.trigger_interval)
+    try:
+        finished = finish_micro_batch(query, limit, interval)
+    except Exception:  # noqa: BLE001 (the query failed or ended meanwhile: stopped below)
+        return
+    if not finished:
+        print(
+            f"stopping: the running micro-batch did not finish within {limit:g} s "
+            "(--stop-timeout) and is interrupted; its versions may be in the topic without "
+            "their END until publish runs again, which completes them",
+            flush=True,
+        )
 
 
 # a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text
@@ -400,14 +434,6 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str
     return source_options, sink_options
 
 
-def report_path(checkpoint: str) -> str | None:
-    """Where a database publisher's stream lists the tables it follows and skips (a local
-    checkpoint's `database-tables.json`; None on object storage)."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return None
-    return os.path.join(checkpoint.removeprefix("file://"), "database-tables.json")
-
-
 def _database_options(
     database: Database,
     source_options: dict[str, str],
@@ -457,6 +483,19 @@ def _check_checkpoint(
     check_offset(offset, feed, table, given, PUBLISH, f"checkpoint {checkpoint}")
 
 
+def _head_start_offset(settings: PublishSettings) -> dict[str, Any] | None:
+    """Where the query will start, if that is known before it starts (the head start's
+    start), else None."""
+    if settings.database is not None:
+        from lance_cdf.spark.publish.database_headstart import database_start_offset
+
+        return database_start_offset(settings.checkpoint)
+    from lance_cdf.spark.publish.headstart import start_offset
+
+    source = settings.source
+    return start_offset(settings.checkpoint, source.starting_version, source.snapshot)
+
+
 def _head_start(
     source_options: dict[str, str],
     sink_options: dict[str, str],
@@ -464,21 +503,26 @@ def _head_start(
     start: dict[str, Any],
     stages: dict[str, float],
 ) -> None:
-    """Publish the commits waiting at `start` from this process (spark/publish/headstart.py); a
-    failure is reported and left to the query, which skips whatever was acknowledged."""
+    """Publish the commits waiting at `start` from this process (spark/publish/headstart.py,
+    database_headstart.py); a failure is reported and left to the query, which skips
+    whatever was acknowledged."""
+    from lance_cdf.spark.publish.database_headstart import database_head_start
     from lance_cdf.spark.publish.headstart import head_start
 
     t = time.monotonic()
+    source = {**source_options, "kafkaPartitions": str(partitions)}
+    done: object
     try:
-        done = head_start(
-            {**source_options, "kafkaPartitions": str(partitions)}, sink_options, start
-        )
+        if "database" in source_options:  # new topics: a partition per writer, as the query's
+            sink = {"topic.partitions": str(partitions), **sink_options}
+            done = database_head_start(source, sink, start)
+        else:
+            done = head_start(source, sink_options, start)
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way
         print(
-            f"head start skipped ({type(exc).__name__}: {scrub(str(exc))}); the query publishes "
-            "those commits",
+            f"head start skipped ({scrub(in_words(exc))}); the query publishes those commits",
             flush=True,
         )
         return
@@ -524,7 +568,6 @@ def database_tables(checkpoint: str) -> dict[str, tuple[str, int | None]]:
     """A database publisher's followed tables (its stream's report) and the version each
     is published through (the checkpoint's last committed offsets): name -> (URI, version)."""
     from lance_cdf.spark.source.checkpoint import committed_tables
-    from lance_cdf.spark.source.database_stream import read_report
 
     path = report_path(checkpoint)
     followed = ((read_report(path) if path else None) or {}).get("followed") or {}

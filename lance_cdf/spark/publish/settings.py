@@ -114,9 +114,14 @@ class RunSettings:
     itself, so per-key order holds whatever their number. `head_start`: publish the commits
     waiting at start from this process while Spark starts (spark/publish/headstart.py;
     exactly-once and one table only, and only where the query's start is known before it
-    starts: a checkpoint's committed offset or a numeric starting version). `metrics_port`:
+    starts: a checkpoint's committed offset or a numeric starting version). `stop_timeout_s`:
+    how long a stop (SIGTERM, SIGINT) waits for the running micro-batch to commit (its
+    records and their versions' END) before interrupting it. `metrics_port`:
     serve Prometheus metrics on metrics_host:metrics_port (0: any free port;
-    lance_cdf.ops.metrics)."""
+    lance_cdf.ops.metrics). `warm_workers`: keep a local session's Python workers through
+    quiet periods (Spark stops them after a minute idle, and the first micro-batch after
+    one pays their start: spark/publish/spark_driver.py `keep_workers_warm`); their memory
+    stays while idle."""
 
     checkpoint: str
     trigger_interval: str | None = None
@@ -124,8 +129,10 @@ class RunSettings:
     master: str | None = None
     writers: int | None = None
     head_start: bool = True
+    stop_timeout_s: float = 60.0
     metrics_port: int | None = None
     metrics_host: str = "127.0.0.1"
+    warm_workers: bool = True
 
 
 @dataclass(frozen=True)
@@ -172,9 +179,10 @@ class PublishSettings:
 
     @property
     def head_start(self) -> bool:
-        """Whether the head start runs: exactly-once, one table (the head start follows one
-        table), and not turned off."""
-        return self.run.head_start and self.target.exactly_once and self.database is None
+        """Whether the head start runs: exactly-once (its records are skipped by the query's
+        writers through the exactly-once marks) and not turned off; for a table or a
+        database (spark/publish/headstart.py, database_headstart.py)."""
+        return self.run.head_start and self.target.exactly_once
 
     def shown_topic(self) -> str:
         """The topic as the lease and messages name it (a database's: `<prefix>.*`)."""

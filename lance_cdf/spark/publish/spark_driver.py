@@ -222,6 +222,44 @@ def stop_planner_daemons(spark: SparkSession) -> int:
         return 0
 
 
+def keep_workers_warm(spark: SparkSession) -> int:
+    """Mark every Python worker factory of this JVM as just used, so Spark does not stop
+    their idle workers (it stops them once no task has taken or returned one for a minute:
+    PythonWorkerFactory's monitor, a fixed timeout in Spark 4.3); the number marked. Called
+    every few seconds while a local publisher waits, it keeps the writer tasks' workers,
+    the writer-creating worker and the commit runner's worker (and their Kafka connections
+    and read caches) across quiet periods, so the first micro-batch after one costs what a
+    steady one does; their memory stays while idle. Best effort, like
+    `stop_planner_daemons`: on a Spark whose internals differ nothing is marked (a debug
+    line). Only this JVM's workers: a cluster's executors keep Spark's own timeout."""
+    try:
+        jvm = spark._jvm
+        env = spark.sparkContext._jsc.sc().env()
+        field = jvm.java.lang.Class.forName("org.apache.spark.SparkEnv").getDeclaredField(  # type: ignore[union-attr]
+            "pythonWorkers"
+        )
+        field.setAccessible(True)
+        factories = field.get(env).values().iterator()
+        stamp = None
+        now = jvm.java.lang.System.nanoTime()  # type: ignore[union-attr]
+        marked = 0
+        while factories.hasNext():
+            factory = factories.next()
+            if stamp is None:
+                stamp = factory.getClass().getDeclaredField(
+                    "org$apache$spark$api$python$PythonWorkerFactory$$lastActivityNs"
+                )
+                stamp.setAccessible(True)
+            stamp.setLong(factory, now)
+            marked += 1
+        return marked
+    except Exception as exc:  # py4j errors: a Spark whose internals differ
+        import logging
+
+        logging.getLogger("lance_cdf.kafka").debug("Python workers not kept warm: %s", exc)
+        return 0
+
+
 def spark_log(checkpoint: str) -> str:
     """The JVM option that sends Spark's own log (its ERROR lines carry Java and Python
     tracebacks) to publish's log file instead of the terminal."""

@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from lance_cdf.errors import KafkaUnavailableError
+from lance_cdf.errors import KafkaUnavailableError, in_words
 from lance_cdf.format.cache import LruCache
-from lance_cdf.format.namespace import list_tables
+from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection
+from lance_cdf.ops.takeup import DEFAULT, is_transient
 from lance_cdf.spark.sink.work import SlotWork, slot_works
 from lance_cdf.spark.source.handoff import table_digest
 
@@ -72,11 +74,33 @@ def table_uri(database: str, name: str, digest: str, storage_options: dict[str, 
         cached = _URIS.get(key)
     if cached is not None and table_digest(cached) == digest:
         return cached
-    refs = list_tables(database, storage_options)
+    refs = _listed(database, storage_options)
     with _URIS_LOCK:
         for ref in refs:
             _URIS.put((database, ref.qualified_name), ref.uri)
     return next((r.uri for r in refs if r.qualified_name == name), None)
+
+
+def _listed(database: str, storage_options: dict[str, str]) -> list[TableRef]:
+    """The database's tables; a listing that fails with a fault that passes (the object
+    store throttles or does not answer) is retried with backoff, up to the writer's budget
+    (ops/takeup.py), then raised."""
+    began, attempt = time.monotonic(), 0
+    while True:
+        try:
+            return list_tables(database, storage_options)
+        except Exception as exc:
+            if not is_transient(exc) or time.monotonic() - began >= DEFAULT.writer_budget_s:
+                raise
+            if attempt == 0:
+                log.warning(
+                    "listing the database failed (%s); retrying for up to %.0f s",
+                    in_words(exc),
+                    DEFAULT.writer_budget_s,
+                )
+            pauses = DEFAULT.writer_backoff_s
+            time.sleep(pauses[min(attempt, len(pauses) - 1)])
+            attempt += 1
 
 
 def table_topic(

@@ -47,6 +47,7 @@ its qualified name and its own transaction topic, every guarantee per table
 from __future__ import annotations
 
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ if TYPE_CHECKING:
 
     from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.kafka.publisher import KafkaChangePublisher
+    from lance_cdf.spark.sink.database_sink import TableWork
 
 # The producer side (lance_cdf.kafka.publisher: confluent-kafka's registry client, the Avro
 # encoder) and pyarrow / numpy are imported by the writer tasks only: Spark also loads this
@@ -105,6 +107,7 @@ def close_publishers() -> None:
 
     while _PUBLISHERS:
         _PUBLISHERS.popitem()[1].close()
+    _TRANSACTION_WRITERS.clear()  # (their producer and consumer are the process's clients)
     clients.close_all()
 
 
@@ -273,52 +276,79 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         to the table's own topic (spark/sink/database_sink.py)."""
         import logging
 
-        from lance_cdf.kafka.outage import RideOut
-        from lance_cdf.kafka.topics import TopicSettings
-        from lance_cdf.ops.clientconfig import KafkaConnection
-        from lance_cdf.spark.sink.database_sink import (
-            is_gone,
-            table_topic,
-            table_works,
-            with_partitions,
-        )
+        from lance_cdf.spark.sink.database_sink import table_works
 
-        database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
-        _, producer, _ = client_options(self.options)
-        txn = opts.get("transactionmetadata", "true").lower() == "true"
+        database, storage = opts["database"], self._storage()
         out = Published(0)
-        ride_out = RideOut(opts["kafka.bootstrap.servers"], opts.get("checkpointlocation"))
         for name, work in table_works(iterator, database, storage).items():
             if work.uri is None:
                 logging.getLogger("lance_cdf.kafka").warning(
-                    "table %s is gone from the database: its work is let go", name
+                    "table %s was dropped from the database: its changes are let go", name
                 )
                 continue
-            topic = f"{prefix}.{name}"
-            partitions = table_topic(
-                KafkaConnection(opts["kafka.bootstrap.servers"], producer),
-                topic,
-                TopicSettings.from_options(opts),
-                f"{topic}.transaction" if txn else None,
-                ride_out,
-            )
-            works = with_partitions(work.works, partitions)
-            options = {**self.options, "topic": topic, "table": work.uri}
-            events = (batch for w in works for batch in w.events())
-            try:
-                done = self._write(
-                    events, options, TableName(prefix, name, work.uri), work.uri, storage
-                )
-            except Exception:
-                if is_gone(database, name, storage):  # dropped while being read: let go
-                    logging.getLogger("lance_cdf.kafka").warning(
-                        "table %s was dropped while being published: let go", name
-                    )
-                    continue
-                raise
-            out.records += done.records
-            out.tables[name] = done.versions
+            done = self._write_table(work, opts)
+            if done is not None:
+                out.records += done.records
+                out.tables[name] = done.versions
         return out
+
+    def _write_table(self, work: TableWork, opts: dict[str, str]) -> Published | None:
+        """One table's work items to its topic (made sure of first). A transient fault
+        (a new topic's metadata not there yet, a broker, registry or object store that does
+        not answer, a table caught mid-commit) is retried with backoff, the whole table
+        again (exactly once: the retry reads the partitions' marks, as a retried task
+        does), for up to `TakeUpSettings.writer_budget_s`; past it, or on a fault that does
+        not pass by itself, the micro-batch fails with one line. None: the table was
+        dropped meanwhile (let go)."""
+        import logging
+
+        from lance_cdf.errors import in_words
+        from lance_cdf.kafka.outage import RideOut
+        from lance_cdf.kafka.topics import TopicSettings
+        from lance_cdf.ops.clientconfig import KafkaConnection
+        from lance_cdf.ops.takeup import DEFAULT, is_transient, record_writer_retry
+        from lance_cdf.spark.sink.database_sink import is_gone, table_topic, with_partitions
+
+        log = logging.getLogger("lance_cdf.kafka")
+        database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
+        _, producer, _ = client_options(self.options)
+        checkpoint = opts.get("checkpointlocation")
+        txn = opts.get("transactionmetadata", "true").lower() == "true"
+        ride_out = RideOut(opts["kafka.bootstrap.servers"], checkpoint)
+        name, uri, topic = work.name, str(work.uri), f"{prefix}.{work.name}"
+        began, attempt = time.monotonic(), 0
+        while True:
+            try:
+                partitions = table_topic(
+                    KafkaConnection(opts["kafka.bootstrap.servers"], producer),
+                    topic,
+                    TopicSettings.from_options(opts),
+                    f"{topic}.transaction" if txn else None,
+                    ride_out,
+                )
+                works = with_partitions(work.works, partitions)
+                options = {**self.options, "topic": topic, "table": uri}
+                events = (batch for w in works for batch in w.events())
+                return self._write(events, options, TableName(prefix, name, uri), uri, storage)
+            except Exception as exc:
+                if is_gone(database, name, storage):  # dropped while being read: let go
+                    log.warning("table %s was dropped while being published: let go", name)
+                    return None
+                spent = time.monotonic() - began
+                if not is_transient(exc) or spent >= DEFAULT.writer_budget_s:
+                    raise
+                cause = in_words(exc)
+                if attempt == 0:
+                    log.warning(
+                        "table %s: publishing failed (%s); retrying for up to %.0f s",
+                        name,
+                        cause,
+                        DEFAULT.writer_budget_s,
+                    )
+                record_writer_retry(checkpoint, name, cause)
+                pauses = DEFAULT.writer_backoff_s
+                time.sleep(pauses[min(attempt, len(pauses) - 1)])
+                attempt += 1
 
     def _write(
         self,
@@ -375,16 +405,21 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         if publisher is None:
             return Published(sent)
         publisher.flush()  # every record acknowledged, or the micro-batch fails
+        hold("write")
         return Published(sent, dict(publisher.version_counts))
 
     def commit(  # noqa: N803 (Spark's name)
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
-        (kafka/transactions.py), written once however often the micro-batch runs."""
+        (kafka/transactions.py), written once however often the micro-batch runs. The head
+        start (spark/publish/headstart.py) calls it too, with batch id -1, for what it
+        published; the query's later commit of those versions skips them."""
         opts = {k.lower(): v for k, v in self.options.items()}
         if opts.get("transactionmetadata", "true").lower() != "true":
             return
+        if batchId >= 0:
+            hold("commit")
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
@@ -418,8 +453,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         the topic's last record is what it reads (no BEGIN/END written twice)."""
         from confluent_kafka import KafkaException
 
-        from lance_cdf.errors import PublishError
+        from lance_cdf.errors import PublishError, in_words
         from lance_cdf.kafka.outage import RideOut
+        from lance_cdf.ops.takeup import is_transient
 
         o = {k.lower(): v for k, v in self.options.items()}
         ride_out = RideOut(o["kafka.bootstrap.servers"], o.get("checkpointlocation"))
@@ -427,7 +463,14 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         def attempt() -> int:
             if writer.producer.flush(10):
                 raise PublishError("transaction records of an earlier attempt still queued")
-            return writer.write(versions)
+            try:
+                return writer.write(versions)
+            except (KafkaException, PublishError):
+                raise
+            except Exception as exc:  # the registry (a new table's first schemas)
+                if is_transient(exc):
+                    raise PublishError(f"the schema registry failed: {in_words(exc)}") from exc
+                raise
 
         ride_out.call("writing transaction metadata", attempt, (KafkaException, PublishError))
 
@@ -460,6 +503,26 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         pass
+
+
+# A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
+# `write` (a writer task, once its records are acknowledged) or `commit` (the query's
+# commit, before its transaction metadata): while FILE exists that step waits, and says so
+# by creating `FILE.held` (tests/test_complete_versions.py). Unset: no effect.
+HOLD_ENV = "LANCE_CDF_TEST_HOLD"
+
+
+def hold(stage: str) -> None:
+    import os
+    import time
+
+    wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
+    if wanted != stage or not path or not os.path.exists(path):
+        return
+    with open(f"{path}.held", "w"):
+        pass
+    while os.path.exists(path):
+        time.sleep(0.05)
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object

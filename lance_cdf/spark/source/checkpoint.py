@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import LanceCdfError
 
@@ -76,3 +76,24 @@ def committed_tables(checkpoint: str) -> dict[str, int] | None:
             "give lance-cdf status --table instead of --database"
         )
     return {str(name): int(o["version"]) for name, o in tables.items()}
+
+
+REPORT_FILE = "database-tables.json"
+
+
+def report_path(checkpoint: str) -> str | None:
+    """Where a database publisher's stream lists the tables it follows, skips and sets
+    aside (a local checkpoint's `REPORT_FILE`; None on object storage)."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    return os.path.join(checkpoint.removeprefix("file://"), REPORT_FILE)
+
+
+def read_report(path: str) -> dict[str, Any] | None:
+    """The report a database stream wrote (`_report`), or None."""
+    try:
+        with open(path) as f:
+            document = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return document if isinstance(document, dict) else None

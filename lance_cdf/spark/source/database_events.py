@@ -47,6 +47,7 @@ from lance_cdf.errors import (
     StableRowIdsRequiredError,
 )
 from lance_cdf.format.namespace import list_tables
+from lance_cdf.ops.takeup import is_transient
 from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader, why_not_read
 from lance_cdf.spark.source.partitions import Offset, SourcePartition
 from lance_cdf.spark.source.readers import LanceCdfBatchReader, LanceCdfStreamReader, TableReading
@@ -300,10 +301,11 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
         # A followed table's error (a schema change, versions cleaned up before they were
         # read) stops the query as it stops a one-table stream; a table's columns that do
         # not fit stop it too. Tables it cannot take up (no stable row IDs), and a table
-        # that is another table than the checkpoint's, are left out with one line.
+        # that is another table than the checkpoint's, are left out with one line; a fault
+        # that passes by itself (the object store throttles) sets the table aside for a while.
         if isinstance(exc, DatabaseSchemaError):
             return True
-        return followed and not isinstance(exc, CheckpointMismatchError)
+        return followed and not isinstance(exc, CheckpointMismatchError) and not is_transient(exc)
 
     def _make_reader(self, name: str, resolved: Resolved) -> LanceCdfStreamReader:
         fitted(name, event_struct(resolved), self.schema)  # what it reads from now on

@@ -22,9 +22,13 @@ Cost: a look at a table is one listing of its `_versions/` (the latest version),
 else; a table that changed is looked at every trigger, a quiet one less and less often, up
 to option `idlePollMax` seconds apart (idle_polls.py); the database is listed every
 `LIST_EVERY` seconds (new tables within that).
-A table that cannot be followed (no stable row IDs, unreadable, a name that cannot be a
-topic, a checkpoint that is another table's) is reported in one line and left out; a table
-that disappears from the database is reported and let go; the others go on.
+A table that can never be followed (no stable row IDs, a name that cannot be a topic) is
+reported in one line and left out. A table whose take-up or read fails otherwise (the object
+store throttles or fails, the table is caught mid-commit, its checkpoint is another
+table's) is set aside alone (ops/takeup.py: one line naming the cause, the report `lance-cdf
+status` reads, the metrics) and tried again later with a growing pause; a followed table
+set aside keeps its offset, so it resumes exactly where it was. A table that disappears
+from the database is reported and let go; the others go on.
 """
 
 from __future__ import annotations
@@ -37,7 +41,6 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 import pyarrow as pa
 from pyspark.sql.datasource import DataSourceStreamReader, InputPartition
@@ -49,10 +52,16 @@ from pyspark.sql.streaming.datasource import (
 )
 
 from lance_cdf.core.stream_columns import WORK_COLUMN, WORK_EVENTS, WORK_SCHEMA, WORK_SLOT
-from lance_cdf.errors import CheckpointMismatchError, LanceCdfError, StableRowIdsRequiredError
+from lance_cdf.errors import (
+    CheckpointMismatchError,
+    LanceCdfError,
+    StableRowIdsRequiredError,
+    in_words,
+)
 from lance_cdf.format.io import FileSystem, open_filesystem
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.format.versions import list_versions
+from lance_cdf.ops.takeup import AsideTables, is_transient
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IdlePolls, idle_poll_max
 from lance_cdf.spark.source.partitions import Offset
@@ -173,6 +182,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.refs: dict[str, TableRef] = {}  # the matching tables at the last listing
         self.listed_at = -LIST_EVERY
         self.skipped: dict[str, str] = {}  # name -> why it is not followed
+        self.aside = AsideTables()  # tables whose take-up or read failed: tried again later
+        self.at_start: set[str] = set()  # set aside at the first start: begin as given
         self.available_now = False
         self.reported: str | None = None
         self.polls = IdlePolls(ceiling=self.options.idle_poll_max)  # when tables are looked at
@@ -188,6 +199,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "refs": {},
             "listed_at": 0.0,
             "skipped": {},
+            "aside": AsideTables(),
+            "at_start": set(),
             "available_now": False,
             "reported": None,
             "polls": IdlePolls(ceiling=self.options.idle_poll_max),
@@ -222,6 +235,9 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             self.readers.pop(name, None)  # (latestOffset reports it, once)
         for name in [n for n in self.skipped if n not in refs]:
             del self.skipped[name]  # a table of that name may come back: judged afresh
+        for name in [n for n in self.aside.tables if n not in refs]:
+            self.aside.forget(name)
+            self.at_start.discard(name)
         for name in sorted(refs):
             why = self._not_followable(name, set(refs))
             if why is not None and name not in self.skipped:
@@ -242,6 +258,15 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         log.warning("table %s is not followed: %s", name, why)
         self.skipped[name] = why
         self.readers.pop(name, None)
+
+    def _failed(self, name: str, exc: Exception, what: str) -> None:
+        """Table `name`'s take-up or read failed: left out for good if it can never be
+        followed (no stable row IDs), else set aside and tried again later."""
+        self.readers.pop(name, None)  # a retry starts from a fresh reader
+        if isinstance(exc, StableRowIdsRequiredError):
+            self._skip(name, why_not_read(exc))
+            return
+        self.aside.fail(name, exc, what)
 
     def _reader(self, name: str, starting: str | None) -> LanceCdfStreamReader:
         """The table's reader, made on first use (`starting`: its start, if it is new)."""
@@ -279,7 +304,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
                 if self._stops_on(exc, False):
                     raise
-                self._skip(name, why_not_read(exc))
+                self._failed(name, exc, "taking it up")
+                self.at_start.add(name)
         self._report(tables)
         return {"tables": tables, "from": self.options.starting or "latest"}
 
@@ -314,33 +340,56 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if name in self.skipped:
                 continue
             offset = held.get(name)
+            if offset is not None and not self.aside.due(name):
+                tables[name] = offset  # set aside: kept where it was until tried again
+                continue
+            if offset is None and not self.aside.due(name):
+                continue
             try:
-                if offset is None:  # new: it enters the map at its initial offset first
-                    tables[name] = self._reader(name, self._later_start()).initialOffset()
-                    log.warning("table %s: followed from now on", name)
-                elif not self.available_now and not self.polls.due(name, now):
+                if offset is not None and not self.available_now and not self.polls.due(name, now):
                     tables[name] = offset  # quiet, and not due for a look yet
                     continue
-                elif self.polls.quiet(name) and self._still(name, offset):
+                if offset is not None and self.polls.quiet(name) and self._still(name, offset):
                     tables[name] = offset  # still quiet: one listing, no feed opened
                 else:
-                    tables[name] = self._reader(name, None).latestOffset(offset, limit)
+                    tables[name] = self._table_offset(name, offset, limit)
                 self.polls.looked(name, tables[name] != offset, now)
-            except Exception as exc:  # noqa: BLE001 (one table's fault: reported, left out)
+            except Exception as exc:  # noqa: BLE001 (one table's fault: reported, set aside)
                 if self._gone(name):
-                    log.warning("table %s is gone from the database: let go", name)
-                    self.readers.pop(name, None)
+                    self._let_go(name)
                     tables.pop(name, None)
                 elif self._stops_on(exc, offset is not None):
                     raise
                 else:
-                    self._skip(name, why_not_read(exc))
+                    what = "taking it up" if offset is None else "reading its latest version"
+                    self._failed(name, exc, what)
+                    if offset is not None and name not in self.skipped:
+                        tables[name] = offset
         for name in sorted(set(held) - set(refs)):
             if name not in self.skipped:
-                log.warning("table %s is gone from the database: let go", name)
+                self._let_go(name)
         self.polls.keep_only(tables)
         self._report(tables)
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
+
+    def _table_offset(self, name: str, offset: Offset | None, limit: ReadLimit) -> Offset:
+        """Table `name`'s next offset from `offset` (None: a table taken up now, which
+        enters the map at its initial offset first)."""
+        if offset is None:
+            start = self.options.starting if name in self.at_start else self._later_start()
+            found = self._reader(name, start).initialOffset()
+            log.warning("table %s: followed from now on", name)
+        else:
+            found = self._reader(name, None).latestOffset(offset, limit)
+        self.aside.succeeded(name)
+        self.at_start.discard(name)
+        return found
+
+    def _let_go(self, name: str) -> None:
+        log.warning("table %s was dropped from the database: it is no longer followed", name)
+        self.readers.pop(name, None)
+        self.aside.forget(name)
+        self.at_start.discard(name)
 
     def _still(self, name: str, offset: Offset) -> bool:
         """Whether a quiet table has no version after `offset`'s, from one listing of its
@@ -369,19 +418,44 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             since = held.get(name)
             if since is None or since == until:
                 continue  # a new table's first offset is its initial one: nothing yet
+            found = self._partitions_of(name, since, until)
+            if found is not None:
+                yield name, found[0], found[1]
+
+    def _partitions_of(
+        self, name: str, since: Offset, until: Offset
+    ) -> tuple[LanceCdfStreamReader, Sequence[InputPartition]] | None:
+        """Table `name`'s reader and partitions between its offsets (None: dropped
+        meanwhile). Its offsets are in the offset log already, so a transient fault is
+        retried with backoff (TakeUpSettings' writer pauses, up to its budget) rather than
+        set aside; past it, or on another fault, the query stops with one line."""
+        settings = self.aside.settings
+        began = time.monotonic()
+        attempt = 0
+        while True:
             try:
                 if name not in self.refs:
                     self._tables(force=True)
                 reader = self._reader(name, None)
-                parts = reader.partitions(since, until)
+                return reader, reader.partitions(since, until)
             except Exception as exc:
                 if self._gone(name):
+                    self._let_go(name)
+                    return None
+                self.readers.pop(name, None)
+                if not is_transient(exc) or time.monotonic() - began >= settings.writer_budget_s:
+                    raise
+                pause = settings.writer_backoff_s[min(attempt, len(settings.writer_backoff_s) - 1)]
+                if attempt == 0:
                     log.warning(
-                        "table %s is gone from the database: let go (%s)", name, why_not_read(exc)
+                        "table %s: planning its micro-batch failed (%s); retrying for up to %.0f s",
+                        name,
+                        in_words(exc),
+                        settings.writer_budget_s,
                     )
-                    continue
-                raise
-            yield name, reader, parts
+                attempt += 1
+                self.aside.retries += 1
+                time.sleep(pause)
 
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
@@ -441,6 +515,9 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         document = {
             "followed": {n: self.refs[n].uri for n in sorted(tables) if n in self.refs},
             "skipped": dict(sorted(self.skipped.items())),
+            "aside": self.aside.shown(),
+            "takeup_retries": self.aside.retries,
+            "set_asides": self.aside.set_asides,
         }
         text = json.dumps(document, indent=1, sort_keys=True)
         if text == self.reported:
@@ -464,15 +541,4 @@ def why_not_read(exc: BaseException) -> str:
             "be turned on later); recreate it with them (LanceDB: storage option "
             "new_table_enable_stable_row_ids='true') or leave it out with --exclude"
         )
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else '(no message)'}"
-
-
-def read_report(path: str) -> dict[str, Any] | None:
-    """The report a database stream wrote (`_report`), or None."""
-    try:
-        with open(path) as f:
-            document = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
+    return in_words(exc)
