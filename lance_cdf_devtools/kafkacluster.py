@@ -106,9 +106,7 @@ class KafkaCluster:
             i: ClusterNode(self.workdir / f"node{i}", i, cid, heap, **kw)
             for i in range(1, NODES + 1)
         }
-        voters = ",".join(
-            f"{i}@127.0.0.1:{node.controller_port}" for i, node in self.nodes.items()
-        )
+        voters = ",".join(f"{i}@127.0.0.1:{node.controller_port}" for i, node in self.nodes.items())
         for node in self.nodes.values():
             node.voters = voters
 
@@ -182,11 +180,15 @@ class KafkaCluster:
 
     def group_coordinator(self, group: str) -> int:
         """The node coordinating consumer group `group` (DescribeConsumerGroups)."""
-        futures = self._admin().describe_consumer_groups([group], request_timeout=10)
-        return int(futures[group].result().coordinator.id)
+        admin = self._admin()  # kept until the answer came: a dropped client drops it
+        futures = admin.describe_consumer_groups([group], request_timeout=10)
+        return int(futures[group].result(timeout=30).coordinator.id)
 
     def close(self) -> None:
+        """SIGKILL every node (a test cluster: nothing to shut down cleanly for) and
+        remove them from the process registry."""
         for node in self.nodes.values():
+            node.kill()
             node.close()
 
     def __enter__(self) -> Self:
