@@ -21,10 +21,16 @@ import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
 from test_exactly_once import killable_publish, writer
 from test_kafka_order import consume_by_key, expected_by_key
-from test_replicate import _replicate_cmd, assert_replica_equals_source
+from test_replicate import (
+    _replicate_cmd,
+    assert_replica_equals_source,
+    publish,
+    run_to_the_end_and_compare,
+)
+from workload import Workload
 
 from lance_cdf.cli import main
-from lance_cdf.replicate.replica import ReplicaTable
+from lance_cdf.replicate.replica import SOURCE_ROWID, ReplicaTable
 
 PARTITIONS = 3
 # how long a broker stays down in the "one broker down" test; outside runs: 120 s
@@ -248,28 +254,76 @@ def test_leader_and_commit_broker_killed_mid_publish(flow, kafka_cluster):
     assert kafka.get("outages", 0) >= 1 and not kafka["unavailable_since"], kafka
 
 
-def test_one_broker_down_and_the_group_coordinator_moved(flow, kafka_cluster):
-    """The replicator's group coordinator SIGKILLed; it stays down for BROKER_DOWN_S while
-    publishing and replicating go on with two replicas in sync, then comes back."""
+def test_one_broker_down_for_a_while(flow, kafka_cluster):
+    """A broker (not the replicator's group coordinator: the next test kills that) SIGKILLed and
+    kept down for BROKER_DOWN_S while publishing and replicating go on with two replicas
+    in sync; then it comes back and catches up."""
     cluster = kafka_cluster
     flow.start()
-    group = f"g-{flow.topic}"  # what _replicate_cmd names the group
-    coordinator = cluster.group_coordinator(group)
-    cluster.kill(coordinator)
-    moved_to = None
+    coordinator = cluster.group_coordinator(f"g-{flow.topic}")  # _replicate_cmd's group
+    down = next(n for n in cluster.nodes if n != coordinator)
+    cluster.kill(down)
     deadline = time.monotonic() + BROKER_DOWN_S
     records, applied = flow.records(), flow.applied()
-    while time.monotonic() < deadline or moved_to is None:
-        records = flow.wait_records(records, f"publishing with node {coordinator} down")
-        applied = flow.wait_applied(applied, f"replicating with node {coordinator} down")
-        moved_to = _or_zero(lambda: cluster.group_coordinator(group)) or None
-    assert moved_to != coordinator
+    while time.monotonic() < deadline:
+        records = flow.wait_records(records, f"publishing with node {down} down")
+        applied = flow.wait_applied(applied, f"replicating with node {down} down")
     isrs = {len(p.isrs) for p in cluster.partitions(flow.topic).values()}
     assert isrs == {2}  # the dead broker's replicas left the in-sync sets
-    cluster.restart(coordinator)
+    cluster.restart(down)
     cluster.wait_in_sync(flow.topic)
     flow.wait_records(flow.records(), "publishing with all three back")
     flow.finish()
+
+
+def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schema_registry):
+    """The broker coordinating the replicator's consumer group SIGKILLed: the group moves
+    to another broker and the replicator goes on applying what is published meanwhile
+    (published here without Spark: the publisher the sink's writer tasks use)."""
+    cluster, registry = kafka_cluster, schema_registry
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"cl-group-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=11, rows=200)
+    last = publish(cluster, registry, src, topic, 1)
+    replica = ReplicaTable(dst, [SOURCE_ROWID])
+
+    def applied():
+        try:
+            return sum(replica.applied_offsets(topic).values())
+        except (OSError, ValueError):
+            return 0
+
+    cmd = _replicate_cmd(cluster, registry, topic, dst)
+    with open(tmp_path / "replicate.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
+    try:
+        _wait_for(applied, 0, proc, "the replica's first commit")
+        coordinator = cluster.group_coordinator(f"g-{topic}")
+        cluster.kill(coordinator)
+        for op in ("update", "delete_sparse", "upsert"):
+            w.step(op)
+        before = applied()
+        last = publish(cluster, registry, src, topic, last + 1)
+        _wait_for(applied, before, proc, f"replicating after node {coordinator} was killed")
+        assert cluster.group_coordinator(f"g-{topic}") != coordinator
+        cluster.restart(coordinator)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+        if not cluster.nodes[coordinator].running():
+            cluster.restart(coordinator)
+    run_to_the_end_and_compare([*cmd, "--idle-timeout", "3"], src, dst)
+
+
+def _wait_for(probe, past, proc, what):
+    deadline = time.monotonic() + PROGRESS_S
+    while probe() <= past:
+        assert proc.poll() is None, f"replicate exited ({proc.returncode}): {what}"
+        assert time.monotonic() < deadline, f"no progress past {past} in {PROGRESS_S} s: {what}"
+        time.sleep(0.3)
 
 
 def test_the_coordinator_hash_is_kafkas():
