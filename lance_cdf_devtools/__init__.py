@@ -19,10 +19,9 @@ an S3-compatible server (moto, from PyPI) for tables on object storage.
     with KafkaCluster() as cluster:    # three KRaft nodes, replication factor 3
         cluster.kill(cluster.leader("topic", 0)); cluster.restart(...)
 
-Modules: maven (provisioning), process (child-process lifecycle), kafka, kafkacluster,
-registry,
-tls (a CA and certificates per run), authproxy (HTTPS + basic auth in front of the
-registry), s3 (+ s3app, the server process).
+Modules: maven (provisioning), process (child-process lifecycle), kafka, kafkacluster
+(three brokers), registry, tls (a CA and certificates per run), authproxy (HTTPS + basic
+auth in front of the registry), s3 (+ s3app, the server process).
 """
 
 from lance_cdf_devtools.kafka import KafkaBroker, SecureKafkaBroker
