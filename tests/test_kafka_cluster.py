@@ -293,7 +293,10 @@ def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schem
         except (OSError, ValueError):
             return 0
 
-    cmd = _replicate_cmd(cluster, registry, topic, dst)
+    # lance-cdf's own consumer settings: without the static membership (group.instance.id)
+    # _replicate_cmd adds for quick restarts, which librdkafka makes fatal here (a rejoin
+    # after the coordinator moved answered FENCED_INSTANCE_ID)
+    cmd = _without_static_membership(_replicate_cmd(cluster, registry, topic, dst))
     with open(tmp_path / "replicate.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     try:
@@ -316,6 +319,13 @@ def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schem
         if not cluster.nodes[coordinator].running():
             cluster.restart(coordinator)
     run_to_the_end_and_compare([*cmd, "--idle-timeout", "3"], src, dst)
+
+
+def _without_static_membership(cmd):
+    out = list(cmd)
+    i = next(i for i, a in enumerate(out) if a.startswith("group.instance.id="))
+    del out[i - 1 : i + 1]  # the flag and its value
+    return out
 
 
 def _wait_for(probe, past, proc, what):
