@@ -16,12 +16,16 @@ an S3-compatible server (moto, from PyPI) for tables on object storage.
         kafka.client_config            # SASL_SSL, SCRAM-SHA-512, sasl.*, ssl.ca.location
         registry.client_config         # basic.auth.user.info, ssl.ca.location (HTTPS url)
 
-Modules: maven (provisioning), process (child-process lifecycle), kafka, registry,
-tls (a CA and certificates per run), authproxy (HTTPS + basic auth in front of the
-registry), s3 (+ s3app, the server process).
+    with KafkaCluster() as cluster:    # three KRaft nodes, replication factor 3
+        cluster.kill(cluster.leader("topic", 0)); cluster.restart(...)
+
+Modules: maven (provisioning), process (child-process lifecycle), kafka, kafkacluster
+(three brokers), registry, tls (a CA and certificates per run), authproxy (HTTPS + basic
+auth in front of the registry), s3 (+ s3app, the server process).
 """
 
 from lance_cdf_devtools.kafka import KafkaBroker, SecureKafkaBroker
+from lance_cdf_devtools.kafkacluster import KafkaCluster
 from lance_cdf_devtools.maven import default_cache_dir, provision, versions
 from lance_cdf_devtools.process import free_port
 from lance_cdf_devtools.registry import SchemaRegistry, SecureSchemaRegistry
@@ -29,6 +33,7 @@ from lance_cdf_devtools.s3 import S3Server
 
 __all__ = [
     "KafkaBroker",
+    "KafkaCluster",
     "S3Server",
     "SchemaRegistry",
     "SecureKafkaBroker",

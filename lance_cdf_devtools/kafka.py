@@ -69,6 +69,8 @@ class KafkaBroker(JavaService):
         self.properties = self.workdir / "server.properties"
         self.data_dir = self.workdir / "data"
         self._formatted = False
+        self.node_id = 1
+        self.cluster_id = _cluster_id()
 
     @property
     def bootstrap_servers(self) -> str:
@@ -94,18 +96,12 @@ class KafkaBroker(JavaService):
             "\n".join(
                 [
                     "process.roles=broker,controller",
-                    "node.id=1",
-                    f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}",
+                    f"node.id={self.node_id}",
+                    *self._quorum_lines(),
                     *self._listener_lines(),
                     f"log.dirs={self.data_dir}",
                     f"num.partitions={self.num_partitions}",
-                    "offsets.topic.replication.factor=1",
-                    "offsets.topic.num.partitions=1",
-                    "transaction.state.log.replication.factor=1",
-                    "transaction.state.log.min.isr=1",
-                    "transaction.state.log.num.partitions=1",
-                    "share.coordinator.state.topic.replication.factor=1",
-                    "share.coordinator.state.topic.min.isr=1",
+                    *self._replication_lines(),
                     "group.initial.rebalance.delay.ms=0",
                     f"auto.create.topics.enable={str(self.auto_create_topics).lower()}",
                 ]
@@ -115,9 +111,9 @@ class KafkaBroker(JavaService):
         cmd = self._java(
             "kafka.tools.StorageTool",
             "format",
-            "--standalone",
+            *self._quorum_format_args(),
             "-t",
-            _cluster_id(),
+            self.cluster_id,
             "-c",
             str(self.properties),
             *self._format_args(),
@@ -130,6 +126,26 @@ class KafkaBroker(JavaService):
                 f"{done.stdout[-3000:]}{done.stderr[-3000:]}"
             )
         self._formatted = True
+
+    def _quorum_lines(self) -> list[str]:
+        """How the node finds the KRaft controller quorum: itself, alone, here."""
+        return [f"controller.quorum.bootstrap.servers=127.0.0.1:{self.controller_port}"]
+
+    def _quorum_format_args(self) -> list[str]:
+        """`kafka-storage format`'s quorum arguments: a quorum of this node alone."""
+        return ["--standalone"]
+
+    def _replication_lines(self) -> list[str]:
+        """The internal topics' replication: one copy of each on one broker."""
+        return [
+            "offsets.topic.replication.factor=1",
+            "offsets.topic.num.partitions=1",
+            "transaction.state.log.replication.factor=1",
+            "transaction.state.log.min.isr=1",
+            "transaction.state.log.num.partitions=1",
+            "share.coordinator.state.topic.replication.factor=1",
+            "share.coordinator.state.topic.min.isr=1",
+        ]
 
     def _listener_lines(self) -> list[str]:
         """The listeners of server.properties: one PLAINTEXT client listener here."""

@@ -1,6 +1,7 @@
 """pytest plugin: one real Kafka broker (KRaft) and one real Apicurio schema registry
 per test session (`lance_cdf_devtools`), stopped when the session ends; and, for the
-tests that ask, a SASL_SSL broker and a registry behind HTTPS + basic auth.
+tests that ask, a SASL_SSL broker and a registry behind HTTPS + basic auth, and a
+three-broker replicated cluster (one per module that asks).
 
 Register with `pytest_plugins = ["kafka_services"]` (tests/ on sys.path) or
 `-p tests.kafka_services`. The jars are provisioned on first use (Maven, cached)."""
@@ -9,6 +10,7 @@ import pytest
 
 from lance_cdf_devtools import (
     KafkaBroker,
+    KafkaCluster,
     SchemaRegistry,
     SecureKafkaBroker,
     SecureSchemaRegistry,
@@ -22,6 +24,16 @@ def kafka_broker(tmp_path_factory):
     broker.start()
     yield broker
     broker.close()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(tmp_path_factory):
+    """A started `KafkaCluster` for the module that asks: three KRaft nodes, replication
+    factor 3, `min.insync.replicas=2`; `.kill(node)`, `.restart(node)`, `.leader(...)`."""
+    cluster = KafkaCluster(tmp_path_factory.mktemp("kafka-cluster"))
+    cluster.start()
+    yield cluster
+    cluster.close()
 
 
 @pytest.fixture(scope="session")

@@ -18,6 +18,7 @@ gets no BEGIN/END: the sink only learns of versions from their events.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import time
@@ -235,7 +236,7 @@ class TransactionWriter:
 
     def last(self) -> TransactionRecord | None:
         """The topic's last record (None: empty)."""
-        from confluent_kafka import TopicPartition
+        from confluent_kafka import KafkaException, TopicPartition
 
         consumer = clients.consumer(
             self.connection.consumer(
@@ -246,9 +247,18 @@ class TransactionWriter:
                 }
             )
         )
-        low, high = consumer.get_watermark_offsets(
-            TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
-        )
+        try:
+            low, high = consumer.get_watermark_offsets(
+                TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
+            )
+        except KafkaException:
+            # as in marks.py: the shared consumer is never subscribed, so librdkafka does
+            # not refresh the topic's metadata by itself; after the partition's leader
+            # died it kept answering "Unknown partition" / "Timed out" while another
+            # broker led it. The retry (outage.RideOut) asks with fresh metadata.
+            with contextlib.suppress(KafkaException):
+                consumer.list_topics(self.topic, timeout=min(5.0, self.timeout))
+            raise
         if high <= low:
             return None
         consumer.assign([TopicPartition(self.topic, 0, high - 1)])
