@@ -111,3 +111,20 @@ def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
         options = {k.lower(): v for k, v in settings.target.transaction_options().items()}
         waits.append(kafka_sink.flush_timeout(options))
     assert waits == [2.5, outage.FLUSH_TIMEOUT_S]
+
+
+def test_a_short_outage_after_a_long_one_keeps_the_longest(tmp_path):
+    """Two writer tasks share the checkpoint's state: a long outage ridden out by one, then a
+    short one (a broker back from a freeze answering once with a stale epoch) by another:
+    the last is the short one, the longest is kept and shown."""
+    import time
+
+    long, short = RideOut("127.0.0.1:9", str(tmp_path)), RideOut("127.0.0.1:9", str(tmp_path))
+    long.waiting("broker down")
+    long.since = time.monotonic() - 40  # (as if it began 40 s ago)
+    long.answered()
+    short.waiting("stale leader epoch")
+    short.answered()
+    state = read_state(str(tmp_path))
+    assert state.outages == 2 and state.last_outage_s < 5 and state.longest_outage_s >= 40
+    assert describe_state(str(tmp_path))[1].endswith("; the longest 40 s")

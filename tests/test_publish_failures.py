@@ -181,7 +181,9 @@ def test_a_broker_outage_of_many_flush_timeouts_is_ridden_out_exactly_once(
             os.killpg(proc.pid, signal.SIGKILL)
     state = read_state(ck)
     assert state is not None and state.outages >= 1 and state.retries >= 1, state
-    assert state.unavailable_since == 0 and state.last_outage_s >= 30, state
+    # the freeze is the longest outage (a short one may follow: the broker, back, answering
+    # a request with a stale leader epoch once)
+    assert state.unavailable_since == 0 and state.longest_outage_s >= 30, state
     assert "does not answer" in err and "answers again" in err, err[-5000:]
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())

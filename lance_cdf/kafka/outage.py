@@ -51,6 +51,8 @@ class KafkaState:
     retries: int = 0  # attempts repeated since the checkpoint's first outage
     outages: int = 0
     last_outage_s: float = 0.0  # how long the last outage that ended lasted
+    longest_outage_s: float = 0.0  # the longest that ended (a broker back from a long
+    # outage can answer one request with a stale-epoch error: a second, short one)
     cause: str = ""  # the last error seen while Kafka did not answer
     updated: float = 0.0
 
@@ -175,6 +177,7 @@ def _retried(state: KafkaState, cause: str) -> None:
 def _ended(state: KafkaState, took: float) -> None:
     if state.unavailable_since:
         state.last_outage_s = took
+        state.longest_outage_s = max(state.longest_outage_s, took)
     state.unavailable_since = 0.0
 
 
@@ -195,4 +198,6 @@ def describe_state(checkpoint: str) -> tuple[dict[str, object], str] | None:
             f"answering; {state.outages} outage(s) ridden out, the last one "
             f"{state.last_outage_s:.0f} s ({state.retries} retries)"
         )
+        if state.longest_outage_s > state.last_outage_s + 0.5:
+            line += f"; the longest {state.longest_outage_s:.0f} s"
     return asdict(state), line
