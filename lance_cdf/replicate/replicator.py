@@ -295,7 +295,7 @@ class Replicator:
                 break
             self.applier.apply(take.msgs, take)  # (records of several polls)
             gate.done(take)
-        self._pace(gate)
+        self._pace(gate, arrived=bool(msgs))
 
     # (a shared consumer's replicator: its owner polls, these take what it polled)
     def feed_transactions(self, msgs: list[Message]) -> bool:
@@ -361,14 +361,17 @@ class Replicator:
         return False
 
     # -- whole versions -------------------------------------------------------------
-    def _pace(self, gate: VersionGate) -> None:
+    def _pace(self, gate: VersionGate, arrived: bool) -> None:
         """Pause the partitions that hold a batch's worth of waiting records while another
         holds less: librdkafka hands a backlog over partition by partition (a whole fetch
         of one first), and a version needs its records from every partition. Never all of
-        them, so the bound on waiting records (a piece) is still reached."""
+        them, so the bound on waiting records (a piece) is still reached; and none after a
+        poll that brought nothing (`arrived` False): the others have nothing more to give
+        now, and a version whose last records are on a paused partition would wait for
+        ever."""
         limit = self.settings.batching.max_batch_rows
         ahead = {p for p, held in gate.pending.items() if len(held) >= limit}
-        if len(ahead) >= len(self._partitions):
+        if len(ahead) >= len(self._partitions) or not arrived:
             ahead = set()
         if ahead == self._paused:
             return
