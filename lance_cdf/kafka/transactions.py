@@ -30,6 +30,7 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 
 from lance_cdf.avro.wire import WireWriter, split
 from lance_cdf.errors import PublishError, TransactionMetadataError
+from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, Setting
@@ -49,6 +50,37 @@ KEY_SCHEMA: AvroSchema = {
     "name": "TransactionMetadataKey",
     "namespace": _NS,
     "fields": [{"name": "id", "type": "string"}],
+}
+# a table's definition (format/definitions.py), on the END of the version it describes
+# whenever it changed; absent: unchanged
+TABLE_SCHEMA: AvroSchema = {
+    "type": "record",
+    "name": "TableDefinition",
+    "namespace": "lance_cdf",
+    "fields": [
+        {
+            "name": "indexes",
+            "type": {
+                "type": "array",
+                "items": {
+                    "type": "record",
+                    "name": "IndexDefinition",
+                    "fields": [
+                        {"name": "name", "type": "string"},
+                        {"name": "index_type", "type": "string"},
+                        {"name": "columns", "type": {"type": "array", "items": "string"}},
+                        {"name": "params", "type": "string"},
+                    ],
+                },
+            },
+        },
+        {"name": "config", "type": {"type": "map", "values": "string"}},
+        {"name": "schema_metadata", "type": {"type": "map", "values": "bytes"}},
+        {
+            "name": "field_metadata",
+            "type": {"type": "map", "values": {"type": "map", "values": "bytes"}},
+        },
+    ],
 }
 VALUE_SCHEMA: AvroSchema = {
     "type": "record",
@@ -98,6 +130,7 @@ VALUE_SCHEMA: AvroSchema = {
                 },
             ],
         },
+        {"name": "lance_cdf_table", "default": None, "type": ["null", TABLE_SCHEMA]},
     ],
 }
 
@@ -134,6 +167,8 @@ class TransactionRecord:
     event_count: int | None
     # partition -> (events, records); None: not known (unrouted publishing)
     partitions: dict[int, tuple[int, int]] | None
+    # the table's definition at this version, on an END where it changed
+    definition: TableDefinition | None = None
 
 
 def merge(counts: list[dict[int, VersionCounts]]) -> list[VersionCounts]:
@@ -145,8 +180,44 @@ def merge(counts: list[dict[int, VersionCounts]]) -> list[VersionCounts]:
     return [out[v] for v in sorted(out)]
 
 
-def transaction_value(status: str, namespace: str, counts: VersionCounts, ts_ms: int) -> AvroRecord:
-    """The value record (fastavro's dict) of a BEGIN or an END."""
+def table_value(d: TableDefinition) -> AvroRecord:
+    return {
+        "indexes": [
+            {
+                "name": i.name,
+                "index_type": i.index_type,
+                "columns": list(i.columns),
+                "params": i.params,
+            }
+            for i in d.indexes
+        ],
+        "config": dict(d.config),
+        "schema_metadata": dict(d.schema_metadata),
+        "field_metadata": {k: dict(v) for k, v in d.field_metadata},
+    }
+
+
+def table_definition(rec: AvroRecord) -> TableDefinition:
+    return TableDefinition.of(
+        [
+            IndexDefinition(i["name"], i["index_type"], tuple(i["columns"]), i["params"])
+            for i in rec["indexes"]
+        ],
+        rec["config"],
+        rec["schema_metadata"],
+        rec["field_metadata"],
+    )
+
+
+def transaction_value(
+    status: str,
+    namespace: str,
+    counts: VersionCounts,
+    ts_ms: int,
+    definition: TableDefinition | None = None,
+) -> AvroRecord:
+    """The value record (fastavro's dict) of a BEGIN or an END (`definition`: on an END,
+    the table's definition at the version, when it changed)."""
     end = status == "END"
     routed = -1 not in counts.partitions
     return {
@@ -164,6 +235,7 @@ def transaction_value(status: str, namespace: str, counts: VersionCounts, ts_ms:
         ]
         if end and routed
         else None,
+        "lance_cdf_table": table_value(definition) if end and definition is not None else None,
     }
 
 
@@ -189,6 +261,7 @@ class TransactionDecoder:
         if version is None:  # a writer without the extension: the id's number
             version = int(str(rec["id"]).rsplit(":", 1)[-1])
         parts = rec.get("lance_cdf_partitions")
+        table = rec.get("lance_cdf_table")
         return TransactionRecord(
             rec["status"],
             rec["id"],
@@ -199,6 +272,7 @@ class TransactionDecoder:
             else {
                 int(p["partition"]): (int(p["event_count"]), int(p["record_count"])) for p in parts
             },
+            None if table is None else table_definition(table),
         )
 
 
