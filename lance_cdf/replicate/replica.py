@@ -43,6 +43,7 @@ from lance.fragment import FragmentMetadata, RowIdSequence, write_fragments
 
 from lance_cdf.errors import LanceCdfError, ReplicaError
 from lance_cdf.ops import internals
+from lance_cdf.replicate.index_keeper import ROWLESS_OPERATIONS, IndexKeeper
 from lance_cdf.replicate.key_lookup import KeyLookup
 
 if TYPE_CHECKING:
@@ -164,8 +165,11 @@ class ReplicaTable:
         keep_row_ids: bool = False,
         prewarm: bool = True,
         key_map: bool = True,
+        keeper: IndexKeeper | None = None,
     ):
         self.uri, self.key, self.storage_options = uri, list(key), storage_options
+        # the source's indexes and settings, and the replica-only indexes (None: none kept)
+        self.keeper = keeper
         self.index_rows_max, self.keep_row_ids = index_rows_max, keep_row_ids
         self._session: _Session | None = None  # one index / metadata cache across batches
         self.lookup = KeyLookup(self.key, keep_row_ids, prewarm, key_map)
@@ -403,10 +407,12 @@ class ReplicaTable:
         ds = ds or self.open()
         return 0 if ds is None else self.lookup.unindexed_rows(ds)
 
-    def maintain(self, compact: bool = False) -> dict[str, int]:
+    def maintain(self, compact: bool = False, batch_rows: int = 0) -> dict[str, int]:
         """Compact the replica's small fragments (`compact`, then the key index is merged
         into one segment covering every fragment), else index the fragments outside the
-        key index as a delta segment once they hold more than `index_rows_max` rows.
+        key index as a delta segment once they hold more than `index_rows_max` rows; then
+        the source's definition and the other indexes (`keeper`, index_keeper.py;
+        `batch_rows`: the last batch's rows, a bound on unindexed rows).
         Neither changes a row nor the recorded position: the position is
         read from the newest commit that carries one. Returns what was done."""
         done: dict[str, int] = {}
@@ -425,7 +431,26 @@ class ReplicaTable:
             # every compaction): a fresh session from the next open on
             self._session = None
             done.update(self.lookup.after_compaction(self._reopen))
+        if self.keeper is not None:
+            ds = self._reopen()
+            before = ds.version
+            protected = {s["name"] for s in self.lookup.key_index(ds)}
+            done.update(self.keeper.upkeep(ds, protected, compact, batch_rows))
+            self._after_rowless_commits(before)
         return done
+
+    def _after_rowless_commits(self, before: int) -> None:
+        """The key map of version `before` carried over the index and settings commits
+        made on top of it (they move no row), so the next batch does not rebuild it."""
+        key_map = self.lookup.map
+        if key_map is None or key_map.version != before:
+            return
+        ds = self._reopen()
+        for version in range(before + 1, ds.version + 1):
+            tx = ds.read_transaction(version)
+            if tx is None or type(tx.operation).__name__ not in ROWLESS_OPERATIONS:
+                return
+        key_map.version = ds.version
 
     # -- composite keys: merge_insert ------------------------------------------------
     def _apply_merge_insert(

@@ -1,0 +1,144 @@
+"""The replica's secondary indexes and table settings in the replicator's upkeep: the
+source's definition (received on the END of a version, format/definitions.py) made the
+replica's once that version is applied (definition_sync.py), definitions that could not be
+built tried again at later upkeeps, and every index kept current: `optimize_indices` once
+the rows outside an index exceed max(1% of the replica's rows, the last batch's rows).
+
+What could not be built is recorded in the replica's config (`lance-cdf.unbuilt-indexes`,
+one line each) for `lance-cdf status`.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+
+import lance
+
+from lance_cdf.format.definitions import IndexDefinition, TableDefinition
+from lance_cdf.replicate.definition_sync import Unbuilt, reconcile
+
+log = logging.getLogger("lance_cdf.replicate")
+
+UNBUILT_CONFIG = "lance-cdf.unbuilt-indexes"
+# the operations of commits that move no row (index builds and drops, config, metadata)
+ROWLESS_OPERATIONS = frozenset({"CreateIndex", "UpdateConfig", "Project", "DataReplacement"})
+
+
+@dataclass
+class IndexWork:
+    """What the index upkeep did since start (for the counters and `status`)."""
+
+    builds: int = 0  # indexes built or rebuilt from a definition
+    drops: int = 0
+    optimizes: int = 0  # optimize_indices runs
+    build_s: float = 0.0
+    unbuilt: dict[str, Unbuilt] = field(default_factory=dict)
+
+
+class IndexKeeper:
+    """The wanted definition of one replica and the upkeep that makes and keeps it so.
+
+    `source_indexes`: build and drop the source's indexes (False: `--no-indexes`; the
+    settings and `extra` still reach the replica); `extra`: the replica-only indexes
+    (`--index`), built once and kept current, never dropped by a definition."""
+
+    def __init__(self, source_indexes: bool = True, extra: tuple[IndexDefinition, ...] = ()):
+        self.source_indexes, self.extra = source_indexes, extra
+        self.wanted: TableDefinition | None = None
+        self.due = True  # reconcile at the next upkeep (start, a new definition)
+        self.work = IndexWork()
+
+    def want(self, definition: TableDefinition | None) -> None:
+        """The source's definition as of the version the replica now holds (None: none
+        known; replica-only indexes are still built)."""
+        if definition is not None and definition != self.wanted:
+            self.wanted, self.due = definition, True
+
+    def upkeep(
+        self, ds: lance.LanceDataset, protected: set[str], compact: bool, batch_rows: int
+    ) -> dict[str, int]:
+        """Reconcile when due (or, at a compaction upkeep, when a definition is left
+        unbuilt), then optimize every index with too many unindexed rows. Returns what
+        was done; `ds` is moved to the commits made."""
+        done: dict[str, int] = {}
+        if self.due or (compact and self.work.unbuilt):
+            done.update(self._reconcile(ds, protected))
+        bound = max(ds.count_rows() // 100, batch_rows)
+        stale = [
+            name
+            for name, rows in unindexed_rows(ds).items()
+            if name not in protected and rows > bound
+        ]
+        if stale:
+            ds.optimize.optimize_indices(index_names=stale)
+            self.work.optimizes += 1
+            done["indexes_optimized"] = len(stale)
+        return done
+
+    def _reconcile(self, ds: lance.LanceDataset, protected: set[str]) -> dict[str, int]:
+        t0 = time.perf_counter()
+        r = reconcile(ds, self.wanted, protected, self.extra, self.source_indexes)
+        self.due = False
+        self.work.build_s += time.perf_counter() - t0
+        self.work.builds += len(r.created) + len(r.replaced)
+        self.work.drops += len(r.dropped)
+        unbuilt = {u.name: u for u in r.unbuilt}
+        record = json.dumps([u.line() for u in unbuilt.values()]) if unbuilt else None
+        if ds.config().get(UNBUILT_CONFIG) != record:  # (None: the key removed)
+            ds.update_config({UNBUILT_CONFIG: record})
+        self.work.unbuilt = unbuilt
+        if r.changed():
+            log.info(
+                "replica definition: %d indexes built, %d rebuilt, %d dropped, %d settings "
+                "commits, %d not built (%.1f s)",
+                len(r.created),
+                len(r.replaced),
+                len(r.dropped),
+                r.settings_changed,
+                len(r.unbuilt),
+                time.perf_counter() - t0,
+            )
+        return {
+            "indexes_built": len(r.created) + len(r.replaced),
+            "indexes_dropped": len(r.dropped),
+            "indexes_unbuilt": len(r.unbuilt),
+        }
+
+
+def unindexed_rows(ds: lance.LanceDataset) -> dict[str, int]:
+    """Per index of `ds`: rows in fragments none of its segments covers."""
+    covered: dict[str, set[int]] = {}
+    for seg in ds.list_indices():
+        covered.setdefault(seg["name"], set()).update(seg["fragment_ids"])
+    if not covered:
+        return {}
+    rows = {f.fragment_id: f.count_rows() for f in ds.get_fragments()}
+    return {
+        name: sum(n for fid, n in rows.items() if fid not in frags)
+        for name, frags in covered.items()
+    }
+
+
+def describe_indexes(ds: lance.LanceDataset) -> list[dict[str, object]]:
+    """Each index of the replica: name, type, columns, unindexed rows (for `status`)."""
+    loose = unindexed_rows(ds)
+    out: list[dict[str, object]] = []
+    for d in ds.describe_indices():
+        out.append(
+            {
+                "name": d.name,
+                "type": d.type_url.rsplit(".", 1)[-1].removesuffix("IndexDetails"),
+                "columns": list(d.field_names),
+                "unindexed_rows": loose.get(d.name, 0),
+            }
+        )
+    return out
+
+
+def unbuilt_lines(ds: lance.LanceDataset) -> list[str]:
+    """The definitions the replicator last could not build, one line each."""
+    value = ds.config().get(UNBUILT_CONFIG)
+    return [] if value is None else [str(x) for x in json.loads(value)]
