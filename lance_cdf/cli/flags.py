@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeAlias
 from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, idle_poll_max
 
 if TYPE_CHECKING:
+    from lance_cdf.format.definitions import IndexDefinition
     from lance_cdf.kafka.topics import TopicSettings
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
@@ -200,6 +201,39 @@ def storage_options(pairs: Iterable[str], flag: str = "--storage-option") -> dic
     from lance_cdf.ops.clientconfig import settings
 
     return settings(pairs, flag=flag)
+
+
+def index_flag(value: str) -> IndexDefinition:
+    """`--index NAME=TYPE:COLUMN[:k=v,...]` as an index definition: a replica-only index
+    (`replicate --index`); each value an int, a float, true/false, or else text."""
+    from lance_cdf.format.definitions import IndexDefinition
+
+    name, eq, rest = value.partition("=")
+    parts = rest.split(":", 2)
+    if not eq or not name or len(parts) < 2 or not parts[0] or not parts[1]:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: give NAME=TYPE:COLUMN[:k=v,...], e.g. "
+            "title_fts=INVERTED:title:with_position=true or "
+            "emb_idx=IVF_PQ:vector:metric=cosine,num_partitions=256,num_sub_vectors=16"
+        )
+    params: dict[str, object] = {}
+    for pair in parts[2].split(",") if len(parts) == 3 and parts[2] else []:
+        k, eq, v = pair.partition("=")
+        if not eq or not k:
+            raise argparse.ArgumentTypeError(f"{value!r}: parameter {pair!r} is not k=v")
+        params[k] = _scalar(v)
+    return IndexDefinition.of(name, parts[0].upper(), (parts[1],), params)
+
+
+def _scalar(v: str) -> object:
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    for kind in (int, float):
+        try:
+            return kind(v)
+        except ValueError:
+            pass
+    return v
 
 
 def database_flags(pub: argparse.ArgumentParser) -> None:

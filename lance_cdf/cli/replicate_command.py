@@ -12,6 +12,7 @@ from lance_cdf.cli.flags import (
     client_settings,
     client_settings_flags,
     csv_list,
+    index_flag,
     kafka_endpoint_flags,
     metrics_flags,
     on_signals,
@@ -196,6 +197,22 @@ def _upkeep_flags(rep: argparse.ArgumentParser) -> None:
         "at start and after each compaction: 0.7-1.5 s per 10M rows); lookups "
         "then go through the key index (a 100,000-row batch into 10M rows "
         "then costs O(replica))",
+    )
+    rep.add_argument(
+        "--no-indexes",
+        action="store_true",
+        help="do not build, rebuild or drop the source's secondary indexes on the "
+        "replica (its config and schema/field metadata still follow the source)",
+    )
+    rep.add_argument(
+        "--index",
+        type=index_flag,
+        action="append",
+        default=[],
+        metavar="NAME=TYPE:COLUMN[:k=v,...]",
+        help="a replica-only index, built once and kept current, never dropped by the "
+        "source's definition (repeatable), e.g. cat_idx=BITMAP:category or "
+        "emb_idx=IVF_PQ:vector:metric=cosine,num_partitions=256,num_sub_vectors=16",
     )
 
 
@@ -484,6 +501,8 @@ def _settings(args: argparse.Namespace, topic: str, target: str) -> ReplicateSet
         keep_row_ids=args.keep_row_ids,
         preload_index=not args.no_index_preload,
         key_map=not args.no_key_map,
+        source_indexes=not args.no_indexes,
+        replica_indexes=tuple(args.index),
         rebuild=args.rebuild,
         lease_ttl_s=args.lease_ttl
         if args.lease_ttl is not None

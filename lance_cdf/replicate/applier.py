@@ -20,8 +20,10 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.ops import malloc
 from lance_cdf.replicate.counters import Counters
+from lance_cdf.replicate.definition_sync import definition_json, definition_of_json
 from lance_cdf.replicate.final_states import FinalStates, FinalStatesDecoder
 from lance_cdf.replicate.replica import (
+    DEFINITION_PROPERTY,
     INSIDE_VERSION_PROPERTY,
     MAX_ROWID_PROPERTY,
     OFFSETS_PROPERTY,
@@ -124,6 +126,9 @@ class BatchApplier:
         # on assignment, advanced per batch
         self.fresh: tuple[int, int] | None = None
         self.since_compaction = 0
+        # the source's definition the replica recorded (JSON; None: none received yet)
+        self.definition: str | None = None
+        self.batch_rows = 0  # rows the last batch wrote (a bound on unindexed rows)
 
     def reset(self, position: dict[str, str]) -> None:
         """Resume from what the replica recorded (`ReplicaTable.position`)."""
@@ -132,6 +137,9 @@ class BatchApplier:
         self.applied = offsets_of(position, self.topic)
         keyed_by_rowid = self.states.key == [SOURCE_ROWID]
         self.fresh = self.replica.fresh_bounds(position) if keyed_by_rowid else None
+        self.definition = position.get(DEFINITION_PROPERTY)
+        if self.definition is not None and self.replica.keeper is not None:
+            self.replica.keeper.want(definition_of_json(self.definition))
 
     def apply(
         self, msgs: list[Message], take: Take | None = None, one_partition: int | None = None
@@ -153,6 +161,10 @@ class BatchApplier:
         t1 = time.perf_counter()
         props, fresh = self._properties(states, next_offsets, take)
         self.replica.apply(states.upserts, states.deletes, props, fresh=states.new_rows)
+        if take is not None and self.replica.keeper is not None:
+            # (made the replica's by the upkeep below, now that the version is applied)
+            self.replica.keeper.want(take.definition)
+        self.batch_rows = 0 if states.upserts is None else states.upserts.num_rows
         self.applied = next_offsets
         self.fresh = fresh
         crash_point("after-lance-commit")
@@ -186,6 +198,10 @@ class BatchApplier:
             props[VERSION_OFFSETS_PROPERTY] = json.dumps({self.topic: take.version_offsets})
             if take.inside is not None:
                 props[INSIDE_VERSION_PROPERTY] = str(take.inside)
+            if take.definition is not None:
+                self.definition = definition_json(take.definition)
+        if self.definition is not None:  # (carried forward)
+            props[DEFINITION_PROPERTY] = self.definition
         self.through = max(self.through, states.version)
         props[RECORDS_THROUGH_PROPERTY] = str(self.through)
         fresh = self.fresh
@@ -232,7 +248,7 @@ class BatchApplier:
         takes in new fragments once they hold more than `index_rows_max` rows."""
         self.since_compaction += 1
         compact = 0 < self.settings.compact_every <= self.since_compaction
-        done = self.replica.maintain(compact=compact)
+        done = self.replica.maintain(compact=compact, batch_rows=self.batch_rows)
         if compact:
             self.since_compaction = 0
             # what the compaction's threads freed, back to the kernel (in `lance-cdf

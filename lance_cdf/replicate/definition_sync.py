@@ -18,6 +18,7 @@ the rest is built. Every change is its own Lance commit without a recorded posit
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
 from dataclasses import dataclass, field
@@ -265,3 +266,35 @@ def reconcile(
     for u in out.unbuilt:
         log.warning("%s", u.line())
     return out
+
+
+def definition_json(d: TableDefinition) -> str:
+    """`d` as one JSON text (metadata values base64): what a replica commit records."""
+    return json.dumps(
+        {
+            "indexes": [[i.name, i.index_type, list(i.columns), i.params] for i in d.indexes],
+            "config": dict(d.config),
+            "schema_metadata": {k: _b64(v) for k, v in d.schema_metadata},
+            "field_metadata": {p: {k: _b64(v) for k, v in m} for p, m in d.field_metadata},
+        },
+        sort_keys=True,
+        separators=(",", ":"),
+    )
+
+
+def definition_of_json(text: str) -> TableDefinition:
+    """The inverse of `definition_json`."""
+    raw = json.loads(text)
+    return TableDefinition.of(
+        [IndexDefinition(n, t, tuple(c), p) for n, t, c, p in raw["indexes"]],
+        raw["config"],
+        {k: base64.b64decode(v) for k, v in raw["schema_metadata"].items()},
+        {
+            p: {k: base64.b64decode(v) for k, v in m.items()}
+            for p, m in raw["field_metadata"].items()
+        },
+    )
+
+
+def _b64(v: bytes) -> str:
+    return base64.b64encode(v).decode("ascii")

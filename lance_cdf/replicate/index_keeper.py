@@ -66,12 +66,9 @@ class IndexKeeper:
         done: dict[str, int] = {}
         if self.due or (compact and self.work.unbuilt):
             done.update(self._reconcile(ds, protected))
-        bound = max(ds.count_rows() // 100, batch_rows)
-        stale = [
-            name
-            for name, rows in unindexed_rows(ds).items()
-            if name not in protected and rows > bound
-        ]
+        loose = unindexed_rows(ds, skip=protected)
+        bound = max(ds.count_rows() // 100, batch_rows) if loose else 0
+        stale = [name for name, rows in loose.items() if rows > bound]
         if stale:
             ds.optimize.optimize_indices(index_names=stale)
             self.work.optimizes += 1
@@ -108,11 +105,13 @@ class IndexKeeper:
         }
 
 
-def unindexed_rows(ds: lance.LanceDataset) -> dict[str, int]:
-    """Per index of `ds`: rows in fragments none of its segments covers."""
+def unindexed_rows(ds: lance.LanceDataset, skip: set[str] | None = None) -> dict[str, int]:
+    """Per index of `ds` (but those in `skip`): rows in fragments none of its segments
+    covers."""
     covered: dict[str, set[int]] = {}
     for seg in ds.list_indices():
-        covered.setdefault(seg["name"], set()).update(seg["fragment_ids"])
+        if skip is None or seg["name"] not in skip:
+            covered.setdefault(seg["name"], set()).update(seg["fragment_ids"])
     if not covered:
         return {}
     rows = {f.fragment_id: f.count_rows() for f in ds.get_fragments()}

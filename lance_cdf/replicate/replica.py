@@ -89,6 +89,10 @@ TRANSACTION_OFFSET_PROPERTY = "lance-cdf.transaction-offset"
 VERSION_OFFSETS_PROPERTY = "lance-cdf.version-offsets"
 INSIDE_VERSION_PROPERTY = "lance-cdf.inside-version"
 RECORDS_THROUGH_PROPERTY = "lance-cdf.records-through-version"
+# The source table's definition (indexes, config, metadata) as of the recorded source
+# version, carried forward like the offsets once an END brought one (definition_sync.py's
+# JSON): the upkeep makes the replica's equal to it, after a restart too.
+DEFINITION_PROPERTY = "lance-cdf.table-definition"
 
 
 def describe_position(position: dict[str, str]) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from lance_cdf.format.definitions import IndexDefinition
+
 
 @dataclass(frozen=True)
 class KafkaSettings:
@@ -64,10 +66,17 @@ class ReplicaSettings:
     # group has committed offsets
     rebuild: bool = False
     lease_ttl_s: float = 30.0  # the replica's one-writer lease expires this long after renewal
+    # build, rebuild and drop the source's indexes as its definition says (False:
+    # --no-indexes; config and metadata still follow the source)
+    source_indexes: bool = True
+    # replica-only indexes (--index), built once and kept current, never dropped by a
+    # definition
+    replica_indexes: tuple[IndexDefinition, ...] = ()
 
     def __post_init__(self) -> None:
         if self.key is not None:  # (a list given: kept as a tuple, the value stays frozen)
             object.__setattr__(self, "key", tuple(self.key))
+        object.__setattr__(self, "replica_indexes", tuple(self.replica_indexes))
 
 
 @dataclass(frozen=True)

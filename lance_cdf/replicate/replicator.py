@@ -59,6 +59,7 @@ from lance_cdf.replicate.consumers import (
 )
 from lance_cdf.replicate.counters import Counters
 from lance_cdf.replicate.final_states import FinalStatesDecoder
+from lance_cdf.replicate.index_keeper import IndexKeeper
 from lance_cdf.replicate.poll_loop import consume_error, run_polls
 from lance_cdf.replicate.replica import (
     RECORDS_THROUGH_PROPERTY,
@@ -133,6 +134,7 @@ class Replicator:
             keep_row_ids=r.keep_row_ids,
             prewarm=r.preload_index,
             key_map=r.key_map,
+            keeper=IndexKeeper(r.source_indexes, r.replica_indexes),
             **({} if r.index_rows_max is None else {"index_rows_max": r.index_rows_max}),
         )
         self.clients = (

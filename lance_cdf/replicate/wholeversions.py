@@ -33,6 +33,7 @@ import numpy as np
 from confluent_kafka import Consumer, TopicPartition
 
 from lance_cdf.errors import TransactionMetadataError
+from lance_cdf.format.definitions import TableDefinition
 from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
 from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
@@ -54,6 +55,9 @@ class Take:
     version_offsets: dict[int, int]  # per partition: where the records after `version` start
     inside: int | None  # the first version after `version`, partly applied (None: none)
     upto: dict[int, int]  # per partition: the next offset after the records handed out
+    # the source table's definition as of `version`, when an END handed out carried one
+    # (the newest of them); None: unchanged
+    definition: TableDefinition | None = None
 
 
 def _version_of(m: Message) -> int | None:
@@ -280,12 +284,20 @@ class VersionGate:
             end, offset = self.ends[chosen]
             upto = {p: max(o, self.applied.get(p, o)) for p, o in cur.items()}
             msgs = self._handout(cur)
+            definition = next(
+                (
+                    e.definition
+                    for e, _ in reversed(self.ends[: chosen + 1])
+                    if e.definition is not None
+                ),
+                None,
+            )
             self.ends = self.ends[chosen + 1 :]
             # pieces applied earlier may reach past this version in some partition: the
             # replica then still holds part of what follows
             beyond = any(o > cur.get(p, o) for p, o in self.applied.items())
             inside = (self.ends[0][0].version if self.ends else end.version + 1) if beyond else None
-            return Take(msgs, end.version, offset + 1, cur, inside, upto)
+            return Take(msgs, end.version, offset + 1, cur, inside, upto, definition)
         if self.waiting() > self.max_pending and self._caught_up():
             inside = self.ends[0][0].version if self.ends else self.version + 1
             upto = {p: self._have(p) for p in self.pending}
