@@ -239,3 +239,56 @@ def test_key_map_survives_index_commits(tmp_path, key_map):
     replica.apply(rows(5, 10), None, {OFFSETS_PROPERTY: '{"t": {"0": 3}}'})
     assert replica.map_builds == builds
     assert replica.open().count_rows() == 500
+
+
+def test_status_lists_replica_indexes_and_unbuilt(tmp_path, capsys):
+    import json
+
+    from lance_cdf import cli
+
+    keeper = IndexKeeper(extra=(IndexDefinition.of("mine", "BITMAP", ("cat",), {}),))
+    replica = replica_with_rows(tmp_path, keeper=keeper)
+    odd = IndexDefinition.of("odd_idx", "NOT_A_TYPE", ("id",), {})
+    keeper.want(definition(vec_idx=None, odd_idx=odd))
+    replica.maintain()
+    replica.apply(rows(9000, 7), None, {OFFSETS_PROPERTY: '{"t": {"0": 3}}'})
+    source = lance.write_dataset(rows(0, 1), str(tmp_path / "source"), enable_stable_row_ids=True)
+    capsys.readouterr()
+    assert cli.main(["status", "--table", source.uri, "--replica", replica.uri, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    got = {
+        i["name"]: (i["type"], i["columns"], i["unindexed_rows"]) for i in report["replica_indexes"]
+    }
+    assert got["cat_idx"] == ("Bitmap", ["cat"], 7)
+    assert got["text_idx"] == ("Inverted", ["text"], 7)
+    assert got["mine"] == ("Bitmap", ["cat"], 7)
+    assert set(got) == {"id_idx", "cat_idx", "tags_idx", "text_idx", "mine", "_source_rowid_idx"}
+    assert len(report["replica_unbuilt_indexes"]) == 1
+    assert "odd_idx" in report["replica_unbuilt_indexes"][0]
+    assert cli.main(["status", "--table", source.uri, "--replica", replica.uri]) == 0
+    text = capsys.readouterr().out
+    assert "text_idx (Inverted on text): 7 rows unindexed" in text
+    assert "odd_idx" in text
+
+
+def test_index_flag():
+    import argparse
+
+    from lance_cdf.cli.flags import index_flag
+
+    d = index_flag("emb=ivf_pq:vec:metric=cosine,num_partitions=8,num_sub_vectors=4")
+    assert (d.name, d.index_type, d.columns) == ("emb", "IVF_PQ", ("vec",))
+    assert d.parameters() == {"metric": "cosine", "num_partitions": 8, "num_sub_vectors": 4}
+    assert index_flag("t=INVERTED:text:with_position=true").parameters() == {"with_position": True}
+    assert index_flag("c=BITMAP:cat").parameters() == {}
+    for bad in ("c", "c=BITMAP", "=BITMAP:cat", "c=BITMAP:cat:oops"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            index_flag(bad)
+
+
+def test_definition_json_round_trip():
+    from lance_cdf.replicate.definition_sync import definition_json, definition_of_json
+
+    d = definition()
+    assert definition_of_json(definition_json(d)) == d
+    assert definition_of_json(definition_json(TableDefinition())) == TableDefinition()

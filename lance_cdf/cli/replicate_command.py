@@ -356,6 +356,8 @@ def _replicate(args: argparse.Namespace) -> int:
             delivery_failures=c.delivery_failures,
             last_error=c.last_error,
             kafka_lag=c.lag,
+            index_builds=c.index_builds,
+            indexes_unbuilt=c.indexes_unbuilt,
         )
         metrics = PipelineMetrics(
             "replicate",
@@ -447,6 +449,8 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
             dead_letters=c.dead_letters,
             delivery_failures=c.delivery_failures,
             last_error=c.last_error,
+            index_builds=c.index_builds,
+            indexes_unbuilt=c.indexes_unbuilt,
         )
 
     def tables() -> dict[str, tuple[str | None, int | None]]:

@@ -12,7 +12,7 @@ from lance_cdf.cli.flags import Subcommands, storage_options
 from lance_cdf.errors import LanceCdfError, in_words
 
 if TYPE_CHECKING:
-    pass
+    from lance import LanceDataset
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 
@@ -162,7 +162,8 @@ def _replica_status(
         if args.replica_storage_option
         else options
     )
-    position = ReplicaTable(args.replica, [], replica_options).position()
+    table = ReplicaTable(args.replica, [], replica_options)
+    position = table.position()
     held = source_version_of(position)
     inside = position.get(INSIDE_VERSION_PROPERTY)
     report["replica_version"] = held
@@ -180,6 +181,31 @@ def _replica_status(
     report["replica_unfinished"] = None if left is None else asdict(left)
     if left is not None:
         lines.append(f"unfinished  {unfinished.describe(left)}")
+    indexes, unbuilt = _replica_indexes(table.open())
+    report["replica_indexes"], report["replica_unbuilt_indexes"] = indexes, unbuilt
+    lines += _index_lines(indexes, unbuilt, "index       ")
+
+
+def _replica_indexes(ds: LanceDataset | None) -> tuple[list[dict[str, object]], list[str]]:
+    """A replica's indexes (name, type, columns, unindexed rows) and the definitions the
+    replicator last could not build (one line each)."""
+    from lance_cdf.replicate.index_keeper import describe_indexes, unbuilt_lines
+
+    if ds is None:
+        return [], []
+    return describe_indexes(ds), unbuilt_lines(ds)
+
+
+def _index_lines(indexes: list[dict[str, object]], unbuilt: list[str], lead: str) -> list[str]:
+    lines = []
+    for i in indexes:
+        columns = i["columns"]
+        names = ", ".join(str(c) for c in columns) if isinstance(columns, list) else ""
+        lines.append(
+            f"{lead}{i['name']} ({i['type']} on {names}): {i['unindexed_rows']} rows unindexed"
+        )
+    lines += [f"{lead}{line}" for line in unbuilt]
+    return lines
 
 
 def _database_status(args: argparse.Namespace) -> int:
@@ -284,7 +310,8 @@ def _status_database(args: argparse.Namespace) -> int:
     width = max([len(r.qualified_name) for r in refs] or [0])
     lines = [f"database    {redact_url(args.database_target)}: {len(refs)} replica tables"]
     for ref in refs:
-        position = ReplicaTable(ref.uri, [], options).position()
+        table = ReplicaTable(ref.uri, [], options)
+        position = table.position()
         inside = position.get(INSIDE_VERSION_PROPERTY)
         replicas.append(
             {
@@ -304,6 +331,9 @@ def _status_database(args: argparse.Namespace) -> int:
         replicas[-1]["unfinished"] = None if left is None else asdict(left)
         if left is not None:
             lines.append(f"  {'':<{width}}  unfinished: {unfinished.describe(left)}")
+        indexes, unbuilt = _replica_indexes(table.open())
+        replicas[-1]["indexes"], replicas[-1]["unbuilt_indexes"] = indexes, unbuilt
+        lines += _index_lines(indexes, unbuilt, f"  {'':<{width}}  index: ")
     report = {"database_target": redact_url(args.database_target), "replicas": replicas}
     print(json.dumps(report) if args.json else "\n".join(lines))
     return 0

@@ -29,6 +29,10 @@ and commit times, so lag is computed when asked, never stale:
     lance_cdf_tables_set_aside           publish --database: tables set aside now (their
                                          take-up keeps failing; tried again later)
     lance_cdf_set_asides_total           publish --database: times a table was set aside
+    lance_cdf_index_builds_total         replicate: replica indexes built or rebuilt from the
+                                         source's definition (or --index)
+    lance_cdf_indexes_unbuilt            replicate: index definitions the replica could not
+                                         build now (named in the log and `status`; retried)
     lance_cdf_pipeline_info{role,table,topic}  1
 
 A database publisher (`publish --database`) gives the source and lag gauges once per
@@ -83,6 +87,10 @@ class Progress:
     takeup_retries: int | None = None
     tables_aside: int | None = None
     set_asides: int | None = None
+    # replicate: replica indexes built or rebuilt, and definitions not built now
+    # (replicate/index_keeper.py); None: not a replicator
+    index_builds: int | None = None
+    indexes_unbuilt: int | None = None
 
 
 class PipelineMetrics:
@@ -263,6 +271,18 @@ class PipelineMetrics:
                 value=p.kafka_retries,
             )
         yield from _takeup_metrics(p)
+        if p.index_builds is not None:
+            yield CounterMetricFamily(
+                "lance_cdf_index_builds",
+                "replica indexes built or rebuilt from the source's definition or --index",
+                value=p.index_builds,
+            )
+        if p.indexes_unbuilt is not None:
+            yield GaugeMetricFamily(
+                "lance_cdf_indexes_unbuilt",
+                "index definitions the replica could not build now (retried at upkeeps)",
+                value=p.indexes_unbuilt,
+            )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records",

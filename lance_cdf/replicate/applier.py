@@ -254,6 +254,11 @@ class BatchApplier:
             # what the compaction's threads freed, back to the kernel (in `lance-cdf
             # replicate`, whose process holds glibc to two arenas; lance_cdf.ops.malloc)
             malloc.release_freed_memory()
+        keeper = self.replica.keeper
+        if keeper is not None:
+            c, w = self.counters, keeper.work
+            c.index_builds, c.index_optimizes = w.builds, w.optimizes
+            c.indexes_unbuilt = len(w.unbuilt)
         if done:
             crash_point("after-maintenance")
             log.info("replica upkeep: %s", done)

@@ -36,6 +36,11 @@ class Counters:
     fresh_upserts: int = 0  # upserts written without a key lookup (new source rows)
     # records held at the stop whose version's END never came (replicate/unfinished.py)
     unfinished_records: int = 0
+    # the replica's secondary indexes (index_keeper.py): built or rebuilt from the source's
+    # definition or --index, optimize_indices runs, and definitions not built now
+    index_builds: int = 0
+    index_optimizes: int = 0
+    indexes_unbuilt: int = 0
 
     def failed(self) -> None:
         self.delivery_failures += 1
@@ -56,6 +61,9 @@ _SUMMED = (
     "dead_letters",
     "delivery_failures",
     "registry_retries",
+    "index_builds",
+    "index_optimizes",
+    "indexes_unbuilt",
 )
 
 
