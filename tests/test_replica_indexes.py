@@ -71,10 +71,10 @@ def build(ds: lance.LanceDataset, d: IndexDefinition) -> None:
 class Source:
     """The source table, its topics, and what was published of it."""
 
-    def __init__(self, root, kafka, registry):
+    def __init__(self, root, kafka, registry, topic=None):
         self.uri = f"{root}/src.lance"
         self.kafka, self.registry = kafka, registry
-        self.topic = f"idx-{uuid.uuid4().hex[:8]}"
+        self.topic = topic or f"idx-{uuid.uuid4().hex[:8]}"
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
         made = admin.create_topics(
             [NewTopic(self.topic, PARTITIONS, 1), NewTopic(f"{self.topic}.transaction", 1, 1)]
@@ -272,3 +272,32 @@ def test_the_replica_builds_keeps_replaces_and_drops_the_source_indexes(
     assert all(n <= bound for n in loose.values()), loose
     overlap = check_queries(src, rep)
     assert overlap >= 0.9, overlap
+
+
+def test_a_database_replicator_keeps_each_table_definition_and_its_own_indexes(
+    tmp_path, kafka_broker, schema_registry
+):
+    from lance_cdf.replicate.database_replicator import replicate_database
+
+    prefix = f"db-{uuid.uuid4().hex[:8]}"
+    source = Source(str(tmp_path), kafka_broker, schema_registry, topic=f"{prefix}.t1")
+    source.index(IndexDefinition.of("id_idx", "BTREE", ("id",), {}))
+    source.index(IndexDefinition.of("text_idx", "INVERTED", ("text",), {"lower_case": True}))
+    source.publish()
+    dst = str(tmp_path / "replicas")
+    own = IndexDefinition.of("own_cat", "BITMAP", ("cat",), {})
+    replicate_database(
+        kafka_broker.bootstrap_servers,
+        prefix,
+        schema_registry.url,
+        dst,
+        idle_timeout=3,
+        group_id=f"g-{prefix}",
+        max_batch_interval=0.3,
+        replica_indexes=(own,),
+    )
+    rep = lance.dataset(f"{dst}/t1.lance")
+    assert held(rep.uri) == source.ds().version
+    got = described(rep)
+    assert got.pop("own_cat") == ("/lance.table.BitmapIndexDetails", ("cat",))
+    assert got == described(source.ds())
