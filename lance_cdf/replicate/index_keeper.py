@@ -69,8 +69,14 @@ class IndexKeeper:
         loose = unindexed_rows(ds, skip=protected)
         bound = max(ds.count_rows() // 100, batch_rows) if loose else 0
         stale = [name for name, rows in loose.items() if rows > bound]
+        merge = 0  # between compactions: a delta segment over the new rows (O(new rows))
+        if compact:  # merged into one segment covering every row (a query reads each)
+            names = [s["name"] for s in ds.list_indices() if s["name"] in loose]
+            counts = {n: names.count(n) for n in loose}
+            stale = [n for n, rows in loose.items() if rows or counts[n] > 1]
+            merge = max(counts.values(), default=1)
         if stale:
-            ds.optimize.optimize_indices(index_names=stale)
+            ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=merge)
             self.work.optimizes += 1
             done["indexes_optimized"] = len(stale)
         return done
