@@ -393,3 +393,33 @@ def test_a_lag_is_unknown_until_a_version_is_done(tmp_path):
         assert m["lance_cdf_lag_versions"] == 1 and m["lance_cdf_lag_seconds"] > 0
     finally:
         metrics.close()
+
+
+def test_a_scrape_looks_only_at_tables_behind_what_the_publisher_has_seen(tmp_path):
+    """A database publisher's scrape asks a table's storage only where the publisher has
+    seen a version it has not published: a table published through all it has seen is
+    reported from that (a commit its polls have not seen yet shows at the next poll)."""
+    uri = str(tmp_path / "t.lance")
+    w = Workload(uri, seed=3, rows=20)
+    w.step("append")
+    done = lance.dataset(uri).version
+    w.step("append")  # a commit the publisher has not seen yet
+    seen = {"t": done}
+    metrics = PipelineMetrics(
+        "publish",
+        lambda: Progress(version=None),
+        None,
+        tables=lambda: {"t": (uri, done)},
+        seen=lambda: seen,
+    )
+    url = metrics.serve(0)
+    try:
+        m = scrape_tables(url)
+        assert m["lance_cdf_source_latest_version", "t"] == done  # not looked at
+        assert m["lance_cdf_lag_versions", "t"] == 0
+        seen["t"] = done + 1  # its poll saw the commit: the table is looked at
+        m = scrape_tables(url)
+        assert m["lance_cdf_source_latest_version", "t"] == done + 1
+        assert m["lance_cdf_lag_versions", "t"] == 1 and m["lance_cdf_lag_seconds", "t"] > 0
+    finally:
+        metrics.close()
