@@ -276,10 +276,15 @@ def test_one_broker_down_for_a_while(flow, kafka_cluster):
     flow.finish()
 
 
-def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schema_registry):
+@pytest.mark.parametrize("membership", ["dynamic", "static"])
+def test_the_replicators_group_coordinator_killed(
+    tmp_path, kafka_cluster, schema_registry, membership
+):
     """The broker coordinating the replicator's consumer group SIGKILLed: the group moves
     to another broker and the replicator goes on applying what is published meanwhile
-    (published here without Spark: the publisher the sink's writer tasks use)."""
+    (published here without Spark: the publisher the sink's writer tasks use). With static
+    membership (group.instance.id) the rejoin may be fenced (FENCED_INSTANCE_ID, fatal in
+    librdkafka): the replicator then renews its consumer and goes on all the same."""
     cluster, registry = kafka_cluster, schema_registry
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     topic = f"cl-group-{uuid.uuid4().hex[:8]}"
@@ -293,10 +298,11 @@ def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schem
         except (OSError, ValueError):
             return 0
 
-    # lance-cdf's own consumer settings: without the static membership (group.instance.id)
-    # _replicate_cmd adds for quick restarts, which librdkafka makes fatal here (a rejoin
-    # after the coordinator moved answered FENCED_INSTANCE_ID)
-    cmd = _without_static_membership(_replicate_cmd(cluster, registry, topic, dst))
+    # dynamic: lance-cdf's own consumer settings, without the group.instance.id
+    # _replicate_cmd adds for quick restarts
+    cmd = _replicate_cmd(cluster, registry, topic, dst)
+    if membership == "dynamic":
+        cmd = _without_static_membership(cmd)
     with open(tmp_path / "replicate.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     try:
