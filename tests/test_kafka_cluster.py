@@ -370,8 +370,8 @@ def test_killed_publisher_and_killed_leader_deliver_each_change_once(
             cluster,
             schema_registry,
             replication=3,
-            kills_total=10,
-            fault_at=4,
+            kills_total=8,
+            fault_at=3,
             fault=kill_leader,
             after=restart,
         )
