@@ -66,6 +66,7 @@ def test_lag_from_the_table_and_the_counters(tmp_path):
         delivery_failures=2,
         last_error=1234.5,
         kafka_lag=7,
+        consumer_restarts=1,
     )
     metrics = PipelineMetrics("replicate", lambda: state, uri, topic="t.cdf")
     url = metrics.serve(0)
@@ -83,6 +84,7 @@ def test_lag_from_the_table_and_the_counters(tmp_path):
         assert m["lance_cdf_delivery_failures_total"] == 2
         assert m["lance_cdf_last_error_timestamp_seconds"] == 1234.5
         assert m["lance_cdf_kafka_lag_records"] == 7
+        assert m["lance_cdf_consumer_restarts_total"] == 1
         assert m["lance_cdf_pipeline_info"] == 1
         # caught up: no lag; a new commit: lag again, from the new table state
         state.version, state.events = latest, 90

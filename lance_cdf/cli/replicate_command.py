@@ -339,6 +339,7 @@ def _replicate(args: argparse.Namespace) -> int:
             delivery_failures=c.delivery_failures,
             last_error=c.last_error,
             kafka_lag=c.lag,
+            consumer_restarts=c.consumer_restarts,
         )
         metrics = PipelineMetrics(
             "replicate",
@@ -430,6 +431,7 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
             dead_letters=c.dead_letters,
             delivery_failures=c.delivery_failures,
             last_error=c.last_error,
+            consumer_restarts=c.consumer_restarts,
         )
 
     def tables() -> dict[str, tuple[str | None, int | None]]:

@@ -22,6 +22,8 @@ and commit times, so lag is computed when asked, never stale:
                                          and dead-letter writes that failed (replicate)
     lance_cdf_last_error_timestamp_seconds  unix time of the last failure (0: none)
     lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
+    lance_cdf_consumer_restarts_total    replicate: consumers renewed after a fatal consumer
+                                         error (a static member fenced)
     lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
     lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
     lance_cdf_takeup_retries_total       publish --database: a table's take-up or publish
@@ -73,6 +75,8 @@ class Progress:
     delivery_failures: int = 0
     last_error: float = 0.0  # unix time, 0 = never
     kafka_lag: int | None = None
+    # replicate: consumers renewed after a fatal consumer error; None: not a replicator
+    consumer_restarts: int | None = None
     # publish: how long Kafka has not answered (0: it answers) and the retries since the
     # checkpoint's first outage (kafka/outage.py); None: not known
     kafka_unavailable_s: float | None = None
@@ -267,6 +271,12 @@ class PipelineMetrics:
                 value=p.kafka_retries,
             )
         yield from _takeup_metrics(p)
+        if p.consumer_restarts is not None:
+            yield CounterMetricFamily(
+                "lance_cdf_consumer_restarts",
+                "consumers renewed after a fatal consumer error",
+                value=p.consumer_restarts,
+            )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records",
