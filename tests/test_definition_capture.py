@@ -12,7 +12,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from lance_cdf.format.definition_capture import KEY_COLUMN, DefinitionCapture, capture
+from lance_cdf.format.definition_capture import KEY_COLUMN, DefinitionCapture, capture, settled
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 
 ROWS = 1200
@@ -92,16 +92,35 @@ def test_every_index_type_round_trips(tmp_path: Path) -> None:
 def test_optimize_changes_segments_not_the_definition(tmp_path: Path) -> None:
     ds = lance.write_dataset(rows(), str(tmp_path / "t.lance"), enable_stable_row_ids=True)
     ds.create_scalar_index("id", "BTREE")
-    ds.create_index("vec", "IVF_PQ", num_partitions=2, num_sub_vectors=2)
+    ds.create_index("vec", "IVF_PQ", num_partitions=3, num_sub_vectors=2)  # v3, from v2
     cap = DefinitionCapture()
-    before = cap.capture(lance.dataset(ds.uri))
-    ds = lance.write_dataset(rows(), ds.uri, mode="append")
-    ds.optimize.optimize_indices(num_indices_to_merge=0)  # a delta segment per index
+    before, origins = cap.capture_with_origins(lance.dataset(ds.uri))
+    assert origins == {"id_idx": 1, "vec_idx": 2}
+    assert before.index("vec_idx").parameters()["num_partitions"] == 3  # type: ignore[union-attr]
+    ds = lance.write_dataset(rows().slice(0, 1), ds.uri, mode="append")  # v4
+    ds.optimize.optimize_indices(num_indices_to_merge=0)  # v5: a delta segment per index
+    ds.optimize.optimize_indices()  # v6: merged, the vector index trained again
     after = lance.dataset(ds.uri)
-    assert {i["uuid"] for i in after.list_indices()} != {
-        i["uuid"] for i in lance.dataset(ds.uri, version=2).list_indices()
+    assert {i.uuid for d in after.describe_indices() for i in d.segments} != {
+        i.uuid for d in lance.dataset(ds.uri, version=3).describe_indices() for i in d.segments
     }
-    assert cap.capture(after) == before == capture(after)
+    now, now_origins = cap.capture_with_origins(after)
+    assert now_origins == origins  # the segments' origin stays
+    # pylance sized the merged index's partitions by its rows: the definition keeps the
+    # count it was built with
+    assert now != before and settled(now, now_origins, before, 3) == before
+    # a replace is a new build: its own parameters
+    after.create_index(
+        "vec", "IVF_PQ", name="vec_idx", replace=True, num_partitions=2, num_sub_vectors=4
+    )
+    rebuilt, rebuilt_origins = capture_with_new(lance.dataset(ds.uri))
+    assert rebuilt_origins["vec_idx"] == 6
+    got = settled(rebuilt, rebuilt_origins, before, 3).index("vec_idx")
+    assert got is not None and got.parameters()["num_sub_vectors"] == 4
+
+
+def capture_with_new(ds: lance.LanceDataset) -> tuple[TableDefinition, dict[str, int]]:
+    return DefinitionCapture().capture_with_origins(ds)
 
 
 def test_replicator_key_index_is_left_out(tmp_path: Path) -> None:

@@ -18,6 +18,7 @@ itself published must not pass it on.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -64,6 +65,16 @@ class DefinitionCapture:
     known: dict[IndexKey, IndexDefinition] = field(default_factory=dict)
 
     def capture(self, ds: lance.LanceDataset) -> TableDefinition:
+        return self.capture_with_origins(ds)[0]
+
+    def capture_with_origins(
+        self, ds: lance.LanceDataset
+    ) -> tuple[TableDefinition, dict[str, int]]:
+        """The definition, and each index's origin: the table version its oldest segment
+        was built from (an optimize keeps it; a build or replace moves it to the version
+        it read). An optimize may train a vector index again with another partition
+        count (pylance sizes partitions by rows): `settled` keeps the one it was built
+        with."""
         described = [d for d in ds.describe_indices() if not is_key_index(d)]
         keys = [index_key(d) for d in described]
         for key, d in zip(keys, described, strict=True):
@@ -72,17 +83,41 @@ class DefinitionCapture:
         wanted = set(keys)  # forget segments that are gone (bounded by the table's)
         for old in [k for k in self.known if k not in wanted]:
             del self.known[old]
-        return TableDefinition.of(
+        origins = {
+            str(d.name): min(int(s.dataset_version_at_last_update) for s in d.segments)
+            for d in described
+            if d.segments
+        }
+        definition = TableDefinition.of(
             [self.known[k] for k in keys],
             {str(k): str(v) for k, v in ds.config().items()},
             schema_metadata(ds.schema),
             field_metadata(ds.schema),
         )
+        return definition, origins
 
 
 def capture(ds: lance.LanceDataset) -> TableDefinition:
     """The definition of `ds` at its version (nothing cached)."""
     return DefinitionCapture().capture(ds)
+
+
+def settled(
+    now: TableDefinition, origins: dict[str, int], known: TableDefinition, known_at: int
+) -> TableDefinition:
+    """`now` with each index that was not built again after version `known_at` (its
+    origin is before it) as `known` (the definition at `known_at`) describes it: an
+    optimize's new segments leave the definition as it was."""
+    indexes = []
+    for index in now.indexes:
+        was = known.index(index.name)
+        same = was is not None and (was.index_type, was.columns) == (
+            index.index_type,
+            index.columns,
+        )
+        kept = same and origins.get(index.name, known_at) < known_at
+        indexes.append(was if kept and was is not None else index)
+    return dataclasses.replace(now, indexes=tuple(indexes))
 
 
 def is_key_index(d: Any) -> bool:

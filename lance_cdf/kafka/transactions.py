@@ -22,6 +22,7 @@ import contextlib
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -133,6 +134,11 @@ VALUE_SCHEMA: AvroSchema = {
         {"name": "lance_cdf_table", "default": None, "type": ["null", TABLE_SCHEMA]},
     ],
 }
+
+
+# given the transaction topic's last record (None: empty), the table's definition to send
+# on the END of the micro-batch's last version, or None when its consumers have it already
+DefinitionChange = Callable[["TransactionRecord | None"], TableDefinition | None]
 
 
 def default_topic(topic: str) -> str:
@@ -352,10 +358,20 @@ class TransactionWriter:
         finally:
             consumer.unassign()
 
-    def write(self, versions: list[VersionCounts]) -> int:
+    def write(
+        self,
+        versions: list[VersionCounts],
+        definition: DefinitionChange | None = None,
+        end: int | None = None,
+    ) -> int:
         """BEGIN and END of each version (ascending), skipping what the topic holds; the
-        number of records written. Raises when any is not acknowledged."""
-        if not versions:
+        number of records written. Raises when any is not acknowledged.
+
+        `definition` (with `end`, the micro-batch's last version): given the topic's last
+        record, the table's definition at `end` if it differs from what the topic's
+        consumers know (None: unchanged); it goes on the END of version `end`, a BEGIN/END
+        with no events (`lance_cdf_partitions` = []) if that version has no changes."""
+        if not versions and (definition is None or end is None):
             return 0
         if not self._ready:
             KNOWN.ensure(
@@ -367,6 +383,9 @@ class TransactionWriter:
             )
             self._ready = True
         last = self.last()
+        table = definition(last) if definition is not None and end is not None else None
+        if table is not None and all(c.version != end for c in versions):
+            versions = [*versions, VersionCounts(int(end or 0))]  # routed, no events
         now = int(time.time() * 1000)
         sent = 0
         for counts in sorted(versions, key=lambda c: c.version):
@@ -377,8 +396,9 @@ class TransactionWriter:
                 statuses = ["END"]  # an earlier attempt stopped between the two
             key = self.key_writer.encode({"id": f"{self.namespace}:{counts.version}"})
             for status in statuses:
+                carried = table if counts.version == end else None
                 value = self.value_writer.encode(
-                    transaction_value(status, self.namespace, counts, now)
+                    transaction_value(status, self.namespace, counts, now, carried)
                 )
                 self.producer.produce(self.topic, key=key, value=value, partition=0)
                 sent += 1
