@@ -10,7 +10,9 @@ work items the table their events are read from),
 micro-batch skips what each partition already holds, see `high_water_marks`), and
 `transactionMetadata` (default true: after every writer task of a micro-batch
 succeeded, the driver's commit writes a BEGIN and an END record per commit version to
-`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py),
+`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py; with
+`tableDefinitions`, default true, the table's definition where it changed:
+spark/sink/definition_sync.py),
 `topic.partitions`, `topic.replicationFactor` and `topic.config.<key>` (how the topic
 and its transaction topic are created if missing: kafka/topics.py; the broker's defaults
 otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
@@ -123,6 +125,11 @@ class Published(WriterCommitMessage):
 
 # one TransactionWriter per sink setting, in the process running the driver's commits
 _TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
+
+
+def _definitions_on(lowered: dict[str, str]) -> bool:
+    """Sink option `tableDefinitions` (default true; `lowered`: the options lower-cased)."""
+    return lowered.get("tabledefinitions", "true").lower() == "true"
 
 
 def _options(raw: dict[str, Any]) -> dict[str, str]:
@@ -438,7 +445,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         versions = merge([m.versions for m in published])
         o = {k.lower(): v for k, v in self.options.items()}
         have: dict[str | None, list[int]] = {None: [c.version for c in versions]}
-        span = batch_spans(o.get("checkpointlocation"), batchId, have).get(None)
+        span = (
+            batch_spans(o.get("checkpointlocation"), batchId, have).get(None)
+            if _definitions_on(o)
+            else None
+        )
         defs = table_definitions(o["table"], self._storage())
         change = None if span is None else defs.change(span)
         if versions or (span is not None and not defs.unchanged(span)):
@@ -460,7 +471,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             for t in {t for m in published for t in m.tables}
         }
         have: dict[str | None, list[int]] = {t: [c.version for c in v] for t, v in counted.items()}
-        spans = batch_spans(opts.get("checkpointlocation"), batch_id, have)
+        spans = (
+            batch_spans(opts.get("checkpointlocation"), batch_id, have)
+            if _definitions_on(opts)
+            else {}
+        )
         for table in sorted({*counted, *(str(t) for t in spans)}):
             versions, span = counted.get(table, []), spans.get(table)
             uri = uri_of(opts["database"], table, storage) if span is not None else None
