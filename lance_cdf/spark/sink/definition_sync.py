@@ -52,6 +52,8 @@ def _span(start: dict[str, Any] | None, end: dict[str, Any]) -> Span | None:
     if "snapshot" in end:  # a snapshot being delivered: its definition once it completes
         return None
     e = int(end["version"])
+    if e < 1:  # (a table entering a database stream before its first version)
+        return None
     if start is None or "snapshot" in start:
         return Span(None, e)
     s = int(start["version"])
@@ -176,7 +178,8 @@ class TableDefinitions:
                 return False
             known, known_at = self._known_at(span.start)
             now = self.at(span.end)
-            return now is not None and settled(now[0], now[1], known, known_at) == known
+            # (an end already gone has no definition to send: `change` sends none)
+            return now is None or settled(now[0], now[1], known, known_at) == known
         except PublishError:  # (the write asks again, with the broker outage's patience)
             return False
 
