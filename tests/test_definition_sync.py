@@ -103,3 +103,46 @@ def test_a_start_cleaned_up_is_sent_again(tmp_path: Path) -> None:
     assert fresh.at(2) is None
     assert want is not None and fresh.change(Span(2, 3))(end(2, None)) == want[0]
     assert not fresh.unchanged(Span(2, 3))
+
+
+@pytest.mark.parametrize("on", [True, False])
+def test_an_index_only_batch_is_committed_with_its_definition(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, on: bool
+) -> None:
+    """The sink's commit of a micro-batch with no events whose last version creates an
+    index: BEGIN/END asked for that version with the definition (none with option
+    tableDefinitions=false, which then writes nothing at all)."""
+    from lance_cdf.cli import build_parser
+    from lance_cdf.cli.publish_command import publish_settings
+    from lance_cdf.spark.sink import kafka_sink
+
+    uri = table(tmp_path)
+    ck = tmp_path / "ck"
+    offsets(ck, 0, {"version": 1}, True)
+    offsets(ck, 1, {"version": 2}, False)  # (1, 2]: the index, no events
+    args = ["publish", "--table", uri, "--bootstrap-servers", "b", "--topic", "x"]
+    args += ["--schema-registry", "http://r", "--checkpoint", str(ck)]
+    settings = publish_settings(
+        build_parser().parse_args([*args, *([] if on else ["--no-table-definitions"])])
+    )
+    options = {
+        "kafka.bootstrap.servers": "b",
+        "schema.registry.url": "http://r",
+        "topic": "x",
+        "table": uri,
+        "checkpointLocation": str(ck),
+        **settings.target.transaction_options(),
+    }
+    asked: list[tuple[object, ...]] = []
+    writer = kafka_sink.KafkaStreamWriter(options)
+    monkeypatch.setattr(writer, "_transaction_writer", lambda o, n: "writer")
+    monkeypatch.setattr(writer, "_write_markers", lambda *a: asked.append(a))
+    writer.commit([kafka_sink.Published(0)], 1)
+    if not on:
+        assert asked == []
+        return
+    ((w, versions, change, upto),) = asked
+    assert (w, versions, upto) == ("writer", [], 2)
+    sent = change(None)
+    assert sent is not None and [i.name for i in sent.indexes] == ["id_idx"]
+    assert change(end(2, sent)) is None  # written already: nothing again
