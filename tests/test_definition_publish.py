@@ -1,7 +1,8 @@
 """A table's definition (indexes, `update_config` keys, schema metadata) on the transaction
 topic: `lance-cdf publish` sends each change once, on the END of the micro-batch's last
 version (a BEGIN/END with no events where that version has no changes), never for an
-index optimize; single table and `--database`, across a restart (with its head start).
+index optimize; single table and `--database`, across a restart (with its head start); a
+whole-version replicator goes through a version without events.
 Decoded with TransactionDecoder; the oracle is what the test built."""
 
 from __future__ import annotations
@@ -17,9 +18,11 @@ import pyarrow as pa
 import pytest
 from confluent_kafka.schema_registry import SchemaRegistryClient
 from test_transactions import read_all
+from test_whole_versions import run_until_caught_up
 
 from lance_cdf.cli import main
 from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
+from lance_cdf.replicate.replicator import Replicator
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in-process
 
@@ -137,6 +140,11 @@ def test_single_table_each_definition_change_once(tmp_path, kafka_broker, schema
     again = records(bootstrap, f"{topic}.transaction", registry)
     assert definitions(again) == sent
     assert [t.version for t in again if t.status == "END"][-1] == 20
+    # a whole-version replicator goes through the version without events (18) and on
+    dst = str(tmp_path / "replica.lance")
+    run_until_caught_up(Replicator(bootstrap, topic, registry, dst, group_id=topic), 20, dst)
+    got = lance.dataset(dst).to_table(columns=["id"])["id"].to_pylist()
+    assert sorted(got) == sorted(lance.dataset(uri).to_table(columns=["id"])["id"].to_pylist())
 
 
 def test_database_definitions_per_table_across_a_restart(tmp_path, kafka_broker, schema_registry):
