@@ -13,7 +13,10 @@ version ends in each partition.
 Written exactly once by the Spark sink's driver-side commit, after every writer task of
 the micro-batch succeeded: the topic's last record says how far an earlier attempt got
 (`TransactionWriter.write`). A commit version with no change event (compaction, an index)
-gets no BEGIN/END: the sink only learns of versions from their events.
+gets no BEGIN/END, except the last version of a micro-batch where the table's definition
+changed: the END of that version carries `lance_cdf_table` (format/definitions.py; which
+one and where: spark/sink/definition_sync.py), with `event_count` 0 and
+`lance_cdf_partitions` [] when the version has no events.
 """
 
 from __future__ import annotations
