@@ -38,7 +38,7 @@ def test_spans_of_a_single_table(tmp_path: Path) -> None:
     # the head start commits as batch -1: from the committed offset to what it published
     assert batch_spans(str(ck), -1, {None: [5, 6]}) == {None: Span(4, 6)}
     # a remote checkpoint: the versions with events
-    assert batch_spans("s3://b/ck", 3, {None: [5, 6]}) == {None: Span(4, 6)}
+    assert batch_spans("s3://b/ck", 3, {None: [5, 6]}) == {None: Span(None, 6, True)}
     # a snapshot: nothing while it is delivered, then its version against nothing
     offsets(ck, 2, {"version": 3, "snapshot": {"fragment": 1, "offset": 0}}, True)
     offsets(ck, 3, {"version": 3}, False)
@@ -91,6 +91,12 @@ def test_what_the_consumers_know_decides(tmp_path: Path) -> None:
     assert defs.unchanged(Span(2, 3)) and defs.change(Span(2, 3))(end(2, None)) is None
     # the config commit, the latest version, no events
     assert defs.change(Span(3, 4))(end(3, None)) == d[4]
+    # a remote checkpoint: against the definition at the topic's last END (the index
+    # commit, version 2, had no events and no END: it rides with version 3's)
+    assert defs.change(Span(None, 3, True))(end(1, None)) == d[3]
+    assert defs.change(Span(None, 3, True))(end(2, None)) is None
+    assert defs.change(Span(None, 3, True))(None) == d[3]
+    assert not defs.unchanged(Span(None, 3, True))
 
 
 def test_a_start_cleaned_up_is_sent_again(tmp_path: Path) -> None:

@@ -14,8 +14,9 @@ is sent for it.
 The head start (spark/publish/headstart.py) commits as batch -1: its span starts at the
 checkpoint's committed offset and ends at the last version it published; the query's first
 micro-batch after it starts there too, and finds the head start's definition (if any) on
-the topic's last record. A remote checkpoint cannot be read here: the span is then the
-versions with changes (an index-only commit rides with the next commit that has changes).
+the topic's last record. A remote checkpoint cannot be read here: the span then ends at
+the batch's last version with changes and is compared with the definition at the topic's
+last END (an index-only commit rides with the next commit that has changes).
 
 Capturing reads only the manifests of `start` and `end` (pylance's `describe_indices`,
 the config and the schema); a vector index's partition count needs its index file read,
@@ -46,6 +47,9 @@ class Span:
 
     start: int | None
     end: int
+    # the checkpoint could not say where the batch began: what the consumers know is the
+    # definition at the version of the topic's last END
+    from_topic: bool = False
 
 
 def _span(start: dict[str, Any] | None, end: dict[str, Any]) -> Span | None:
@@ -78,7 +82,7 @@ def batch_spans(
             start = None
         return _head_start_spans(start, versions)
     if end is None:
-        return {t: Span(min(v) - 1, max(v)) for t, v in versions.items() if v}
+        return {t: Span(None, max(v), from_topic=True) for t, v in versions.items() if v}
     if "tables" not in end:
         span = _span(start, end)
         return {} if span is None else {None: span}
@@ -161,6 +165,8 @@ class TableDefinitions:
                 return None  # (gone already: its successor's definition comes with it)
             if last is not None and last.definition is not None:
                 known, known_at = last.definition, last.version
+            elif span.from_topic:
+                known, known_at = self._known_at(None if last is None else last.version)
             else:
                 known, known_at = self._known_at(span.start)
             current = settled(now[0], now[1], known, known_at)
@@ -173,6 +179,8 @@ class TableDefinitions:
         for a span without changes; the topic need not be read)."""
         from lance_cdf.format.definition_capture import settled
 
+        if span.from_topic:
+            return False  # (the topic's last record decides)
         try:
             if span.start is not None and self.at(span.start) is None:
                 return False
