@@ -65,6 +65,27 @@ def _offset(checkpoint: str, root: str, batch: int) -> Offset:
     )
 
 
+def batch_offset(checkpoint: str, batch: int) -> Offset | None:
+    """The lance-cdf source's end offset of micro-batch `batch` (`offsets/<batch>`, written
+    when the batch was planned); None if there is none (a remote checkpoint, a batch
+    before the first, a file Spark purged, or no lance-cdf offset in it)."""
+    if batch < 0 or ("://" in checkpoint and not checkpoint.startswith("file://")):
+        return None
+    try:
+        with open(os.path.join(checkpoint.removeprefix("file://"), "offsets", str(batch))) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines[2:]:
+        try:
+            offset = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
+            return offset
+    return None
+
+
 def checkpoint_version(checkpoint: str) -> int | None:
     """The source version a lance-cdf query has delivered through, or None if it has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""
