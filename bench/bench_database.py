@@ -58,6 +58,8 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
+from lance_cdf_devtools.commands import publish
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_footprint import _children, sample, slope  # noqa: E402  (the process-tree sampler)
 
@@ -290,12 +292,6 @@ def main() -> int:
                 [NewTopic(tp, 2, 1) for tp in topics.values()]
             ).items():
                 future.result(60)
-            common = [
-                "--bootstrap-servers",
-                kafka.bootstrap_servers,
-                "--schema-registry",
-                registry.url,
-            ]
             env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
             if args.daemon_module:
                 result["daemon_module"] = args.daemon_module
@@ -307,19 +303,13 @@ def main() -> int:
             if args.single:  # one publisher per table, each its own Spark application
                 result["mode"] = "single-table publishers"
                 for i, name in enumerate(sorted(paths)):
-                    cmd = [
-                        sys.executable,
-                        "-m",
-                        "lance_cdf.cli",
-                        "publish",
-                        "--table",
-                        paths[name],
-                        "--topic",
-                        topics[name],
-                        *common,
-                        "--checkpoint",
+                    cmd = publish(
+                        kafka.bootstrap_servers,
+                        registry.url,
                         f"{checkpoint}-{i}",
-                    ]
+                        table=paths[name],
+                        topic=topics[name],
+                    )
                     procs.append(
                         subprocess.Popen(
                             cmd, env=env, stdout=log, stderr=log, start_new_session=True
@@ -327,20 +317,14 @@ def main() -> int:
                     )
             else:
                 result["mode"] = "database publisher"
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "lance_cdf.cli",
-                    "publish",
-                    "--database",
-                    root,
-                    "--topic-prefix",
-                    prefix,
-                    *common,
-                    "--checkpoint",
+                cmd = publish(
+                    kafka.bootstrap_servers,
+                    registry.url,
                     checkpoint,
-                    *args.publish_arg,
-                ]
+                    database=root,
+                    prefix=prefix,
+                    extra=args.publish_arg,
+                )
                 procs.append(
                     subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
                 )

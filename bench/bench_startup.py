@@ -32,6 +32,17 @@ import lance
 import pyarrow as pa
 from confluent_kafka import Consumer
 
+from lance_cdf_devtools.commands import publish, spark_env
+
+
+def first_record(c: Consumer, t0: float, within: float = 180) -> float | None:
+    """Seconds from `t0` to the first record `c` receives (None: none within `within`)."""
+    while time.monotonic() - t0 < within:
+        m = c.poll(0.05)
+        if m is not None and not m.error():
+            return time.monotonic() - t0
+    return None
+
 
 def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
     topic = f"start-{uuid.uuid4().hex[:8]}"
@@ -44,29 +55,18 @@ def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
         }
     )
     c.subscribe([topic])
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    env = spark_env()
     if code_dir:
         env["PYTHONPATH"] = code_dir
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
+    checkpoint = os.path.join(workdir, f"ck-{topic}")
+    cmd = publish(
         kafka.bootstrap_servers,
-        "--topic",
-        topic,
-        "--schema-registry",
         registry.url,
-        "--checkpoint",
-        os.path.join(workdir, f"ck-{topic}"),
-        "--starting-version",
-        "1",
-        "--available-now",
-        *extra,
-    ]
+        checkpoint,
+        table=uri,
+        topic=topic,
+        extra=["--starting-version", "1", "--available-now", *extra],
+    )
     if code_dir == "floor":  # the same Spark machinery without lance-cdf (startup_floor.py)
         floor = os.path.join(os.path.dirname(os.path.abspath(__file__)), "startup_floor.py")
         cmd = [
@@ -74,16 +74,12 @@ def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
             floor,
             kafka.bootstrap_servers,
             topic,
-            os.path.join(workdir, f"ck-{topic}"),
+            checkpoint,
         ]
         code_dir = None
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = None
-    while first is None and time.monotonic() - t0 < 180:
-        m = c.poll(0.05)
-        if m is not None and not m.error():
-            first = time.monotonic() - t0
+    first = first_record(c, t0)
     out, err = proc.communicate(timeout=180)
     exited = time.monotonic() - t0
     c.close()
@@ -107,25 +103,15 @@ def database_run(kafka, registry, root: str, tables: list[str], workdir, extra=(
     row is appended to each table and the timed run resumes from it."""
     prefix = f"dbstart{uuid.uuid4().hex[:8]}"
     checkpoint = os.path.join(workdir, f"ck-{prefix}")
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        "publish",
-        "--database",
-        root,
-        "--topic-prefix",
-        prefix,
-        "--bootstrap-servers",
+    env = spark_env()
+    cmd = publish(
         kafka.bootstrap_servers,
-        "--schema-registry",
         registry.url,
-        "--checkpoint",
         checkpoint,
-        "--available-now",
-        *extra,
-    ]
+        database=root,
+        prefix=prefix,
+        extra=["--available-now", *extra],
+    )
     subprocess.run(cmd, env=env, check=True, capture_output=True, timeout=300)
     for name in tables:
         uri = os.path.join(root, f"{name}.lance")
@@ -142,11 +128,7 @@ def database_run(kafka, registry, root: str, tables: list[str], workdir, extra=(
     c.subscribe([f"^{re.escape(prefix)}\\..*"])
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    first = None
-    while first is None and time.monotonic() - t0 < 180:
-        m = c.poll(0.05)
-        if m is not None and not m.error():
-            first = time.monotonic() - t0
+    first = first_record(c, t0)
     out, err = proc.communicate(timeout=300)
     exited = time.monotonic() - t0
     c.close()

@@ -67,6 +67,12 @@ class ReplicateError(LanceCdfError):
     """A record could not be applied and there is no dead-letter topic to set it aside."""
 
 
+class ConsumerFatalError(ReplicateError):
+    """librdkafka made the replicator's consumer unusable (a fatal error: a static group
+    member fenced, FENCED_INSTANCE_ID); a new consumer may take over from the replica's
+    position."""
+
+
 class RegistryUnavailableError(ReplicateError):
     """The schema registry did not answer for longer than the replicator waits: an outage,
     never a reason to set records aside."""

@@ -38,6 +38,7 @@ from test_transactions import (
 )
 
 from lance_cdf.cli import main
+from lance_cdf_devtools.commands import publish
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in subprocesses
 
@@ -145,37 +146,20 @@ def test_database_publish_follows_every_table_exactly_once(
     prefix = f"db{uuid.uuid4().hex[:6]}"
     topic = {name: f"{prefix}.{name}" for name in [*paths, "sales.returns"]}
     checkpoint = tmp_path / "ck"
-    args = [
-        "publish",
-        "--database",
-        root,
-        "--topic-prefix",
-        prefix,
-        "--bootstrap-servers",
+    cmd = publish(
         bootstrap,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(checkpoint),
-        "--starting-version",
-        "1",
-        "--key",
-        "id",
-        "--exclude",
-        "skip.*",
-        "--idle-poll-max",  # quiet tables looked at least every second (default 10)
-        "1",
-    ]
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        *args,
-        "--trigger-interval",
-        "500ms",
-        "--master",
-        "local[2,100]",
-    ]
+        checkpoint,
+        database=root,
+        prefix=prefix,
+        extra=[
+            *("--starting-version", "1", "--key", "id", "--exclude", "skip.*"),
+            # quiet tables looked at least every second (default 10)
+            *("--idle-poll-max", "1"),
+        ],
+    )
+    args = cmd[3:]  # (for main() in this process)
+    cmd += ["--trigger-interval", "500ms", "--master", "local[2,100]"]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
 
     with socket.socket() as s:  # a free port for the restarted publisher's metrics

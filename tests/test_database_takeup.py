@@ -27,6 +27,7 @@ from test_database_publish import topic_size
 
 import lance_cdf
 from lance_cdf.kafka.outage import read_state
+from lance_cdf_devtools.commands import publish
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in a subprocess
 
@@ -85,30 +86,17 @@ def test_many_tables_taken_up_through_paused_services(tmp_path, kafka_broker, sc
         make_table(root, f"start{i:04d}", 5)
     prefix = f"tk{uuid.uuid4().hex[:6]}"
     checkpoint = tmp_path / "ck"
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        "publish",
-        "--database",
-        root,
-        "--topic-prefix",
-        prefix,
-        "--bootstrap-servers",
+    cmd = publish(
         kafka_broker.bootstrap_servers,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(checkpoint),
-        "--starting-version",
-        "1",
-        "--key",
-        "id",
-        "--trigger-interval",
-        "500ms",
-        "--master",
-        "local[2,100]",
-    ]
+        checkpoint,
+        database=root,
+        prefix=prefix,
+        extra=[
+            *("--starting-version", "1", "--key", "id"),
+            *("--trigger-interval", "500ms", "--master", "local[2,100]"),
+        ],
+    )
     err_path = tmp_path / "publish.err"
     proc = subprocess.Popen(
         cmd,

@@ -184,13 +184,15 @@ def assert_converges(postgres, connect, tables: dict, uri: str):
             ) from None
 
 
-def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
-    tmp_path, kafka_broker, schema_registry, connect, postgres
-):
-    rng = np.random.default_rng(17)
-    uri = str(tmp_path / "items.lance")
+def sink_follows_changes(uri, rng, kafka, registry, connect, postgres, fault=None):
+    """Debezium's JDBC sink (the guide's configuration, `connect`) reading two topics of
+    `kafka` (keyed by `_rowid`, and by `id` flattened by ExtractNewRecordState) that a
+    Lance table's changes are published to (`KafkaChangePublisher`, the sink's writer
+    tasks' publisher): appends, updates, deletes, then merge_insert upserts, a compaction
+    and changes after it; PostgreSQL equals the Lance table after each. `fault(topics)`
+    runs between the two (a broker killed). Returns (publishers, tables, last version)."""
     lance.write_dataset(rows(range(30), rng), uri, enable_stable_row_ids=True)
-    bs, reg = kafka_broker.bootstrap_servers, schema_registry.url
+    bs, reg = kafka.bootstrap_servers, registry.url
     publishers = [
         KafkaChangePublisher(bs, "items.rowid", reg, SCHEMA, table_name="shop.items"),
         KafkaChangePublisher(
@@ -200,10 +202,10 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
     tables = {("items_rowid", "_rowid"): "pg-rowid", ("items_byid", "id"): "pg-byid"}
     done = publish_new_versions(uri, publishers, 0)
     connect.put_connector(
-        "pg-rowid", sink_config("items.rowid", "items_rowid", postgres, schema_registry, False)
+        "pg-rowid", sink_config("items.rowid", "items_rowid", postgres, registry, False)
     )
     connect.put_connector(
-        "pg-byid", sink_config("items.byid", "items_byid", postgres, schema_registry, True)
+        "pg-byid", sink_config("items.byid", "items_byid", postgres, registry, True)
     )
     # appends, updates (UTF-8, nulls), deletes
     lance.write_dataset(rows(range(30, 40), rng), uri, mode="append")
@@ -212,6 +214,8 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
     lance.dataset(uri).delete("id IN (7, 8, 9, 33)")
     done = publish_new_versions(uri, publishers, done)
     assert_converges(postgres, connect, tables, uri)
+    if fault is not None:
+        fault(["items.rowid", "items.byid"])
 
     # merge_insert upserts (updates and inserts), a compaction, then changes after it
     upsert = rows([3, 4, 12, 100, 101], rng, text="upserted")
@@ -227,6 +231,16 @@ def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
     lance.dataset(uri).delete("id = 20")
     done = publish_new_versions(uri, publishers, done)
     assert_converges(postgres, connect, tables, uri)
+    return publishers, tables, done
+
+
+def test_debezium_jdbc_sink_keeps_postgresql_equal_to_the_lance_table(
+    tmp_path, kafka_broker, schema_registry, connect, postgres
+):
+    uri, rng = str(tmp_path / "items.lance"), np.random.default_rng(17)
+    publishers, tables, done = sink_follows_changes(
+        uri, rng, kafka_broker, schema_registry, connect, postgres
+    )
 
     # what the sink built: the key as primary key, the table's columns typed
     columns = dict(

@@ -145,6 +145,25 @@ def publish_under_kills(
 def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
     tmp_path, kafka_broker, schema_registry
 ):
+    publish_killed_and_check(
+        tmp_path,
+        kafka_broker,
+        schema_registry,
+        replication=1,
+        kills_total=12,
+        fault_at=6,
+        fault=lambda topic: kafka_broker.restart(),
+    )
+
+
+def publish_killed_and_check(
+    tmp_path, kafka, registry, replication, kills_total, fault_at, fault, after=None
+):
+    """`lance-cdf publish` into a new topic of `kafka` (replication factor `replication`)
+    while `writer` commits, killed `kills_total` times (`publish_under_kills`, `fault(topic)`
+    or `fault()` once `fault_at` kills are done, then `after()`); then a run to the end
+    from the checkpoint, and a read_committed consumer must find every change once, per key
+    in commit order (read_changes is the oracle)."""
     uri = str(tmp_path / "t.lance")
     lance.write_dataset(
         pa.table({"id": np.arange(200), "s": ["a"] * 200}),
@@ -153,18 +172,18 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
         max_rows_per_file=50,
     )
     topic = f"eo-{uuid.uuid4().hex[:8]}"
-    admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
+    admin.create_topics([NewTopic(topic, PARTITIONS, replication)])[topic].result(30)
     args = [
         "publish",
         "--table",
         uri,
         "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
+        kafka.bootstrap_servers,
         "--topic",
         topic,
         "--schema-registry",
-        schema_registry.url,
+        registry.url,
         "--checkpoint",
         str(tmp_path / "ck"),
         "--starting-version",
@@ -175,27 +194,28 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once(
         "60",
     ]
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = killable_publish(args)
     kills = publish_under_kills(
-        cmd,
+        killable_publish(args),
         env,
         uri,
         random.Random(20),
-        kills_total=12,
+        kills_total=kills_total,
         group_most=3,
         group_p=0.25,
         pause=(1, 5),
-        restart_at=6,
-        restart=kafka_broker.restart,
+        restart_at=fault_at,
+        restart=lambda: fault(topic),
     )
-    assert kills["group"] >= 1 and kills["worker"] >= 6
+    assert kills["group"] >= 1 and kills["worker"] >= kills_total // 2
+    if after is not None:
+        after(topic)
     assert main([*args, "--available-now"]) == 0  # the rest, from the checkpoint
     want = expected_by_key(uri)
     count = sum(len(v) for v in want.values())
     got, _ = consume_by_key(
-        kafka_broker.bootstrap_servers,
+        kafka.bootstrap_servers,
         topic,
-        schema_registry.url,
+        registry.url,
         count + 1,
         isolation="read_committed",
     )

@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pytest
 from confluent_kafka import Consumer, KafkaException, TopicPartition
-from test_exactly_once import killable_publish, writer
+from test_debezium import postgres, sink_follows_changes  # noqa: F401 (a fixture)
+from test_exactly_once import killable_publish, publish_killed_and_check, writer
 from test_kafka_order import consume_by_key, expected_by_key
 from test_replicate import (
     _replicate_cmd,
@@ -27,10 +28,12 @@ from test_replicate import (
     publish,
     run_to_the_end_and_compare,
 )
+from test_whole_versions import replicate_killed_and_check
 from workload import Workload
 
 from lance_cdf.cli import main
 from lance_cdf.replicate.replica import SOURCE_ROWID, ReplicaTable
+from lance_cdf_devtools.connect import KafkaConnect
 
 PARTITIONS = 3
 # how long a broker stays down in the "one broker down" test; outside runs: 120 s
@@ -276,10 +279,15 @@ def test_one_broker_down_for_a_while(flow, kafka_cluster):
     flow.finish()
 
 
-def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schema_registry):
+@pytest.mark.parametrize("membership", ["dynamic", "static"])
+def test_the_replicators_group_coordinator_killed(
+    tmp_path, kafka_cluster, schema_registry, membership
+):
     """The broker coordinating the replicator's consumer group SIGKILLed: the group moves
     to another broker and the replicator goes on applying what is published meanwhile
-    (published here without Spark: the publisher the sink's writer tasks use)."""
+    (published here without Spark: the publisher the sink's writer tasks use). With static
+    membership (group.instance.id) the rejoin may be fenced (FENCED_INSTANCE_ID, fatal in
+    librdkafka): the replicator then renews its consumer and goes on all the same."""
     cluster, registry = kafka_cluster, schema_registry
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     topic = f"cl-group-{uuid.uuid4().hex[:8]}"
@@ -293,10 +301,11 @@ def test_the_replicators_group_coordinator_killed(tmp_path, kafka_cluster, schem
         except (OSError, ValueError):
             return 0
 
-    # lance-cdf's own consumer settings: without the static membership (group.instance.id)
-    # _replicate_cmd adds for quick restarts, which librdkafka makes fatal here (a rejoin
-    # after the coordinator moved answered FENCED_INSTANCE_ID)
-    cmd = _without_static_membership(_replicate_cmd(cluster, registry, topic, dst))
+    # dynamic: lance-cdf's own consumer settings, without the group.instance.id
+    # _replicate_cmd adds for quick restarts
+    cmd = _replicate_cmd(cluster, registry, topic, dst)
+    if membership == "dynamic":
+        cmd = _without_static_membership(cmd)
     with open(tmp_path / "replicate.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     try:
@@ -334,6 +343,95 @@ def _wait_for(probe, past, proc, what):
         assert proc.poll() is None, f"replicate exited ({proc.returncode}): {what}"
         assert time.monotonic() < deadline, f"no progress past {past} in {PROGRESS_S} s: {what}"
         time.sleep(0.3)
+
+
+def test_killed_publisher_and_killed_leader_deliver_each_change_once(
+    tmp_path, kafka_cluster, schema_registry
+):
+    """test_exactly_once's publisher SIGKILLs (its process group, its Python workers) on
+    the cluster, replication factor 3: midway the leader of the topic's partition 0 is
+    SIGKILLed too and stays down for the remaining kills (two replicas in sync, enough
+    for min.insync.replicas=2), then comes back before the run to the end."""
+    cluster, killed = kafka_cluster, []
+
+    def kill_leader(topic):
+        if not killed:  # (asked again while a kill round kills nothing)
+            killed.append(cluster.leader(topic, 0))
+            cluster.kill(killed[-1])
+
+    def restart(topic):
+        for node in killed:
+            cluster.restart(node)
+        cluster.wait_in_sync(topic)
+
+    try:
+        publish_killed_and_check(
+            tmp_path,
+            cluster,
+            schema_registry,
+            replication=3,
+            kills_total=8,
+            fault_at=3,
+            fault=kill_leader,
+            after=restart,
+        )
+    finally:
+        for node in cluster.nodes:
+            if not cluster.nodes[node].running():
+                cluster.restart(node)
+    assert len(killed) == 1 and killed[0] > 0
+
+
+def test_whole_version_replica_under_replicator_kills(tmp_path, kafka_cluster, schema_registry):
+    """test_whole_versions' replicator SIGKILLs (static membership: each restart takes the
+    partitions over at once) on the cluster, replication factor 3: every replica commit
+    that records a source version equals the source at it."""
+    replicate_killed_and_check(
+        tmp_path, kafka_cluster, schema_registry, replication=3, kills_at_least=3
+    )
+
+
+@pytest.fixture(scope="module")
+def cluster_connect(kafka_cluster, tmp_path_factory):
+    """A Kafka Connect standalone worker whose clients bootstrap from the whole cluster."""
+    worker = KafkaConnect(kafka_cluster.bootstrap_servers, tmp_path_factory.mktemp("connect"))
+    worker.start()
+    yield worker
+    worker.close()
+
+
+@pytest.mark.timeout(600)
+def test_debezium_jdbc_sink_reads_the_cluster_through_a_leader_kill(
+    tmp_path,
+    kafka_cluster,
+    schema_registry,
+    cluster_connect,
+    postgres,  # noqa: F811
+):
+    """test_debezium's JDBC sink reading topics of replication factor 3; between its two
+    rounds of changes the leader of the `_rowid` topic is SIGKILLed and stays down while
+    the second round is published and sunk: PostgreSQL equals the Lance table after each."""
+    cluster, killed = kafka_cluster, []
+
+    def kill_leader(topics):
+        assert all(len(p.replicas) == 3 for p in cluster.partitions(topics[0]).values())
+        killed.append(cluster.leader(topics[0], 0))
+        cluster.kill(killed[-1])
+
+    try:
+        sink_follows_changes(
+            str(tmp_path / "items.lance"),
+            np.random.default_rng(17),
+            cluster,
+            schema_registry,
+            cluster_connect,
+            postgres,
+            fault=kill_leader,
+        )
+    finally:
+        for node in killed:
+            cluster.restart(node)
+    assert killed
 
 
 def test_the_coordinator_hash_is_kafkas():

@@ -66,6 +66,7 @@ def test_lag_from_the_table_and_the_counters(tmp_path):
         delivery_failures=2,
         last_error=1234.5,
         kafka_lag=7,
+        consumer_restarts=1,
     )
     metrics = PipelineMetrics("replicate", lambda: state, uri, topic="t.cdf")
     url = metrics.serve(0)
@@ -83,6 +84,7 @@ def test_lag_from_the_table_and_the_counters(tmp_path):
         assert m["lance_cdf_delivery_failures_total"] == 2
         assert m["lance_cdf_last_error_timestamp_seconds"] == 1234.5
         assert m["lance_cdf_kafka_lag_records"] == 7
+        assert m["lance_cdf_consumer_restarts_total"] == 1
         assert m["lance_cdf_pipeline_info"] == 1
         # caught up: no lag; a new commit: lag again, from the new table state
         state.version, state.events = latest, 90
@@ -391,5 +393,35 @@ def test_a_lag_is_unknown_until_a_version_is_done(tmp_path):
         state.version, tables["t"] = latest - 1, (uri, latest - 1)
         m = scrape(url)
         assert m["lance_cdf_lag_versions"] == 1 and m["lance_cdf_lag_seconds"] > 0
+    finally:
+        metrics.close()
+
+
+def test_a_scrape_looks_only_at_tables_behind_what_the_publisher_has_seen(tmp_path):
+    """A database publisher's scrape asks a table's storage only where the publisher has
+    seen a version it has not published: a table published through all it has seen is
+    reported from that (a commit its polls have not seen yet shows at the next poll)."""
+    uri = str(tmp_path / "t.lance")
+    w = Workload(uri, seed=3, rows=20)
+    w.step("append")
+    done = lance.dataset(uri).version
+    w.step("append")  # a commit the publisher has not seen yet
+    seen = {"t": done}
+    metrics = PipelineMetrics(
+        "publish",
+        lambda: Progress(version=None),
+        None,
+        tables=lambda: {"t": (uri, done)},
+        seen=lambda: seen,
+    )
+    url = metrics.serve(0)
+    try:
+        m = scrape_tables(url)
+        assert m["lance_cdf_source_latest_version", "t"] == done  # not looked at
+        assert m["lance_cdf_lag_versions", "t"] == 0
+        seen["t"] = done + 1  # its poll saw the commit: the table is looked at
+        m = scrape_tables(url)
+        assert m["lance_cdf_source_latest_version", "t"] == done + 1
+        assert m["lance_cdf_lag_versions", "t"] == 1 and m["lance_cdf_lag_seconds", "t"] > 0
     finally:
         metrics.close()

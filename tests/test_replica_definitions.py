@@ -1,4 +1,4 @@
-"""A replica made equal to the source's definition (replicate/definition_sync.py,
+"""A replica made equal to the source's definition (replicate/replica_definition.py,
 index_keeper.py) without Kafka: a replica with rows and its key index, a TableDefinition,
 and the upkeep. The oracles are the definition itself (indexes by name, type and columns;
 config; metadata), pylance's own description of the replica, and `explain_plan`."""
@@ -11,7 +11,6 @@ import pyarrow as pa
 import pytest
 
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
-from lance_cdf.replicate.definition_sync import BUILT_CONFIG, reconcile
 from lance_cdf.replicate.index_keeper import (
     IndexKeeper,
     describe_indexes,
@@ -19,6 +18,7 @@ from lance_cdf.replicate.index_keeper import (
     unindexed_rows,
 )
 from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ReplicaTable
+from lance_cdf.replicate.replica_definition import BUILT_CONFIG, reconcile
 
 DIM = 16
 # the type names describe_indices gives each build type
@@ -287,7 +287,7 @@ def test_index_flag():
 
 
 def test_definition_json_round_trip():
-    from lance_cdf.replicate.definition_sync import definition_json, definition_of_json
+    from lance_cdf.replicate.replica_definition import definition_json, definition_of_json
 
     d = definition()
     assert definition_of_json(definition_json(d)) == d

@@ -6,6 +6,7 @@ latest version on every source column, with no duplicate keys.
 """
 
 import contextlib
+import json
 import os
 import random
 import signal
@@ -713,3 +714,76 @@ def test_a_replica_from_scratch_of_a_compacted_topic_equals_the_source(
         rep.run(idle_timeout=3)
     assert any("is compacted (cleanup.policy=compact)" in r.getMessage() for r in caplog.records)
     assert_replica_equals_source(src, dst)
+
+
+def test_a_fenced_static_member_is_renewed(tmp_path, kafka_broker, schema_registry):
+    """Another consumer joining the replicator's group with its group.instance.id fences
+    the replicator's consumer (FENCED_INSTANCE_ID, fatal in librdkafka, as when the group's
+    coordinator moved): the replicator renews its consumer and resumes from the replica's
+    position; the replica equals the source, and the renewal is counted and shown by
+    `status`."""
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-fence-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=13, rows=200)
+    last = publish(kafka_broker, schema_registry, src, topic, 1)
+    static = {"group.instance.id": f"replicator-{topic}", "session.timeout.ms": 6000}
+    rep = make_replicator(
+        kafka_broker, schema_registry, topic, dst, consumer_config=static, max_batch_rows=60
+    )
+    failed = []
+
+    def run():
+        try:
+            rep.run()
+        except Exception as exc:  # noqa: BLE001 (asserted below)
+            failed.append(exc)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    replica = ReplicaTable(dst, [SOURCE_ROWID])
+    deadline = time.monotonic() + 60
+    while not _applied(replica, topic):
+        assert thread.is_alive() and time.monotonic() < deadline, failed
+        time.sleep(0.2)
+    intruder = Consumer(
+        {
+            "bootstrap.servers": kafka_broker.bootstrap_servers,
+            "group.id": f"g-{topic}",
+            "enable.auto.commit": False,
+            "log_level": 0,
+            **static,
+        }
+    )
+    intruder.subscribe([topic])
+    try:
+        while rep.counters.consumer_restarts == 0:  # fenced, and a new consumer took over
+            assert thread.is_alive() and time.monotonic() < deadline + 60, failed
+            intruder.poll(0.2)
+    finally:
+        intruder.close()
+    for op in ("update", "delete_sparse", "upsert"):
+        w.step(op)
+    last = publish(kafka_broker, schema_registry, src, topic, last + 1)
+    while (rep.counters.source_version or 0) < last:
+        assert thread.is_alive() and time.monotonic() < deadline + 120, failed
+        time.sleep(0.2)
+    rep.stop()
+    thread.join(60)
+    assert not failed and not thread.is_alive()
+    assert_replica_equals_source(src, dst)
+    out = subprocess.run(
+        [sys.executable, "-m", "lance_cdf.cli", "status", "--table", src, "--replica", dst]
+        + ["--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    renewed = json.loads(out.stdout)["replica_consumer_restarts"]
+    assert renewed["restarts"] == rep.counters.consumer_restarts >= 1, renewed
+
+
+def _applied(replica, topic):
+    try:
+        return sum(replica.applied_offsets(topic).values())
+    except (OSError, ValueError):
+        return 0

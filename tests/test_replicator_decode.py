@@ -15,9 +15,9 @@ from confluent_kafka.schema_registry.error import SchemaRegistryError
 from test_avro_decode import COLUMNS, random_events
 
 from lance_cdf.avro.schema import change_records, envelope_schema
-from lance_cdf.errors import RegistryRefusedError, ReplicateError
+from lance_cdf.errors import ConsumerFatalError, RegistryRefusedError, ReplicateError
 from lance_cdf.replicate.applier import batch_positions
-from lance_cdf.replicate.consumers import DeadLetters
+from lance_cdf.replicate.consumers import MAX_RENEWALS, DeadLetters, Renewals, read_renewals
 from lance_cdf.replicate.counters import Counters
 from lance_cdf.replicate.final_states import FinalStatesDecoder
 from lance_cdf.replicate.replica import SOURCE_ROWID
@@ -367,3 +367,22 @@ def test_one_partition_batch_reads_positions_at_its_ends(seed):
             want = slow.final_states_vectorized(kept, s_parts[keep], offsets[keep])
             assert got[2:4] == want[2:4]
             assert rows_of(got[0]) == rows_of(want[0]) and rows_of(got[1]) == rows_of(want[1])
+
+
+@pytest.mark.unit
+def test_renewals_are_counted_kept_for_status_and_bounded(tmp_path):
+    """Each renewal after a fatal consumer error is counted and kept for `status`; past
+    MAX_RENEWALS within the window the error stops the replicator, saying why."""
+    target = str(tmp_path / "replica.lance")
+    assert read_renewals(target) is None
+    counters = Counters()
+    renewals = Renewals(target, counters)
+    fenced = ConsumerFatalError("the Kafka consumer failed: fenced")
+    for _ in range(MAX_RENEWALS):
+        renewals.allow(fenced)
+    assert counters.consumer_restarts == MAX_RENEWALS
+    kept = read_renewals(target)
+    assert kept is not None and kept["restarts"] == MAX_RENEWALS and "fenced" in kept["error"]
+    with pytest.raises(ConsumerFatalError, match="same group.instance.id"):
+        renewals.allow(fenced)
+    assert counters.consumer_restarts == MAX_RENEWALS

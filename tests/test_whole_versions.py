@@ -75,10 +75,10 @@ def check_every_commit(src, dst):
     return checked
 
 
-def new_topic(bootstrap, prefix):
+def new_topic(bootstrap, prefix, replication=1):
     topic = f"{prefix}-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": bootstrap})
-    admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
+    admin.create_topics([NewTopic(topic, PARTITIONS, replication)])[topic].result(30)
     return topic
 
 
@@ -111,10 +111,18 @@ def status(src, dst):
 def test_every_replica_commit_is_the_source_at_its_version_under_kills(
     tmp_path, kafka_broker, schema_registry
 ):
+    replicate_killed_and_check(tmp_path, kafka_broker, schema_registry)
+
+
+def replicate_killed_and_check(tmp_path, kafka, schema_registry, replication=1, kills_at_least=5):
+    """`lance-cdf publish` (continuous) into a new topic of `kafka` (replication factor
+    `replication`) while a writer commits, and `lance-cdf replicate` SIGKILLed
+    `kills_at_least` times while replicating; then both run to the end undisturbed, and
+    every replica commit with a source version must equal the source at it."""
     src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
     w = Workload(src, seed=32, rows=200)
-    bootstrap = kafka_broker.bootstrap_servers
-    topic = new_topic(bootstrap, "whole")
+    bootstrap = kafka.bootstrap_servers
+    topic = new_topic(bootstrap, "whole", replication)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
     publish = [
         sys.executable,
@@ -188,7 +196,7 @@ def test_every_replica_commit_is_the_source_at_its_version_under_kills(
     kills, rep, log = 0, None, open(tmp_path / "replicate.log", "wb")
     try:
         deadline = time.monotonic() + 300
-        while kills < 5 and time.monotonic() < deadline:
+        while kills < kills_at_least and time.monotonic() < deadline:
             if rep is None or rep.poll() is not None:
                 rep = subprocess.Popen(replicate, stdout=subprocess.DEVNULL, stderr=log)
             time.sleep(rng.uniform(3, 8))  # a replicator starts in ~2-4 s here
@@ -204,7 +212,7 @@ def test_every_replica_commit_is_the_source_at_its_version_under_kills(
             rep.wait(30)
         os.killpg(pub.pid, signal.SIGTERM)
         pub.wait(60)
-    assert kills >= 5
+    assert kills >= kills_at_least
     # the rest published, then replicated undisturbed
     assert main([*publish[3:-4], "--available-now"]) == 0
     run = subprocess.run([*replicate, "--idle-timeout", "8"], capture_output=True, timeout=300)

@@ -117,6 +117,7 @@ def metrics_markdown() -> str:
         progress = Progress(version=1, kafka_lag=0 if role == "replicate" else None)
         if role == "replicate":  # the replica's indexes (replicate/index_keeper.py)
             progress.index_builds, progress.indexes_unbuilt = 0, 0
+            progress.consumer_restarts = 0  # (replicate/consumers.py)
         if role == "publish":  # known once the writer tasks met an outage (kafka/outage.py)
             progress.kafka_unavailable_s, progress.kafka_retries = 0.0, 0
             # a database publisher's take-up retries and tables set aside (ops/takeup.py)

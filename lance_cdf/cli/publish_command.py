@@ -141,6 +141,12 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
         "version it cannot prove complete)",
     )
     pub.add_argument(
+        "--no-table-definitions",
+        action="store_true",
+        help="send no index, config or metadata definitions on the transaction topic "
+        "(the commit then reads no table manifest)",
+    )
+    pub.add_argument(
         "--no-head-start",
         action="store_true",
         help="do not publish the commits waiting at start from this process "
@@ -255,6 +261,7 @@ def publish_settings(args: argparse.Namespace) -> PublishSettings:
         topics=topic_settings(args),
         transaction_topic=args.transaction_topic,
         transaction_metadata=not args.no_transaction_metadata,
+        table_definitions=not args.no_table_definitions,
         exactly_once=not args.at_least_once,
         flush_timeout=args.flush_timeout,
     )

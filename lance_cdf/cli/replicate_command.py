@@ -358,6 +358,7 @@ def _replicate(args: argparse.Namespace) -> int:
             kafka_lag=c.lag,
             index_builds=c.index_builds,
             indexes_unbuilt=c.indexes_unbuilt,
+            consumer_restarts=c.consumer_restarts,
         )
         metrics = PipelineMetrics(
             "replicate",
@@ -451,6 +452,7 @@ def _serve_database_metrics(replicator: DatabaseReplicator, args: argparse.Names
             last_error=c.last_error,
             index_builds=c.index_builds,
             indexes_unbuilt=c.indexes_unbuilt,
+            consumer_restarts=c.consumer_restarts,
         )
 
     def tables() -> dict[str, tuple[str | None, int | None]]:

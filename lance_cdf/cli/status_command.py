@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
@@ -181,6 +182,16 @@ def _replica_status(
     report["replica_unfinished"] = None if left is None else asdict(left)
     if left is not None:
         lines.append(f"unfinished  {unfinished.describe(left)}")
+    from lance_cdf.replicate.consumers import read_renewals
+
+    renewed = read_renewals(args.replica)
+    report["replica_consumer_restarts"] = renewed
+    if renewed is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(float(renewed.get("at", 0))))
+        lines.append(
+            f"consumer    renewed {renewed.get('restarts')} time(s) after a fatal consumer "
+            f"error, the last at {when} UTC: {renewed.get('error')}"
+        )
     indexes, unbuilt = _replica_indexes(table.open())
     report["replica_indexes"], report["replica_unbuilt_indexes"] = indexes, unbuilt
     lines += _index_lines(indexes, unbuilt, "index       ")

@@ -13,7 +13,10 @@ version ends in each partition.
 Written exactly once by the Spark sink's driver-side commit, after every writer task of
 the micro-batch succeeded: the topic's last record says how far an earlier attempt got
 (`TransactionWriter.write`). A commit version with no change event (compaction, an index)
-gets no BEGIN/END: the sink only learns of versions from their events.
+gets no BEGIN/END, except the last version of a micro-batch where the table's definition
+changed: the END of that version carries `lance_cdf_table` (format/definitions.py; which
+one and where: spark/sink/definition_sync.py), with `event_count` 0 and
+`lance_cdf_partitions` [] when the version has no events.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import contextlib
 import io
 import json
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -133,6 +137,11 @@ VALUE_SCHEMA: AvroSchema = {
         {"name": "lance_cdf_table", "default": None, "type": ["null", TABLE_SCHEMA]},
     ],
 }
+
+
+# given the transaction topic's last record (None: empty), the table's definition to send
+# on the END of the micro-batch's last version, or None when its consumers have it already
+DefinitionChange = Callable[["TransactionRecord | None"], TableDefinition | None]
 
 
 def default_topic(topic: str) -> str:
@@ -352,10 +361,20 @@ class TransactionWriter:
         finally:
             consumer.unassign()
 
-    def write(self, versions: list[VersionCounts]) -> int:
+    def write(
+        self,
+        versions: list[VersionCounts],
+        definition: DefinitionChange | None = None,
+        end: int | None = None,
+    ) -> int:
         """BEGIN and END of each version (ascending), skipping what the topic holds; the
-        number of records written. Raises when any is not acknowledged."""
-        if not versions:
+        number of records written. Raises when any is not acknowledged.
+
+        `definition` (with `end`, the micro-batch's last version): given the topic's last
+        record, the table's definition at `end` if it differs from what the topic's
+        consumers know (None: unchanged); it goes on the END of version `end`, a BEGIN/END
+        with no events (`lance_cdf_partitions` = []) if that version has no changes."""
+        if not versions and (definition is None or end is None):
             return 0
         if not self._ready:
             KNOWN.ensure(
@@ -367,6 +386,9 @@ class TransactionWriter:
             )
             self._ready = True
         last = self.last()
+        table = definition(last) if definition is not None and end is not None else None
+        if table is not None and all(c.version != end for c in versions):
+            versions = [*versions, VersionCounts(int(end or 0))]  # routed, no events
         now = int(time.time() * 1000)
         sent = 0
         for counts in sorted(versions, key=lambda c: c.version):
@@ -377,8 +399,9 @@ class TransactionWriter:
                 statuses = ["END"]  # an earlier attempt stopped between the two
             key = self.key_writer.encode({"id": f"{self.namespace}:{counts.version}"})
             for status in statuses:
+                carried = table if counts.version == end else None
                 value = self.value_writer.encode(
-                    transaction_value(status, self.namespace, counts, now)
+                    transaction_value(status, self.namespace, counts, now, carried)
                 )
                 self.producer.produce(self.topic, key=key, value=value, partition=0)
                 sent += 1

@@ -22,6 +22,8 @@ and commit times, so lag is computed when asked, never stale:
                                          and dead-letter writes that failed (replicate)
     lance_cdf_last_error_timestamp_seconds  unix time of the last failure (0: none)
     lance_cdf_kafka_lag_records          replicate: records in the topic not yet consumed
+    lance_cdf_consumer_restarts_total    replicate: consumers renewed after a fatal consumer
+                                         error (a static member fenced)
     lance_cdf_kafka_unavailable_seconds  publish: how long the broker has not answered (0: it does)
     lance_cdf_kafka_retries_total        publish: broker requests repeated during outages
     lance_cdf_takeup_retries_total       publish --database: a table's take-up or publish
@@ -77,6 +79,8 @@ class Progress:
     delivery_failures: int = 0
     last_error: float = 0.0  # unix time, 0 = never
     kafka_lag: int | None = None
+    # replicate: consumers renewed after a fatal consumer error; None: not a replicator
+    consumer_restarts: int | None = None
     # publish: how long Kafka has not answered (0: it answers) and the retries since the
     # checkpoint's first outage (kafka/outage.py); None: not known
     kafka_unavailable_s: float | None = None
@@ -105,16 +109,20 @@ class PipelineMetrics:
         topic: str = "",
         tables: Callable[[], Mapping[str, tuple[str | None, int | None]]] | None = None,
         kafka_lags: Callable[[], Mapping[str, int]] | None = None,
+        seen: Callable[[], Mapping[str, int]] | None = None,
     ):
         """`tables`: a database pipeline's tables, qualified name -> (the source table's
         URI, None where not known; the version published / applied through), read on every
-        scrape; `kafka_lags`: a database replicator's records not yet consumed, per table."""
+        scrape; `kafka_lags`: a database replicator's records not yet consumed, per table;
+        `seen`: per table, the newest version the pipeline has seen of its source (its own
+        polls): a table done through it is not looked at (a scrape costs an idle table no
+        request to its storage; its lag shows once the pipeline's next poll sees a commit)."""
         if role not in ("publish", "replicate"):
             raise LanceCdfError(f"unknown pipeline role {role!r}: publish or replicate")
         self.role, self.progress, self.table, self.topic = role, progress, table, topic
         self.storage_options = dict(storage_options or {})
         self._log: TableLog | None = None  # the source table's TableLog, opened on the first scrape
-        self.tables, self.kafka_lags = tables, kafka_lags
+        self.tables, self.kafka_lags, self.seen = tables, kafka_lags, seen
         self._logs: dict[str, TableLog] = {}  # a database's: per followed table URI
         self._samples: collections.deque[tuple[float, int]] = collections.deque()
         self._lock = threading.Lock()
@@ -283,6 +291,12 @@ class PipelineMetrics:
                 "index definitions the replica could not build now (retried at upkeeps)",
                 value=p.indexes_unbuilt,
             )
+        if p.consumer_restarts is not None:
+            yield CounterMetricFamily(
+                "lance_cdf_consumer_restarts",
+                "consumers renewed after a fatal consumer error",
+                value=p.consumer_restarts,
+            )
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records",
@@ -324,13 +338,20 @@ class PipelineMetrics:
             f"seconds since the oldest source version not yet {done} was committed",
             labels=["table"],
         )
+        seen = self.seen() if self.seen is not None else {}
         for name, (uri, version) in sorted(tables.items()):
             if uri is None:
                 if version is not None:
                     done_g.add_metric([name], version)
                 continue
+            known = seen.get(name)
+            latest: int | None
+            oldest_pending: float | None
             try:
-                latest, oldest_pending = self._source(version, uri)
+                if version is not None and known is not None and known <= version:
+                    latest, oldest_pending = version, None  # done through all it has seen
+                else:
+                    latest, oldest_pending = self._source(version, uri)
             except (LanceCdfError, OSError):
                 continue  # dropped since: left out until the publisher lets it go
             if latest is None:

@@ -20,7 +20,6 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.ops import malloc
 from lance_cdf.replicate.counters import Counters
-from lance_cdf.replicate.definition_sync import definition_json, definition_of_json
 from lance_cdf.replicate.final_states import FinalStates, FinalStatesDecoder
 from lance_cdf.replicate.replica import (
     DEFINITION_PROPERTY,
@@ -38,6 +37,7 @@ from lance_cdf.replicate.replica import (
     offsets_of,
     source_version_of,
 )
+from lance_cdf.replicate.replica_definition import definition_json, definition_of_json
 from lance_cdf.replicate.replica_identity import ReplicaIdentity
 from lance_cdf.replicate.replicate_settings import ReplicaSettings
 from lance_cdf.replicate.wholeversions import Take

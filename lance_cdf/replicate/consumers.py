@@ -1,11 +1,16 @@
 """The Kafka clients of a replicator (one table's, or a database's shared by its tables):
 the consumer of the change topics, the schema decoder and the dead-letter producer, their
-settings built by `clientconfig.KafkaConnection` from `--consumer-config`; and where a
-batch's undecodable records go (`DeadLetters`)."""
+settings built by `clientconfig.KafkaConnection` from `--consumer-config`; where a
+batch's undecodable records go (`DeadLetters`); and the bound on consumers renewed after a
+fatal consumer error (`Renewals`, kept for `status` in `<replica>/_lance_cdf/consumer.json`)."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -13,7 +18,8 @@ from typing import TYPE_CHECKING, Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.errors import ReplicateError, in_words
+from lance_cdf.errors import ConsumerFatalError, ReplicateError, in_words
+from lance_cdf.format.io import local_path
 from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, registry_config, scrub
@@ -29,6 +35,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("lance_cdf.replicate")
 
 OnCommit = Callable[[KafkaError | None, list[TopicPartition]], None]
+
+# a replicator's consumer is renewed after a fatal error at most MAX_RENEWALS times within
+# RENEW_WINDOW_S: more is another consumer fencing it each time (the same group.instance.id
+# given to two replicators), which no new consumer cures
+MAX_RENEWALS = 5
+RENEW_WINDOW_S = 300.0
+RENEWALS_FILE = "consumer.json"  # (in the replica's `_lance_cdf` directory)
 
 
 def replica_consumer_config(
@@ -136,3 +149,66 @@ class DeadLetters:
             )
         self.counters.dead_letters += 1
         log.warning("record at %s sent to %s: %s", where, self.topic, error)
+
+
+class Renewals:
+    """The consumers a replicator of `target` renewed after a fatal consumer error
+    (`ConsumerFatalError`: librdkafka fences a static member whose coordinator moved, and
+    the fenced consumer is unusable): counted in `counters`, each said in one line and kept
+    for `status`; refused past the bound."""
+
+    def __init__(self, target: str, counters: Counters):
+        self.target, self.counters = target, counters
+        self._times: list[float] = []
+
+    def allow(self, exc: ConsumerFatalError, prefix: str = "") -> None:
+        """Count a renewal after `exc`, or raise it (with why) past the bound."""
+        now = time.monotonic()
+        self._times = [t for t in self._times if now - t < RENEW_WINDOW_S]
+        if len(self._times) >= MAX_RENEWALS:
+            raise ConsumerFatalError(
+                f"{exc}; {MAX_RENEWALS} new consumers failed so within {RENEW_WINDOW_S:.0f} s "
+                "(is another consumer of the group running with the same group.instance.id?)"
+            ) from exc
+        self._times.append(now)
+        self.counters.consumer_restarts += 1
+        self.counters.last_error = time.time()
+        log.warning(
+            "%s%s; a new consumer resumes from the replica's position (nothing lost or "
+            "applied twice; consumer restart %d)",
+            prefix,
+            scrub(str(exc)),
+            self.counters.consumer_restarts,
+        )
+        record_renewals(self.target, self.counters.consumer_restarts, scrub(str(exc)))
+
+
+def renewals_path(target: str) -> str | None:
+    """Where a local replica keeps its renewals (None: a replica on object storage)."""
+    root = local_path(target)
+    return None if root is None else os.path.join(root, "_lance_cdf", RENEWALS_FILE)
+
+
+def record_renewals(target: str, restarts: int, error: str) -> None:
+    """Keep the last run's consumer restarts for `status` (best effort)."""
+    path = renewals_path(target)
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(f"{path}.tmp", "w") as f:
+            json.dump({"restarts": restarts, "at": time.time(), "error": error}, f)
+        os.replace(f"{path}.tmp", path)
+
+
+def read_renewals(target: str) -> dict[str, Any] | None:
+    """What `record_renewals` kept (None: no consumer was renewed, or not known)."""
+    path = renewals_path(target)
+    if path is None:
+        return None
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

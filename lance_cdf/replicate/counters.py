@@ -23,6 +23,8 @@ class Counters:
     lag: int = 0
     delivery_failures: int = 0  # offset commits and dead-letter writes that failed
     registry_retries: int = 0  # schema fetches asked again while the registry was down
+    # consumers renewed after a fatal consumer error (consumers.Renewals)
+    consumer_restarts: int = 0
     last_error: float = 0.0  # unix time of the last of those (0: none)
     started: float = field(default_factory=time.time)
     # where the time went (seconds since start): waiting for / fetching records,
@@ -64,6 +66,7 @@ _SUMMED = (
     "index_builds",
     "index_optimizes",
     "indexes_unbuilt",
+    "consumer_restarts",
 )
 
 

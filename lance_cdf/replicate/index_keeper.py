@@ -1,6 +1,6 @@
 """The replica's secondary indexes and table settings in the replicator's upkeep: the
 source's definition (received on the END of a version, format/definitions.py) made the
-replica's once that version is applied (definition_sync.py), definitions that could not be
+replica's once that version is applied (replica_definition.py), definitions that could not be
 built tried again at later upkeeps, and every index kept current: `optimize_indices` once
 the rows outside an index exceed max(1% of the replica's rows, the last batch's rows).
 
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import lance
 
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
-from lance_cdf.replicate.definition_sync import Unbuilt, reconcile
+from lance_cdf.replicate.replica_definition import Unbuilt, reconcile
 
 log = logging.getLogger("lance_cdf.replicate")
 

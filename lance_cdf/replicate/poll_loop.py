@@ -12,9 +12,9 @@ import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Protocol
 
-from confluent_kafka import Consumer, KafkaError
+from confluent_kafka import Consumer, KafkaError, KafkaException
 
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import ConsumerFatalError, LanceCdfError
 from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.replicate.replicate_settings import BatchSettings
 
@@ -86,19 +86,33 @@ def poll_batch(
     polled: Polled,
 ) -> list[Message]:
     """The records of one poll (`consume_ready`), its error events sorted out: a missing
-    topic told to `polled`, a partition's end skipped, anything else raised as `polled`
-    names it."""
+    topic told to `polled`, a partition's end skipped, a fatal error (the consumer is
+    unusable) raised as `ConsumerFatalError`, anything else raised as `polled` names it."""
     batch: list[Message] = []
     window = batching.max_batch_interval
-    for m in consume_ready(consumer, batching.max_batch_rows, wait, window, stop):
+    try:
+        got = consume_ready(consumer, batching.max_batch_rows, wait, window, stop)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and is_fatal(exc.args[0]):
+            raise ConsumerFatalError(f"the Kafka consumer failed: {exc.args[0].str()}") from exc
+        raise
+    for m in got:
         err = m.error()
         if err is None:
             batch.append(m)
+        elif is_fatal(err):
+            raise ConsumerFatalError(f"the Kafka consumer failed: {err.str()}")
         elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART:
             polled.topic_missing(m)
         elif err.code() != KafkaError._PARTITION_EOF:
             raise polled.consume_failed(m, err)
     return batch
+
+
+def is_fatal(err: KafkaError) -> bool:
+    """Whether librdkafka made the consumer unusable: its fatal error event (code _FATAL,
+    whose `fatal()` confluent-kafka does not always set; the cause in its text)."""
+    return bool(err.fatal()) or err.code() == KafkaError._FATAL
 
 
 def consume_ready(

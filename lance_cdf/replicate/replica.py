@@ -90,7 +90,7 @@ VERSION_OFFSETS_PROPERTY = "lance-cdf.version-offsets"
 INSIDE_VERSION_PROPERTY = "lance-cdf.inside-version"
 RECORDS_THROUGH_PROPERTY = "lance-cdf.records-through-version"
 # The source table's definition (indexes, config, metadata) as of the recorded source
-# version, carried forward like the offsets once an END brought one (definition_sync.py's
+# version, carried forward like the offsets once an END brought one (replica_definition.py's
 # JSON): the upkeep makes the replica's equal to it, after a restart too.
 DEFINITION_PROPERTY = "lance-cdf.table-definition"
 

@@ -37,6 +37,7 @@ everything in a replica the replicator did not create.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -45,7 +46,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
-from lance_cdf.errors import LanceCdfError
+from lance_cdf.errors import ConsumerFatalError, LanceCdfError
 from lance_cdf.kafka.endpoints import DENIED, check_consumer_access, denied
 from lance_cdf.kafka.transactions import TransactionDecoder, default_topic
 from lance_cdf.ops.lease import Lease
@@ -53,9 +54,11 @@ from lance_cdf.replicate import unfinished
 from lance_cdf.replicate.applier import BatchApplier
 from lance_cdf.replicate.consumers import (
     DeadLetters,
+    Renewals,
     ReplicaClients,
     check_endpoints,
     open_clients,
+    replica_consumer_config,
 )
 from lance_cdf.replicate.counters import Counters
 from lance_cdf.replicate.final_states import FinalStatesDecoder
@@ -142,6 +145,7 @@ class Replicator:
         )
         self.consumer: Consumer = self.clients.consumer
         self.counters = Counters()
+        self.renewals = Renewals(s.target, self.counters)
         self.identity = ReplicaIdentity(s.topic, s.target)
         letters = DeadLetters(
             s.topic, s.kafka.dead_letter_topic, self.clients.dead_letters, self.counters
@@ -215,7 +219,12 @@ class Replicator:
             raise
         self.consumer.subscribe([self.topic], on_assign=self._on_assign)
         try:
-            run_polls(self.consumer, self.settings.batching, self._stop, self, idle_timeout)
+            while True:
+                try:
+                    run_polls(self.consumer, self.settings.batching, self._stop, self, idle_timeout)
+                    break
+                except ConsumerFatalError as exc:
+                    self._renew_consumer(exc)
         finally:
             try:
                 self.note_unfinished()
@@ -229,6 +238,22 @@ class Replicator:
             finally:
                 self.checks.release(lease)
         return self.counters
+
+    def _renew_consumer(self, exc: ConsumerFatalError) -> None:
+        """A new consumer (the same settings, group and subscription) for one librdkafka
+        made unusable: it is assigned the partitions again and resumes from the replica's
+        position (`positioned`), as after any rebalance. Counted, said in one line."""
+        self.renewals.allow(exc, self.applier.prefix)
+        with contextlib.suppress(KafkaException, RuntimeError):
+            self.consumer.close()
+        consumer = Consumer(
+            replica_consumer_config(self.clients.connection, self.group_id, self._on_commit)
+        )
+        self.consumer = self.clients.consumer = consumer
+        self.applier.consumer = self.applier.committer = self.checks.consumer = consumer
+        if self._assigned is not None:  # (idle counted from the renewal)
+            self._assigned = time.monotonic()
+        consumer.subscribe([self.topic], on_assign=self._on_assign)
 
     def start(self) -> Lease:
         """One writer per replica (its lease, renewed from a thread), then whose replica it

@@ -540,6 +540,7 @@ def _serve_metrics(query: StreamingQuery, settings: PublishSettings) -> QueryFol
         return None
     from lance_cdf.ops.metrics import PipelineMetrics
     from lance_cdf.spark.publish.query_progress import QueryFollower
+    from lance_cdf.spark.source.checkpoint import planned_tables
 
     checkpoint = settings.checkpoint
     follower = QueryFollower(query, checkpoint=checkpoint).start()
@@ -551,6 +552,7 @@ def _serve_metrics(query: StreamingQuery, settings: PublishSettings) -> QueryFol
             source.storage_options,
             database.topic("*"),
             tables=lambda: database_tables(checkpoint),
+            seen=lambda: planned_tables(checkpoint) or {},
         )
     else:
         metrics = PipelineMetrics(

@@ -67,7 +67,9 @@ class KafkaTarget:
     created if missing (partitions, replication factor, topic settings; kafka/topics.py); by
     default the broker's defaults, and for a database as many partitions as there are
     writers. `transaction_metadata`: a BEGIN and an END record per commit version on
-    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py).
+    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py), with the
+    table's definition where it changed unless `table_definitions` is False
+    (spark/sink/definition_sync.py).
     `exactly_once`: a replayed micro-batch skips the records each partition already holds
     (per-partition high-water marks); False: plain at-least-once. `flush_timeout`: seconds
     a micro-batch waits for the broker's acknowledgements (and for a partition's last
@@ -85,13 +87,17 @@ class KafkaTarget:
     topics: TopicSettings = field(default_factory=TopicSettings)
     transaction_topic: str | None = None
     transaction_metadata: bool = True
+    table_definitions: bool = True
     exactly_once: bool = True
     flush_timeout: float | None = None
 
     def transaction_options(self) -> dict[str, str]:
         """The sink options of the transaction metadata and of the topics' creation, and
         the flush timeout (the writer tasks' and the transaction writer's)."""
-        txn = {"transactionMetadata": str(self.transaction_metadata).lower()}
+        txn = {
+            "transactionMetadata": str(self.transaction_metadata).lower(),
+            "tableDefinitions": str(self.table_definitions).lower(),
+        }
         if self.transaction_topic:
             txn["transaction.topic"] = self.transaction_topic
         txn.update(self.topics.options())

@@ -81,6 +81,20 @@ def table_uri(database: str, name: str, digest: str, storage_options: dict[str, 
     return next((r.uri for r in refs if r.qualified_name == name), None)
 
 
+def uri_of(database: str, name: str, storage_options: dict[str, str]) -> str | None:
+    """The URI of table `name` (this process's cache, else a fresh listing); None if the
+    database does not have it."""
+    with _URIS_LOCK:
+        cached = _URIS.get((database, name))
+    if cached is not None:
+        return cached
+    refs = _listed(database, storage_options)
+    with _URIS_LOCK:
+        for ref in refs:
+            _URIS.put((database, ref.qualified_name), ref.uri)
+    return next((r.uri for r in refs if r.qualified_name == name), None)
+
+
 def _listed(database: str, storage_options: dict[str, str]) -> list[TableRef]:
     """The database's tables; a listing that fails with a fault that passes (the object
     store throttles or does not answer) is retried with backoff, up to the writer's budget

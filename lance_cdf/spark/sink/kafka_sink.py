@@ -10,7 +10,9 @@ work items the table their events are read from),
 micro-batch skips what each partition already holds, see `high_water_marks`), and
 `transactionMetadata` (default true: after every writer task of a micro-batch
 succeeded, the driver's commit writes a BEGIN and an END record per commit version to
-`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py),
+`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py; with
+`tableDefinitions`, default true, the table's definition where it changed:
+spark/sink/definition_sync.py),
 `topic.partitions`, `topic.replicationFactor` and `topic.config.<key>` (how the topic
 and its transaction topic are created if missing: kafka/topics.py; the broker's defaults
 otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
@@ -63,7 +65,7 @@ from lance_cdf.spark.source.handoff import check_work_columns
 from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
 
 if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer tasks)
-    from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
+    from lance_cdf.kafka.transactions import DefinitionChange, TransactionWriter, VersionCounts
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -123,6 +125,11 @@ class Published(WriterCommitMessage):
 
 # one TransactionWriter per sink setting, in the process running the driver's commits
 _TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
+
+
+def _definitions_on(lowered: dict[str, str]) -> bool:
+    """Sink option `tableDefinitions` (default true; `lowered`: the options lower-cased)."""
+    return lowered.get("tabledefinitions", "true").lower() == "true"
 
 
 def _options(raw: dict[str, Any]) -> dict[str, str]:
@@ -431,22 +438,64 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             )
         published = [m for m in messages if isinstance(m, Published)]
         if opts.get("database"):  # per table, to its own transaction topic
-            prefix = opts["topic.prefix"]
-            for table in sorted({t for m in published for t in m.tables}):
-                versions = merge([m.tables[table] for m in published if table in m.tables])
-                if versions:
-                    name = TableName(prefix, table)
-                    topic = f"{prefix}.{table}"
-                    options = {**self.options, "topic": topic, "table": table}
-                    self._write_markers(self._transaction_writer(options, name), versions)
+            self._commit_database(published, batchId)
             return
-        versions = merge([m.versions for m in published])
-        if versions:
-            o = {k.lower(): v for k, v in self.options.items()}
-            name = TableName.of(o.get("table.name"), uri=o["table"])
-            self._write_markers(self._transaction_writer(self.options, name), versions)
+        from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
 
-    def _write_markers(self, writer: TransactionWriter, versions: list[VersionCounts]) -> None:
+        versions = merge([m.versions for m in published])
+        o = {k.lower(): v for k, v in self.options.items()}
+        have: dict[str | None, list[int]] = {None: [c.version for c in versions]}
+        span = (
+            batch_spans(o.get("checkpointlocation"), batchId, have).get(None)
+            if _definitions_on(o)
+            else None
+        )
+        defs = table_definitions(o["table"], self._storage())
+        change = None if span is None else defs.change(span)
+        if versions or (span is not None and not defs.unchanged(span)):
+            name = TableName.of(o.get("table.name"), uri=o["table"])
+            writer = self._transaction_writer(self.options, name)
+            self._write_markers(writer, versions, change, None if span is None else span.end)
+
+    def _commit_database(self, published: list[Published], batch_id: int) -> None:
+        """Database mode: each table's BEGIN/END records (and definition) to its own
+        transaction topic, for the tables with changes or a new version in the batch."""
+        from lance_cdf.kafka.transactions import merge
+        from lance_cdf.spark.sink.database_sink import uri_of
+        from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
+
+        opts = {k.lower(): v for k, v in self.options.items()}
+        prefix, storage = opts["topic.prefix"], self._storage()
+        counted = {
+            t: merge([m.tables[t] for m in published if t in m.tables])
+            for t in {t for m in published for t in m.tables}
+        }
+        have: dict[str | None, list[int]] = {t: [c.version for c in v] for t, v in counted.items()}
+        spans = (
+            batch_spans(opts.get("checkpointlocation"), batch_id, have)
+            if _definitions_on(opts)
+            else {}
+        )
+        for table in sorted({*counted, *(str(t) for t in spans)}):
+            versions, span = counted.get(table, []), spans.get(table)
+            uri = uri_of(opts["database"], table, storage) if span is not None else None
+            defs = None if uri is None else table_definitions(uri, storage)
+            wanted = defs is not None and span is not None and not defs.unchanged(span)
+            if not versions and not wanted:
+                continue
+            name = TableName(prefix, table)
+            options = {**self.options, "topic": f"{prefix}.{table}", "table": table}
+            change = None if defs is None or span is None else defs.change(span)
+            end = None if span is None else span.end
+            self._write_markers(self._transaction_writer(options, name), versions, change, end)
+
+    def _write_markers(
+        self,
+        writer: TransactionWriter,
+        versions: list[VersionCounts],
+        change: DefinitionChange | None = None,
+        end: int | None = None,
+    ) -> None:
         """`writer.write(versions)`, a broker outage ridden out as the writer tasks ride it
         out (kafka/outage.py: up to RIDE_OUT_S, then one line): a failed commit would stop
         the query. A retry first waits until no record of the failed attempt is queued, so
@@ -464,7 +513,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             if writer.producer.flush(10):
                 raise PublishError("transaction records of an earlier attempt still queued")
             try:
-                return writer.write(versions)
+                return writer.write(versions, change, end)
             except (KafkaException, PublishError):
                 raise
             except Exception as exc:  # the registry (a new table's first schemas)

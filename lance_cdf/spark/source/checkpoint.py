@@ -28,15 +28,29 @@ def committed_offset(checkpoint: str) -> Offset | None:
     """The lance-cdf source's offset in the newest committed micro-batch (`{"version": N}`,
     with `"snapshot"` while a snapshot is being delivered), or None if the query has not
     completed a micro-batch yet (or the directory is not a checkpoint)."""
+    root = _local(checkpoint)
+    committed = _batches(os.path.join(root, "commits"))
+    return _offset(checkpoint, root, committed[-1]) if committed else None
+
+
+def planned_offset(checkpoint: str) -> Offset | None:
+    """The lance-cdf source's offset in the newest planned micro-batch (what the query
+    has seen of its source, delivered or not), or None before the first."""
+    root = _local(checkpoint)
+    planned = _batches(os.path.join(root, "offsets"))
+    return _offset(checkpoint, root, planned[-1]) if planned else None
+
+
+def _local(checkpoint: str) -> str:
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         raise LanceCdfError(
             f"checkpoint {checkpoint!r}: only local checkpoint directories can be inspected"
         )
-    root = checkpoint.removeprefix("file://")
-    committed = _batches(os.path.join(root, "commits"))
-    if not committed:
-        return None
-    with open(os.path.join(root, "offsets", str(committed[-1]))) as f:
+    return checkpoint.removeprefix("file://")
+
+
+def _offset(checkpoint: str, root: str, batch: int) -> Offset:
+    with open(os.path.join(root, "offsets", str(batch))) as f:
         lines = f.read().splitlines()
     for line in lines[2:]:
         try:
@@ -47,8 +61,29 @@ def committed_offset(checkpoint: str) -> Offset | None:
             return offset  # (a database stream's: `{"tables": {name: offset}}`, database.py)
     raise LanceCdfError(
         f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset in "
-        f"offsets/{committed[-1]})"
+        f"offsets/{batch})"
     )
+
+
+def batch_offset(checkpoint: str, batch: int) -> Offset | None:
+    """The lance-cdf source's end offset of micro-batch `batch` (`offsets/<batch>`, written
+    when the batch was planned); None if there is none (a remote checkpoint, a batch
+    before the first, a file Spark purged, or no lance-cdf offset in it)."""
+    if batch < 0 or ("://" in checkpoint and not checkpoint.startswith("file://")):
+        return None
+    try:
+        with open(os.path.join(checkpoint.removeprefix("file://"), "offsets", str(batch))) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines[2:]:
+        try:
+            offset = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
+            return offset
+    return None
 
 
 def checkpoint_version(checkpoint: str) -> int | None:
@@ -66,7 +101,16 @@ def checkpoint_version(checkpoint: str) -> int | None:
 def committed_tables(checkpoint: str) -> dict[str, int] | None:
     """Per table of a database stream's checkpoint (publish --database), the version it has
     delivered through; None if the query has not completed a micro-batch yet."""
-    offset = committed_offset(checkpoint)
+    return _tables(checkpoint, committed_offset(checkpoint))
+
+
+def planned_tables(checkpoint: str) -> dict[str, int] | None:
+    """Per table of a database stream's checkpoint, the version its newest planned
+    micro-batch reads through (the latest it has seen); None before the first."""
+    return _tables(checkpoint, planned_offset(checkpoint))
+
+
+def _tables(checkpoint: str, offset: Offset | None) -> dict[str, int] | None:
     if offset is None:
         return None
     tables = offset.get("tables")
