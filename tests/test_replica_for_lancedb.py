@@ -92,3 +92,28 @@ def test_a_key_the_map_cannot_hold_is_looked_up_through_the_btree_index(tmp_path
     (index,) = rep.lookup.key_index(ds)
     plan = ds.scanner(filter="k IN ('k1', 'k2')", columns=[], with_row_address=True)
     assert f"@{index['name']}" in plan.explain_plan(), plan.explain_plan()
+
+
+def test_a_source_btree_on_a_replica_is_one_lancedb_uses(tmp_path):
+    """A source's BTREE index built on a replica, then kept current as rows arrive (built
+    again, not merged by pylance): LanceDB opens the replica without a warning and its
+    filter plan uses the index."""
+    from lance_cdf.format.definitions import IndexDefinition, TableDefinition
+    from lance_cdf.replicate.index_keeper import IndexKeeper
+
+    uri = str(tmp_path / "items.lance")
+    rows = pa.table({"id": np.arange(2000), "v": np.arange(2000)})
+    ds = lance.write_dataset(rows, uri, enable_stable_row_ids=True)
+    keeper = IndexKeeper()
+    keeper.want(
+        TableDefinition.of([IndexDefinition.of("id_idx", "BTREE", ("id",), {})], {}, {}, {})
+    )
+    keeper.upkeep(ds, set(), compact=False, batch_rows=10)
+    more = pa.table({"id": np.arange(2000, 2500), "v": np.arange(500)})
+    ds = lance.write_dataset(more, uri, mode="append")
+    done = keeper.upkeep(ds, set(), compact=False, batch_rows=10)
+    assert done.get("indexes_optimized") == 1  # 500 rows outside: over max(1 %, a batch)
+    got, stderr = open_with_lancedb(str(tmp_path), "items", "id = 2400")
+    assert "not supported" not in stderr and "WARN" not in stderr, stderr
+    assert [r["v"] for r in got["rows"]] == [400]
+    assert "ScalarIndexQuery" in got["plan"] and "id_idx" in got["plan"], got["plan"]

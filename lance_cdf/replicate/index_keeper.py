@@ -19,6 +19,7 @@ import lance
 
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.replicate.replica_definition import Unbuilt, reconcile
+from lance_cdf.replicate.served_btree import build_btree
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -75,10 +76,13 @@ class IndexKeeper:
             counts = {n: names.count(n) for n in loose}
             stale = [n for n, rows in loose.items() if rows or counts[n] > 1]
             merge = max(counts.values(), default=1)
+        rebuilt = _rebuild_btrees(ds, stale)
+        stale = [n for n in stale if n not in rebuilt]
         if stale:
             ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=merge)
+        if stale or rebuilt:
             self.work.optimizes += 1
-            done["indexes_optimized"] = len(stale)
+            done["indexes_optimized"] = len(stale) + len(rebuilt)
         return done
 
     def _reconcile(self, ds: lance.LanceDataset, protected: set[str]) -> dict[str, int]:
@@ -109,6 +113,18 @@ class IndexKeeper:
             "indexes_dropped": len(r.dropped),
             "indexes_unbuilt": len(r.unbuilt),
         }
+
+
+def _rebuild_btrees(ds: lance.LanceDataset, names: list[str]) -> list[str]:
+    """The BTREE indexes among `names` built again through LanceDB (served_btree.py: so
+    they stay in the format LanceDB reads; pylance's optimize would rewrite them in its
+    own); those it built."""
+    btrees = {
+        i.name: i.field_names[0]
+        for i in ds.describe_indices()
+        if i.name in names and i.type_url.endswith("BTreeIndexDetails")
+    }
+    return [n for n, column in btrees.items() if build_btree(ds, column, n)]
 
 
 def unindexed_rows(ds: lance.LanceDataset, skip: set[str] | None = None) -> dict[str, int]:

@@ -244,6 +244,11 @@ class KeyLookup:
         between compactions); [] when there is none."""
         return [i for i in ds.list_indices() if i["fields"] == self.key and i["type"] == "BTree"]
 
+    def owns_key_index(self, ds: lance.LanceDataset) -> bool:
+        """Whether a BTREE on the key is the replicator's own (its lookups use one); with
+        the key map serving, one there is the source's index, kept like the others."""
+        return self.indexed and not self.map_serves(ds.schema.field(self.key[0]).type)
+
     def unindexed_rows(self, ds: lance.LanceDataset) -> int:
         """Rows in fragments the key index does not cover yet (each lookup scans them)."""
         if not self.indexed:
@@ -260,7 +265,7 @@ class KeyLookup:
         """After a compaction (`compact`) the key index merged into one segment covering
         every fragment; else the fragments outside it indexed as a delta segment once they
         hold more than `index_rows_max` rows. Returns what was done."""
-        segments = self.key_index(ds) if self.indexed else []
+        segments = self.key_index(ds) if self.owns_key_index(ds) else []
         if not segments:
             return {}
         unindexed = self.unindexed_rows(ds)

@@ -438,7 +438,10 @@ class ReplicaTable:
         if self.keeper is not None:
             ds = self._reopen()
             before = ds.version
-            protected = {s["name"] for s in self.lookup.key_index(ds)}
+            lookup = self.lookup  # (with the key map serving, a BTREE on the key is the source's)
+            protected = (
+                {s["name"] for s in lookup.key_index(ds)} if lookup.owns_key_index(ds) else set()
+            )
             done.update(self.keeper.upkeep(ds, protected, compact, batch_rows))
             self._after_rowless_commits(before)
         return done

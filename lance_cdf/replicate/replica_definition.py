@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import lance
 
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
+from lance_cdf.replicate.served_btree import build_btree
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -108,11 +109,15 @@ def build(ds: lance.LanceDataset, d: IndexDefinition) -> Unbuilt | None:
             "upgrade lance-cdf on the replicator, or replicate with --no-indexes",
         )
     params = d.parameters()
+    if "document_granularity" in params:  # (the build takes it as the enum, not its value)
+        from lance.query import DocumentGranularity
+
+        params["document_granularity"] = DocumentGranularity(params["document_granularity"])
     try:
         if is_vector(kind):
             column: str | list[str] = d.columns[0] if len(d.columns) == 1 else list(d.columns)
             ds.create_index(column, kind, name=d.name, replace=True, **params)  # type: ignore[arg-type]
-        else:
+        elif not (kind == "BTREE" and not params and build_btree(ds, d.columns[0], d.name)):
             ds.create_scalar_index(d.columns[0], kind, name=d.name, replace=True, **params)  # type: ignore[arg-type]
     except Exception as exc:  # noqa: BLE001 - any refusal is named, the rest goes on
         cause = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
