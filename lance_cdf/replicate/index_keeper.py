@@ -69,20 +69,28 @@ class IndexKeeper:
             done.update(self._reconcile(ds, protected))
         loose = unindexed_rows(ds, skip=protected)
         bound = max(ds.count_rows() // 100, batch_rows) if loose else 0
-        stale = [name for name, rows in loose.items() if rows > bound]
-        merge = 0  # between compactions: a delta segment over the new rows (O(new rows))
+        segments = [s["name"] for s in ds.list_indices() if s["name"] in loose]
+        counts = {n: segments.count(n) for n in loose}
         if compact:  # merged into one segment covering every row (a query reads each)
-            names = [s["name"] for s in ds.list_indices() if s["name"] in loose]
-            counts = {n: names.count(n) for n in loose}
             stale = [n for n, rows in loose.items() if rows or counts[n] > 1]
-            merge = max(counts.values(), default=1)
+        else:
+            stale = [n for n, rows in loose.items() if rows > bound]
         rebuilt = _rebuild_btrees(ds, stale)
-        stale = [n for n in stale if n not in rebuilt]
+        # between compactions a delta segment over the new rows (O(new rows)), but an
+        # inverted index always one segment: BM25 scores with each segment's statistics,
+        # so a full-text query answers as the source's (one segment after its optimize)
+        # only then
+        inverted = _inverted(ds, stale)
+        whole = [n for n in stale if n not in rebuilt and (compact or n in inverted)]
+        delta = [n for n in stale if n not in rebuilt and n not in whole]
+        if whole:
+            merge = max(counts[n] for n in whole)
+            ds.optimize.optimize_indices(index_names=whole, num_indices_to_merge=merge)
+        if delta:
+            ds.optimize.optimize_indices(index_names=delta, num_indices_to_merge=0)
         if stale:
-            ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=merge)
-        if stale or rebuilt:
             self.work.optimizes += 1
-            done["indexes_optimized"] = len(stale) + len(rebuilt)
+            done["indexes_optimized"] = len(stale)
         return done
 
     def _reconcile(self, ds: lance.LanceDataset, protected: set[str]) -> dict[str, int]:
@@ -113,6 +121,14 @@ class IndexKeeper:
             "indexes_dropped": len(r.dropped),
             "indexes_unbuilt": len(r.unbuilt),
         }
+
+
+def _inverted(ds: lance.LanceDataset, names: list[str]) -> set[str]:
+    return {
+        i.name
+        for i in ds.describe_indices()
+        if i.name in names and i.type_url.endswith("InvertedIndexDetails")
+    }
 
 
 def _rebuild_btrees(ds: lance.LanceDataset, names: list[str]) -> list[str]:
