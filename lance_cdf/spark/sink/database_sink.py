@@ -74,11 +74,7 @@ def table_uri(database: str, name: str, digest: str, storage_options: dict[str, 
         cached = _URIS.get(key)
     if cached is not None and table_digest(cached) == digest:
         return cached
-    refs = _listed(database, storage_options)
-    with _URIS_LOCK:
-        for ref in refs:
-            _URIS.put((database, ref.qualified_name), ref.uri)
-    return next((r.uri for r in refs if r.qualified_name == name), None)
+    return _listed_uri(database, name, storage_options)
 
 
 def uri_of(database: str, name: str, storage_options: dict[str, str]) -> str | None:
@@ -88,6 +84,11 @@ def uri_of(database: str, name: str, storage_options: dict[str, str]) -> str | N
         cached = _URIS.get((database, name))
     if cached is not None:
         return cached
+    return _listed_uri(database, name, storage_options)
+
+
+def _listed_uri(database: str, name: str, storage_options: dict[str, str]) -> str | None:
+    """Table `name`'s URI from a fresh listing, which refreshes the cache of every table."""
     refs = _listed(database, storage_options)
     with _URIS_LOCK:
         for ref in refs:

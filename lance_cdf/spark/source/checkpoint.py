@@ -51,18 +51,26 @@ def _local(checkpoint: str) -> str:
 
 def _offset(checkpoint: str, root: str, batch: int) -> Offset:
     with open(os.path.join(root, "offsets", str(batch))) as f:
-        lines = f.read().splitlines()
-    for line in lines[2:]:
+        offset = _lance_cdf_offset(f.read())
+    if offset is None:
+        raise LanceCdfError(
+            f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset "
+            f"in offsets/{batch})"
+        )
+    return offset
+
+
+def _lance_cdf_offset(text: str) -> Offset | None:
+    """The lance-cdf source's offset in an `offsets/<batch>` file (a version line, a
+    metadata line, then one JSON offset per source); None if it has none."""
+    for line in text.splitlines()[2:]:
         try:
             offset = json.loads(line)
         except json.JSONDecodeError:
             continue
         if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
             return offset  # (a database stream's: `{"tables": {name: offset}}`, database.py)
-    raise LanceCdfError(
-        f"checkpoint {checkpoint!r} is not one of a lance-cdf query (no version offset in "
-        f"offsets/{batch})"
-    )
+    return None
 
 
 def batch_offset(checkpoint: str, batch: int) -> Offset | None:
@@ -73,17 +81,9 @@ def batch_offset(checkpoint: str, batch: int) -> Offset | None:
         return None
     try:
         with open(os.path.join(checkpoint.removeprefix("file://"), "offsets", str(batch))) as f:
-            lines = f.read().splitlines()
+            return _lance_cdf_offset(f.read())
     except OSError:
         return None
-    for line in lines[2:]:
-        try:
-            offset = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
-            return offset
-    return None
 
 
 def checkpoint_version(checkpoint: str) -> int | None:
