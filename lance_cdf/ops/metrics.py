@@ -97,6 +97,58 @@ class Progress:
     indexes_unbuilt: int | None = None
 
 
+# the metrics a pipeline has only where its Progress gives the value: (Progress attribute,
+# family, name, meaning); a Counter's name gets `_total` when exposed
+OPTIONAL_METRICS: tuple[
+    tuple[str, type[GaugeMetricFamily | CounterMetricFamily], str, str], ...
+] = (
+    (
+        "kafka_unavailable_s",
+        GaugeMetricFamily,
+        "lance_cdf_kafka_unavailable_seconds",
+        "how long the broker has not answered the publisher (0: it answers)",
+    ),
+    (
+        "kafka_retries",
+        CounterMetricFamily,
+        "lance_cdf_kafka_retries",
+        "requests to the broker repeated during outages",
+    ),
+    # a database publisher's take-up (ops/takeup.py)
+    (
+        "takeup_retries",
+        CounterMetricFamily,
+        "lance_cdf_takeup_retries",
+        "take-ups or publishes of a table repeated after a transient fault",
+    ),
+    (
+        "tables_aside",
+        GaugeMetricFamily,
+        "lance_cdf_tables_set_aside",
+        "tables set aside now (their take-up keeps failing; tried again later)",
+    ),
+    ("set_asides", CounterMetricFamily, "lance_cdf_set_asides", "times a table was set aside"),
+    (
+        "index_builds",
+        CounterMetricFamily,
+        "lance_cdf_index_builds",
+        "replica indexes built or rebuilt from the source's definition or --index",
+    ),
+    (
+        "indexes_unbuilt",
+        GaugeMetricFamily,
+        "lance_cdf_indexes_unbuilt",
+        "index definitions the replica could not build now (retried at upkeeps)",
+    ),
+    (
+        "consumer_restarts",
+        CounterMetricFamily,
+        "lance_cdf_consumer_restarts",
+        "consumers renewed after a fatal consumer error",
+    ),
+)
+
+
 class PipelineMetrics:
     """The metrics of one pipeline (`role` "publish" or "replicate"), collected on scrape."""
 
@@ -266,37 +318,10 @@ class PipelineMetrics:
 
     def _kafka_gauges(self, p: Progress) -> Iterator[Metric]:
         """The broker's availability and retries, and the records not yet consumed."""
-        if p.kafka_unavailable_s is not None:
-            yield GaugeMetricFamily(
-                "lance_cdf_kafka_unavailable_seconds",
-                "how long the broker has not answered the publisher (0: it answers)",
-                value=p.kafka_unavailable_s,
-            )
-        if p.kafka_retries is not None:
-            yield CounterMetricFamily(
-                "lance_cdf_kafka_retries",
-                "requests to the broker repeated during outages",
-                value=p.kafka_retries,
-            )
-        yield from _takeup_metrics(p)
-        if p.index_builds is not None:
-            yield CounterMetricFamily(
-                "lance_cdf_index_builds",
-                "replica indexes built or rebuilt from the source's definition or --index",
-                value=p.index_builds,
-            )
-        if p.indexes_unbuilt is not None:
-            yield GaugeMetricFamily(
-                "lance_cdf_indexes_unbuilt",
-                "index definitions the replica could not build now (retried at upkeeps)",
-                value=p.indexes_unbuilt,
-            )
-        if p.consumer_restarts is not None:
-            yield CounterMetricFamily(
-                "lance_cdf_consumer_restarts",
-                "consumers renewed after a fatal consumer error",
-                value=p.consumer_restarts,
-            )
+        for attr, family, name, meaning in OPTIONAL_METRICS:
+            value = getattr(p, attr)
+            if value is not None:  # (None: not a quantity of this pipeline)
+                yield family(name, meaning, value=value)
         if p.kafka_lag is not None:
             yield GaugeMetricFamily(
                 "lance_cdf_kafka_lag_records",
@@ -364,23 +389,3 @@ class PipelineMetrics:
             age = 0.0 if oldest_pending is None else max(0.0, now - oldest_pending)
             age_g.add_metric([name], age)
         yield from (latest_g, done_g, lag_g, age_g)
-
-
-def _takeup_metrics(p: Progress) -> Iterator[Metric]:
-    """A database publisher's retries and set-aside tables (ops/takeup.py)."""
-    if p.takeup_retries is not None:
-        yield CounterMetricFamily(
-            "lance_cdf_takeup_retries",
-            "take-ups or publishes of a table repeated after a transient fault",
-            value=p.takeup_retries,
-        )
-    if p.tables_aside is not None:
-        yield GaugeMetricFamily(
-            "lance_cdf_tables_set_aside",
-            "tables set aside now (their take-up keeps failing; tried again later)",
-            value=p.tables_aside,
-        )
-    if p.set_asides is not None:
-        yield CounterMetricFamily(
-            "lance_cdf_set_asides", "times a table was set aside", value=p.set_asides
-        )
