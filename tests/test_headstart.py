@@ -155,7 +155,10 @@ def test_a_database_head_start_publishes_each_table_once_with_its_transactions(
     monkeypatch.setattr(database_headstart, "HEAD_START_SECONDS", 600.0)  # (not the subject)
     # each table's first version (20 inserts) alone, both tables' in one head start
     monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 20)
-    first = database_head_start(source, sink, start)
+    # a new checkpoint (startingVersion 1): the head start takes each table as the query will
+    new = database_start_offset(str(tmp_path / "ck"), "1")
+    assert new == {"from": "1"}
+    first = database_head_start(source, sink, new)
     assert (first.records, first.tables, first.left) == (40, 2, 0)
     # all together over the bound: none
     monkeypatch.setattr(database_headstart, "HEAD_START_EVENTS", 10_000)
@@ -188,8 +191,12 @@ def test_a_database_head_start_publishes_each_table_once_with_its_transactions(
         sum(len(v) for v in expected_by_key(str(root / f"{n}.lance")).values()) for n in names
     )
     # where a restarted query starts: the committed offset, none while a table snapshots
-    assert database_start_offset(str(tmp_path / "none")) is None
+    # (a new one: where something waits, and it is known before the query starts)
+    none = str(tmp_path / "none")
+    assert database_start_offset(none, "earliest") == {"from": "earliest"}
+    for starting in (None, "latest", "snapshot"):
+        assert database_start_offset(none, starting) is None
     ck = _checkpoint(tmp_path / "ck2", {0: '{"tables":{"a":{"version":3}},"from":"1"}'}, [0])
-    assert database_start_offset(ck) == {"tables": {"a": {"version": 3}}, "from": "1"}
+    assert database_start_offset(ck, "1") == {"tables": {"a": {"version": 3}}, "from": "1"}
     snap = '{"tables":{"a":{"version":3,"snapshot":{"fragment":1,"offset":10}}},"from":"1"}'
-    assert database_start_offset(_checkpoint(tmp_path / "ck3", {0: snap}, [0])) is None
+    assert database_start_offset(_checkpoint(tmp_path / "ck3", {0: snap}, [0]), "1") is None

@@ -3,17 +3,18 @@ published from the driver process while Spark starts, as one table's head start 
 (spark/publish/headstart.py, whose reasons it shares: why nothing is sent twice or out of
 order).
 
-It starts where the query will start, the checkpoint's newest committed offset (a new
-checkpoint starts at each table's latest version, known only when the query starts: no
-head start), and plans one micro-batch as the query would, with the database stream's own
-reader (spark/source/database_stream.py) and one writer slot: whole versions, at most
-`HEAD_START_EVENTS` events per table, nothing if all of them together are more than
-`HEAD_START_EVENTS_IN_ALL` (the query publishes them), and table after table for at most
-`HEAD_START_SECONDS` (the query publishes the tables not reached). The database sink's writer
-publishes each table's share to its topic and its commit writes their transaction
-metadata (both skip what an earlier writer left in the topics); then the query plans the
-same versions and its writer tasks skip what the topics hold. A table in the middle of its
-snapshot gets none (as one table's).
+It starts where the query will start: the checkpoint's newest committed offset, or for a
+new checkpoint with a numeric or `earliest` starting version each table's start as the
+query's own reader takes it (`initialOffset`; a new checkpoint at `latest`, the default,
+has nothing waiting: no head start), and plans one micro-batch as the query would, with
+the database stream's own reader (spark/source/database_stream.py) and one writer slot:
+whole versions, at most `HEAD_START_EVENTS` events per table, nothing if all of them
+together are more than `HEAD_START_EVENTS_IN_ALL` (the query publishes them), and table
+after table for at most `HEAD_START_SECONDS` (the query publishes the tables not reached).
+The database sink's writer publishes each table's share to its topic and its commit writes
+their transaction metadata (both skip what an earlier writer left in the topics); then the
+query plans the same versions and its writer tasks skip what the topics hold. A table in
+the middle of its snapshot gets none (as one table's).
 """
 
 from __future__ import annotations
@@ -50,16 +51,22 @@ class DatabaseHeadStart:
         )
 
 
-def database_start_offset(checkpoint: str) -> dict[str, Any] | None:
-    """The database query's committed offset, where a restarted query starts; None for a
-    new, remote or unreadable checkpoint, or one with a table in its snapshot."""
+def database_start_offset(checkpoint: str, starting: str | None) -> dict[str, Any] | None:
+    """Where the database query starts: the checkpoint's committed offset; for a new
+    checkpoint started at a version number or `earliest`, `{"from": starting}` (the tables'
+    offsets are taken by the head start's reader, as the query's takes them); None where
+    nothing waits or the start is known only to the query: a new checkpoint at `latest` or
+    a snapshot, a remote or unreadable checkpoint, or one with a table in its snapshot."""
     from lance_cdf.spark.source.checkpoint import committed_offset
 
     try:
         offset = committed_offset(checkpoint)
     except (LanceCdfError, OSError):
         return None
-    if offset is None or not isinstance(offset.get("tables"), dict):
+    if offset is None:
+        new = starting is not None and (starting.isdigit() or starting == "earliest")
+        return {"from": starting} if new else None
+    if not isinstance(offset.get("tables"), dict):
         return None
     if any("snapshot" in table for table in offset["tables"].values()):
         return None
@@ -87,6 +94,8 @@ def database_head_start(
     reader = source.streamReader(source.schema())
     if not isinstance(reader, DatabaseReader):
         raise LanceCdfError(f"the head start needs a database reader, not {type(reader).__name__}")
+    if "tables" not in start:  # a new checkpoint: each table where the query will take it
+        start = reader.initialOffset()
     end = reader.latestOffset(start, ReadMaxRows(HEAD_START_EVENTS))
     slots = [s for s in reader.partitions(start, end) if isinstance(s, DatabaseSlot) and s.rows]
     if not slots or time.monotonic() > deadline:

@@ -486,13 +486,14 @@ def _check_checkpoint(
 def _head_start_offset(settings: PublishSettings) -> dict[str, Any] | None:
     """Where the query will start, if that is known before it starts (the head start's
     start), else None."""
+    source = settings.source
     if settings.database is not None:
         from lance_cdf.spark.publish.database_headstart import database_start_offset
 
-        return database_start_offset(settings.checkpoint)
+        starting = "snapshot" if source.snapshot else source.starting_version
+        return database_start_offset(settings.checkpoint, starting)
     from lance_cdf.spark.publish.headstart import start_offset
 
-    source = settings.source
     return start_offset(settings.checkpoint, source.starting_version, source.snapshot)
 
 
