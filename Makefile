@@ -4,6 +4,9 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_SECONDS ?= 60
+# two pytest workers, each with its own services (one session each), the longest work handed
+# out first (tests/schedule.py); TEST_WORKERS= runs the tests in one process
+TEST_WORKERS ?= -n 2 --dist loadgroup
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
@@ -32,7 +35,7 @@ provision: provision-demo
 # CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
 # exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: lint docs provision
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 # The unit tests alone (`-m unit`, see tests/conftest.py): no JVM, broker, registry,
 # Spark or S3 server, so no jars to provision; with LANCE_CDF_UNIT_ONLY=1 the service
