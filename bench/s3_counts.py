@@ -23,14 +23,16 @@ def table_key(uri: str) -> str:
     return uri.removeprefix("s3://").rstrip("/")
 
 
-def requests_per_table(server: S3Server, keys: list[str]) -> tuple[list[int], dict[str, int]]:
+def requests_per_table(
+    server: S3Server, keys: list[str]
+) -> tuple[list[int], dict[str, dict[str, int]]]:
     """Requests counted since the last reset: per table of `keys` (in their order; a key
-    below a table's folder counts for the table), and by kind for everything else (the
-    database's own listings: its namespace manifest, the root)."""
+    below a table's folder counts for the table), and by key and kind for everything else
+    (the database's own: its namespace manifest, the root listing)."""
     counts = server.request_counts_by_table()
     index = {k: i for i, k in enumerate(keys)}
     per = [0] * len(keys)
-    other: dict[str, int] = {}
+    other: dict[str, dict[str, int]] = {}
     for key, kinds in counts.items():
         parts = key.split("/")
         owner = next(
@@ -44,20 +46,24 @@ def requests_per_table(server: S3Server, keys: list[str]) -> tuple[list[int], di
         if owner is not None:
             per[owner] += sum(kinds.values())
         else:
-            for kind, n in kinds.items():
-                other[kind] = other.get(kind, 0) + n
+            other[key] = dict(kinds)
     return per, other
 
 
-def request_figures(per: list[int], other: dict[str, int], seconds: float) -> dict[str, Any]:
+def request_figures(
+    per: list[int], other: dict[str, dict[str, int]], seconds: float
+) -> dict[str, Any]:
     """The counts of a window of `seconds`: per table per minute (mean, max), for all the
-    tables per hour, and the database's own requests per hour (and by kind) apart."""
+    tables per hour, and the database's own requests per hour apart (and by key and kind,
+    in the window)."""
     minutes = seconds / 60
     return {
         "seconds": round(seconds, 1),
         "requests_per_table_per_minute_mean": round(statistics.mean(per) / minutes, 2),
         "requests_per_table_per_minute_max": round(max(per) / minutes, 2),
         "table_requests_per_hour": round(sum(per) / minutes * 60),
-        "database_listing_requests_per_hour": round(sum(other.values()) / minutes * 60),
-        "database_requests_by_kind": other,
+        "database_listing_requests_per_hour": round(
+            sum(sum(k.values()) for k in other.values()) / minutes * 60
+        ),
+        "database_requests": other,
     }
