@@ -372,13 +372,13 @@ def main() -> int:
         type=float,
         default=None,
         help="seconds between following every table and the idle phase (default 20; with "
-        "--s3, 20 more than a table takes to be quiet long enough for publish's "
-        "--idle-poll-max: the idle requests are the steady ones)",
+        "--s3 and the database publisher, 20 more than a table takes to be quiet long "
+        "enough for publish's --idle-poll-max: the idle requests are the steady ones)",
     )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     if args.settle_seconds is None:
-        ceiling = idle_poll_max(args.publish_arg) if args.s3 else 0.0
+        ceiling = idle_poll_max(args.publish_arg) if args.s3 and not args.single else 0.0
         args.settle_seconds = 20 + ceiling / IDLE_BACKOFF
 
     import lance
@@ -406,12 +406,11 @@ def main() -> int:
             SchemaRegistry() as registry,
             S3Server(os.path.join(work, "s3")) if args.s3 else contextlib.nullcontext() as s3,
         ):
-            storage, writer, publish_args, s3_env = None, None, list(args.publish_arg), {}
+            writer, s3_flags, s3_env = None, [], {}
             if s3 is not None:  # the benchmark's own writes uncounted, publish's counted
                 root = s3.create_bucket(S3_BUCKET) + "/db"
-                storage, writer = s3.storage_options(), uncounted(s3.storage_options())
-                flags, s3_env = s3_publish_flags(storage)
-                publish_args += flags
+                writer = uncounted(s3.storage_options())
+                s3_flags, s3_env = s3_publish_flags(s3.storage_options())
             t = time.monotonic()
             paths = make_database(root, args.tables, writer)
             result["create_tables_s"] = round(time.monotonic() - t, 1)
@@ -438,6 +437,7 @@ def main() -> int:
                         f"{checkpoint}-{i}",
                         table=paths[name],
                         topic=topics[name],
+                        extra=s3_flags,
                     )
                     procs.append(
                         subprocess.Popen(
@@ -452,7 +452,7 @@ def main() -> int:
                     checkpoint,
                     database=root,
                     prefix=prefix,
-                    extra=publish_args,
+                    extra=[*args.publish_arg, *s3_flags],
                 )
                 procs.append(
                     subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
