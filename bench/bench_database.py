@@ -1,4 +1,4 @@
-"""One publisher for a whole database (issue 35 item 4): `lance-cdf publish --database`
+r"""One publisher for a whole database (issue 35 item 4): `lance-cdf publish --database`
 following --tables tables.
 
     python bench/bench_database.py --tables 200 --idle-seconds 60 --load-seconds 120 \
@@ -33,6 +33,29 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
   every --sample-every seconds of the load (the series, and its slope in MB/min over the
   last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
 
+With --s3, the database and its tables are on a local S3 server (`lance_cdf_devtools.S3Server`,
+moto on 127.0.0.1, counting the requests it serves per table), created through LanceDB with
+the server's storage options; publish gets them as a user gives them (`--storage-option
+k=v`, the credentials as `${env:NAME}` read from its environment), and the benchmark's own
+commits go through a User-Agent the server serves uncounted, so what it counts is publish's:
+
+- idle: the requests over --idle-seconds (`idle_s3`), from --settle-seconds after publish
+  follows every table (by default once every table has been quiet long enough to be listed
+  only every --idle-poll-max, publish's, recorded as `publisher_idle_poll_max_s`): per
+  table per minute (mean, max; one request per --idle-poll-max seconds expected), for all
+  the tables per hour, and the database's own requests (its namespace manifest, the root
+  listing) per hour apart, by key; the S3 server's own CPU;
+- load: the same over the whole load, the quiet gaps included (`load.s3`), and per commit;
+  the commits that are their table's first after a quiet gap reported apart
+  (`load.first_to_table_after_quiet`; each commit's `table_quiet_s` and `first_after_quiet`
+  in `commits`), beside the `after_quiet` phase and `restarts`.
+
+The 200-table, 30-minute run on S3:
+
+    python bench/bench_database.py --s3 --tables 200 --idle-seconds 120 \
+        --load-seconds 1800 --quiet-at 600 --quiet-seconds 120 --sample-every 60 \
+        --out bench/results_database_s3.json
+
 With --single, one single-table `lance-cdf publish --table` per table runs instead (each
 its own Spark application, checkpoint and topic): the same phases, CPU and memory summed over
 their trees (`--tables 4 --single`: what N separate publishers would take, scaled).
@@ -43,6 +66,7 @@ Writes the numbers as JSON (--out) and prints them.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import random
@@ -58,12 +82,22 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
+from lance_cdf.spark.source.idle_polls import IDLE_BACKOFF, IDLE_POLL_MAX
+from lance_cdf_devtools import S3Server
 from lance_cdf_devtools.commands import publish
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from bench_footprint import _children, sample, slope  # noqa: E402  (the process-tree sampler)
+from s3_counts import request_figures, requests_per_table, table_key, uncounted  # noqa: E402
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
+S3_BUCKET = "bench-database"
+# --s3: publish gets the server's credentials as a user keeps secrets out of argv, from the
+# environment through `--storage-option KEY=${env:NAME}`
+S3_SECRET_ENV = {
+    "aws_access_key_id": "BENCH_S3_ACCESS_KEY_ID",
+    "aws_secret_access_key": "BENCH_S3_SECRET_ACCESS_KEY",
+}
 
 
 def tree_cpu(root: int) -> float:
@@ -85,23 +119,84 @@ def tree_cpu(root: int) -> float:
     return total
 
 
-def make_database(root: str, n: int) -> dict[str, str]:
-    """n tables of 20 rows (id, s), a tenth in namespace `ns`: qualified name -> path."""
+def make_database(root: str, n: int, storage: dict[str, str] | None = None) -> dict[str, str]:
+    """n tables of 20 rows (id, s), a tenth in namespace `ns`, with storage options
+    `storage` (on S3): qualified name -> path (or s3:// URI)."""
     import lancedb
 
-    db = lancedb.connect(root)
+    db = lancedb.connect(root, storage_options=storage)
     db.create_namespace(["ns"])
+    options = {**(storage or {}), **STABLE}
     out = {}
     for i in range(n):
         ids = np.arange(20)
         data = pa.table({"id": ids, "s": [f"a{j}" for j in ids]})
         if i % 10 == 0:
-            t = db.create_table(f"t{i}", data, namespace_path=["ns"], storage_options=STABLE)
+            t = db.create_table(f"t{i}", data, namespace_path=["ns"], storage_options=options)
             out[f"ns.t{i}"] = t.uri.removeprefix("file://")
         else:
-            t = db.create_table(f"t{i}", data, storage_options=STABLE)
+            t = db.create_table(f"t{i}", data, storage_options=options)
             out[f"t{i}"] = t.uri.removeprefix("file://")
     return out
+
+
+def s3_publish_flags(storage: dict[str, str]) -> tuple[list[str], dict[str, str]]:
+    """publish's `--storage-option` flags for the S3 server's `storage` options, and the
+    environment the credentials' `${env:NAME}` names read."""
+    flags, env = [], {}
+    for key, value in storage.items():
+        if key in S3_SECRET_ENV:
+            env[S3_SECRET_ENV[key]] = value
+            value = "${env:" + S3_SECRET_ENV[key] + "}"
+        flags += ["--storage-option", f"{key}={value}"]
+    return flags, env
+
+
+def idle_poll_max(publish_args: list[str]) -> float:
+    """The `--idle-poll-max` the database publisher runs with (its default if not given)."""
+    value: str | None = None
+    for i, arg in enumerate(publish_args):
+        if arg == "--idle-poll-max" and i + 1 < len(publish_args):
+            value = publish_args[i + 1]
+        elif arg.startswith("--idle-poll-max="):
+            value = arg.split("=", 1)[1]
+    return IDLE_POLL_MAX if value is None else float(value)
+
+
+class S3Window:
+    """The requests the S3 server counted for the tables since `start()` (which resets the
+    server's counts), and the server's own CPU."""
+
+    def __init__(self, server: S3Server, keys: list[str]):
+        self.server, self.keys = server, keys
+        self.start()
+
+    def start(self) -> None:
+        self.server.request_counts_by_table(reset=True)
+        self.t0, self.cpu0 = time.monotonic(), tree_cpu(self.server.pid or 0)
+
+    def figures(self) -> dict:
+        seconds = time.monotonic() - self.t0
+        cpu = tree_cpu(self.server.pid or 0) - self.cpu0
+        per, other = requests_per_table(self.server, self.keys)
+        return {
+            **request_figures(per, other, seconds),
+            "requests": sum(per) + sum(sum(k.values()) for k in other.values()),
+            "server_cpu_percent_of_one_core": round(100 * cpu / seconds, 1),
+        }
+
+
+def mark_quiet(rows: list[dict], quiet_ends: tuple[float, ...]) -> None:
+    """Each commit row (in commit order) gets `table_quiet_s`, the time since its table's
+    previous commit of the load (None for its first), and `first_after_quiet`, whether it is
+    its table's first commit since the last quiet gap before it ended."""
+    last: dict[str, float] = {}
+    for r in rows:
+        prev = last.get(r["topic"])
+        r["table_quiet_s"] = None if prev is None else round(r["load_s"] - prev, 2)
+        end = max((e for e in quiet_ends if e <= r["load_s"]), default=None)
+        r["first_after_quiet"] = end is not None and (prev is None or prev < end)
+        last[r["topic"]] = r["load_s"]
 
 
 def _start_time(pid: int) -> float | None:
@@ -190,6 +285,9 @@ def tail_figures(rows: list[dict], warmup: float, quiet_ends: tuple[float, ...] 
     phases = [("warmup", [r for r in rows if r["load_s"] < warmup])]
     if quiet_ends:
         phases.append(("after_quiet", [r for r in rows if after_quiet(r)]))
+        # the commits that each are their table's first after a quiet gap (on object
+        # storage, to a table listed only every --idle-poll-max by then)
+        out["first_to_table_after_quiet"] = figures([r for r in rows if r["first_after_quiet"]])
     phases.append(("steady", [r for r in rows if r["load_s"] >= warmup and not after_quiet(r)]))
     out["restarts"] = [
         {
@@ -263,8 +361,25 @@ def main() -> int:
         help="one more argument for the database publisher (repeatable; "
         "e.g. --publish-arg=--no-warm-workers)",
     )
+    ap.add_argument(
+        "--s3",
+        action="store_true",
+        help="the database on a local S3 server (lance_cdf_devtools.S3Server), publish given "
+        "its storage options; the S3 requests of the idle phase and of the load",
+    )
+    ap.add_argument(
+        "--settle-seconds",
+        type=float,
+        default=None,
+        help="seconds between following every table and the idle phase (default 20; with "
+        "--s3 and the database publisher, 20 more than a table takes to be quiet long "
+        "enough for publish's --idle-poll-max: the idle requests are the steady ones)",
+    )
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    if args.settle_seconds is None:
+        ceiling = idle_poll_max(args.publish_arg) if args.s3 and not args.single else 0.0
+        args.settle_seconds = 20 + ceiling / IDLE_BACKOFF
 
     import lance
     from confluent_kafka import OFFSET_END, Consumer, TopicPartition
@@ -278,13 +393,26 @@ def main() -> int:
     result: dict = {
         "tables": args.tables,
         "idle_seconds": args.idle_seconds,
+        "settle_seconds": args.settle_seconds,
         "load_seconds": args.load_seconds,
+        "storage": "s3" if args.s3 else "local",
+        "publisher_idle_poll_max_s": idle_poll_max(args.publish_arg),
+        "publisher_idle_poll_max_default_s": IDLE_POLL_MAX,
     }
     procs: list[subprocess.Popen] = []
     try:
-        with KafkaBroker() as kafka, SchemaRegistry() as registry:
+        with (
+            KafkaBroker() as kafka,
+            SchemaRegistry() as registry,
+            S3Server(os.path.join(work, "s3")) if args.s3 else contextlib.nullcontext() as s3,
+        ):
+            writer, s3_flags, s3_env = None, [], {}
+            if s3 is not None:  # the benchmark's own writes uncounted, publish's counted
+                root = s3.create_bucket(S3_BUCKET) + "/db"
+                writer = uncounted(s3.storage_options())
+                s3_flags, s3_env = s3_publish_flags(s3.storage_options())
             t = time.monotonic()
-            paths = make_database(root, args.tables)
+            paths = make_database(root, args.tables, writer)
             result["create_tables_s"] = round(time.monotonic() - t, 1)
             topics = {name: f"{prefix}.{name}" for name in paths}
             admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
@@ -292,7 +420,7 @@ def main() -> int:
                 [NewTopic(tp, 2, 1) for tp in topics.values()]
             ).items():
                 future.result(60)
-            env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+            env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **s3_env}
             if args.daemon_module:
                 result["daemon_module"] = args.daemon_module
                 env["PYSPARK_SUBMIT_ARGS"] = (
@@ -309,6 +437,7 @@ def main() -> int:
                         f"{checkpoint}-{i}",
                         table=paths[name],
                         topic=topics[name],
+                        extra=s3_flags,
                     )
                     procs.append(
                         subprocess.Popen(
@@ -323,7 +452,7 @@ def main() -> int:
                     checkpoint,
                     database=root,
                     prefix=prefix,
-                    extra=args.publish_arg,
+                    extra=[*args.publish_arg, *s3_flags],
                 )
                 procs.append(
                     subprocess.Popen(cmd, env=env, stdout=log, stderr=log, start_new_session=True)
@@ -347,7 +476,7 @@ def main() -> int:
             started_wall = time.time() - (time.monotonic() - started)
             watcher = TreeWatcher([p.pid for p in procs])
             watcher.start()
-            time.sleep(20)  # start-up work (idle planner workers) settles
+            time.sleep(args.settle_seconds)  # start-up work (idle planner workers) settles
 
             def cpu() -> float:
                 return sum(tree_cpu(p.pid) for p in procs)
@@ -381,10 +510,13 @@ def main() -> int:
                     }
                 return mb, sum(m["n"] for m in taken)
 
+            window = None if s3 is None else S3Window(s3, [table_key(p) for p in paths.values()])
             cpu0, t0 = cpu(), time.monotonic()
             time.sleep(args.idle_seconds)
             idle = (cpu() - cpu0) / (time.monotonic() - t0)
             result["idle_cpu_percent_of_one_core"] = round(100 * idle, 1)
+            if window is not None:
+                result["idle_s3"] = window.figures()
             result["idle_memory_mb"], result["idle_processes"] = memory_now()
 
             consumer = Consumer(
@@ -417,6 +549,8 @@ def main() -> int:
             commits: dict[tuple[str, int], float] = {}
             first_use: set[tuple[str, int]] = set()  # the table's first commit of the run
             memory: list[dict] = []
+            if window is not None:
+                window.start()
             cpu0, t0 = cpu(), time.monotonic()
             t0_wall = time.time()
             next_sample = t0
@@ -425,25 +559,31 @@ def main() -> int:
             result["load_started_epoch_s"] = round(t0_wall, 3)
             while time.monotonic() - t0 < args.load_seconds:
                 tick = time.monotonic()
-                gap = next(((a, b) for a, b in quiet if a <= tick - t0 < b), None)
-                if gap is not None:  # a quiet gap: no commit until it ends
-                    time.sleep(max(0.0, t0 + gap[1] - time.monotonic()))
-                    continue
-                if tick >= next_sample:
+                if tick >= next_sample:  # (the next one on the grid, none skipped in a gap)
                     mb, n = memory_now(by_role=True)
                     memory.append({"t": round(tick - t0, 1), "n": n, **mb})
-                    next_sample += args.sample_every
+                    next_sample += args.sample_every * (
+                        1 + (tick - next_sample) // args.sample_every
+                    )
+                gap = next(((a, b) for a, b in quiet if a <= tick - t0 < b), None)
+                if gap is not None:  # a quiet gap: no commit until it ends
+                    time.sleep(max(0.0, min(t0 + gap[1], next_sample) - time.monotonic()))
+                    continue
                 name = rng.choice(sorted(paths))
-                ds = lance.dataset(paths[name])
+                ds = lance.dataset(paths[name], storage_options=writer)
                 ds.update({"s": f"'u{ds.version}'"}, where=f"id = {rng.randrange(20)}")
                 done = time.time()
-                key = (topics[name], lance.dataset(paths[name]).version)
+                key = (topics[name], lance.dataset(paths[name], storage_options=writer).version)
                 if not any(t == topics[name] for t, _ in commits):
                     first_use.add(key)
                 commits[key] = done
                 period = 1.0 if args.fixed_phase else rng.uniform(0.5, 1.5)
                 time.sleep(max(0.0, period - (time.monotonic() - tick)))
             load_cpu = (cpu() - cpu0) / (time.monotonic() - t0)
+            if memory:  # the series ends at the load's end
+                mb, n = memory_now(by_role=True)
+                memory.append({"t": round(time.monotonic() - t0, 1), "n": n, **mb})
+            load_s3 = None if window is None else window.figures()
             time.sleep(15)  # the last commits' records
             stop.set()
             reader.join(5)
@@ -457,6 +597,11 @@ def main() -> int:
                 **latency_figures(latencies),
                 "cpu_percent_of_one_core": round(100 * load_cpu, 1),
             }
+            if load_s3 is not None:  # the quiet gaps included
+                result["load"]["s3"] = {
+                    **load_s3,
+                    "requests_per_commit": round(load_s3["requests"] / max(1, len(commits)), 1),
+                }
             for label, keys in (("first_use", first_use), ("later", set(commits) - first_use)):
                 got = [arrived[k] - commits[k] for k in keys if k in arrived]
                 result["load"][label] = {
@@ -483,6 +628,7 @@ def main() -> int:
                     }
                 )
             ends = tuple(b for _, b in quiet)
+            mark_quiet(rows, ends)
             result["load"].update(tail_figures(rows, args.warmup_seconds, ends))
             result["commits"] = rows
             result["python_processes"] = [

@@ -29,7 +29,6 @@ import json
 import os
 import platform
 import random
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -44,7 +43,9 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from lance_cdf.spark.source.database_stream import DatabaseReader
 from lance_cdf_devtools import S3Server
-from lance_cdf_devtools.s3app import UNCOUNTED_AGENT
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from s3_counts import request_figures, requests_per_table, uncounted  # noqa: E402
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
 BUCKET = "bench-idle-polls"
@@ -99,13 +100,6 @@ def commit(db: Any, name: str) -> tuple[int, float]:
     return t.version, time.time()
 
 
-def requests_per_table(server: S3Server, prefix: str, names: list[str]) -> tuple[list[int], int]:
-    counts = server.request_counts_by_table()
-    per = [sum(counts.get(f"{prefix}/{n}.lance", {}).values()) for n in names]
-    other = sum(sum(c.values()) for k, c in counts.items() if not k.endswith(".lance"))
-    return per, other
-
-
 def pct(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
@@ -117,8 +111,7 @@ def run_ceiling(
 
     opts = server.storage_options()
     # the benchmark's own commits are served but not counted: the counts are the stream's
-    writer = {**opts, "user_agent": f"{UNCOUNTED_AGENT} bench writer"}
-    db = lancedb.connect(root, storage_options=writer)
+    db = lancedb.connect(root, storage_options=uncounted(opts))
     storage = {f"storage.{k}": v for k, v in opts.items()}
     options = {
         "database": root,
@@ -128,7 +121,7 @@ def run_ceiling(
         "idlePollMax": str(ceiling),
         **storage,
     }
-    prefix = root.removeprefix("s3://")
+    keys = [f"{root.removeprefix('s3://')}/{n}.lance" for n in names]
     stream = Stream(options, args.trigger)
     out: dict[str, Any] = {"ceiling": ceiling}
     try:
@@ -136,15 +129,10 @@ def run_ceiling(
         server.request_counts_by_table(reset=True)
         t0, n0 = time.time(), stream.triggers
         time.sleep(args.idle)
-        per, other = requests_per_table(server, prefix, names)
-        minutes = (time.time() - t0) / 60
+        per, other = requests_per_table(server, keys)
         out["idle"] = {
-            "seconds": round(minutes * 60, 1),
             "triggers": stream.triggers - n0,
-            "requests_per_table_per_minute_max": round(max(per) / minutes, 2),
-            "requests_per_table_per_minute_mean": round(statistics.mean(per) / minutes, 2),
-            "table_requests_per_hour": round(sum(per) / minutes * 60),
-            "database_listing_requests_per_hour": round(other / minutes * 60),
+            **request_figures(per, other, time.time() - t0),
         }
         print(ceiling, "idle", out["idle"], flush=True)
         quiet = random.Random(1).sample(names, args.first)
@@ -171,14 +159,14 @@ def run_ceiling(
             time.sleep(max(0.0, 1.0 - (time.time() - at)))
         for name, version, at in pending:
             busy.append(stream.wait_seen(name, version) - at)
-        per, other = requests_per_table(server, prefix, names)
-        minutes = (time.time() - t0) / 60
+        per, other = requests_per_table(server, keys)
+        figures = request_figures(per, other, time.time() - t0)
         out["busy"] = {
             "commits": len(busy),
             "p50": round(pct(busy, 50), 2),
             "p99": round(pct(busy, 99), 2),
             "max": round(max(busy), 2),
-            "table_requests_per_hour": round(sum(per) / minutes * 60),
+            "table_requests_per_hour": figures["table_requests_per_hour"],
         }
         print(ceiling, "busy", out["busy"], flush=True)
         hot, t0, pending = [], time.time(), []
