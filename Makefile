@@ -44,7 +44,7 @@ test-unit: $(STAMP)
 	LANCE_CDF_UNIT_ONLY=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
 
 test-integration: provision
-	$(PY) -m pytest -m integration $(PYTEST_ARGS)
+	$(PY) -m pytest $(TEST_WORKERS) -m integration $(PYTEST_ARGS)
 
 demo: provision-demo
 	$(PY) -m lance_cdf_demo --seconds $(DEMO_SECONDS) $(DEMO_ARGS)
