@@ -4,13 +4,14 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_SECONDS ?= 60
-# two pytest workers, each with its own services (one session each), the longest work handed
-# out first (tests/schedule.py); TEST_WORKERS= runs the tests in one process
-TEST_WORKERS ?= -n 2 --dist loadgroup
+# three pytest workers (on two cores: much of a test is waiting), each with its own services
+# (one session each), the longest work handed out first (tests/schedule.py, `make
+# durations`); TEST_WORKERS= runs the tests in one process
+TEST_WORKERS ?= -n 3 --dist loadgroup --no-loadscope-reorder
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 
-.PHONY: venv test test-unit test-integration demo proto provision provision-demo bench lint docs clean
+.PHONY: venv test test-unit test-integration durations demo proto provision provision-demo bench lint docs clean
 
 $(STAMP): pyproject.toml setup.py lance_cdf/format/_decode.c
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -42,6 +43,10 @@ test: lint docs provision
 # fixtures, devtools' services and `java` itself fail loudly if anything tries.
 test-unit: $(STAMP)
 	LANCE_CDF_UNIT_ONLY=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+# the tests' durations of this run, for tests/schedule.py to hand the longest out first
+durations: provision
+	LANCE_CDF_STORE_DURATIONS=tests/durations.json $(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
 test-integration: provision
 	$(PY) -m pytest $(TEST_WORKERS) -m integration $(PYTEST_ARGS)
