@@ -94,18 +94,28 @@ exit 97
 """
 
 
+def java_first(home: Path, script: str, tools: Path | None = None) -> Path:
+    """Make `script` the `java` of this process and its children: `home`/bin/java, with
+    JAVA_HOME at `home` and its bin first on PATH (the other files of `tools`, a JDK's bin,
+    linked beside it). Returns the script's path."""
+    (home / "bin").mkdir()
+    for tool in tools.iterdir() if tools is not None else ():
+        if tool.name != "java":
+            (home / "bin" / tool.name).symlink_to(tool)
+    java = home / "bin" / "java"
+    java.write_text(script)
+    java.chmod(java.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
+    os.environ["JAVA_HOME"] = str(home)
+    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    return java
+
+
 def pytest_configure(config):
     if not unit_only(config):
         return
     os.environ[UNIT_ONLY_ENV] = "1"  # subprocesses of the tests know it too
     home = Path(tempfile.mkdtemp(prefix="lance-cdf-no-java-"))
-    (home / "bin").mkdir()
-    java = home / "bin" / "java"
-    log = home / "java-calls"
-    java.write_text(_JAVA.format(log=log, env=UNIT_ONLY_ENV))
-    java.chmod(java.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    os.environ["JAVA_HOME"] = str(home)
-    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    java_first(home, _JAVA.format(log=home / "java-calls", env=UNIT_ONLY_ENV))
     config.stash[_java_home] = home
 
     from lance_cdf_devtools.process import ChildService

@@ -66,11 +66,13 @@ def pytest_collection_modifyitems(config, items):
         integration = item.get_closest_marker("integration") is not None
         return UNKNOWN_INTEGRATION_S if integration else 0.0
 
-    # a group goes out as one piece (xdist hands out the largest groups first)
+    def scope(item) -> str:  # what xdist hands out as one piece: a group, or one test
+        return _module(item) if _module(item) in modules else item.nodeid
+
     total: dict[str, float] = defaultdict(float)
     for item in items:
-        total[_module(item) if _module(item) in modules else item.nodeid] += seconds(item)
-    items.sort(key=lambda i: -total[_module(i) if _module(i) in modules else i.nodeid])
+        total[scope(item)] += seconds(item)
+    items.sort(key=lambda i: -total[scope(i)])
 
 
 class _Recorder:

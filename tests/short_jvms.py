@@ -13,11 +13,10 @@ run, whose `java` refuses to start (`classify`)."""
 
 import os
 import shlex
-import stat
 import tempfile
 from pathlib import Path
 
-from classify import unit_only
+from classify import java_first, unit_only
 
 OPTIONS_ENV = "LANCE_CDF_TEST_JVM_OPTIONS"
 DEFAULT_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
@@ -35,14 +34,7 @@ def pytest_configure(config):
 
     java = Path(java_executable()).resolve()
     home = Path(tempfile.mkdtemp(prefix="lance-cdf-test-java-"))
-    (home / "bin").mkdir()
-    for tool in java.parent.iterdir():  # keytool and the rest as they are
-        if tool.name != "java":
-            (home / "bin" / tool.name).symlink_to(tool)
-    wrapper = home / "bin" / "java"
     quoted = " ".join(shlex.quote(o) for o in shlex.split(options))
-    wrapper.write_text(_JAVA.format(java=shlex.quote(str(java)), options=quoted))
-    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
-    os.environ[_MARK] = str(wrapper)
-    os.environ["JAVA_HOME"] = str(home)
-    os.environ["PATH"] = f"{home / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}"
+    script = _JAVA.format(java=shlex.quote(str(java)), options=quoted)
+    # keytool and the rest of the JDK's tools as they are
+    os.environ[_MARK] = str(java_first(home, script, tools=java.parent))
