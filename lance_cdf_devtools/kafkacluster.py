@@ -178,11 +178,28 @@ class KafkaCluster:
         parts = self.partitions("__transaction_state")
         return int(parts[_java_hash_abs(transactional_id) % len(parts)].leader)
 
-    def group_coordinator(self, group: str) -> int:
-        """The node coordinating consumer group `group` (DescribeConsumerGroups)."""
+    def group_coordinator(self, group: str, timeout: float = 60.0) -> int:
+        """The node coordinating consumer group `group` (DescribeConsumerGroups). While the
+        group moves to another node (its coordinator killed) the answer may be a retriable
+        error such as NOT_COORDINATOR: asked again until `timeout`."""
+        from confluent_kafka import KafkaError, KafkaException
+
+        moving = {
+            KafkaError.NOT_COORDINATOR,
+            KafkaError.COORDINATOR_NOT_AVAILABLE,
+            KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        }
         admin = self._admin()  # kept until the answer came: a dropped client drops it
-        futures = admin.describe_consumer_groups([group], request_timeout=10)
-        return int(futures[group].result(timeout=30).coordinator.id)
+        deadline = time.monotonic() + timeout
+        while True:
+            futures = admin.describe_consumer_groups([group], request_timeout=10)
+            try:
+                return int(futures[group].result(timeout=30).coordinator.id)
+            except KafkaException as exc:
+                error = exc.args[0]
+                if not (error.retriable() or error.code() in moving) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def close(self) -> None:
         """SIGKILL every node (a test cluster: nothing to shut down cleanly for) and
