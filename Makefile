@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_SECONDS ?= 60
-# three pytest workers (on two cores: much of a test is waiting), each with its own services
+# two pytest workers (one per core; much of a test is waiting), each with its own services
 # (one session each), the longest work handed out first (tests/schedule.py, `make
 # durations`); TEST_WORKERS= runs the tests in one process
-TEST_WORKERS ?= -n 3 --dist loadgroup --no-loadscope-reorder
+TEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 export PYSPARK_PYTHON := $(abspath $(PY))
 export PYSPARK_DRIVER_PYTHON := $(abspath $(PY))
 

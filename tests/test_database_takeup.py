@@ -79,6 +79,7 @@ def paused(pid, seconds, proc):
         os.kill(pid, signal.SIGCONT)
 
 
+@pytest.mark.timeout(DEADLINE_S + 300)  # a run of 300 + 1,000 tables sets a longer deadline
 def test_many_tables_taken_up_through_paused_services(tmp_path, kafka_broker, schema_registry):
     root = str(tmp_path / "db")
     os.makedirs(root)
