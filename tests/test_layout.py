@@ -192,9 +192,10 @@ def test_documented_layout_matches_the_tree():
 
 def test_sparks_commit_process_loads_neither_pyarrow_nor_numpy():
     """Spark keeps a Python process for the sink's commit (and one for the writer's
-    creation) beside the query: ~45 MB more each with pyarrow and numpy (issue 32's
-    footprint). Importing the sink, making its writer for a work-item stream (the
-    `_work` columns checked) and the commit's own modules must not load them."""
+    creation) beside the query: pyarrow and numpy would make each of them, and so the
+    publisher's footprint, much larger. Importing the sink, making its writer for a
+    work-item stream (the `_work` columns checked) and the commit's own modules must not
+    load them."""
     import subprocess
     import sys
 
