@@ -1,4 +1,4 @@
-"""What pylance's compaction leaves resident, by glibc's arena limit (issue 32: the
+"""What pylance's compaction leaves resident, by glibc's arena limit (asked because the
 replicator, which compacts its replica every 100 commits, grew by steps at its compactions).
 
     python bench/bench_arenas.py --rounds 40 --out bench/results_arenas.json

@@ -235,8 +235,8 @@ def main() -> None:
     )
     args = ap.parse_args()
     if not args.malloc_default:
-        # the documented opt-in (lance_cdf.ops.malloc): builds before issue 30 did it by
-        # themselves in every process that read rows
+        # the documented opt-in (lance_cdf.ops.malloc): builds older than the opt-in did it
+        # by themselves in every process that read rows
         lance_cdf.keep_freed_memory()
     os.makedirs(args.dir, exist_ok=True)
     t0 = time.perf_counter()

@@ -1,4 +1,4 @@
-r"""One publisher for a whole database (issue 35 item 4): `lance-cdf publish --database`
+r"""One publisher for a whole database: `lance-cdf publish --database`
 following --tables tables.
 
     python bench/bench_database.py --tables 200 --idle-seconds 60 --load-seconds 120 \

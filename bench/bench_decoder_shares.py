@@ -12,7 +12,8 @@ wrapped by timers: deletion files (`deletions._decode`), manifests (`parse_manif
 version and operation: the operation's wall time and each format's share of it (medians
 of --repeat runs). --no-hand reads row-ID sequences by protobuf only, to show what the
 kept hand path reads in its place. A hand path for a format can save at most its share
-of the operation: below 20%, none can pay by issue 30's rule, whatever the alternated
+of the operation: below 20%, none can pay (a hand path is kept only where it saves at
+least 20% of a user-visible read in both wall and CPU time), whatever the alternated
 timings' noise on a shared machine says.
 """
 

@@ -1,4 +1,4 @@
-"""Where a table's first use in a database publisher's process goes (issue 35 item 3).
+"""Where a table's first use in a database publisher's process goes.
 
     python bench/bench_first_use.py --tables 200 --sample 12 --out bench/results_first_use.json
 

@@ -1,4 +1,4 @@
-"""The publisher's footprint (issue 32 item 3): memory of `lance-cdf publish`'s process tree.
+"""The publisher's footprint: memory of `lance-cdf publish`'s process tree.
 
     python bench/bench_footprint.py --minutes 5 --variant after=.venv/bin/lance-cdf \
         --variant before=/work/main/.venv/bin/lance-cdf --out bench/results_footprint.json

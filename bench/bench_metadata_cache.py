@@ -1,6 +1,6 @@
 """What bounding pylance's metadata cache
 (lance_cdf.core.table_schemas.METADATA_CACHE_BYTES) costs change extraction, and what it
-saves (issue 32).
+saves.
 
     python bench/bench_metadata_cache.py --rows 1000000 --fragments 200 --versions 300 \
         --bound default --bound 32 --bound 8 --rounds 2 --out bench/results_metadata_cache.json

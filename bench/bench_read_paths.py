@@ -9,7 +9,7 @@ does) is timed, alternating, with
   * physical  the default: one `LanceFileReader` take per data file by physical offset
               (process-wide readers dropped before each call: a fresh process);
   * fragment  every fragment forced through pylance's `LanceFragment` (the read path
-              before issue 18: live-row indices, range scans for up to 31 windows).
+              the physical one replaced: live-row indices, range scans for up to 31 windows).
 Wall and CPU time (all threads of the process), medians.
 """
 

@@ -6,7 +6,7 @@
 
 No Kafka, no Avro: one batch of final row states (80% updates of existing keys, 10% new
 keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
-  * merge_insert   today's path before issue 21: merge_insert(key) delete + upsert, two
+  * merge_insert   the replicator's original path: merge_insert(key) delete + upsert, two
                    commits, no index on the key (`use_index(False)`: a full join);
   * merge_index    the same two merge_inserts with a BTREE index on the key and
                    `use_index(True)` (pylance's index-backed merge_insert);
@@ -33,7 +33,8 @@ keys, 10% deletes; key `id`, 5 narrow columns) applied to a replica of N rows by
 Each method runs on its own copy of the base replica (the index differs), interleaved.
 Every commit records the properties the replicator writes in each batch's commit of a
 keyed replica, whole source versions (position, owner, source version; `--bare-props`:
-only the offsets, as the bench did before issues 31 and 32).
+only the offsets, as the bench did before replicas recorded their owner and source
+version).
 After every apply the replica is restored to its base version, so each apply sees the
 same table (the key map of `replica` is reset to the one built at the base version: a
 restore is a commit the map was not told about, which the replicator would rebuild it

@@ -546,7 +546,7 @@ def run_throughput(kafka, registry, args, results) -> None:
     ceil_s = ceiling(up1, None, None, os.path.join(args.dir, "rep_ceiling1.lance"))
     fl = floors(kafka, topics[1], c.records)
     # version 2 also goes on after version 1 in the replica's own topic: a replica follows
-    # one topic (issue 31), so the second workload resumes there from the replica's
+    # one topic, so the second workload resumes there from the replica's
     # position; topics[2] (version 2 alone) only gives that workload's consume floor
     publish(kafka, registry, src, topics[1], 2)
     results["upserts"] = dict(

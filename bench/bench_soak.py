@@ -1,4 +1,4 @@
-"""The pipeline as a user runs it, for a long time or under load (issue 32 items 3 and 4).
+"""The pipeline as a user runs it, for a long time or under load.
 
     python bench/bench_soak.py --phase quiet=27 --phase quiet-end=3 --phase loaded=3 \
         --out bench/results_soak.json --chart bench/soak.png  # 30-minute soak, then load

@@ -46,7 +46,7 @@ def main() -> None:
     import lance_cdf
 
     if not args.malloc_default and hasattr(lance_cdf, "keep_freed_memory"):
-        lance_cdf.keep_freed_memory()  # builds before issue 30 did it by themselves
+        lance_cdf.keep_freed_memory()  # builds older than the opt-in did it by themselves
     rows = []
     for v in args.versions:
         a, _, b = v.partition(":")

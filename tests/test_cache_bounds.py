@@ -1,5 +1,5 @@
-"""pylance's metadata cache is bounded where lance-cdf keeps a session across versions
-(issue 32): the RowReader's datasets and the replicator's replica table."""
+"""pylance's metadata cache is bounded where lance-cdf keeps a session across versions:
+the RowReader's datasets and the replicator's replica table."""
 
 import lance
 import pyarrow as pa
@@ -122,7 +122,7 @@ def test_the_deletion_vectors_kept_stay_within_their_byte_budget(tmp_path, monke
 def test_the_replicas_caches_do_not_keep_the_key_index_segments_compaction_replaced(tmp_path):
     """Each compaction merges the key index into a new segment; pylance's index cache is
     keyed by segment, so a session kept across compactions holds every replaced one
-    (issue 32: the replicator grew a few MB at each compaction). Measured just before
+    (the replicator grew at each compaction). Measured just before
     each compaction, the replica's caches must not grow with the number of compactions."""
     import numpy as np
 

@@ -183,9 +183,10 @@ def _records(bootstrap, topic):
 def test_publish_refuses_another_tables_checkpoint_in_one_line(
     tmp_path, kafka_broker, schema_registry
 ):
-    """Issue 31, finding 3: C published with A's checkpoint and --starting-version 1 sent
-    versions 9-15 of C and exited 0. Now: exit 2, one line naming both tables, nothing sent;
-    a different --starting-version on A's own checkpoint is refused too, the same one resumes."""
+    """A checkpoint belongs to one table: C published with A's checkpoint and
+    --starting-version 1 once sent versions 9-15 of C and exited 0. Now: exit 2, one line
+    naming both tables, nothing sent; a different --starting-version on A's own checkpoint
+    is refused too, the same one resumes."""
     a = history(str(tmp_path / "a.lance"), versions=8)
     c = history(str(tmp_path / "c.lance"), versions=15)
     ck, topic = str(tmp_path / "ck-a"), f"ident-{uuid.uuid4().hex[:8]}"
@@ -215,7 +216,8 @@ def test_publish_refuses_another_tables_checkpoint_in_one_line(
 
 
 def test_schema_change_advice_names_only_what_the_entry_point_has(tmp_path):
-    """Issue 31, finding 6: publish advised mergeSchema=true, which it has no flag for."""
+    """A schema change's advice names only what the entry point has: publish once advised
+    mergeSchema=true, which it has no flag for."""
     a = history(str(tmp_path / "a.lance"), versions=3)
     spark, publish = reader(a), reader(a, entryPoint="publish")
     lance.dataset(a).add_columns({"twice": "id * 2"})

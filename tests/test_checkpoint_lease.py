@@ -1,4 +1,4 @@
-"""One publisher per checkpoint (issue 31): a second `lance-cdf publish` on a checkpoint
+"""One publisher per checkpoint: a second `lance-cdf publish` on a checkpoint
 another one holds is refused before it sends anything; once the holder is SIGKILLed, the
 next one takes the checkpoint over at once and the topic stays exactly once."""
 

@@ -1,5 +1,5 @@
 """Client settings from files and the environment, and the redaction rule
-(lance_cdf/ops/clientconfig.py; issue 34)."""
+(lance_cdf/ops/clientconfig.py)."""
 
 import json
 import logging

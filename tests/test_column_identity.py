@@ -1,4 +1,4 @@
-"""Column identity across versions (issue 37): pylance hands field ids out again after
+"""Column identity across versions: pylance hands field ids out again after
 drops, restores and overwrites, and a column's values must never land under another
 column's name.
 
@@ -37,7 +37,7 @@ def _write(uri, data, **kw):
     lance.write_dataset(pa.table(data), uri, enable_stable_row_ids=True, **kw)
 
 
-# -- the four reductions of the issue ---------------------------------------------
+# -- minimal histories that hand field ids out again -------------------------------
 
 
 def test_overwrite_with_columns_in_another_order(tmp_path):

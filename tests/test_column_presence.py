@@ -1,4 +1,4 @@
-"""One answer per operation (issue 33 item 4): a column's presence alone is never a changed
+"""One answer per operation: a column's presence alone is never a changed
 value, its values are — a row is compared as the later version presents it (a column the
 earlier version lacks reads as null; one the later version lacks is no change):
 add_columns by writers without row versions, restores to before (or after)

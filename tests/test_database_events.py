@@ -1,5 +1,5 @@
-"""A whole database as one Spark stream of events with `_table` (issue 35 item 5,
-streaming/database_events.py): every table's events, selected by `_table`, equal
+"""A whole database as one Spark stream of events with `_table`
+(spark/source/database_events.py): every table's events, selected by `_table`, equal
 `read_changes` of that table exactly (the oracle: all its columns; the other tables'
 columns null); tables taken up while running; a restart from the checkpoint neither loses
 nor repeats; columns that cannot share one stream refused in one line; a batch read

@@ -1,4 +1,4 @@
-"""`lance-cdf publish --database` (issue 35): one publisher, one Spark query, for every table
+"""`lance-cdf publish --database`: one publisher, one Spark query, for every table
 of a LanceDB database. While commits keep coming to its tables the publisher is SIGKILLed
 once and restarted, a table is dropped, one is created, and one without stable row IDs is
 there all along; at the end every live table's topic holds `read_changes` of that table

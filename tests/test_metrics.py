@@ -116,7 +116,7 @@ def test_port_in_use_is_a_clear_error(tmp_path):
 
 def test_the_url_names_the_address_bound_and_the_table_label_hides_user_info():
     """--metrics-host 0.0.0.0 listens on every interface: the URL says so (it said
-    127.0.0.1); the table label never shows a URL's user-info (issue 34)."""
+    127.0.0.1); the table label never shows a URL's user-info."""
     metrics = PipelineMetrics("publish", Progress, None)
     try:
         url = metrics.serve(0, "0.0.0.0")

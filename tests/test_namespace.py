@@ -1,5 +1,5 @@
-"""Tables by name in a LanceDB database / Lance directory namespace (lance_cdf.format.namespace,
-issue 33), against pylance's own DirectoryNamespace (lance.namespace) as the oracle."""
+"""Tables by name in a LanceDB database / Lance directory namespace (lance_cdf.format.namespace),
+against pylance's own DirectoryNamespace (lance.namespace) as the oracle."""
 
 from __future__ import annotations
 

@@ -201,7 +201,7 @@ def test_cli_reads_a_table_on_object_storage(s3_server, s3_uri, capsys):
 def test_status_reads_a_replica_on_object_storage_with_its_storage_options(
     s3_server, s3_uri, capsys, monkeypatch
 ):
-    """issue 34: `status --replica s3://...` used no storage option ("Failed to resolve
+    """`status --replica s3://...` once used no storage option ("Failed to resolve
     region"); now --storage-option (or --replica-storage-option) reaches it, and a
     secret given through ${env:NAME} shows nowhere in the output."""
     from lance_cdf.cli import main

@@ -45,8 +45,8 @@ def _feed(uri, version, **kw):
 
 
 def test_fixtures_are_what_the_generator_says():
-    """The committed tables come from the releases named, with or without version
-    sequences as the issue describes (guards against regenerating with the wrong pylance)."""
+    """The committed tables come from the releases named, version sequences written
+    by 0.38.3 and not by the older two (guards against regenerating with the wrong pylance)."""
     for release in RELEASES:
         feed = ChangeFeed(str(FIXTURES / f"pylance-{release}.lance"))
         manifest = feed.table.manifest(feed.table.latest_version)
@@ -84,7 +84,7 @@ def test_restore_on_an_old_table_reports_reverted_rows():
     restore = next(v for v in _versions(uri) if feed.table.manifest(v).operation == "Restore")
     events = _feed(uri, restore)
     # the restore goes back to before add_columns: rows whose only difference is column y
-    # are no event (issue 33); the rows the upsert at version 4 changed come back
+    # are no event; the rows the upsert at version 4 changed come back
     assert sum(e[0] == "update_postimage" for e in events) >= 3
     assert events == values_events(uri, restore)
 

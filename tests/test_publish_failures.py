@@ -1,4 +1,4 @@
-"""`lance-cdf publish` against the real broker when things fail (issue 31): a stop shows one
+"""`lance-cdf publish` against the real broker when things fail: a stop shows one
 line that names only publish's own flags (the whole text goes to the log file), and a broker
 outage several times longer than publish's flush timeout is ridden out with the topic exact
 afterwards."""
@@ -118,7 +118,7 @@ def test_versions_cleaned_up_stop_publish_in_one_line_of_its_own_flags(
 def test_a_broker_outage_of_many_flush_timeouts_is_ridden_out_exactly_once(
     tmp_path, kafka_broker, schema_registry
 ):
-    """Issue 31, finding 5: a 30 s broker outage stopped publish within ~5 s. Now the broker
+    """A broker outage longer than publish's flush timeout once stopped it. Now the broker
     is frozen (SIGSTOP: requests go unanswered) for FREEZE_S, many times publish's flush
     timeout, while commits keep coming: publish keeps running, then catches up; the topic
     holds every change once, per key in commit order (read_changes is the oracle), and the

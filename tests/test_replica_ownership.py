@@ -1,5 +1,5 @@
-"""Issue 31, the replicator side: a replica knows whose it is (topic, source table), is
-never filled from the middle of a topic (a deleted replica is refused, `--rebuild`
+"""Who owns a replica, the replicator's side: a replica knows whose it is (topic, source
+table), is never filled from the middle of a topic (a deleted replica is refused, `--rebuild`
 builds it from the beginning; a topic that lost its history is refused), has one writer
 at a time (a lease, taken over from a dead or stalled holder), stops on a missing topic
 at --idle-timeout, and exits 0 on SIGTERM / SIGINT to its process group. Against the

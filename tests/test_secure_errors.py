@@ -1,6 +1,6 @@
 """A misconfigured client of the secured broker (SASL_SSL, SCRAM-SHA-512, a CA made per
 run) or registry (HTTPS + basic auth) is refused with one line naming the cause and the
-setting to fix, before Spark starts (issue 34, item 5).
+setting to fix, before Spark starts.
 
 Oracles: the misconfiguration each test plants (a wrong password, a CA that did not sign
 the broker's certificate, the wrong security.protocol, a topic that does not exist); the

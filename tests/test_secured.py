@@ -1,6 +1,6 @@
 """publish -> Kafka -> replicate over a broker whose only client listener is SASL_SSL
 (SCRAM-SHA-512, a CA made for this run) and a registry behind HTTPS + basic auth, with
-every credential given through files and `${env:NAME}` (issue 34).
+every credential given through files and `${env:NAME}`.
 
 Oracles: the source table (the replica must equal it); the planted secret strings,
 searched for byte by byte in everything the run printed or wrote (stdout, stderr, the

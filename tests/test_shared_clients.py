@@ -1,4 +1,4 @@
-"""One process, many tables (issue 35 item 3): the publishers and transaction writers of a
+"""One process, many tables: the publishers and transaction writers of a
 database publisher's tables share the process's producer, consumer and registry client
 (kafka/clients.py), and each still reads its own topic's last records."""
 

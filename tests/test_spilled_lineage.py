@@ -1,6 +1,6 @@
 """Spilled row lineage (pylance 14's `lance.row_lineage.spill`, reader flag 2048): row-ID
-and version sequences that move out of the manifest into hidden columns of data files
-(issue 33). Checked against the snapshot oracle and Lance's own `delta()`, on tables where
+and version sequences that move out of the manifest into hidden columns of data files.
+Checked against the snapshot oracle and Lance's own `delta()`, on tables where
 most fragments spill and on tables that mix spilled and inline sequences."""
 
 from __future__ import annotations

@@ -258,7 +258,7 @@ def test_types_spark_cannot_hold_are_widened():
         spark_schema(pa.schema([("d", pa.month_day_nano_interval())]))
 
 
-# what Spark's driver-side source runner does with the instance load() pickled (issue 32):
+# what Spark's driver-side source runner does with the instance load() pickled:
 # streamReader() there, then the offsets of a new version; prints what it imported
 _RUNNER = """
 import sys

@@ -1,4 +1,4 @@
-"""Transaction metadata (issue 32): `lance-cdf publish` SIGKILLed at random points while
+"""Transaction metadata: `lance-cdf publish` SIGKILLed at random points while
 commits keep coming, then finished with --available-now; the transaction topic then holds,
 for every commit version with events on the change topic, one BEGIN and one END whose
 counts (total, per table, per partition) equal the records on the change topic. Decoded with

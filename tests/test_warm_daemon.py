@@ -1,4 +1,4 @@
-"""lance_cdf.spark.sink.warm_daemon (issue 35 item 3): the preload leaves one thread (so forking
+"""lance_cdf.spark.sink.warm_daemon: the preload leaves one thread (so forking
 warm workers is safe), a thread-starting setting makes it fall back to pyspark's own
 daemon, and importing the module alone does nothing."""
 

@@ -1,4 +1,4 @@
-"""A replica that is the source at one version after every commit (issue 32): the
+"""A replica that is the source at one version after every commit: the
 replicator reads the transaction topic and applies whole commit versions only.
 
 The oracle is the source table itself: every replica commit that records a source version
