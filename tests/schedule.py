@@ -1,5 +1,5 @@
 """pytest plugin (loaded by tests/conftest.py): how a run with pytest-xdist workers
-(`make test`: `-n 2 --dist loadgroup --no-loadscope-reorder`) shares the tests out.
+(`make test`'s TEST_WORKERS: `-n N --dist loadgroup --no-loadscope-reorder`) shares the tests out.
 
 - A module whose tests share a module-scoped fixture (the three-broker cluster, Kafka
   Connect, PostgreSQL, a module's own brokers) runs whole in one worker, so that fixture
