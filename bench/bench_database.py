@@ -82,7 +82,7 @@ import uuid
 import numpy as np
 import pyarrow as pa
 
-from lance_cdf.spark.source.idle_polls import IDLE_BACKOFF, IDLE_POLL_MAX
+from lance_cdf.spark.source.idle_polls import IDLE_BACKOFF, IDLE_POLL_MAX, IDLE_POLL_MAX_LOCAL
 from lance_cdf_devtools import S3Server
 from lance_cdf_devtools.commands import publish
 
@@ -152,15 +152,18 @@ def s3_publish_flags(storage: dict[str, str]) -> tuple[list[str], dict[str, str]
     return flags, env
 
 
-def idle_poll_max(publish_args: list[str]) -> float:
-    """The `--idle-poll-max` the database publisher runs with (its default if not given)."""
+def idle_poll_max(publish_args: list[str], s3: bool = True) -> float:
+    """The `--idle-poll-max` the database publisher runs with (its default for the storage
+    if not given)."""
     value: str | None = None
     for i, arg in enumerate(publish_args):
         if arg == "--idle-poll-max" and i + 1 < len(publish_args):
             value = publish_args[i + 1]
         elif arg.startswith("--idle-poll-max="):
             value = arg.split("=", 1)[1]
-    return IDLE_POLL_MAX if value is None else float(value)
+    if value is None:
+        return IDLE_POLL_MAX if s3 else IDLE_POLL_MAX_LOCAL
+    return float(value)
 
 
 class S3Window:
@@ -396,8 +399,8 @@ def main() -> int:
         "settle_seconds": args.settle_seconds,
         "load_seconds": args.load_seconds,
         "storage": "s3" if args.s3 else "local",
-        "publisher_idle_poll_max_s": idle_poll_max(args.publish_arg),
-        "publisher_idle_poll_max_default_s": IDLE_POLL_MAX,
+        "publisher_idle_poll_max_s": idle_poll_max(args.publish_arg, args.s3),
+        "publisher_idle_poll_max_default_s": IDLE_POLL_MAX if args.s3 else IDLE_POLL_MAX_LOCAL,
     }
     procs: list[subprocess.Popen] = []
     try:

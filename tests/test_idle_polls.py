@@ -13,8 +13,14 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.spark.source import table_feeds
-from lance_cdf.spark.source.database_stream import DatabaseReader
-from lance_cdf.spark.source.idle_polls import DUE_SLACK, IdlePolls, idle_poll_max
+from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader
+from lance_cdf.spark.source.idle_polls import (
+    DUE_SLACK,
+    IDLE_POLL_MAX,
+    IDLE_POLL_MAX_LOCAL,
+    IdlePolls,
+    idle_poll_max,
+)
 
 pytest_plugins = ["s3_services"]
 STABLE = {"new_table_enable_stable_row_ids": "true"}
@@ -170,7 +176,13 @@ def test_publish_passes_the_ceiling_to_the_database_stream(tmp_path):
         _database_options(Database("/db", "p", idle_poll_max=given), source, {}, str(tmp_path))
         assert source.get("idlePollMax") == option
     r = DatabaseReader({"database": str(tmp_path), "writerSlots": "1", "idlePollMax": "2.5"})
-    assert (
-        r.polls.ceiling == 2.5
-        and DatabaseReader({"database": str(tmp_path), "writerSlots": "1"}).polls.ceiling == 10.0
-    )
+    assert r.polls.ceiling == 2.5
+    # not given: one request per 10 s on object storage, a listing per 4 s on a filesystem
+    default = DatabaseReader({"database": str(tmp_path), "writerSlots": "1"})
+    assert default.polls.ceiling == IDLE_POLL_MAX_LOCAL == 4.0
+    for uri in ("s3://bucket/db", "gs://bucket/db", "az://container/db"):
+        parsed = DatabaseOptions.parse({"database": uri, "writerSlots": "1"})
+        assert parsed.idle_poll_max == IDLE_POLL_MAX == 10.0, uri
+    for path in (str(tmp_path), f"file://{tmp_path}"):
+        parsed = DatabaseOptions.parse({"database": path, "writerSlots": "1"})
+        assert parsed.idle_poll_max == IDLE_POLL_MAX_LOCAL, path

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, idle_poll_max
+from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IDLE_POLL_MAX_LOCAL, idle_poll_max
 
 if TYPE_CHECKING:
     from lance_cdf.format.definitions import IndexDefinition
@@ -274,9 +274,10 @@ def database_flags(pub: argparse.ArgumentParser) -> None:
         default=None,
         metavar="SECONDS",
         help="with --database: a table that stays quiet is listed less and less often, at "
-        f"least every SECONDS (default {IDLE_POLL_MAX:g}: one request per table per "
-        f"{IDLE_POLL_MAX:g} s on object storage, its first commit after a quiet period seen "
-        "within that; 0: every table every trigger)",
+        f"least every SECONDS, its first commit after a quiet period seen within that "
+        f"(default {IDLE_POLL_MAX:g} on object storage: one request per table per "
+        f"{IDLE_POLL_MAX:g} s; {IDLE_POLL_MAX_LOCAL:g} on a filesystem, where a listing "
+        "costs no request; 0: every table every trigger)",
     )
 
 

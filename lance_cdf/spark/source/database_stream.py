@@ -63,7 +63,12 @@ from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.format.versions import list_versions
 from lance_cdf.ops.takeup import AsideTables, is_transient
 from lance_cdf.spark.source.handoff import WriterSlot
-from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IdlePolls, idle_poll_max
+from lance_cdf.spark.source.idle_polls import (
+    IDLE_POLL_MAX,
+    IdlePolls,
+    default_ceiling,
+    idle_poll_max,
+)
 from lance_cdf.spark.source.partitions import Offset
 from lance_cdf.spark.source.readers import HandOffReader, LanceCdfStreamReader
 from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
@@ -94,7 +99,8 @@ class DatabaseOptions:
     storage_options: dict[str, str]
     report: str | None  # a local file the followed and skipped tables are written to
     starting: str | None  # the start given (startingVersion), None: the default (latest)
-    idle_poll_max: float = IDLE_POLL_MAX  # longest wait between looks at a quiet table
+    # the longest wait between looks at a quiet table (given, or default_ceiling's)
+    idle_poll_max: float = IDLE_POLL_MAX
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
@@ -135,7 +141,11 @@ class DatabaseOptions:
             storage_options=storage,
             report=lower.get("report"),
             starting=lower.get("startingversion"),
-            idle_poll_max=idle_poll_max(lower.get("idlepollmax", str(IDLE_POLL_MAX))),
+            idle_poll_max=(
+                idle_poll_max(lower["idlepollmax"])
+                if "idlepollmax" in lower
+                else default_ceiling(lower["database"])
+            ),
         )
 
     def matches(self, name: str) -> bool:

@@ -6,7 +6,9 @@ the wait after a look that found nothing new is a fraction (`backoff`) of how lo
 has been quiet, up to `ceiling` seconds. So a table being written keeps its per-trigger
 latency, a table quiet for minutes costs one request per `ceiling`, and its first commit
 after the quiet is seen within `ceiling` (plus the trigger it lands on). `ceiling` 0: every
-table every trigger. Tables that went quiet together (all of them at start) would all be
+table every trigger. Its default depends on where the database is (`default_ceiling`): on
+object storage a look is a billed request, on a local or mounted filesystem a directory
+listing that costs no request. Tables that went quiet together (all of them at start) would all be
 looked at in the same trigger every `ceiling`: the first wait that reaches the ceiling is
 shortened by a fraction fixed per table name, so their looks spread over the triggers.
 """
@@ -18,16 +20,26 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.format.objectstore import is_object_store_uri
 
-# Default longest wait between two looks at a quiet table, in seconds: six requests a minute
-# per idle table on object storage, its first commit after a quiet period seen within this.
+# Default longest wait between two looks at a quiet table on object storage, in seconds: six
+# requests a minute per idle table, its first commit after a quiet period seen within this.
 IDLE_POLL_MAX = 10.0
+# The same on a local or mounted filesystem, where a look is a directory listing and no
+# request: a quiet table's first commit is seen within this, and reaches Kafka within 10 s
+# with the micro-batch that publishes it.
+IDLE_POLL_MAX_LOCAL = 4.0
 # The wait after a look that found nothing new, as a fraction of how long the table has been
 # quiet: a table written every few seconds is still looked at every trigger or nearly.
 IDLE_BACKOFF = 0.25
 # A look falls on a trigger: one due up to this much later than a trigger's time is taken
 # at that trigger, so the ceiling is not stretched by a whole trigger interval.
 DUE_SLACK = 0.2
+
+
+def default_ceiling(database: str) -> float:
+    """The ceiling for a database at `database` (a URI or a path) when none is given."""
+    return IDLE_POLL_MAX if is_object_store_uri(database) else IDLE_POLL_MAX_LOCAL
 
 
 def idle_poll_max(text: str) -> float:
@@ -39,7 +51,8 @@ def idle_poll_max(text: str) -> float:
     if not value >= 0 or value == float("inf"):
         raise LanceCdfError(
             f"idle poll ceiling {text!r} is not a number of seconds >= 0 (0: look at every "
-            f"table every trigger; default {IDLE_POLL_MAX:g})"
+            f"table every trigger; default {IDLE_POLL_MAX:g} on object storage, "
+            f"{IDLE_POLL_MAX_LOCAL:g} on a filesystem)"
         )
     return value
 
