@@ -29,11 +29,11 @@ FREEZE_S = 60
 
 
 def _cli(*args, **kw):
+    kw.setdefault("stdout", subprocess.PIPE)
+    kw.setdefault("stderr", subprocess.PIPE)
     return subprocess.Popen(
         [sys.executable, "-m", "lance_cdf.cli", *args],
         env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
         **kw,
@@ -146,32 +146,42 @@ def test_a_broker_outage_of_many_flush_timeouts_is_ridden_out_exactly_once(
         "--flush-timeout",
         str(FLUSH_TIMEOUT_S),
     )
-    proc = _cli(*args)
+    # its log to a file, read when needed: a pipe nobody reads while it runs can fill
+    errors = tmp_path / "publish.err"
+    with open(errors, "w") as sink:
+        proc = _cli(*args, stdout=subprocess.DEVNULL, stderr=sink)
+
+    def log_tail():
+        return errors.read_text()[-5000:]
+
     stop = threading.Event()
     commits = threading.Thread(target=writer, args=(uri, stop, 30), daemon=True)
     frozen = False
     try:
         deadline = time.monotonic() + 180
         while not os.path.exists(os.path.join(ck, "commits", "0")):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+            assert proc.poll() is None and time.monotonic() < deadline, log_tail()
             time.sleep(0.2)
         commits.start()
         time.sleep(2)
         os.kill(kafka_broker.pid, signal.SIGSTOP)
         frozen = True
         time.sleep(FREEZE_S)
-        assert proc.poll() is None, proc.communicate()[1][-5000:]
+        assert proc.poll() is None, log_tail()
         os.kill(kafka_broker.pid, signal.SIGCONT)
         frozen = False
         commits.join(120)
         latest = lance.dataset(uri).version
         deadline = time.monotonic() + 240
         while checkpoint_version(ck) != latest:
-            assert proc.poll() is None, proc.communicate()[1][-5000:]
-            assert time.monotonic() < deadline, f"stuck at {checkpoint_version(ck)} < {latest}"
+            assert proc.poll() is None, log_tail()
+            assert time.monotonic() < deadline, (
+                f"stuck at {checkpoint_version(ck)} < {latest}: {read_state(ck)}\n{log_tail()}"
+            )
             time.sleep(1)
         os.kill(proc.pid, signal.SIGTERM)
-        _, err = proc.communicate(timeout=120)
+        proc.wait(timeout=120)
+        err = errors.read_text()
         assert proc.returncode == 0, err[-5000:]
     finally:
         stop.set()
