@@ -177,9 +177,9 @@ def test_publish_passes_the_ceiling_to_the_database_stream(tmp_path):
         assert source.get("idlePollMax") == option
     r = DatabaseReader({"database": str(tmp_path), "writerSlots": "1", "idlePollMax": "2.5"})
     assert r.polls.ceiling == 2.5
-    # not given: one request per 10 s on object storage, a listing per 4 s on a filesystem
+    # not given: one request per 10 s on object storage, a listing per 2 s on a filesystem
     default = DatabaseReader({"database": str(tmp_path), "writerSlots": "1"})
-    assert default.polls.ceiling == IDLE_POLL_MAX_LOCAL == 4.0
+    assert default.polls.ceiling == IDLE_POLL_MAX_LOCAL == 2.0
     for uri in ("s3://bucket/db", "gs://bucket/db", "az://container/db"):
         parsed = DatabaseOptions.parse({"database": uri, "writerSlots": "1"})
         assert parsed.idle_poll_max == IDLE_POLL_MAX == 10.0, uri

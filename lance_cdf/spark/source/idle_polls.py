@@ -26,9 +26,9 @@ from lance_cdf.format.objectstore import is_object_store_uri
 # requests a minute per idle table, its first commit after a quiet period seen within this.
 IDLE_POLL_MAX = 10.0
 # The same on a local or mounted filesystem, where a look is a directory listing and no
-# request: a quiet table's first commit is seen within this, and reaches Kafka within 10 s
-# with the micro-batch that publishes it.
-IDLE_POLL_MAX_LOCAL = 4.0
+# request: a quiet table's first commit reaches Kafka within a few seconds, for about the
+# CPU of looking at fewer tables (docs/benchmarks.md, "Quiet tables on a filesystem").
+IDLE_POLL_MAX_LOCAL = 2.0
 # The wait after a look that found nothing new, as a fraction of how long the table has been
 # quiet: a table written every few seconds is still looked at every trigger or nearly.
 IDLE_BACKOFF = 0.25
