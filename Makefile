@@ -26,12 +26,14 @@ venv: $(STAMP)
 
 # Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
 # `provision-demo`: what the demo needs (broker, registry); `provision` adds what only the
-# tests use (Kafka Connect, the Debezium JDBC sink, embedded PostgreSQL).
+# tests use (Kafka Connect, the Debezium JDBC sink, embedded PostgreSQL) and the class-data
+# archives their JVMs start from (tests/jvm_archives.py, tests/short_jvms.py).
 provision-demo: $(STAMP)
 	$(PY) -m lance_cdf_devtools provision
 
 provision: provision-demo
 	$(PY) -m lance_cdf_devtools connect
+	$(PY) tests/jvm_archives.py
 
 # CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
 # exits non-zero (5) when it collects nothing, so an empty run fails too.
