@@ -400,7 +400,7 @@ def main() -> int:
         "load_seconds": args.load_seconds,
         "storage": "s3" if args.s3 else "local",
         "publisher_idle_poll_max_s": idle_poll_max(args.publish_arg, args.s3),
-        "publisher_idle_poll_max_default_s": IDLE_POLL_MAX if args.s3 else IDLE_POLL_MAX_LOCAL,
+        "publisher_idle_poll_max_default_s": idle_poll_max([], args.s3),
     }
     procs: list[subprocess.Popen] = []
     try:

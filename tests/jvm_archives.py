@@ -17,7 +17,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from short_jvms import WRITE_ENV, install, options_in_use  # noqa: E402
+from short_jvms import CDS_ENV, WRITE_ENV, install, options_in_use  # noqa: E402
 
 # a local Spark session's first results: the classes a driver loads to run a query
 _SPARK = """
@@ -33,7 +33,7 @@ gateway.proc.wait(120)
 
 def main() -> int:
     options = options_in_use()
-    if not options or os.environ.get("LANCE_CDF_TEST_JVM_CDS", "1") == "0":
+    if not options or os.environ.get(CDS_ENV, "1") == "0":
         return 0
     from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 

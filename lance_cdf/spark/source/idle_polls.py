@@ -8,9 +8,10 @@ latency, a table quiet for minutes costs one request per `ceiling`, and its firs
 after the quiet is seen within `ceiling` (plus the trigger it lands on). `ceiling` 0: every
 table every trigger. Its default depends on where the database is (`default_ceiling`): on
 object storage a look is a billed request, on a local or mounted filesystem a directory
-listing that costs no request. Tables that went quiet together (all of them at start) would all be
-looked at in the same trigger every `ceiling`: the first wait that reaches the ceiling is
-shortened by a fraction fixed per table name, so their looks spread over the triggers.
+listing that costs no request. Tables that went quiet together (all of them at start)
+would all be looked at in the same trigger every `ceiling`: the first wait that reaches
+the ceiling is shortened by a fraction fixed per table name, so their looks spread over
+the triggers.
 """
 
 from __future__ import annotations
