@@ -220,3 +220,52 @@ def test_listing_again_checks_only_new_root_directories(s3_server, s3_uri):
     assert s3_server.request_counts(reset=True)["head"] == 2
     assert names == ["a", "b", "c", "d"] and ("gone",) not in known
     assert list_tables(root, opts) == list_tables(root, opts, set())  # the same tables
+
+
+def _declare(args: tuple[str, tuple[str, ...], float]) -> str:
+    """(in a process of its own) table_location at the same moment as the others."""
+    import time
+
+    from lance_cdf.format.namespace import table_location
+
+    root, identifier, at = args
+    time.sleep(max(0.0, at - time.time()))
+    return table_location(root, identifier)
+
+
+def test_a_fresh_database_whose_first_table_is_namespaced(tmp_path):
+    """table_location declares a namespaced table in a directory that holds nothing yet
+    (no `__manifest`: pylance's describe answers NamespaceNotFoundError, not
+    TableNotFoundError), and finds it again; LanceDB opens it by name."""
+    from lance_cdf.format.namespace import table_location
+
+    root = str(tmp_path / "fresh")
+    uri = table_location(root, ("ns", "t"))
+    assert table_location(root, ("ns", "t")) == uri
+    lance.write_dataset(data(4), uri, enable_stable_row_ids=True)
+    assert resolve_table(root, "ns.t") == uri
+    assert lancedb.connect(root).open_table("t", namespace_path=["ns"]).count_rows() == 4
+
+
+@pytest.mark.parametrize("round_", range(2))
+def test_processes_declaring_tables_together_on_a_fresh_database(tmp_path, round_):
+    """Processes started together (replicators of one group on a fresh target) declare the
+    namespace manifest, namespaces and tables at the same moment, the same table by two of
+    them: none fails, each table has one location, and the database lists exactly them."""
+    import multiprocessing
+    import time
+
+    root = str(tmp_path / "fresh")
+    idents = [("a", "t"), ("a", "u"), ("b", "c", "t"), ("a", "t"), ("b", "c", "t"), ("r",)]
+    at = time.time() + 2.0  # (past the processes' start and imports)
+    with multiprocessing.get_context("spawn").Pool(len(idents)) as pool:
+        where = pool.map(_declare, [(root, ident, at) for ident in idents])
+    located: dict[tuple[str, ...], set[str]] = {}
+    for ident, uri in zip(idents, where, strict=True):
+        located.setdefault(ident, set()).add(uri)
+    assert all(len(uris) == 1 for uris in located.values()), located
+    for ident, (uri,) in located.items():
+        lance.write_dataset(data(len(ident)), uri, enable_stable_row_ids=True)
+    assert {r.qualified_name: r.uri for r in list_tables(root)} == {
+        ".".join(ident): uri for ident, (uri,) in located.items()
+    }

@@ -30,6 +30,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 from oracle import table_state
 
+from lance_cdf.errors import LanceCdfError
 from lance_cdf.replicate.table_shares import share_tables, topics_under
 
 TABLES = 30  # tables of the database
@@ -93,11 +94,12 @@ def table_rows(lo: int, hi: int, tag: str) -> pa.Table:
 
 
 class Source:
-    """TABLES Lance tables and their topics, published version by version."""
+    """Lance tables (TABLES, or the qualified `names` given) and their topics, published
+    version by version."""
 
-    def __init__(self, root: str, prefix: str, kafka, registry):
+    def __init__(self, root: str, prefix: str, kafka, registry, names: list[str] | None = None):
         self.root, self.prefix, self.kafka, self.registry = root, prefix, kafka, registry
-        self.names = [f"t{i:02d}" for i in range(TABLES)]
+        self.names = names or [f"t{i:02d}" for i in range(TABLES)]
         self.published = dict.fromkeys(self.names, 0)
         admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
         topics = [NewTopic(self.topic(n), PARTITIONS, 1) for n in self.names]
@@ -175,13 +177,19 @@ def led(consumer: Consumer, topic: str, partition: int) -> bool:
 
 
 def replica_uri(dst: str, name: str) -> str:
-    return os.path.join(dst, f"{name}.lance")
+    from lance_cdf.format.namespace import resolve_table
+
+    return os.path.join(dst, f"{name}.lance") if "." not in name else resolve_table(dst, name)
 
 
 def held_version(dst: str, name: str) -> int | None:
     from lance_cdf.replicate.replica import ReplicaTable, source_version_of
 
-    if not os.path.isdir(replica_uri(dst, name)):
+    try:
+        uri = replica_uri(dst, name)
+    except LanceCdfError:  # (a namespaced table not declared yet)
+        return None
+    if not os.path.isdir(uri):
         return None
     return source_version_of(ReplicaTable(replica_uri(dst, name), []).position())
 
@@ -234,24 +242,17 @@ def wait_for(check, timeout: float, what: str):
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.timeout(400)
-def test_three_replicators_share_the_tables_one_killed_one_added(
-    tmp_path, kafka_broker, schema_registry
-):
-    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
-    os.makedirs(src)
-    prefix = f"so{uuid.uuid4().hex[:6]}"
-    source = Source(src, prefix, kafka_broker, schema_registry)
-    source.publish()
-    cmd = [
+def group_cmd(kafka, registry, dst: str, prefix: str, *extra: str) -> list[str]:
+    """A database replicator of group `g-<prefix>`."""
+    return [
         sys.executable,
         "-m",
         "lance_cdf.cli",
         "replicate",
         "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
+        kafka.bootstrap_servers,
         "--schema-registry",
-        schema_registry.url,
+        registry.url,
         "--database-target",
         dst,
         "--topic-prefix",
@@ -264,7 +265,20 @@ def test_three_replicators_share_the_tables_one_killed_one_added(
         "2",
         "--member-timeout",
         str(MEMBER_TIMEOUT_S),
+        *extra,
     ]
+
+
+@pytest.mark.timeout(400)
+def test_three_replicators_share_the_tables_one_killed_one_added(
+    tmp_path, kafka_broker, schema_registry
+):
+    src, dst = str(tmp_path / "src"), str(tmp_path / "dst")
+    os.makedirs(src)
+    prefix = f"so{uuid.uuid4().hex[:6]}"
+    source = Source(src, prefix, kafka_broker, schema_registry)
+    source.publish()
+    cmd = group_cmd(kafka_broker, schema_registry, dst, prefix)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     procs: dict[str, subprocess.Popen] = {}
     logs = {name: tmp_path / f"replicate-{name}.log" for name in "abcd"}
@@ -315,3 +329,47 @@ def test_three_replicators_share_the_tables_one_killed_one_added(
     for n in source.names:
         assert_replica_equals_source(source.uri(n), dst, n, source.published[n])
         check_applied_once(dst, n, source.topic(n))
+
+
+@pytest.mark.timeout(300)
+def test_replicators_started_together_on_a_fresh_target_of_namespaced_tables(
+    tmp_path, kafka_broker, schema_registry
+):
+    """Replicators of one group started in the same second on a database target that does
+    not exist yet, whose tables are all in child namespaces: whichever table each takes up
+    first, they declare the namespaces and tables together (the namespace manifest made
+    once, a lost race asked again), none fails, and every replica equals its source.
+    Several rounds, each on a fresh target: one replicator alone, then three."""
+    src = str(tmp_path / "src")
+    os.makedirs(src)
+    prefix = f"ns{uuid.uuid4().hex[:6]}"
+    names = [f"sales.t{i}" for i in range(3)] + [f"sales.eu.t{i}" for i in range(3)]
+    source = Source(src, prefix, kafka_broker, schema_registry, names)
+    source.publish()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    for round_, count in enumerate([1, 3, 3]):
+        dst = str(tmp_path / f"dst{round_}")
+        cmd = group_cmd(kafka_broker, schema_registry, dst, f"{prefix}", "--idle-timeout", "5")
+        cmd[cmd.index("--group-id") + 1] = f"g-{prefix}-{round_}"
+        logs = [tmp_path / f"replicate-{round_}-{i}.log" for i in range(count)]
+        procs = []
+        for log in logs:
+            with open(log, "wb") as out:
+                procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env))
+        codes = [proc.wait(240) for proc in procs]
+        for code, log in zip(codes, logs, strict=True):
+            text = log.read_text()
+            assert code == 0, text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+        for n in names:
+            assert held_version(dst, n) == source.published[n], (round_, n)
+            assert_replica_equals_source(source.uri(n), dst, n, source.published[n])
+        # the replica database is one LanceDB reads under the same names
+        lancedb = pytest.importorskip("lancedb")
+        db = lancedb.connect(dst)
+        assert sorted(db.list_tables(namespace_path=["sales"]).tables) == ["t0", "t1", "t2"]
+        assert sorted(db.list_tables(namespace_path=["sales", "eu"]).tables) == [
+            "t0",
+            "t1",
+            "t2",
+        ]

@@ -23,9 +23,20 @@ import contextlib
 import os
 import posixpath
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from lance_cdf.errors import DatabaseNotFoundError, LanceCdfError, TableNameError
+from lance_cdf.errors import (
+    DatabaseNotFoundError,
+    LanceCdfError,
+    StorageAccessError,
+    TableNameError,
+    in_words,
+)
 from lance_cdf.format.io import FileSystem, local_path, open_filesystem
+from lance_cdf.retry import RetryPolicy, retry
+
+if TYPE_CHECKING:
+    from lance.namespace import DirectoryNamespace
 
 MANIFEST = "__manifest"
 DELIMITER = "$"  # between namespace levels and the table name in an object id
@@ -179,6 +190,12 @@ def _is_table_dir(fs: FileSystem, ref: TableRef) -> bool:
     return not fs.exists(f"{ref.identifier[0]}{SUFFIX}/{DEREGISTERED}")
 
 
+# Processes that start together on a fresh database (replicators of one group) race to
+# create its `__manifest`, namespaces and tables: a loser's request fails with a concurrent
+# modification, and the whole declaration is made again (each step is idempotent)
+DECLARE_RACE = RetryPolicy(pauses=(0.05, 0.1, 0.2, 0.5, 1.0, 2.0), deadline_s=30.0)
+
+
 def table_location(
     root: str, identifier: tuple[str, ...], storage_options: dict[str, str] | None = None
 ) -> str:
@@ -187,8 +204,43 @@ def table_location(
     and the table registered as the Lance directory namespace does it (pylance's
     `DirectoryNamespace`: a root table at `<name>.lance`, a namespaced one registered in
     `__manifest` at `<hash>_<ns>$<name>`), so LanceDB and `list_tables` find it under
-    its qualified name. The directory gets its first version from whoever writes it."""
+    its qualified name. The directory gets its first version from whoever writes it.
+
+    Idempotent, and safe against other processes declaring the same database's tables
+    at the same moment (a lost race is retried, `DECLARE_RACE`).
+
+    Raises:
+        TableNameError: an empty level in `identifier`.
+        StorageAccessError: the database cannot be written (one line naming why).
+    """
     from lance.namespace import DirectoryNamespace
+    from lance_namespace.errors import ConcurrentModificationError, LanceNamespaceError
+
+    if not identifier or not all(identifier):
+        raise TableNameError(f"table identifier {identifier!r} has an empty level")
+    path = local_path(root)
+    if path is not None:
+        os.makedirs(path, exist_ok=True)
+    props = {"root": root, **{f"storage.{k}": v for k, v in (storage_options or {}).items()}}
+    ns = DirectoryNamespace(**props)
+    try:
+        declared = retry(
+            lambda: _declare(ns, list(identifier)),
+            DECLARE_RACE,
+            retriable=lambda exc: isinstance(exc, ConcurrentModificationError),
+        )
+    except (LanceNamespaceError, OSError) as exc:
+        raise StorageAccessError(
+            f"cannot declare table {'.'.join(identifier)!r} in the database at "
+            f"{root}: {in_words(exc)}; check that the database's storage is "
+            "reachable and writable with the storage options given"
+        ) from exc
+    return _location(declared, root)
+
+
+def _declare(ns: DirectoryNamespace, ident: list[str]) -> str | None:
+    """The location of table `ident` in `ns`, its namespace levels created and the table
+    declared where missing. Each step accepts what another process made meanwhile."""
     from lance_namespace import (
         CreateNamespaceRequest,
         DeclareTableRequest,
@@ -202,18 +254,9 @@ def table_location(
         TableNotFoundError,
     )
 
-    if not identifier or not all(identifier):
-        raise TableNameError(f"table identifier {identifier!r} has an empty level")
-    path = local_path(root)
-    if path is not None:
-        os.makedirs(path, exist_ok=True)
-    props = {"root": root, **{f"storage.{k}": v for k, v in (storage_options or {}).items()}}
-    ns = DirectoryNamespace(**props)
-    ident = list(identifier)
-    try:
-        return _location(ns.describe_table(DescribeTableRequest(id=ident)).location, root)
-    except TableNotFoundError:
-        pass
+    # (a namespaced table of a database without `__manifest` yet: NamespaceNotFoundError)
+    with contextlib.suppress(TableNotFoundError, NamespaceNotFoundError):
+        return ns.describe_table(DescribeTableRequest(id=ident)).location
     for depth in range(1, len(ident)):  # the namespace levels, outermost first
         level = ident[:depth]
         try:
@@ -222,10 +265,9 @@ def table_location(
             with contextlib.suppress(NamespaceAlreadyExistsError):  # (made meanwhile)
                 ns.create_namespace(CreateNamespaceRequest(id=level))
     try:
-        declared = ns.declare_table(DeclareTableRequest(id=ident)).location
+        return ns.declare_table(DeclareTableRequest(id=ident)).location
     except TableAlreadyExistsError:  # (declared meanwhile)
-        declared = ns.describe_table(DescribeTableRequest(id=ident)).location
-    return _location(declared, root)
+        return ns.describe_table(DescribeTableRequest(id=ident)).location
 
 
 def _location(location: str | None, root: str) -> str:

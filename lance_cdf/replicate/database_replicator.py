@@ -47,6 +47,7 @@ from lance_cdf.errors import (
     LeaseLostError,
     ReplicaPositionError,
     ReplicateError,
+    StorageAccessError,
 )
 from lance_cdf.format.namespace import list_tables, table_location
 from lance_cdf.kafka.transactions import SUFFIX as TRANSACTION_SUFFIX
@@ -236,9 +237,17 @@ class DatabaseReplicator:
         return {t: table for t, table in found.items() if owners.get(t) == me}
 
     def _take_up(self, table: TableTopic) -> None:
-        target = table_location(
-            self.target, table.identifier, self.settings.replica.storage_options
-        )
+        try:
+            target = table_location(
+                self.target, table.identifier, self.settings.replica.storage_options
+            )
+        except StorageAccessError as exc:
+            # (the target's storage refused or did not answer: asked again, LEASE_RETRY_S
+            # apart, the other tables go on)
+            if table.topic not in self.waiting:
+                log.warning("table %s: not taken up yet: %s", table.qualified_name, exc)
+            self.waiting[table.topic] = table
+            return
         settings = replace(self.settings, kafka=self._kafka, topic=table.topic, target=target)
         replicator = Replicator(settings, shared=self.shared)
         # the group's offsets committed, and the start's broker requests (topic metadata,
