@@ -21,14 +21,6 @@ from lance_cdf.replicate.replica import OFFSETS_PROPERTY, ReplicaTable
 from lance_cdf.replicate.replica_definition import BUILT_CONFIG, reconcile
 
 DIM = 16
-# the type names describe_indices gives each build type
-DESCRIBED = {
-    "BTREE": "BTree",
-    "BITMAP": "Bitmap",
-    "LABEL_LIST": "LabelList",
-    "INVERTED": "Inverted",
-    "IVF_PQ": "Vector",
-}
 
 
 def rows(start: int, n: int) -> pa.Table:
@@ -93,7 +85,8 @@ def indexes_of(ds: lance.LanceDataset) -> dict[str, tuple[str, tuple[str, ...]]]
 
 
 def expected(d: TableDefinition) -> dict[str, tuple[str, tuple[str, ...]]]:
-    return {i.name: (DESCRIBED[i.index_type], i.columns) for i in d.indexes}
+    """The indexes of `d` as `status` names them: each by the build type the source used."""
+    return {i.name: (i.index_type, i.columns) for i in d.indexes}
 
 
 def test_definition_built_replaced_dropped_and_settings_equal(tmp_path):
@@ -106,7 +99,7 @@ def test_definition_built_replaced_dropped_and_settings_equal(tmp_path):
     r = reconcile(ds, d1, key_index, extra)
     assert not r.unbuilt
     ds = replica.open()
-    own = {k: ("BTree", ("_source_rowid",)) for k in key_index} | {"own_cat": ("BTree", ("cat",))}
+    own = {k: ("BTREE", ("_source_rowid",)) for k in key_index} | {"own_cat": ("BTREE", ("cat",))}
     assert indexes_of(ds) == expected(d1) | own
     config = {k: v for k, v in ds.config().items() if not k.startswith("lance-cdf.")}
     # (auto cleanup stays the replica's own: it would remove the versions holding its position)
@@ -259,15 +252,15 @@ def test_status_lists_replica_indexes_and_unbuilt(tmp_path, capsys):
     got = {
         i["name"]: (i["type"], i["columns"], i["unindexed_rows"]) for i in report["replica_indexes"]
     }
-    assert got["cat_idx"] == ("Bitmap", ["cat"], 7)
-    assert got["text_idx"] == ("Inverted", ["text"], 7)
-    assert got["mine"] == ("Bitmap", ["cat"], 7)
+    assert got["cat_idx"] == ("BITMAP", ["cat"], 7)
+    assert got["text_idx"] == ("INVERTED", ["text"], 7)
+    assert got["mine"] == ("BITMAP", ["cat"], 7)
     assert set(got) == {"id_idx", "cat_idx", "tags_idx", "text_idx", "mine", "_source_rowid_idx"}
     assert len(report["replica_unbuilt_indexes"]) == 1
     assert "odd_idx" in report["replica_unbuilt_indexes"][0]
     assert cli.main(["status", "--table", source.uri, "--replica", replica.uri]) == 0
     text = capsys.readouterr().out
-    assert "text_idx (Inverted on text): 7 rows unindexed" in text
+    assert "text_idx (INVERTED on text): 7 rows unindexed" in text
     assert "odd_idx" in text
 
 

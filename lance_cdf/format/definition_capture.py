@@ -136,6 +136,14 @@ def index_key(d: Any) -> IndexKey:
     )
 
 
+def build_type(d: Any) -> str:
+    """The build type of index `d` (an IndexDescription) as the user named it to pylance or
+    LanceDB (`BTREE`, `LABEL_LIST`, `IVF_HNSW_SQ`, ...): describe_indices names scalar
+    types in its own spelling (`BTree`, `LabelList`)."""
+    kind = str(d.index_type)
+    return _SCALAR_TYPES.get(kind, kind.upper())
+
+
 def index_definition(ds: lance.LanceDataset, d: Any) -> IndexDefinition:
     """One index's build type and build keyword arguments (`d`: its IndexDescription)."""
     name, kind = str(d.name), str(d.index_type)

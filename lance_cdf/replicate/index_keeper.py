@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import lance
 
+from lance_cdf.format.definition_capture import build_type
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.replicate.replica_definition import Unbuilt, reconcile
 from lance_cdf.replicate.served_btree import build_btree
@@ -160,14 +161,15 @@ def unindexed_rows(ds: lance.LanceDataset, skip: set[str] | None = None) -> dict
 
 
 def describe_indexes(ds: lance.LanceDataset) -> list[dict[str, object]]:
-    """Each index of the replica: name, type, columns, unindexed rows (for `status`)."""
+    """Each index of the replica: name, build type (the source's spelling: `IVF_HNSW_SQ`,
+    `BTREE`), columns, unindexed rows (for `status`)."""
     loose = unindexed_rows(ds)
     out: list[dict[str, object]] = []
     for d in ds.describe_indices():
         out.append(
             {
                 "name": d.name,
-                "type": d.type_url.rsplit(".", 1)[-1].removesuffix("IndexDetails"),
+                "type": build_type(d),
                 "columns": list(d.field_names),
                 "unindexed_rows": loose.get(d.name, 0),
             }
