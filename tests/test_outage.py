@@ -22,7 +22,8 @@ def test_retries_until_kafka_answers_and_records_the_outage(tmp_path, monkeypatc
             raise KafkaException("broker down")
         return "marks"
 
-    ride = RideOut("127.0.0.1:9", str(tmp_path))
+    # (an outage from the first failure on: the flush timeout taken as 0)
+    ride = RideOut("127.0.0.1:9", str(tmp_path), outage_after_s=0.0)
     with caplog.at_level("WARNING", logger="lance_cdf.kafka"):
         assert ride.call("reading offsets", attempt, (KafkaException,)) == "marks"
     assert len(calls) == 4
@@ -37,8 +38,37 @@ def test_retries_until_kafka_answers_and_records_the_outage(tmp_path, monkeypatc
     assert "1 outage(s) ridden out" in describe_state(str(tmp_path))[1]
 
 
+def test_failures_shorter_than_the_flush_timeout_are_retries_not_an_outage(
+    tmp_path, monkeypatch, caplog
+):
+    """One rule for the log, `status` and the metrics: an outage is Kafka not answering for
+    longer than the flush timeout. A request that fails and then succeeds within it (a
+    partition's leader moving after a broker was killed) is counted as retries only; the
+    same failures lasting past it are an outage."""
+    monkeypatch.setattr(outage, "BACKOFF_S", (0.01,))
+    failures = iter([KafkaException("leader moved")] * 3)
+
+    def attempt():
+        exc = next(failures, None)
+        if exc is not None:
+            raise exc
+        return "marks"
+
+    ride = RideOut("127.0.0.1:9", str(tmp_path), outage_after_s=60.0)
+    with caplog.at_level("WARNING", logger="lance_cdf.kafka"):
+        assert ride.call("reading offsets", attempt, (KafkaException,)) == "marks"
+    assert not caplog.records
+    state = read_state(str(tmp_path))
+    assert state.outages == 0 and state.retries == 3 and state.unavailable_since == 0
+    assert "0 outage(s) ridden out" in describe_state(str(tmp_path))[1]
+    # a flush that waited the whole flush timeout is an outage at once
+    ride.waiting("5 record(s) not acknowledged", waited_s=60.0)
+    ride.answered()
+    assert read_state(str(tmp_path)).outages == 1
+
+
 def test_an_outage_longer_than_the_budget_stops_with_one_line(tmp_path):
-    ride = RideOut("127.0.0.1:9", str(tmp_path), budget_s=0.0)
+    ride = RideOut("127.0.0.1:9", str(tmp_path), budget_s=0.0, outage_after_s=0.0)
 
     def attempt():
         raise KafkaException("broker down")
@@ -119,7 +149,8 @@ def test_a_short_outage_after_a_long_one_keeps_the_longest(tmp_path):
     the last is the short one, the longest is kept and shown."""
     import time
 
-    long, short = RideOut("127.0.0.1:9", str(tmp_path)), RideOut("127.0.0.1:9", str(tmp_path))
+    long = RideOut("127.0.0.1:9", str(tmp_path), outage_after_s=0.0)
+    short = RideOut("127.0.0.1:9", str(tmp_path), outage_after_s=0.0)
     long.waiting("broker down")
     long.since = time.monotonic() - 40  # (as if it began 40 s ago)
     long.answered()

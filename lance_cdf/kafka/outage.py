@@ -5,9 +5,14 @@ first unanswered request would stop publish within seconds of a broker outage. A
 writer task instead retries what it needs from the broker (the partitions' offsets and last
 records) with backoff, and waits for queued records to be acknowledged (the idempotent
 producer keeps them, in order, until `message.timeout.ms`), for up to `RIDE_OUT_S` seconds
-in all, logging once when Kafka stops answering and once when it answers again. Past that
-it raises `KafkaUnavailableError`: one line, the micro-batch is not committed, a rerun with
-the same checkpoint is exact.
+in all. Past that it raises `KafkaUnavailableError`: one line, the micro-batch is not
+committed, a rerun with the same checkpoint is exact.
+
+One rule says what an outage is, in the log, `status` and the metrics alike: Kafka not
+answering for longer than the flush timeout (`--flush-timeout`). A request that fails and
+succeeds when retried within it (a partition's leader moving to another broker) is a retry,
+counted as such; once the failures last that long, the outage is logged (once when Kafka
+stops answering, once when it answers again) and counted.
 
 The state goes to `<checkpoint>/lance-cdf-kafka.json` (local checkpoints only: the
 writer tasks and `publish` share the machine), which the metrics endpoint
@@ -90,10 +95,17 @@ class RideOut:
     """One writer task's view of an outage: `call` retries, `waiting` / `answered` mark
     time spent waiting for acknowledgements."""
 
-    def __init__(self, where: str, checkpoint: str | None, budget_s: float = RIDE_OUT_S):
-        self.where, self.budget_s = where, budget_s
+    def __init__(
+        self,
+        where: str,
+        checkpoint: str | None,
+        budget_s: float = RIDE_OUT_S,
+        outage_after_s: float = FLUSH_TIMEOUT_S,
+    ):
+        self.where, self.budget_s, self.outage_after_s = where, budget_s, outage_after_s
         self.path = state_path(checkpoint)
-        self.since: float | None = None  # monotonic start of the outage in hand
+        self.since: float | None = None  # monotonic time Kafka stopped answering
+        self.outage = False  # whether that has lasted `outage_after_s`: an outage
         self.attempts = 0
 
     def call(
@@ -110,11 +122,15 @@ class RideOut:
             self.answered()
             return out
 
-    def waiting(self, cause: str) -> None:
-        """Kafka did not answer (`cause`): the first time, log it; past the budget, raise."""
+    def waiting(self, cause: str, waited_s: float = 0.0) -> None:
+        """Kafka did not answer (`cause`; for the last `waited_s` seconds, a flush's wait):
+        counted as a retry; once that has lasted `outage_after_s`, as an outage (logged
+        once); past the budget, raise."""
         now = time.monotonic()
         if self.since is None:
-            self.since, self.attempts = now, 0
+            self.since, self.attempts, self.outage = now - waited_s, 0, False
+        if not self.outage and now - self.since >= self.outage_after_s:
+            self.outage = True
             log.warning(
                 "Kafka at %s does not answer (%s); retrying for up to %.0f s",
                 self.where,
@@ -132,13 +148,18 @@ class RideOut:
             )
 
     def answered(self) -> None:
+        """Kafka answered: the outage in hand, if any, ended (logged once)."""
         if self.since is None:
             return
         took = time.monotonic() - self.since
+        self.since = None
+        if not self.outage:  # (retries within the flush timeout: no outage)
+            log.info("Kafka at %s answered after %d retries", self.where, self.attempts)
+            return
+        self.outage = False
         log.warning(
             "Kafka at %s answers again after %.0f s (%d retries)", self.where, took, self.attempts
         )
-        self.since = None
         self._write(lambda s: _ended(s, took))
 
     def _left(self) -> float:

@@ -219,7 +219,9 @@ class KafkaChangePublisher:
         self.tombstones = tombstones
         self.flush_timeout = settings.flush_timeout
         # a broker outage is ridden out (kafka/outage.py); its state goes to the checkpoint
-        self.ride_out = RideOut(bootstrap_servers, settings.checkpoint)
+        self.ride_out = RideOut(
+            bootstrap_servers, settings.checkpoint, outage_after_s=settings.flush_timeout
+        )
         # the registry client, the producer and the marks consumer are the process's, shared
         # by every table's publisher with the same settings (kafka/clients.py)
         self.registry = clients.registry(
@@ -444,7 +446,7 @@ class KafkaChangePublisher:
         left = self.producer.flush(self.flush_timeout)
         while left and not self._failures:
             try:
-                self.ride_out.waiting(f"{left} record(s) not acknowledged")
+                self.ride_out.waiting(f"{left} record(s) not acknowledged", self.flush_timeout)
             except PublishError:  # past the budget: what the partitions hold is unknown
                 self.marks.forget()
                 raise

@@ -321,7 +321,9 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         _, producer, _ = client_options(self.options)
         checkpoint = opts.get("checkpointlocation")
         txn = opts.get("transactionmetadata", "true").lower() == "true"
-        ride_out = RideOut(opts["kafka.bootstrap.servers"], checkpoint)
+        ride_out = RideOut(
+            opts["kafka.bootstrap.servers"], checkpoint, outage_after_s=flush_timeout(opts)
+        )
         name, uri, topic = work.name, str(work.uri), f"{prefix}.{work.name}"
         began, attempt = time.monotonic(), 0
         while True:
@@ -507,7 +509,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.ops.takeup import is_transient
 
         o = {k.lower(): v for k, v in self.options.items()}
-        ride_out = RideOut(o["kafka.bootstrap.servers"], o.get("checkpointlocation"))
+        ride_out = RideOut(
+            o["kafka.bootstrap.servers"],
+            o.get("checkpointlocation"),
+            outage_after_s=flush_timeout(o),
+        )
 
         def attempt() -> int:
             if writer.producer.flush(10):
