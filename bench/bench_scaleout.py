@@ -34,12 +34,6 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 def build(root: str, prefix: str, args: argparse.Namespace, kafka, registry) -> int:
     """The tables and their topics; the number of change events published."""
-    import lance_cdf
-    from lance_cdf.core.feed import ChangeFeed
-    from lance_cdf.core.stream_columns import PARTITION_COLUMN
-    from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
-    from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
-
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     made = admin.create_topics(
         [NewTopic(f"{prefix}.t{i:03d}", args.partitions, 1) for i in range(args.tables)]
@@ -60,33 +54,46 @@ def build(root: str, prefix: str, args: argparse.Namespace, kafka, registry) -> 
                 ds = lance.write_dataset(data, uri, mode="append")
                 ds.update({"x": "x + 1"}, where=f"id % 10 = {v % 10}")
         end = lance.dataset(uri).version
-        feed = ChangeFeed(uri)
-        events = lance_cdf.read_changes(uri, 1, end).read_all()
-        rowids = events["_rowid"].to_numpy().astype(np.int64)  # routed as the Spark sink does
-        events = events.append_column(
-            PARTITION_COLUMN, pa.array((rowids % args.partitions).astype(np.int32))
-        )
-        ops = {v: feed.table.manifest(v).operation for v in range(1, end + 1)}
-        pub = KafkaChangePublisher(
-            kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri
-        )
-        counts = {v: VersionCounts(v) for v in range(1, end + 1)}
-        writer = TransactionWriter(
-            kafka.bootstrap_servers, f"{topic}.transaction", registry.url, uri
-        )
-        for attempt in range(40):  # (a fresh topic's leader is elected after its creation)
-            try:
-                if attempt == 0:
-                    pub.publish(events, ops)
-                    counts.update(pub.version_counts)
-                writer.write(list(counts.values()))
-                break
-            except KafkaException:
-                if attempt == 39:
-                    raise
-                time.sleep(0.5)
-        events_total += events.num_rows
+        events_total += publish_versions(uri, topic, 1, end, args.partitions, kafka, registry)
     return events_total
+
+
+def publish_versions(
+    uri: str, topic: str, start: int, end: int, partitions: int, kafka, registry
+) -> int:
+    """Versions `start`..`end` of table `uri` published as the Spark sink publishes them:
+    the records to `topic` (a row's to one of `partitions`), then each version's BEGIN /
+    END to `<topic>.transaction`. Returns the number of change events."""
+    import lance_cdf
+    from lance_cdf.core.feed import ChangeFeed
+    from lance_cdf.core.stream_columns import PARTITION_COLUMN
+    from lance_cdf.kafka.publisher import KafkaChangePublisher, user_schema_of
+    from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
+
+    feed = ChangeFeed(uri)
+    events = lance_cdf.read_changes(uri, start, end).read_all()
+    rowids = events["_rowid"].to_numpy().astype(np.int64)
+    events = events.append_column(
+        PARTITION_COLUMN, pa.array((rowids % partitions).astype(np.int32))
+    )
+    ops = {v: feed.table.manifest(v).operation for v in range(start, end + 1)}
+    pub = KafkaChangePublisher(
+        kafka.bootstrap_servers, topic, registry.url, user_schema_of(events.schema), uri
+    )
+    counts = {v: VersionCounts(v) for v in range(start, end + 1)}
+    writer = TransactionWriter(kafka.bootstrap_servers, f"{topic}.transaction", registry.url, uri)
+    for attempt in range(40):  # (a fresh topic's leader is elected after its creation)
+        try:
+            if attempt == 0:
+                pub.publish(events, ops)
+                counts.update(pub.version_counts)
+            writer.write(list(counts.values()))
+            break
+        except KafkaException:
+            if attempt == 39:
+                raise
+            time.sleep(0.5)
+    return int(events.num_rows)
 
 
 def replicate(

@@ -301,11 +301,11 @@ def test_the_replicators_group_coordinator_killed(
         except (OSError, ValueError):
             return 0
 
-    # dynamic: lance-cdf's own consumer settings, without the group.instance.id
-    # _replicate_cmd adds for quick restarts
+    # static: lance-cdf's default (a member keyed to the replica); dynamic: given an empty
+    # group.instance.id
     cmd = _replicate_cmd(cluster, registry, topic, dst)
     if membership == "dynamic":
-        cmd = _without_static_membership(cmd)
+        cmd = [*cmd, "--consumer-config", "group.instance.id="]
     with open(tmp_path / "replicate.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=log, start_new_session=True)
     try:
@@ -328,13 +328,6 @@ def test_the_replicators_group_coordinator_killed(
         if not cluster.nodes[coordinator].running():
             cluster.restart(coordinator)
     run_to_the_end_and_compare([*cmd, "--idle-timeout", "3"], src, dst)
-
-
-def _without_static_membership(cmd):
-    out = list(cmd)
-    i = next(i for i, a in enumerate(out) if a.startswith("group.instance.id="))
-    del out[i - 1 : i + 1]  # the flag and its value
-    return out
 
 
 def _wait_for(probe, past, proc, what):

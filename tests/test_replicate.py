@@ -364,12 +364,8 @@ def _replicate_cmd(kafka, registry, topic, dst, *extra):
         "60",
         "--max-batch-interval",
         "0.3",
-        # a killed consumer stays in its group until its session times out; static
-        # membership lets the restarted one take its partitions over at once
-        "--consumer-config",
-        f"group.instance.id=replicator-{topic}",
-        "--consumer-config",
-        "session.timeout.ms=6000",
+        # (no group settings: a killed replicator's replacement takes its partitions over
+        # at once as the same static member, by default)
         *extra,
     ]
 
@@ -473,6 +469,86 @@ def test_sigterm_exits_cleanly(tmp_path, kafka_broker, schema_registry):
     )
     assert run.returncode == 0, run.stderr.decode()[-2000:]
     assert_replica_equals_source(src, dst)
+
+
+def test_a_killed_replicators_replacement_is_the_same_static_member(
+    tmp_path, kafka_broker, schema_registry
+):
+    """A replicator SIGKILLed and started again: the replacement joins its group as the same
+    static member (keyed to the replica), so the group hands it the partitions at once
+    rather than after the dead member's session timeout; it applies what was published
+    since, and the group holds that one member."""
+    from confluent_kafka.admin import AdminClient
+
+    from lance_cdf.replicate.consumers import replica_instance_id
+
+    src, dst = str(tmp_path / "src.lance"), str(tmp_path / "replica.lance")
+    topic = f"rep-static-{uuid.uuid4().hex[:8]}"
+    w = Workload(src, seed=12, rows=120)
+    last = publish(kafka_broker, schema_registry, src, topic, 1)
+    replica = ReplicaTable(dst, [SOURCE_ROWID])
+
+    def applied() -> int:
+        try:
+            return sum(replica.applied_offsets(topic).values())
+        except (OSError, ValueError):
+            return 0
+
+    def wait_past(count: int, proc: subprocess.Popen) -> None:
+        deadline = time.monotonic() + 120
+        while applied() <= count:
+            assert proc.poll() is None, f"replicate exited ({proc.returncode})"
+            assert time.monotonic() < deadline, f"nothing applied past {count} in 120 s"
+            time.sleep(0.2)
+
+    cmd = _replicate_cmd(kafka_broker, schema_registry, topic, dst)
+    procs = []
+    try:
+        for round_ in range(2):
+            with open(tmp_path / f"replicate-{round_}.log", "wb") as log:
+                procs.append(subprocess.Popen(cmd, stdout=log, stderr=log))
+            before = applied()
+            if round_:  # published after the kill: only the replacement can apply it
+                for op in ("update", "upsert"):
+                    w.step(op)
+                last = publish(kafka_broker, schema_registry, src, topic, last + 1)
+            wait_past(before, procs[-1])
+            if not round_:
+                procs[-1].send_signal(signal.SIGKILL)
+                procs[-1].wait(30)
+        admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
+        group = admin.describe_consumer_groups([f"g-{topic}"])[f"g-{topic}"].result(30)
+        assert [m.group_instance_id for m in group.members] == [
+            replica_instance_id(f"g-{topic}", dst)
+        ]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(60)
+
+
+def test_the_replicas_static_member_id_is_its_own_and_can_be_turned_off():
+    """Unit: the group.instance.id a replicator takes is the same for every process writing
+    one replica (a path given relative or absolute), another for another replica or group;
+    the user's --consumer-config wins, and an empty one makes the consumer dynamic."""
+    from lance_cdf.ops.clientconfig import KafkaConnection
+    from lance_cdf.replicate.consumers import replica_consumer_config, replica_instance_id
+
+    here = replica_instance_id("g", "replica.lance")
+    assert here == replica_instance_id("g", os.path.abspath("replica.lance"))
+    assert here != replica_instance_id("g", "other.lance")
+    assert here != replica_instance_id("h", "replica.lance")
+    assert replica_instance_id("g", "s3://b/r.lance") == replica_instance_id("g", "s3://b/r.lance/")
+
+    def instance(given: dict[str, str]) -> str | None:
+        connection = KafkaConnection("127.0.0.1:9", given, "consumer")
+        config = replica_consumer_config(connection, "g", lambda err, tps: None, here)
+        return config.get("group.instance.id")
+
+    assert instance({}) == here
+    assert instance({"group.instance.id": "mine"}) == "mine"
+    assert instance({"group.instance.id": ""}) is None
 
 
 def test_unreachable_broker_is_named(tmp_path, schema_registry):

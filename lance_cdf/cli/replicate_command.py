@@ -116,12 +116,13 @@ def _database_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--member-timeout",
         type=seconds,
-        default=10.0,
+        default=6.0,
         metavar="SECONDS",
         help="with --database-target: the replicators of one --group-id share the "
         "tables; one that stops heartbeating leaves the group after this long (Kafka's "
         "session timeout, within the broker's group.min/max.session.timeout.ms) and its "
-        "tables are taken up by the others once their leases are free (default 10)",
+        "tables are taken up by the others once their leases are free (default 6, the "
+        "broker's smallest by default)",
     )
 
 

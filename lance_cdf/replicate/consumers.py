@@ -7,6 +7,7 @@ fatal consumer error (`Renewals`, kept for `status` in `<replica>/_lance_cdf/con
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import logging
 import os
@@ -44,18 +45,39 @@ RENEW_WINDOW_S = 300.0
 RENEWALS_FILE = "consumer.json"  # (in the replica's `_lance_cdf` directory)
 
 
+def replica_instance_id(group_id: str, target: str) -> str:
+    """The static group member id (`group.instance.id`) of the replicator of replica
+    `target` in group `group_id`: the same for every process that writes that replica.
+
+    The replica's lease already makes one process its writer, so the group need not
+    find out by itself that a killed one is gone: its replacement joins as the same
+    static member and is handed the partitions at once, instead of after the dead
+    member's session timeout (librdkafka's 45 s)."""
+    root = local_path(target)
+    where = os.path.abspath(root) if root is not None else target.rstrip("/")
+    digest = hashlib.blake2b(f"{group_id}\0{where}".encode(), digest_size=10).hexdigest()
+    return f"lance-cdf-replica-{digest}"
+
+
 def replica_consumer_config(
-    connection: KafkaConnection, group_id: str, on_commit: OnCommit
+    connection: KafkaConnection,
+    group_id: str,
+    on_commit: OnCommit,
+    instance_id: str | None = None,
 ) -> dict[str, Any]:
     """A replicator's consumer: committed transactions only, offsets committed by the
-    replicator with the replica's own record of its position."""
-    return connection.consumer(
+    replicator with the replica's own record of its position; a static member
+    `instance_id` of its group where given (`replica_instance_id`; the user's
+    `group.instance.id` wins, an empty one makes it a dynamic member)."""
+    static = {"group.instance.id": instance_id} if instance_id else {}
+    config = connection.consumer(
         defaults={
             "auto.offset.reset": "earliest",
             # fetches of up to 16 MB per partition: with librdkafka's 1 MB a large
             # batch took markedly longer per record to consume
             "max.partition.fetch.bytes": 16 << 20,
             "fetch.max.bytes": 64 << 20,
+            **static,
         },
         fixed={
             "group.id": group_id,
@@ -64,6 +86,9 @@ def replica_consumer_config(
             "on_commit": on_commit,
         },
     )
+    if config.get("group.instance.id") == "":  # (given empty: dynamic membership)
+        del config["group.instance.id"]
+    return config
 
 
 def dead_letter_producer(connection: KafkaConnection, topic: str) -> Producer:
@@ -94,12 +119,17 @@ class ReplicaClients:
 
 
 def open_clients(
-    kafka: KafkaSettings, group_id: str, on_commit: OnCommit, shared: bool = False
+    kafka: KafkaSettings,
+    group_id: str,
+    on_commit: OnCommit,
+    shared: bool = False,
+    instance_id: str | None = None,
 ) -> ReplicaClients:
     """The clients of `kafka` (the endpoints checked by the caller first): the consumer of
-    group `group_id`, the registry (a request timeout: the client has none, and a hung
-    registry would hang the replicator for good; no retries of its own: an outage is
-    retried, and logged, by SchemaDecoder) and the dead-letter producer, if any."""
+    group `group_id` (static member `instance_id`, if given), the registry (a request
+    timeout: the client has none, and a hung registry would hang the replicator for good;
+    no retries of its own: an outage is retried, and logged, by SchemaDecoder) and the
+    dead-letter producer, if any."""
     connection = KafkaConnection(kafka.bootstrap_servers, kafka.consumer_config or {}, "consumer")
     registry = SchemaRegistryClient(
         registry_config(
@@ -107,7 +137,7 @@ def open_clients(
         )
     )
     schemas = SchemaDecoder(registry, outage_s=kafka.registry_outage_s)
-    consumer = Consumer(replica_consumer_config(connection, group_id, on_commit))
+    consumer = Consumer(replica_consumer_config(connection, group_id, on_commit, instance_id))
     topic = kafka.dead_letter_topic
     producer = dead_letter_producer(connection, topic) if topic else None
     return ReplicaClients(

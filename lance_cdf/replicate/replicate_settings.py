@@ -88,8 +88,11 @@ class DatabaseSettings:
     exclude: str | None = None
     refresh_s: float = 5.0  # (s) how often the topic list is read for new and deleted topics
     # (s) a replicator of the group that stops heartbeating leaves it after this long, and
-    # its tables are shared out among the others (table_shares.py)
-    member_timeout_s: float = 10.0
+    # its tables are shared out among the others (table_shares.py). The broker's smallest
+    # session timeout by default (group.min.session.timeout.ms): a killed replicator's
+    # replacement joins the group and applies within about this long, and a shorter
+    # session risks nothing but a rebalance, since each table's lease keeps one writer
+    member_timeout_s: float = 6.0
 
 
 @dataclass(frozen=True)

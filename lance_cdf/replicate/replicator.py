@@ -59,6 +59,7 @@ from lance_cdf.replicate.consumers import (
     check_endpoints,
     open_clients,
     replica_consumer_config,
+    replica_instance_id,
 )
 from lance_cdf.replicate.counters import Counters
 from lance_cdf.replicate.final_states import FinalStatesDecoder
@@ -140,8 +141,14 @@ class Replicator:
             keeper=IndexKeeper(r.source_indexes, r.replica_indexes),
             **({} if r.index_rows_max is None else {"index_rows_max": r.index_rows_max}),
         )
+        # (one table's own consumer: a static member of the group, see replica_instance_id)
+        self.instance_id = (
+            None if shared is not None else replica_instance_id(self.group_id, s.target)
+        )
         self.clients = (
-            shared if shared is not None else open_clients(s.kafka, self.group_id, self._on_commit)
+            shared
+            if shared is not None
+            else open_clients(s.kafka, self.group_id, self._on_commit, instance_id=self.instance_id)
         )
         self.consumer: Consumer = self.clients.consumer
         self.counters = Counters()
@@ -243,11 +250,17 @@ class Replicator:
         """A new consumer (the same settings, group and subscription) for one librdkafka
         made unusable: it is assigned the partitions again and resumes from the replica's
         position (`positioned`), as after any rebalance. Counted, said in one line."""
+        if self._lease is not None:
+            # (a writer whose lease was taken over is fenced by its successor, the same
+            # static member: it stops rather than fence that one in turn)
+            self._lease.check()
         self.renewals.allow(exc, self.applier.prefix)
         with contextlib.suppress(KafkaException, RuntimeError):
             self.consumer.close()
         consumer = Consumer(
-            replica_consumer_config(self.clients.connection, self.group_id, self._on_commit)
+            replica_consumer_config(
+                self.clients.connection, self.group_id, self._on_commit, self.instance_id
+            )
         )
         self.consumer = self.clients.consumer = consumer
         self.applier.consumer = self.applier.committer = self.checks.consumer = consumer
