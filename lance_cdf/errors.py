@@ -5,6 +5,8 @@ Every message names the problem and what to do about it.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 # Advice that several messages give, for pylance and LanceDB users alike.
 CLEANUP = "cleanup (pylance's cleanup_old_versions, LanceDB's optimize(cleanup_older_than=...))"
 KEEP_VERSIONS = (
@@ -24,7 +26,14 @@ STABLE_ROW_IDS_HOWTO = (
 
 class LanceCdfError(Exception):
     """Base class of every error lance-cdf raises on purpose: catch it to handle them all.
-    The message is one line naming the cause and the fix."""
+    The message is one line naming the cause and the fix.
+
+    `retriable` says whether the same request may succeed later without anyone changing
+    anything (a broker, registry or store that does not answer): a service retries such
+    an error with backoff; any other is a refusal or bad input, and retrying it cannot
+    help. A permanent error never derives from a retriable one."""
+
+    retriable: ClassVar[bool] = False
 
 
 class TableNotFoundError(LanceCdfError):
@@ -57,6 +66,8 @@ class UnsupportedStorageError(LanceCdfError):
 class StorageAccessError(LanceCdfError):
     """An object store could not be reached or refused the request."""
 
+    retriable = True
+
 
 class UndecidableChangeError(LanceCdfError):
     """Whether a row changed cannot be told: the writer recorded no versions and the
@@ -73,9 +84,16 @@ class ConsumerFatalError(ReplicateError):
     position."""
 
 
-class RegistryUnavailableError(ReplicateError):
-    """The schema registry did not answer for longer than the replicator waits: an outage,
-    never a reason to set records aside."""
+class RegistryError(ReplicateError):
+    """The schema registry gave no answer about a record's schema: never a reason to set
+    the record aside (its two kinds below)."""
+
+
+class RegistryUnavailableError(RegistryError):
+    """The schema registry did not answer for longer than the replicator waits: an
+    outage."""
+
+    retriable = True
 
 
 class PublishError(LanceCdfError):
@@ -128,9 +146,9 @@ class ForeignReplicaError(ReplicaError):
     """The replica follows another topic or source table than the records offered to it."""
 
 
-class RegistryRefusedError(RegistryUnavailableError):
+class RegistryRefusedError(RegistryError):
     """The schema registry refused a schema fetch for a reason that is not the record's
-    (a wrong URL, missing credentials): never a reason to set records aside."""
+    (a wrong URL, missing credentials)."""
 
 
 class ReplicaPositionError(ReplicaError):
@@ -150,6 +168,8 @@ class CheckpointMismatchError(LanceCdfError):
 class KafkaUnavailableError(PublishError):
     """The broker did not answer for longer than the publisher rides out an outage."""
 
+    retriable = True
+
 
 # tables addressed by name in a LanceDB database or Lance directory namespace
 class DatabaseNotFoundError(TableNotFoundError):
@@ -167,7 +187,7 @@ class TransactionMetadataError(LanceCdfError):
 
 
 # -- authorization: a Kafka ACL denies the client a topic or its group --
-class KafkaAuthorizationError(PublishError):
+class KafkaAuthorizationError(LanceCdfError):
     """The broker's authorizer refused the client (publish or replicate) an operation it
     needs on a topic or a consumer group; the message names which and the setting."""
 

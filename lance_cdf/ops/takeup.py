@@ -21,11 +21,8 @@ from dataclasses import asdict, dataclass, field
 
 from lance_cdf.errors import (
     KafkaAuthorizationError,
-    KafkaUnavailableError,
     LanceCdfError,
     RegistryRefusedError,
-    RegistryUnavailableError,
-    StorageAccessError,
     in_words,
 )
 
@@ -70,17 +67,10 @@ def is_transient(exc: BaseException) -> bool:
             return False
         if isinstance(seen, (KafkaAuthorizationError, RegistryRefusedError)):
             return False
-        if isinstance(
-            seen,
-            (
-                KafkaUnavailableError,
-                RegistryUnavailableError,
-                StorageAccessError,
-                OSError,  # files, sockets, HTTP clients' errors (requests', httpx's)
-                TimeoutError,
-                ConnectionError,
-            ),
-        ):
+        if isinstance(seen, LanceCdfError) and seen.retriable:
+            return True
+        # files, sockets, HTTP clients' errors (requests', httpx's)
+        if isinstance(seen, (OSError, TimeoutError, ConnectionError)):
             return True
         if _is_client_fault(seen):
             return True

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.avro.decode import OK, REASONS, WIRE, BatchDecoder, Frames
-from lance_cdf.errors import RegistryUnavailableError, ReplicateError
+from lance_cdf.errors import RegistryError, ReplicateError
 from lance_cdf.replicate.consumers import DeadLetters
 from lance_cdf.replicate.replica import SOURCE_ROWID
 from lance_cdf.replicate.replica_identity import SOURCE_FIELDS, ReplicaIdentity, distinct_sources
@@ -160,8 +160,8 @@ class FinalStatesDecoder:
         for sid in np.unique(schema_ids[wire == OK]).tolist():
             try:
                 decoder = self.schemas.batch_decoder(sid)
-            except RegistryUnavailableError:
-                raise  # an outage: nothing is set aside
+            except RegistryError:
+                raise  # the registry's fault, not the record's: nothing is set aside
             except Exception as exc:  # an id the registry does not know: like fastavro's path
                 for i in np.flatnonzero(schema_ids == sid):
                     errors[int(i)] = exc
@@ -250,8 +250,8 @@ class FinalStatesDecoder:
                 sources.setdefault(tuple(source.get(f) for f in SOURCE_FIELDS), m)
                 version, rowid = source["commit_version"], source["rowid"]
                 meta.append((version, op == "d", m.partition(), m.offset(), rowid, op == "c"))
-            except RegistryUnavailableError:
-                raise  # an outage, not the record's fault: never a dead letter
+            except RegistryError:
+                raise  # the registry's fault, not the record's: never a dead letter
             except Exception as exc:  # a record that does not decode with its schema
                 self.dead_letters.send(m, exc)
                 continue
