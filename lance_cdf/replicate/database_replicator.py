@@ -250,11 +250,10 @@ class DatabaseReplicator:
             return
         settings = replace(self.settings, kafka=self._kafka, topic=table.topic, target=target)
         replicator = Replicator(settings, shared=self.shared)
-        # the group's offsets committed, and the start's broker requests (topic metadata,
-        # watermarks, committed offsets) made, through the member: its partitions are
-        # paused, so its requests do not queue behind the shared consumer's long-poll fetch
-        replicator.applier.committer = self.members.consumer
-        replicator.checks.consumer = self.members.consumer
+        # the group's offsets committed, and the start's broker requests made, through the
+        # member: its partitions are paused, so its requests do not queue behind the shared
+        # consumer's long-poll fetch
+        replicator.use_consumer(self.shared.consumer, requests=self.members.consumer)
         try:
             replicator.start()
         except LeaseHeldError as exc:

@@ -262,11 +262,20 @@ class Replicator:
                 self.clients.connection, self.group_id, self._on_commit, self.instance_id
             )
         )
-        self.consumer = self.clients.consumer = consumer
-        self.applier.consumer = self.applier.committer = self.checks.consumer = consumer
+        self.clients.consumer = consumer
+        self.use_consumer(consumer)
         if self._assigned is not None:  # (idle counted from the renewal)
             self._assigned = time.monotonic()
         consumer.subscribe([self.topic], on_assign=self._on_assign)
+
+    def use_consumer(self, consumer: Consumer, requests: Consumer | None = None) -> None:
+        """Read with `consumer` from now on; the group's offsets committed and the start's
+        broker requests (topic metadata, watermarks, committed offsets) made through
+        `requests` (default: the same consumer). The one place a replicator's consumers
+        are changed: a renewed consumer, or a database replicator's shared consumer and
+        its group member."""
+        self.consumer = self.applier.consumer = consumer
+        self.applier.committer = self.checks.consumer = requests or consumer
 
     def start(self) -> Lease:
         """One writer per replica (its lease, renewed from a thread), then whose replica it
