@@ -273,8 +273,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from lance_cdf.spark.sink.kafka_sink import register as register_sink
-    from lance_cdf.spark.source import register
+    from lance_cdf.spark import register
     from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     v = args.spark_kafka_version
@@ -291,7 +290,6 @@ def main() -> None:
     )
     spark.sparkContext.setLogLevel("ERROR")
     register(spark)
-    register_sink(spark)
     results = {}
     with KafkaBroker(heap="1g") as kafka, SchemaRegistry() as registry:
         for label, make in (("narrow", narrow), ("vector768", vectors)):

@@ -259,11 +259,9 @@ APPLY_PHASES = ("open", "lookup", "delete", "write", "commit", "map")
 def latency(
     spark, kafka, registry, root, commits: int, replica_rows: int = 0, key_map: bool = True
 ) -> list[float]:
-    from lance_cdf.spark.sink.kafka_sink import register as register_sink
-    from lance_cdf.spark.source import register
+    from lance_cdf.spark import register
 
     register(spark)
-    register_sink(spark)
     src, dst = os.path.join(root, "lat_src.lance"), os.path.join(root, "lat_replica.lance")
     for p in (src, dst):
         shutil.rmtree(p, ignore_errors=True)

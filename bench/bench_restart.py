@@ -79,9 +79,11 @@ def run_mode(database: bool, args: argparse.Namespace, kafka, registry, work: st
     def caught_up() -> bool:
         return all(held(os.path.join(dst, f"{n}.lance")) == published[n] for n in names)
 
-    where = ["--database-target", dst, "--topic-prefix", prefix] if database else [
-        "--target", os.path.join(dst, "t0.lance"), "--topic", f"{prefix}.t0"
-    ]
+    where = (
+        ["--database-target", dst, "--topic-prefix", prefix]
+        if database
+        else ["--target", os.path.join(dst, "t0.lance"), "--topic", f"{prefix}.t0"]
+    )
     cmd = [
         sys.executable, "-m", "lance_cdf.cli", "replicate",
         "--bootstrap-servers", kafka.bootstrap_servers, "--schema-registry", registry.url,

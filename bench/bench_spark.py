@@ -80,7 +80,7 @@ def main() -> None:
 
     from pyspark.sql import SparkSession
 
-    from lance_cdf.spark.source import register
+    from lance_cdf.spark import register
 
     spark = (
         SparkSession.builder.master("local[2]")

@@ -34,9 +34,9 @@ def main(args: dict) -> None:
         if time.monotonic() > deadline:
             raise SystemExit("executors did not register within 120 s")
         time.sleep(0.5)
-    import lance_cdf.spark.source
+    import lance_cdf.spark
 
-    lance_cdf.spark.source.register(spark)
+    lance_cdf.spark.register(spark)
     found = sc.parallelize(range(8), 8).map(where_python_runs).distinct().collect()
 
     reader = spark.read.format("lance-cdf").option("path", args["table"])

@@ -22,9 +22,9 @@ def spark():
         .config("spark.driver.memory", "1g")
         .getOrCreate()
     )
-    import lance_cdf.spark.source
+    import lance_cdf.spark
 
-    lance_cdf.spark.source.register(session)
+    lance_cdf.spark.register(session)
     yield session
     session.stop()
 

@@ -238,6 +238,42 @@ def test_the_python_api_reference_documents_returns_and_raises(site):
     assert page.count("Raises:") >= 3 and page.count("Returns:") >= 3
 
 
+# the short paths of the public names, and the modules documented whole beside them
+PUBLIC = ("lance_cdf", "lance_cdf.spark", "lance_cdf.replicate")
+DOCUMENTED_WHOLE = ("lance_cdf.cli", "lance_cdf.errors")
+
+
+def test_the_python_api_reference_lists_exactly_the_public_names():
+    """The reference lists each public name at its short path (`lance_cdf`,
+    `lance_cdf.spark`, `lance_cdf.replicate`), and nothing at an internal path."""
+    import importlib
+
+    text = (ROOT / "docs/reference/python-api.md").read_text()
+    listed = set(re.findall(r"^::: ([\w.]+)", text, flags=re.M))
+    public = {
+        f"{m}.{n}"
+        for m in PUBLIC
+        for n in importlib.import_module(m).__all__
+        if not n.startswith("__") and n != "LanceCdfError"  # (under lance_cdf.errors)
+    }
+    whole = {n for n in listed if n.startswith(DOCUMENTED_WHOLE)}
+    assert listed - whole == public
+    for name in public:  # each resolves at its short path
+        module, attr = name.rsplit(".", 1)
+        assert getattr(importlib.import_module(module), attr) is not None
+
+
+def test_the_guides_import_only_public_names():
+    """What a guide or snippet imports from lance-cdf comes from a public path."""
+    paths = sorted((ROOT / "docs").rglob("*.md")) + sorted((ROOT / "docs/snippets").glob("*.py"))
+    found = set()
+    for path in [ROOT / "README.md", *paths]:
+        found |= set(re.findall(r"from (lance_cdf[\w.]*) import", path.read_text()))
+        found |= set(re.findall(r"^\s*import (lance_cdf[\w.]*)", path.read_text(), re.M))
+    assert found, "no import found: the pattern is wrong"
+    assert found <= set(PUBLIC) | set(DOCUMENTED_WHOLE), sorted(found)
+
+
 # ------------------------------------------------------------------ the README's tour
 def _readme_blocks(language: str) -> list[str]:
     text = (ROOT / "README.md").read_text()

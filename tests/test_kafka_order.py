@@ -16,9 +16,9 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import lance_cdf
+import lance_cdf.spark
 from lance_cdf.kafka.publisher import commit_order
 from lance_cdf.spark.publish.runner import route
-from lance_cdf.spark.sink import kafka_sink as spark_sink
 from lance_cdf.spark.sink.work import SlotWork
 from lance_cdf.spark.source.handoff import WorkItem
 
@@ -144,7 +144,7 @@ def publish_routed(
     (option writerSlots: each task reads its own share, as `lance-cdf publish` does) or
     "route" (publish.route: a repartition of the events by partition)."""
     topic = new_topic(kafka_broker.bootstrap_servers)
-    spark_sink.register(spark)
+    lance_cdf.spark.register(spark)
     reader = spark.readStream.format("lance-cdf").option("path", uri)
     for k, v in {"startingVersion": 1, "keyHash": "id", **source}.items():
         reader = reader.option(k, v)

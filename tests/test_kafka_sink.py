@@ -12,6 +12,7 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 import lance_cdf
+import lance_cdf.spark
 from lance_cdf.kafka.endpoints import PublishError, check_broker, check_registry
 from lance_cdf.spark.sink import kafka_sink as spark_sink
 
@@ -109,7 +110,7 @@ def expected_records(uri):
 def test_stream_to_kafka_equals_read_changes(spark, tmp_path, kafka_broker, schema_registry):
     uri = make(tmp_path)
     topic = f"cdf-{uuid.uuid4().hex[:8]}"
-    spark_sink.register(spark)
+    lance_cdf.spark.register(spark)
     changes = spark.readStream.format("lance-cdf").option("path", uri)
     writer = (
         changes.option("startingVersion", 1)
@@ -258,7 +259,7 @@ def test_broker_restart_while_publishing_loses_nothing(
         pa.table({"id": np.arange(5), "n": np.zeros(5)}), uri, enable_stable_row_ids=True
     )
     topic = f"restart-{uuid.uuid4().hex[:8]}"
-    spark_sink.register(spark)
+    lance_cdf.spark.register(spark)
     q = (
         spark.readStream.format("lance-cdf")
         .option("path", uri)

@@ -25,7 +25,7 @@ ALLOWED = {
     "ops": {"format", "retry", "errors"},
     "core": {"ops", "format", "retry", "errors"},
     "avro": {"errors"},
-    "": {"core", "ops", "errors"},
+    "": {"core", "ops", "format", "errors"},
     "kafka": {"", "avro", "core", "ops", "format", "retry", "errors"},
     "spark.source": {"core", "ops", "format", "retry", "errors"},
     "spark.sink": {"spark.source", "kafka", "avro", "core", "ops", "format", "retry", "errors"},

@@ -281,10 +281,10 @@ def test_killed_driver_restarts_without_loss_or_duplicates(spark, tmp_path):
     out, ck = str(tmp_path / "out"), str(tmp_path / "ck")
     script = textwrap.dedent(f"""
         from pyspark.sql import SparkSession
-        import lance_cdf.spark.source
+        import lance_cdf.spark
         spark = (SparkSession.builder.master("local[1]").config("spark.ui.enabled", "false")
                  .config("spark.sql.session.timeZone", "UTC").getOrCreate())
-        lance_cdf.spark.source.register(spark)
+        lance_cdf.spark.register(spark)
         (spark.readStream.format("lance-cdf").option("path", {uri!r}).option("startingVersion", 1)
          .option("maxVersionsPerTrigger", 1).load()
          .writeStream.format("parquet").option("path", {out!r}).option("checkpointLocation", {ck!r})

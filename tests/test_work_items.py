@@ -21,6 +21,7 @@ from pyspark.sql.streaming.datasource import ReadAllAvailable
 from test_kafka_order import consume_by_key
 
 import lance_cdf
+import lance_cdf.spark
 from lance_cdf.errors import WorkItemError
 from lance_cdf.spark.sink import kafka_sink as spark_sink
 from lance_cdf.spark.source.data_source import LanceCdfDataSource
@@ -216,7 +217,7 @@ def test_work_rows_hold_no_storage_option_and_the_sink_reads_with_its_own(
     topic = f"work-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, 4, 1)])[topic].result(30)
-    spark_sink.register(spark)
+    lance_cdf.spark.register(spark)
     writer = stream().writeStream.format("lance-cdf-kafka")
     sink = {
         "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
@@ -257,7 +258,7 @@ def test_a_foreign_work_column_fails_the_query_before_anything_runs(
     """A stream of someone else's `_work` column (here a pickle that would create a file)
     written to the sink: the query fails with WorkItemError, the file never appears."""
     touched = tmp_path / "touched"
-    spark_sink.register(spark)
+    lance_cdf.spark.register(spark)
     sink = {
         "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
         "topic": "unused",

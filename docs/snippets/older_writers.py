@@ -1,5 +1,5 @@
 import lance_cdf
-from lance_cdf.core.plan import plan_version
+from lance_cdf import plan_version
 
 uri = "tests/fixtures/old_tables/pylance-0.36.0.lance"   # written by pylance 0.36.0
 feed = lance_cdf.ChangeFeed(uri)

@@ -1,5 +1,5 @@
-import lance_cdf.spark.source
+import lance_cdf.spark
 
 source = query.lastProgress["sources"][0]
 print(source["endOffset"], source["latestOffset"])  # {"version": 3, "table": ...} and {"version": 3}
-print(lance_cdf.spark.source.lag(query))               # 0
+print(lance_cdf.spark.lag(query))               # 0

@@ -83,6 +83,22 @@ def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str
     return lease
 
 
+def register(spark: SparkSession) -> None:
+    """Make `format("lance-cdf")`, the SQL table-valued function `lance_table_changes(path,
+    start [, end])` and, where the Kafka extra is installed, `format("lance-cdf-kafka")`
+    available in this Spark session (PySpark >= 4.0 finds both data sources without it)."""
+    from lance_cdf.spark.source import table_changes
+    from lance_cdf.spark.source.data_source import LanceCdfDataSource
+
+    spark.dataSource.register(LanceCdfDataSource)
+    table_changes.register(spark)
+    try:
+        from lance_cdf.spark.sink.kafka_sink import LanceCdfKafkaSink
+    except ImportError:  # (lance-cdf[spark] without the Kafka extra: no sink)
+        return
+    spark.dataSource.register(LanceCdfKafkaSink)
+
+
 def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
     """The stream (read with option keyHash) routed for `tasks` parallel writers that keep
     per-key order: each record's Kafka partition is `_key_hash % partitions`, and a hash
@@ -260,11 +276,7 @@ def _start_query(
 ) -> tuple[StreamingQuery | None, int, int]:
     """The streaming query started (None: stopped during start-up, nothing started), its
     writer tasks and the partitions they share."""
-    from lance_cdf.spark.sink import kafka_sink as spark_sink
-    from lance_cdf.spark.source import register
-
     register(spark)
-    spark_sink.register(spark)
     writers = settings.run.writers
     tasks = min(partitions, writers or spark.sparkContext.defaultParallelism)
     if settings.database is not None:  # new topics get as many partitions as there are writers

@@ -69,7 +69,6 @@ if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer ta
 
 if TYPE_CHECKING:
     import pyarrow as pa
-    from pyspark.sql import SparkSession
 
     from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.kafka.publisher import KafkaChangePublisher
@@ -628,8 +627,3 @@ def restore_types(events: pa.Table, exact: pa.Schema) -> pa.Table:
             ) from None
         events = events.set_column(i, events.schema.field(i).with_type(f.type), column)
     return events
-
-
-def register(spark: SparkSession) -> None:
-    """Make `format("lance-cdf-kafka")` available in this Spark session."""
-    spark.dataSource.register(LanceCdfKafkaSink)

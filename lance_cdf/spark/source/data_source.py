@@ -2,7 +2,7 @@
 
 One table's batch and streaming reads are readers.py's; a whole database's, as work items
 (database.py) or as events (database_events.py). Spark finds the class through
-`pyspark_lance_cdf` or `lance_cdf.spark.source.register`.
+`pyspark_lance_cdf` or `lance_cdf.spark.register`.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class LanceCdfDataSource(DataSource):
     `_commit_version`, `_commit_timestamp`, `_rowid` — with the options of the Spark
     options reference (`path`, `startingVersion`, `endingVersion`, `columns`,
     `maxVersionsPerTrigger`, `netChanges`, `storage.<key>`, ...). Registered by
-    `lance_cdf.spark.source.register(spark)`, or found without a call on PySpark >= 4.0.
+    `lance_cdf.spark.register(spark)`, or found without a call on PySpark >= 4.0.
 
     Raises (at `load()`, as a `LanceCdfError` inside Spark's error): unknown options or
     bad values, a table that does not exist or lacks stable row IDs, a version that is not
