@@ -152,23 +152,9 @@ def session_builder(
     return builder, chosen
 
 
-# The JVM of a local publisher, smaller (the figures: docs/benchmarks.md, "Publisher
-# footprint"). With the JVM's defaults most of its memory is a heap G1 keeps at the size it
-# grew to (far above what is live), metaspace, G1's own structures and JIT code. The serial
-# collector (no G1 structures; its pauses on a heap this size are milliseconds) and the
-# client compiler only (C1: less code, no C2 compiler arenas) take a good part of that off.
-# A publisher's JVM moves bytes between the Python processes: C2's peak speed buys it
-# nothing measurable at a commit a second (the latency figures in docs/benchmarks.md are
-# with these options; a large backfill's throughput with C1 only was not measured).
-# -Xms64m: the initial heap is otherwise 1/64 of the host's memory, and every page the
-# collector touches in it stays resident: the JVM grew toward that size; from 64 MB the
-# heap grows to what is live. The heap limit (Spark's driver memory, 1 GB by default) is
-# unchanged: a large snapshot batch still fits.
-# -Xmn16m: the young generation at 16 MB instead of a third of the heap (the serial
-# collector's default), every page of which the collector cycles through and keeps
-# resident: a smaller JVM for more, shorter young collections (about one per micro-batch
-# at a commit a second) and no more full ones. The old generation still grows
-# to the heap limit: a large micro-batch's objects are promoted there, not refused.
+# The JVM of a local publisher, smaller: the serial collector, the client compiler only,
+# a small initial heap and young generation; the heap limit (Spark's driver memory) is
+# unchanged. Why each option: docs/reference/internals.md, "The local publisher's JVM".
 LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m -Xmn16m"
 
 
