@@ -69,7 +69,9 @@ def replica_consumer_config(
     replicator with the replica's own record of its position; a static member
     `instance_id` of its group where given (`replica_instance_id`; the user's
     `group.instance.id` wins, an empty one makes it a dynamic member)."""
-    static = {"group.instance.id": instance_id} if instance_id else {}
+    # a static member stays in its group for its session after it stopped (tools that
+    # need the group empty, an offset reset, wait that long): 10 s rather than 45
+    static = {"group.instance.id": instance_id, "session.timeout.ms": 10_000} if instance_id else {}
     config = connection.consumer(
         defaults={
             "auto.offset.reset": "earliest",
