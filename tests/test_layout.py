@@ -24,7 +24,7 @@ ALLOWED = {
     "format": {"retry", "errors"},
     "ops": {"format", "retry", "errors"},
     "core": {"ops", "format", "retry", "errors"},
-    "avro": {"errors"},
+    "avro": {"core", "errors"},  # core: only its names (change_types), no pyarrow
     "": {"core", "ops", "format", "errors"},
     "kafka": {"", "avro", "core", "ops", "format", "retry", "errors"},
     "spark.source": {"core", "ops", "format", "retry", "errors"},

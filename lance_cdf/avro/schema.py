@@ -46,6 +46,7 @@ import pyarrow as pa
 import pyarrow.types as pat
 
 from lance_cdf.avro.names import Namer, TableName, avro_name
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.errors import LanceCdfError
 
 # Avro schemas and records are JSON-like documents handed to and taken from fastavro and
@@ -74,7 +75,12 @@ _TAGGED = {
         pa.float16(),
     )
 }
-OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
+OPS = {
+    ChangeType.INSERT: "c",
+    ChangeType.UPDATE_POST: "u",
+    ChangeType.DELETE: "d",
+    ChangeType.SNAPSHOT: "r",
+}
 # Debezium's source.snapshot values used here ("true" for a snapshot read, "false" for a
 # change; "last" is not written: a snapshot spans micro-batches that do not know its end).
 SNAPSHOT_VALUES = {True: "true", False: "false"}
@@ -274,13 +280,15 @@ def change_records(
     for row in rows:
         kind = row["_change_type"]
         image = {avro: row[col] for avro, col in names}
-        if kind == "update_preimage":
+        if kind == ChangeType.UPDATE_PRE:
             pending_pre = image
             continue
         before = (
-            pending_pre if kind == "update_postimage" else (image if kind == "delete" else None)
+            pending_pre
+            if kind == ChangeType.UPDATE_POST
+            else (image if kind == ChangeType.DELETE else None)
         )
-        after = None if kind == "delete" else image
+        after = None if kind == ChangeType.DELETE else image
         pending_pre = None
         commit_version = row["_commit_version"]
         commit_ts = row["_commit_timestamp"]
@@ -289,7 +297,7 @@ def change_records(
             "connector": "lance-cdf",
             "name": table.prefix,
             "ts_ms": _millis(commit_ts),
-            "snapshot": SNAPSHOT_VALUES[kind == "snapshot"],
+            "snapshot": SNAPSHOT_VALUES[kind == ChangeType.SNAPSHOT],
             "db": table.uri,
             "table": table.table,
             "commit_version": commit_version,
@@ -310,7 +318,7 @@ def change_records(
             "ts_ms": now_ms,
             "transaction": _block(table.namespace, commit_version, row.get(TOTAL_ORDER)),
         }
-        out.append((key, value, {"tombstone": kind == "delete"}))
+        out.append((key, value, {"tombstone": kind == ChangeType.DELETE}))
     return out
 
 

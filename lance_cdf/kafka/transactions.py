@@ -27,6 +27,7 @@ import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import TYPE_CHECKING
 
 import fastavro
@@ -166,11 +167,18 @@ class VersionCounts:
             self.partitions[p] = (e0 + e, r0 + r)
 
 
+class TransactionStatus(StrEnum):
+    """A transaction record's `status`: the BEGIN or the END of a commit version."""
+
+    BEGIN = "BEGIN"
+    END = "END"
+
+
 @dataclass(frozen=True)
 class TransactionRecord:
     """A decoded BEGIN or END record."""
 
-    status: str  # "BEGIN" | "END"
+    status: TransactionStatus
     id: str
     version: int
     event_count: int | None
@@ -219,7 +227,7 @@ def table_definition(rec: AvroRecord) -> TableDefinition:
 
 
 def transaction_value(
-    status: str,
+    status: TransactionStatus,
     namespace: str,
     counts: VersionCounts,
     ts_ms: int,
@@ -227,10 +235,10 @@ def transaction_value(
 ) -> AvroRecord:
     """The value record (fastavro's dict) of a BEGIN or an END (`definition`: on an END,
     the table's definition at the version, when it changed)."""
-    end = status == "END"
+    end = status == TransactionStatus.END
     routed = -1 not in counts.partitions
     return {
-        "status": status,
+        "status": str(status),  # the plain string, as fastavro writes it
         "id": f"{namespace}:{counts.version}",
         "event_count": counts.events if end else None,
         "data_collections": [{"data_collection": namespace, "event_count": counts.events}]
@@ -261,7 +269,7 @@ class TransactionDecoder:
             text = self.registry.get_schema(schema_id).schema_str
             self.parsed[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
         rec = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
-        if not isinstance(rec, dict) or rec.get("status") not in ("BEGIN", "END"):
+        if not isinstance(rec, dict) or rec.get("status") not in tuple(TransactionStatus):
             raise TransactionMetadataError(
                 f"a transaction-topic record with schema id {schema_id} is not a BEGIN/END "
                 "record; point --transaction-topic at lance-cdf's transaction topic"
@@ -272,7 +280,7 @@ class TransactionDecoder:
         parts = rec.get("lance_cdf_partitions")
         table = rec.get("lance_cdf_table")
         return TransactionRecord(
-            rec["status"],
+            TransactionStatus(rec["status"]),
             rec["id"],
             int(version),
             rec.get("event_count"),
@@ -392,11 +400,11 @@ class TransactionWriter:
         now = int(time.time() * 1000)
         sent = 0
         for counts in sorted(versions, key=lambda c: c.version):
-            statuses = ["BEGIN", "END"]
+            statuses = [TransactionStatus.BEGIN, TransactionStatus.END]
             if last is not None and counts.version <= last.version:
-                if counts.version < last.version or last.status == "END":
+                if counts.version < last.version or last.status == TransactionStatus.END:
                     continue
-                statuses = ["END"]  # an earlier attempt stopped between the two
+                statuses = [TransactionStatus.END]  # an earlier attempt stopped between the two
             key = self.key_writer.encode({"id": f"{self.namespace}:{counts.version}"})
             for status in statuses:
                 carried = table if counts.version == end else None
