@@ -207,3 +207,26 @@ def test_exact_arrow_types_survive_the_avro_schema(t):
     schema = pa.schema([pa.field("c", t, nullable=False)])
     assert row_arrow_schema(envelope_schema(schema, "t")) == schema
     assert arrow_type(row_schema(schema, "t")["fields"][0]["type"]) == (t, False)
+
+
+def test_writer_schemas_load_each_id_once_and_read_the_wire_format():
+    """avro/wire.py's WriterSchemas (the replicator's and the transaction topic's
+    decoders): a schema id's writer schema loaded and parsed once, records read with it."""
+    from lance_cdf.avro.wire import WriterSchemas, header
+
+    schema = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    loads: list[int] = []
+
+    def load(schema_id: int) -> dict:
+        loads.append(schema_id)
+        return schema
+
+    schemas = WriterSchemas(load)
+    parsed = fastavro.parse_schema(schema)
+    for value in (1, 2):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, {"a": value})
+        assert schemas.read(header(7) + body.getvalue()) == (7, {"a": value})
+    assert loads == [7]
+    with pytest.raises(ValueError, match="wire format"):
+        schemas.read(b"\x01junk")

@@ -22,18 +22,16 @@ one and where: spark/sink/definition_sync.py), with `event_count` 0 and
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.avro.wire import WireWriter, split
+from lance_cdf.avro.wire import WireWriter, WriterSchemas
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.kafka import clients
@@ -42,8 +40,6 @@ from lance_cdf.ops.clientconfig import KafkaConnection, Setting
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
 if TYPE_CHECKING:
-    from fastavro.types import Schema as ParsedSchema
-
     from lance_cdf.avro.schema import AvroRecord, AvroSchema
 
 SUFFIX = ".transaction"
@@ -261,14 +257,13 @@ class TransactionDecoder:
 
     def __init__(self, registry: SchemaRegistryClient):
         self.registry = registry
-        self.parsed: dict[int, ParsedSchema] = {}
+        self.writer_schemas = WriterSchemas(self._load)
+
+    def _load(self, schema_id: int) -> Any:
+        return json.loads(self.registry.get_schema(schema_id).schema_str or "null")
 
     def decode(self, payload: bytes) -> TransactionRecord:
-        schema_id, body = split(payload)
-        if schema_id not in self.parsed:
-            text = self.registry.get_schema(schema_id).schema_str
-            self.parsed[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
-        rec = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
+        schema_id, rec = self.writer_schemas.read(payload)
         if not isinstance(rec, dict) or rec.get("status") not in tuple(TransactionStatus):
             raise TransactionMetadataError(
                 f"a transaction-topic record with schema id {schema_id} is not a BEGIN/END "
