@@ -413,6 +413,7 @@ def test_the_wheel_holds_what_users_run(tmp_path):
         "lance_cdf/spark/source/data_source.py",
         "lance_cdf/py.typed",
         "lance_cdf/avro/schemas/key.avsc",
+        "lance_cdf/avro/schemas/transaction.avsc",
         "pyspark_lance_cdf/__init__.py",
         "pyspark_lance_cdf_kafka/__init__.py",
     ):

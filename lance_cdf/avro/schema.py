@@ -38,13 +38,12 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
-from importlib import resources
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.types as pat
 
+from lance_cdf.avro.avsc import load_avsc
 from lance_cdf.avro.names import Namer, TableName, avro_name
 from lance_cdf.core.change_types import ChangeType
 from lance_cdf.errors import LanceCdfError
@@ -56,9 +55,6 @@ AvroSchema = dict[str, Any]  # a named type, a field, an envelope
 AvroType = str | list[Any] | AvroSchema  # a field's type: a name, a union or a schema
 AvroRecord = dict[str, Any]  # a record's values by field name
 
-# The envelope / source / key schemas: the project's schemas/ directory, linked into the
-# package as avro/schemas (importlib.resources also reads them from a --py-files zip).
-SCHEMAS = resources.files("lance_cdf.avro") / "schemas"
 # Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
 FIXED_SIZE = "arrow.fixedSize"
 # Extra attribute on an int/long/float that came from a narrower or unsigned Arrow type.
@@ -90,11 +86,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 # in commit order (the hand-off writer task numbers them: spark/sink/work.py): the envelope's
 # `transaction` block (`total_order`, `data_collection_order`); without it the block is null.
 TOTAL_ORDER = "_total_order"
-
-
-def load_avsc(name: str) -> AvroSchema:
-    schema: AvroSchema = json.loads((SCHEMAS / f"{name}.avsc").read_text())
-    return schema
 
 
 def avro_type(t: pa.DataType, path: str, names: Namer) -> AvroType:

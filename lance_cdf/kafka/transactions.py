@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
+from lance_cdf.avro.avsc import load_avsc
 from lance_cdf.avro.wire import WireWriter, WriterSchemas
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
@@ -45,95 +46,11 @@ if TYPE_CHECKING:
 SUFFIX = ".transaction"
 # the flags that name another transaction topic, or none (for the messages)
 OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
-_NS = "io.debezium.connector.common"
-KEY_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TransactionMetadataKey",
-    "namespace": _NS,
-    "fields": [{"name": "id", "type": "string"}],
-}
-# a table's definition (format/definitions.py), on the END of the version it describes
-# whenever it changed; absent: unchanged
-TABLE_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TableDefinition",
-    "namespace": "lance_cdf",
-    "fields": [
-        {
-            "name": "indexes",
-            "type": {
-                "type": "array",
-                "items": {
-                    "type": "record",
-                    "name": "IndexDefinition",
-                    "fields": [
-                        {"name": "name", "type": "string"},
-                        {"name": "index_type", "type": "string"},
-                        {"name": "columns", "type": {"type": "array", "items": "string"}},
-                        {"name": "params", "type": "string"},
-                    ],
-                },
-            },
-        },
-        {"name": "config", "type": {"type": "map", "values": "string"}},
-        {"name": "schema_metadata", "type": {"type": "map", "values": "bytes"}},
-        {
-            "name": "field_metadata",
-            "type": {"type": "map", "values": {"type": "map", "values": "bytes"}},
-        },
-    ],
-}
-VALUE_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TransactionMetadataValue",
-    "namespace": _NS,
-    "fields": [
-        {"name": "status", "type": "string"},
-        {"name": "id", "type": "string"},
-        {"name": "event_count", "type": ["null", "long"], "default": None},
-        {
-            "name": "data_collections",
-            "default": None,
-            "type": [
-                "null",
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "record",
-                        "name": "DataCollection",
-                        "fields": [
-                            {"name": "data_collection", "type": "string"},
-                            {"name": "event_count", "type": "long"},
-                        ],
-                    },
-                },
-            ],
-        },
-        {"name": "ts_ms", "type": "long"},
-        {"name": "lance_cdf_version", "type": ["null", "long"], "default": None},
-        {
-            "name": "lance_cdf_partitions",
-            "default": None,
-            "type": [
-                "null",
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "record",
-                        "name": "PartitionCount",
-                        "namespace": "lance_cdf",
-                        "fields": [
-                            {"name": "partition", "type": "int"},
-                            {"name": "event_count", "type": "long"},
-                            {"name": "record_count", "type": "long"},
-                        ],
-                    },
-                },
-            ],
-        },
-        {"name": "lance_cdf_table", "default": None, "type": ["null", TABLE_SCHEMA]},
-    ],
-}
+# The transaction records' schemas: schemas/transaction_key.avsc and transaction.avsc (the
+# value; on an END where the table's definition changed, `lance_cdf_table` carries it:
+# format/definitions.py), Debezium's TransactionMetadataKey / Value with lance-cdf's fields
+KEY_SCHEMA: AvroSchema = load_avsc("transaction_key")
+VALUE_SCHEMA: AvroSchema = load_avsc("transaction")
 
 
 # given the transaction topic's last record (None: empty), the table's definition to send
