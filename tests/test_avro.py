@@ -207,3 +207,47 @@ def test_exact_arrow_types_survive_the_avro_schema(t):
     schema = pa.schema([pa.field("c", t, nullable=False)])
     assert row_arrow_schema(envelope_schema(schema, "t")) == schema
     assert arrow_type(row_schema(schema, "t")["fields"][0]["type"]) == (t, False)
+
+
+def test_writer_schemas_load_each_id_once_and_read_the_wire_format():
+    """avro/wire.py's WriterSchemas (the replicator's and the transaction topic's
+    decoders): a schema id's writer schema loaded and parsed once, records read with it."""
+    from lance_cdf.avro.wire import WriterSchemas, header
+
+    schema = {"type": "record", "name": "R", "fields": [{"name": "a", "type": "long"}]}
+    loads: list[int] = []
+
+    def load(schema_id: int) -> dict:
+        loads.append(schema_id)
+        return schema
+
+    schemas = WriterSchemas(load)
+    parsed = fastavro.parse_schema(schema)
+    for value in (1, 2):
+        body = io.BytesIO()
+        fastavro.schemaless_writer(body, parsed, {"a": value})
+        assert schemas.read(header(7) + body.getvalue()) == (7, {"a": value})
+    assert loads == [7]
+    with pytest.raises(ValueError, match="wire format"):
+        schemas.read(b"\x01junk")
+
+
+def test_the_transaction_schemas_are_the_files_and_register_as_before():
+    """schemas/transaction_key.avsc and transaction.avsc, loaded in their keys' order: the
+    text WireWriter registers (json.dumps) is the one earlier builds registered, so the
+    registry keeps the subject's schema and id (a reordered key would register a new one)."""
+    import hashlib
+    import json
+
+    from lance_cdf.avro.avsc import load_avsc
+    from lance_cdf.kafka.transactions import KEY_SCHEMA, VALUE_SCHEMA
+
+    assert KEY_SCHEMA == load_avsc("transaction_key")
+    assert VALUE_SCHEMA == load_avsc("transaction")
+    registered = {
+        "eaef26eaa0fda404921cad84fc947704c91bbd0a45c1bd994e8796ea893fb64c": KEY_SCHEMA,
+        "6fec0ffaf07cf5988b701ed44e6cfa118cba5b67e2ecef38c4392be6fd90eef5": VALUE_SCHEMA,
+    }
+    for digest, schema in registered.items():
+        assert hashlib.sha256(json.dumps(schema).encode()).hexdigest() == digest
+    fastavro.parse_schema(VALUE_SCHEMA)  # a valid schema

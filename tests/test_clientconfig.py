@@ -76,6 +76,12 @@ def test_parse_properties_the_subset_kafka_users_write():
     assert len(got) == 18
 
 
+def test_a_malformed_unicode_escape_names_its_line():
+    text = "a=1\r\n\f\n# note\nb=ok\\\n  more\nbad=\\u00zz\n"
+    with pytest.raises(ClientConfigError, match=r"^client.properties:6: malformed \\uXXXX"):
+        parse_properties(text, "client.properties")
+
+
 @pytest.mark.integration  # runs the JDK: java.util.Properties is the oracle
 def test_parse_properties_agrees_with_java_util_properties(tmp_path):
     from lance_cdf_devtools.process import java_executable

@@ -197,6 +197,7 @@ def test_publish_flags_one_table_or_a_database(flags, says, capsys):
 
 
 def test_clients_per_process_are_bounded_and_flushed_when_evicted():
+    from lance_cdf.format.cache import LruCache
     from lance_cdf.spark.sink import kafka_sink as sink
 
     class Client:
@@ -211,11 +212,17 @@ def test_clients_per_process_are_bounded_and_flushed_when_evicted():
         def close(self):
             self.closed = True
 
-    cache = {i: Client() for i in range(sink.MAX_CLIENTS)}
+    for kept in (sink._PUBLISHERS, sink._TRANSACTION_WRITERS):
+        assert kept.size == sink.MAX_CLIENTS and kept.on_evict is sink._retire
+    cache = LruCache(sink.MAX_CLIENTS, sink._retire)  # as the sink keeps them
+    for i in range(sink.MAX_CLIENTS):
+        cache.put(i, Client())
     first = cache[0]
-    sink._evict(cache)  # room for one more: the least recently used goes, flushed first
-    assert len(cache) == sink.MAX_CLIENTS - 1 and 0 not in cache
-    assert first.flushed and first.closed
+    cache.put(0, first)  # used again: the next one is now the least recently used
+    second = cache[1]
+    cache.put(sink.MAX_CLIENTS, Client())  # one more: the least recently used goes, flushed
+    assert len(cache) == sink.MAX_CLIENTS and 1 not in cache and 0 in cache
+    assert second.flushed and second.closed and not first.flushed
 
 
 def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_path):

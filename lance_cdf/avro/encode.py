@@ -32,6 +32,7 @@ import pyarrow.types as pat
 
 from lance_cdf.avro.names import TableName
 from lance_cdf.avro.schema import OPS, SNAPSHOT_VALUES, TOTAL_ORDER
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.errors import AvroEncodeDeclined
 
 _US = {"s": 1_000_000, "ms": 1_000, "us": 1}
@@ -467,14 +468,14 @@ def _transaction_parts(
     return [_const(b"\x02", len(rows)), Padded(ids[inverse], id_lens[inverse]), order, order]
 
 
-def _change_kinds(events: pa.Table) -> dict[str, np.ndarray]:
+def _change_kinds(events: pa.Table) -> dict[ChangeType, np.ndarray]:
     """Per change type (update_preimage and every one of `OPS`), which events have it."""
     kind_arr = _column(events, "_change_type")
     if pat.is_dictionary(kind_arr.type):
         kind_arr = kind_arr.cast(pa.string())
     kinds = {
         k: pc.equal(kind_arr, k).fill_null(False).to_numpy(zero_copy_only=False)
-        for k in ("update_preimage", *OPS)
+        for k in (ChangeType.UPDATE_PRE, *OPS)
     }
     if not np.logical_or.reduce(list(kinds.values())).all():
         raise AvroEncodeDeclined("unknown change type")  # fastavro path refuses it
@@ -482,11 +483,12 @@ def _change_kinds(events: pa.Table) -> dict[str, np.ndarray]:
 
 
 def _image_parts(
-    events: pa.Table, user_schema: pa.Schema, kinds: dict[str, np.ndarray], rows: np.ndarray
+    events: pa.Table, user_schema: pa.Schema, kinds: dict[ChangeType, np.ndarray], rows: np.ndarray
 ) -> list[Part]:
     """The envelope's `before` and `after` unions of the records at event `rows`: an
     update's postimage carries the preimage before it, a delete only `before`."""
-    pre, post, delete = kinds["update_preimage"], kinds["update_postimage"], kinds["delete"]
+    pre, post = kinds[ChangeType.UPDATE_PRE], kinds[ChangeType.UPDATE_POST]
+    delete = kinds[ChangeType.DELETE]
     after_pre = np.zeros(events.num_rows, bool)
     after_pre[1:] = pre[:-1]
     has_before = (post & after_pre)[rows] | delete[rows]
@@ -506,9 +508,9 @@ def _image_parts(
     ]
 
 
-def _op_part(kinds: dict[str, np.ndarray], rows: np.ndarray) -> Padded:
+def _op_part(kinds: dict[ChangeType, np.ndarray], rows: np.ndarray) -> Padded:
     """The envelope's `op` (a one-letter string) of the records at event `rows`."""
-    kind_code = np.zeros(len(kinds["delete"]), np.uint8)
+    kind_code = np.zeros(len(kinds[ChangeType.DELETE]), np.uint8)
     for kind, letter in OPS.items():
         kind_code[kinds[kind]] = ord(letter)
     op = np.empty((len(rows), 2), np.uint8)
@@ -578,7 +580,7 @@ def encode_changes(
     if not can_encode(user_schema):
         raise AvroEncodeDeclined("a column type has no vectorised encoder")
     kinds = _change_kinds(events)
-    rows = np.flatnonzero(~kinds["update_preimage"])  # one record per non-preimage row
+    rows = np.flatnonzero(~kinds[ChangeType.UPDATE_PRE])  # one record per non-preimage row
     n = len(rows)
     versions = _long_values(_column(events, "_commit_version"))[rows]
     unique, inverse = np.unique(versions, return_inverse=True)
@@ -593,7 +595,7 @@ def encode_changes(
             _string_bytes(version) + _string_bytes("lance-cdf") + _string_bytes(table.prefix), n
         ),
         _zigzag_varint(commit_ms),  # source.ts_ms
-        _snapshot_part(kinds["snapshot"][rows]),
+        _snapshot_part(kinds[ChangeType.SNAPSHOT][rows]),
         _const(_string_bytes(table.uri) + _string_bytes(table.table), n),
         _zigzag_varint(versions),
         _zigzag_varint(commit_ms),  # source.commit_timestamp
@@ -606,5 +608,5 @@ def encode_changes(
     return EncodedChanges(
         keys=assemble([_const(key_prefix, n), *key_parts], n),
         values=assemble(value_parts, n),
-        tombstone=kinds["delete"][rows],
+        tombstone=kinds[ChangeType.DELETE][rows],
     )

@@ -38,14 +38,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-import json
-from importlib import resources
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.types as pat
 
+from lance_cdf.avro.avsc import load_avsc
 from lance_cdf.avro.names import Namer, TableName, avro_name
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.errors import LanceCdfError
 
 # Avro schemas and records are JSON-like documents handed to and taken from fastavro and
@@ -55,9 +55,6 @@ AvroSchema = dict[str, Any]  # a named type, a field, an envelope
 AvroType = str | list[Any] | AvroSchema  # a field's type: a name, a union or a schema
 AvroRecord = dict[str, Any]  # a record's values by field name
 
-# The envelope / source / key schemas: the project's schemas/ directory, linked into the
-# package as avro/schemas (importlib.resources also reads them from a --py-files zip).
-SCHEMAS = resources.files("lance_cdf.avro") / "schemas"
 # Extra attribute on an Avro array that came from fixed_size_list<T>[n] (Avro ignores it).
 FIXED_SIZE = "arrow.fixedSize"
 # Extra attribute on an int/long/float that came from a narrower or unsigned Arrow type.
@@ -74,7 +71,12 @@ _TAGGED = {
         pa.float16(),
     )
 }
-OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
+OPS = {
+    ChangeType.INSERT: "c",
+    ChangeType.UPDATE_POST: "u",
+    ChangeType.DELETE: "d",
+    ChangeType.SNAPSHOT: "r",
+}
 # Debezium's source.snapshot values used here ("true" for a snapshot read, "false" for a
 # change; "last" is not written: a snapshot spans micro-batches that do not know its end).
 SNAPSHOT_VALUES = {True: "true", False: "false"}
@@ -84,11 +86,6 @@ _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 # in commit order (the hand-off writer task numbers them: spark/sink/work.py): the envelope's
 # `transaction` block (`total_order`, `data_collection_order`); without it the block is null.
 TOTAL_ORDER = "_total_order"
-
-
-def load_avsc(name: str) -> AvroSchema:
-    schema: AvroSchema = json.loads((SCHEMAS / f"{name}.avsc").read_text())
-    return schema
 
 
 def avro_type(t: pa.DataType, path: str, names: Namer) -> AvroType:
@@ -274,13 +271,15 @@ def change_records(
     for row in rows:
         kind = row["_change_type"]
         image = {avro: row[col] for avro, col in names}
-        if kind == "update_preimage":
+        if kind == ChangeType.UPDATE_PRE:
             pending_pre = image
             continue
         before = (
-            pending_pre if kind == "update_postimage" else (image if kind == "delete" else None)
+            pending_pre
+            if kind == ChangeType.UPDATE_POST
+            else (image if kind == ChangeType.DELETE else None)
         )
-        after = None if kind == "delete" else image
+        after = None if kind == ChangeType.DELETE else image
         pending_pre = None
         commit_version = row["_commit_version"]
         commit_ts = row["_commit_timestamp"]
@@ -289,7 +288,7 @@ def change_records(
             "connector": "lance-cdf",
             "name": table.prefix,
             "ts_ms": _millis(commit_ts),
-            "snapshot": SNAPSHOT_VALUES[kind == "snapshot"],
+            "snapshot": SNAPSHOT_VALUES[kind == ChangeType.SNAPSHOT],
             "db": table.uri,
             "table": table.table,
             "commit_version": commit_version,
@@ -310,7 +309,7 @@ def change_records(
             "ts_ms": now_ms,
             "transaction": _block(table.namespace, commit_version, row.get(TOTAL_ORDER)),
         }
-        out.append((key, value, {"tombstone": kind == "delete"}))
+        out.append((key, value, {"tombstone": kind == ChangeType.DELETE}))
     return out
 
 

@@ -6,13 +6,15 @@ from __future__ import annotations
 import io
 import json
 import struct
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 import fastavro
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
 if TYPE_CHECKING:  # (imported where used: Spark's commit process writes transaction
     import numpy as np  # records with WireWriter and has no other use for numpy)
+    from fastavro.types import Schema as ParsedSchema
 
     from lance_cdf.avro.schema import AvroRecord, AvroSchema
 
@@ -79,3 +81,26 @@ class WireWriter:
         buf.write(self.wire_header())
         fastavro.schemaless_writer(buf, self.parsed, record)
         return buf.getvalue()
+
+
+class WriterSchemas:
+    """The writer schemas of records in the wire format, by schema id: each loaded once
+    (`load`: the id's schema as JSON data, e.g. from the registry) and parsed for fastavro
+    once; `read` decodes a record with its writer schema."""
+
+    def __init__(self, load: Callable[[int], Any]):
+        self.load = load
+        self._parsed: dict[int, ParsedSchema] = {}
+
+    def parsed(self, schema_id: int) -> ParsedSchema:
+        """The parsed schema of `schema_id` (loaded the first time it is asked)."""
+        found = self._parsed.get(schema_id)
+        if found is None:
+            found = self._parsed[schema_id] = fastavro.parse_schema(self.load(schema_id))
+        return found
+
+    def read(self, payload: bytes) -> tuple[int, Any]:
+        """(schema id, the record fastavro reads) of one record in the wire format;
+        ValueError when it is not in the format."""
+        schema_id, body = split(payload)
+        return schema_id, fastavro.schemaless_reader(io.BytesIO(body), self.parsed(schema_id), None)

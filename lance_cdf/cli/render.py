@@ -8,9 +8,15 @@ import pyarrow as pa
 from rich.console import Console
 from rich.table import Table
 
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.events import CHANGE_TYPE, COMMIT_VERSION, META_COLUMNS, ROWID
 
-STYLES = {"insert": "green", "delete": "red", "update": "yellow", "snapshot": "cyan"}
+STYLES = {
+    ChangeType.INSERT: "green",
+    ChangeType.DELETE: "red",
+    "update": "yellow",  # an update's two images, printed as one line
+    ChangeType.SNAPSHOT: "cyan",
+}
 MAX_CELL = 40
 
 
@@ -36,10 +42,10 @@ def render_changes(reader: pa.RecordBatchReader, out: TextIO, limit: int | None 
     for batch in reader:
         for row in batch.to_pylist():
             kind = row[CHANGE_TYPE]
-            if kind == "update_preimage":
+            if kind == ChangeType.UPDATE_PRE:
                 pending_pre = row
                 continue
-            if kind == "update_postimage":
+            if kind == ChangeType.UPDATE_POST:
                 pre = pending_pre or {}
                 cells = []
                 for c in columns:

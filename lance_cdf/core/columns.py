@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
+from lance_cdf.format.operations import Operation
 
 FIELD_ID = b"lance-cdf:field-id"
 ORIGIN = b"lance-cdf:origin"  # the version a schema's tokens are counted from
@@ -186,7 +187,7 @@ class ColumnHistory:
             self._tokens[v] = self._matched(cur, prev, v, f"versions {prev + 1}..{v - 1}")
             return
         commit = self._commit_of(v)
-        if commit.operation == "Restore" and commit.restored is not None:
+        if commit.operation == Operation.RESTORE and commit.restored is not None:
             r = commit.restored
             if r in self._tokens:
                 there = self._tokens[r]
@@ -198,7 +199,7 @@ class ColumnHistory:
             self._tokens[v] = {f.id: there.get(f.id) or fresh(f.id) for f in cur}
             return
         self._tokens[v] = follow_columns(
-            prev_fields, prev_tokens, cur, commit.operation == "Overwrite", self._fresh(v)
+            prev_fields, prev_tokens, cur, commit.operation == Operation.OVERWRITE, self._fresh(v)
         )
 
     def _before_origin(self, r: int, at: int, r_fields: tuple[FieldState, ...]) -> dict[int, str]:

@@ -12,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 import pyarrow as pa
 
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.columns import strip
 from lance_cdf.core.plan import RowSet, VersionChanges
 from lance_cdf.core.rows import RowReader, take
@@ -28,10 +29,6 @@ META_FIELDS = [
     pa.field(COMMIT_TIMESTAMP, pa.timestamp("us", tz="UTC"), nullable=False),
 ]
 META_COLUMNS = [f.name for f in META_FIELDS]
-INSERT, DELETE = "insert", "delete"
-UPDATE_PRE, UPDATE_POST = "update_preimage", "update_postimage"
-SNAPSHOT = "snapshot"  # a row of the table as it stood at the snapshot version
-CHANGE_TYPES = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE)
 
 # rows as `RowReader.read_unordered` returns them: in read order, and each one's index
 _Image = tuple[pa.Table, np.ndarray]
@@ -94,7 +91,9 @@ def _pair_kinds(n: int) -> pa.Array:
     """update_preimage, update_postimage, ... for n pairs (built in Arrow: a numpy array
     of Python strings is slow to convert; docs/benchmarks.md, "Reading rows")."""
     codes = np.tile(np.array([0, 1], dtype=np.int32), n)
-    return pa.DictionaryArray.from_arrays(codes, [UPDATE_PRE, UPDATE_POST]).cast(pa.string())
+    return pa.DictionaryArray.from_arrays(
+        codes, [ChangeType.UPDATE_PRE, ChangeType.UPDATE_POST]
+    ).cast(pa.string())
 
 
 def _event_chunks(
@@ -132,7 +131,7 @@ def _event_chunks(
 
     for start in range(0, len(vc.deleted), step):
         rows = vc.deleted.take(slice(start, start + step))
-        yield _Chunk([read(rows, vc.read_version)], single(rows, DELETE))
+        yield _Chunk([read(rows, vc.read_version)], single(rows, ChangeType.DELETE))
     half = max(1, step // 2)
     for start in range(0, len(vc.update_post), half):
         pre, post = (
@@ -142,7 +141,7 @@ def _event_chunks(
         yield _Chunk([read(pre, vc.read_version), read(post, vc.version)], pairs(post))
     for start in range(0, len(vc.inserted), step):
         rows = vc.inserted.take(slice(start, start + step))
-        yield _Chunk([read(rows, vc.version)], single(rows, INSERT))
+        yield _Chunk([read(rows, vc.version)], single(rows, ChangeType.INSERT))
 
 
 # Row reads in flight at once while events are consumed: bounds memory to a few batches.

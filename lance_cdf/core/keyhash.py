@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.errors import LanceCdfError
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
@@ -85,7 +86,7 @@ def key_hash(events: pa.Table | pa.RecordBatch, key_columns: list[str]) -> np.nd
         h = _splitmix(h ^ _column_hash(col))
     kinds = events.column("_change_type")
     pre = np.flatnonzero(
-        pc.equal(kinds, "update_preimage").fill_null(False).to_numpy(zero_copy_only=False)
+        pc.equal(kinds, ChangeType.UPDATE_PRE).fill_null(False).to_numpy(zero_copy_only=False)
     )
     pre = pre[pre + 1 < n]
     h[pre] = h[pre + 1]

@@ -13,21 +13,12 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from lance_cdf.core.events import (
-    CHANGE_TYPE,
-    COMMIT_TIMESTAMP,
-    COMMIT_VERSION,
-    DELETE,
-    INSERT,
-    META_COLUMNS,
-    ROWID,
-    SNAPSHOT,
-    UPDATE_POST,
-    UPDATE_PRE,
-)
+from lance_cdf.core.change_types import ChangeType
+from lance_cdf.core.events import CHANGE_TYPE, COMMIT_TIMESTAMP, COMMIT_VERSION, META_COLUMNS, ROWID
 from lance_cdf.errors import LanceCdfError
 
-_KINDS = (INSERT, UPDATE_PRE, UPDATE_POST, DELETE, SNAPSHOT)
+# insert, update pre- and postimage, delete, snapshot (ChangeType's order): _INS.._SNAP
+_KINDS = tuple(kind.value for kind in ChangeType)
 _CODE = {kind: i for i, kind in enumerate(_KINDS)}
 _INS, _PRE, _POST, _DEL, _SNAP = range(len(_KINDS))
 
@@ -211,7 +202,7 @@ def drop_unchanged_batches(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Rec
         if carry is not None:
             table, carry = pa.concat_tables([carry, table]), None
         n = table.num_rows
-        if n and table.column(CHANGE_TYPE)[n - 1].as_py() == UPDATE_PRE:
+        if n and table.column(CHANGE_TYPE)[n - 1].as_py() == ChangeType.UPDATE_PRE:
             table, carry = table.slice(0, n - 1), table.slice(n - 1)
         kept = drop_unchanged_updates(table)
         if kept.num_rows:

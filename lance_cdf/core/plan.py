@@ -24,6 +24,7 @@ from pyroaring import BitMap
 
 from lance_cdf.errors import LanceCdfError, VersionNotFoundError
 from lance_cdf.format.manifest import FragmentInfo, Manifest
+from lance_cdf.format.operations import Operation
 from lance_cdf.format.table import UNKNOWN_VERSION, TableLog
 
 _U64 = np.uint64
@@ -170,7 +171,7 @@ def _bitmap_offsets(bitmap: BitMap) -> np.ndarray:
 
 # Operations that move or reshape rows without changing the values of the remaining
 # columns: a moved row with unrecorded versions is no event after them.
-_NO_VALUE_CHANGE = frozenset({"Rewrite", "Project"})
+_NO_VALUE_CHANGE = frozenset({Operation.REWRITE, Operation.PROJECT})
 
 
 def _rewritten_in_place(
@@ -272,7 +273,7 @@ def _moved_rows(
     changed = (known & (v_new != v_old)) | (~known & stamped)
     # a restore across add_columns drops or brings back a column without moving versions
     reshaped = old is not None and set(old.top_level_columns) != set(new.top_level_columns)
-    if reshaped and new.operation == "Restore":
+    if reshaped and new.operation == Operation.RESTORE:
         # the restored versions go back (or forth) with a column's presence: values of the
         # restored version's columns decide every moved row (lance_cdf.core.candidates): a
         # column it lacks is no change (as drop_columns), one it brings back is compared

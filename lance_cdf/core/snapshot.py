@@ -15,8 +15,9 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.columns import column_sources, conform, is_blob
-from lance_cdf.core.events import ROWID, SNAPSHOT, constant, with_meta
+from lance_cdf.core.events import ROWID, constant, with_meta
 from lance_cdf.core.rows import RowReader, with_blobs
 from lance_cdf.errors import LanceCdfError
 
@@ -90,5 +91,5 @@ def read_snapshot(
                 user = with_blobs(user.drop_columns([ROWADDR]), ds, blobs, addresses)
             user = conform(user, schema, rows.num_rows, sources)
             rowids = rows.column(ROWID).combine_chunks()
-            kinds = constant(SNAPSHOT, rows.num_rows)
+            kinds = constant(ChangeType.SNAPSHOT, rows.num_rows)
             yield from with_meta(user, rowids, kinds, version, manifest.timestamp_us).to_batches()

@@ -21,6 +21,7 @@ from google.protobuf.message import DecodeError
 from lance_cdf.errors import CorruptFileError
 from lance_cdf.format._proto import file_pb2, table_pb2, transaction_pb2
 from lance_cdf.format.deletions import deletion_file_path
+from lance_cdf.format.operations import Operation
 
 try:  # planning's byte readers in C (setup.py; optional: protobuf parses everything without)
     from lance_cdf.format import _decode as _native
@@ -53,21 +54,21 @@ LINEAGE_COLUMNS = {
 
 # Transaction oneof field name -> the operation name pylance uses.
 OPERATION_NAMES = {
-    "append": "Append",
-    "delete": "Delete",
-    "overwrite": "Overwrite",
-    "create_index": "CreateIndex",
-    "rewrite": "Rewrite",
-    "merge": "Merge",
-    "restore": "Restore",
-    "reserve_fragments": "ReserveFragments",
-    "update": "Update",
-    "project": "Project",
-    "update_config": "UpdateConfig",
-    "data_replacement": "DataReplacement",
-    "update_mem_wal_state": "UpdateMemWalState",
-    "clone": "Clone",
-    "update_bases": "UpdateBases",
+    "append": Operation.APPEND,
+    "delete": Operation.DELETE,
+    "overwrite": Operation.OVERWRITE,
+    "create_index": Operation.CREATE_INDEX,
+    "rewrite": Operation.REWRITE,
+    "merge": Operation.MERGE,
+    "restore": Operation.RESTORE,
+    "reserve_fragments": Operation.RESERVE_FRAGMENTS,
+    "update": Operation.UPDATE,
+    "project": Operation.PROJECT,
+    "update_config": Operation.UPDATE_CONFIG,
+    "data_replacement": Operation.DATA_REPLACEMENT,
+    "update_mem_wal_state": Operation.UPDATE_MEM_WAL_STATE,
+    "clone": Operation.CLONE,
+    "update_bases": Operation.UPDATE_BASES,
 }
 
 
@@ -345,11 +346,11 @@ class Manifest:
 
     @property
     def operation(self) -> str:
-        """Name of the operation that made this version ("Unknown" if not recorded)."""
-        if self.transaction is None:
-            return "Unknown"
-        kind = self.transaction.WhichOneof("operation")
-        return OPERATION_NAMES.get(kind, "Unknown") if kind else "Unknown"
+        """Name of the operation that made this version ("Unknown" if not recorded): the
+        plain string (plan summaries print it), equal to its `Operation`."""
+        t = self.transaction
+        kind = t.WhichOneof("operation") if t is not None else None
+        return OPERATION_NAMES.get(kind or "", Operation.UNKNOWN).value
 
     @property
     def restored_version(self) -> int | None:

@@ -34,6 +34,7 @@ from lance_cdf.format.manifest import (
     parse_manifest,
     parse_transaction,
 )
+from lance_cdf.format.operations import Operation
 from lance_cdf.format.pools import DELETIONS
 from lance_cdf.format.rowids import RowIdSequence, VersionSequence
 from lance_cdf.format.versions import list_versions, manifest_path
@@ -154,7 +155,7 @@ class TableLog:
         """The version this table was shallow-cloned at, if its oldest version is a Clone."""
         oldest = self.oldest_version
         try:
-            return oldest if self.manifest(oldest).operation == "Clone" else None
+            return oldest if self.manifest(oldest).operation == Operation.CLONE else None
         except Exception:  # advice only: never hide the error being reported
             return None
 

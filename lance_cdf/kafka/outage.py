@@ -22,15 +22,14 @@ status --checkpoint` read.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TypeVar
 
 from lance_cdf.errors import KafkaUnavailableError, in_words
+from lance_cdf.ops.state_files import checkpoint_file, read_record, update_record
 
 # How long a flush waits for acknowledgements (and a read for a partition's last record)
 # before Kafka counts as not answering and the outage is ridden out: publish's
@@ -73,22 +72,13 @@ def cause_of(exc: BaseException) -> str:
 
 
 def state_path(checkpoint: str | None) -> str | None:
-    if not checkpoint or ("://" in checkpoint and not checkpoint.startswith("file://")):
-        return None
-    return os.path.join(checkpoint.removeprefix("file://"), STATE_FILE)
+    return checkpoint_file(checkpoint, STATE_FILE)
 
 
 def read_state(checkpoint: str | None) -> KafkaState | None:
     """The state the writer tasks left in a local checkpoint (None: none, or remote)."""
     path = state_path(checkpoint)
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-        return KafkaState(**{k: raw[k] for k in KafkaState.__dataclass_fields__ if k in raw})
-    except (OSError, ValueError, TypeError):
-        return None
+    return None if path is None else read_record(path, KafkaState)
 
 
 class RideOut:
@@ -171,14 +161,13 @@ class RideOut:
         """Read, change and replace the state file (atomically: tasks write it in turn)."""
         if self.path is None:
             return
-        try:
-            state = read_state(os.path.dirname(self.path)) or KafkaState()
+
+        def changed(state: KafkaState) -> None:
             change(state)
             state.updated = time.time()
-            tmp = f"{self.path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(asdict(state), f)
-            os.replace(tmp, self.path)
+
+        try:
+            update_record(self.path, KafkaState, changed, lock=False)
         except OSError as exc:  # the state is for reports: publishing goes on without it
             log.debug("Kafka state not written to %s: %s", self.path, exc)
 

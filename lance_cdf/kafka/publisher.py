@@ -28,12 +28,14 @@ from lance_cdf import __version__
 from lance_cdf.avro.encode import EncodedChanges, RecordShape, can_encode, encode_changes
 from lance_cdf.avro.names import TableName
 from lance_cdf.avro.schema import (
+    OPS,
     TOTAL_ORDER,
     change_records,
     envelope_schema,
     key_schema,
 )
 from lance_cdf.avro.wire import WireWriter
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.events import META_COLUMNS
 from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN
 from lance_cdf.errors import (
@@ -69,7 +71,6 @@ VERSION_HEADER = "lance-cdf.commit-version"
 OP_HEADER = "lance-cdf.op"
 # a record's headers as the producer takes them (values: bytes here)
 Headers = dict[str, str | bytes | None]
-_OPS = {"insert": "c", "update_postimage": "u", "delete": "d", "snapshot": "r"}
 
 
 def _record_rows(events: pa.Table) -> pa.Array:
@@ -77,7 +78,7 @@ def _record_rows(events: pa.Table) -> pa.Array:
     kinds = events["_change_type"]
     if pa.types.is_dictionary(kinds.type):
         kinds = kinds.cast(pa.string())
-    return pc.invert(pc.equal(kinds, "update_preimage").fill_null(False))
+    return pc.invert(pc.equal(kinds, ChangeType.UPDATE_PRE).fill_null(False))
 
 
 def commit_order(events: pa.Table) -> pa.Table:
@@ -90,7 +91,7 @@ def commit_order(events: pa.Table) -> pa.Table:
     if pa.types.is_dictionary(kinds.type):
         kinds = kinds.cast(pa.string())
     group = np.full(events.num_rows, 2, np.int8)
-    group[pc.equal(kinds, "delete").fill_null(False).to_numpy(zero_copy_only=False)] = 0
+    group[pc.equal(kinds, ChangeType.DELETE).fill_null(False).to_numpy(zero_copy_only=False)] = 0
     group[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False)] = 1
     version = events["_commit_version"].to_numpy()
     order = events[EVENT_ORDER].to_numpy()
@@ -111,7 +112,7 @@ def record_positions(events: pa.Table) -> np.ndarray | None:
     out = np.empty((len(kinds), 3), np.int64)
     out[:, 0] = pc.filter(events["_commit_version"], rows).to_numpy()
     out[:, 1] = 2
-    out[pc.equal(kinds, "delete").fill_null(False).to_numpy(zero_copy_only=False), 1] = 0
+    out[pc.equal(kinds, ChangeType.DELETE).fill_null(False).to_numpy(zero_copy_only=False), 1] = 0
     out[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False), 1] = 1
     out[:, 2] = pc.filter(events[EVENT_ORDER], rows).to_numpy()
     return out
@@ -146,14 +147,14 @@ def record_headers(events: pa.Table) -> list[Headers]:
     versions = pc.filter(events["_commit_version"], records).to_numpy()
     kinds = pc.filter(kinds, records)
     codes = np.zeros(len(versions), np.int64)
-    names = list(_OPS)
+    names = list(OPS)
     for i, kind in enumerate(names):
         codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
     # one 1-d key per (version, op): np.unique over rows (axis=0) is far slower
     # (docs/benchmarks.md, "Inside the publisher")
     pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
     shared: list[Headers] = [
-        {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: _OPS[names[p & 7]].encode()}
+        {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: OPS[names[p & 7]].encode()}
         for p in pairs.tolist()
     ]
     return [shared[i] for i in inverse.reshape(-1).tolist()]
@@ -519,7 +520,7 @@ def carry_update_pairs(batches: Iterable[pa.RecordBatch]) -> Iterator[pa.Table]:
         if carry is not None:
             table = pa.concat_tables([carry, table])
             carry = None
-        if table.num_rows and table["_change_type"][-1].as_py() == "update_preimage":
+        if table.num_rows and table["_change_type"][-1].as_py() == ChangeType.UPDATE_PRE:
             carry, table = table.slice(table.num_rows - 1), table.slice(0, table.num_rows - 1)
         if table.num_rows:
             yield table

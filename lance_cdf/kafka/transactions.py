@@ -22,17 +22,17 @@ one and where: spark/sink/definition_sync.py), with `event_count` 0 and
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from enum import StrEnum
+from typing import TYPE_CHECKING, Any
 
-import fastavro
 from confluent_kafka.schema_registry import SchemaRegistryClient
 
-from lance_cdf.avro.wire import WireWriter, split
+from lance_cdf.avro.avsc import load_avsc
+from lance_cdf.avro.wire import WireWriter, WriterSchemas
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.kafka import clients
@@ -41,102 +41,16 @@ from lance_cdf.ops.clientconfig import KafkaConnection, Setting
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
 
 if TYPE_CHECKING:
-    from fastavro.types import Schema as ParsedSchema
-
     from lance_cdf.avro.schema import AvroRecord, AvroSchema
 
 SUFFIX = ".transaction"
 # the flags that name another transaction topic, or none (for the messages)
 OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
-_NS = "io.debezium.connector.common"
-KEY_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TransactionMetadataKey",
-    "namespace": _NS,
-    "fields": [{"name": "id", "type": "string"}],
-}
-# a table's definition (format/definitions.py), on the END of the version it describes
-# whenever it changed; absent: unchanged
-TABLE_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TableDefinition",
-    "namespace": "lance_cdf",
-    "fields": [
-        {
-            "name": "indexes",
-            "type": {
-                "type": "array",
-                "items": {
-                    "type": "record",
-                    "name": "IndexDefinition",
-                    "fields": [
-                        {"name": "name", "type": "string"},
-                        {"name": "index_type", "type": "string"},
-                        {"name": "columns", "type": {"type": "array", "items": "string"}},
-                        {"name": "params", "type": "string"},
-                    ],
-                },
-            },
-        },
-        {"name": "config", "type": {"type": "map", "values": "string"}},
-        {"name": "schema_metadata", "type": {"type": "map", "values": "bytes"}},
-        {
-            "name": "field_metadata",
-            "type": {"type": "map", "values": {"type": "map", "values": "bytes"}},
-        },
-    ],
-}
-VALUE_SCHEMA: AvroSchema = {
-    "type": "record",
-    "name": "TransactionMetadataValue",
-    "namespace": _NS,
-    "fields": [
-        {"name": "status", "type": "string"},
-        {"name": "id", "type": "string"},
-        {"name": "event_count", "type": ["null", "long"], "default": None},
-        {
-            "name": "data_collections",
-            "default": None,
-            "type": [
-                "null",
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "record",
-                        "name": "DataCollection",
-                        "fields": [
-                            {"name": "data_collection", "type": "string"},
-                            {"name": "event_count", "type": "long"},
-                        ],
-                    },
-                },
-            ],
-        },
-        {"name": "ts_ms", "type": "long"},
-        {"name": "lance_cdf_version", "type": ["null", "long"], "default": None},
-        {
-            "name": "lance_cdf_partitions",
-            "default": None,
-            "type": [
-                "null",
-                {
-                    "type": "array",
-                    "items": {
-                        "type": "record",
-                        "name": "PartitionCount",
-                        "namespace": "lance_cdf",
-                        "fields": [
-                            {"name": "partition", "type": "int"},
-                            {"name": "event_count", "type": "long"},
-                            {"name": "record_count", "type": "long"},
-                        ],
-                    },
-                },
-            ],
-        },
-        {"name": "lance_cdf_table", "default": None, "type": ["null", TABLE_SCHEMA]},
-    ],
-}
+# The transaction records' schemas: schemas/transaction_key.avsc and transaction.avsc (the
+# value; on an END where the table's definition changed, `lance_cdf_table` carries it:
+# format/definitions.py), Debezium's TransactionMetadataKey / Value with lance-cdf's fields
+KEY_SCHEMA: AvroSchema = load_avsc("transaction_key")
+VALUE_SCHEMA: AvroSchema = load_avsc("transaction")
 
 
 # given the transaction topic's last record (None: empty), the table's definition to send
@@ -166,11 +80,18 @@ class VersionCounts:
             self.partitions[p] = (e0 + e, r0 + r)
 
 
+class TransactionStatus(StrEnum):
+    """A transaction record's `status`: the BEGIN or the END of a commit version."""
+
+    BEGIN = "BEGIN"
+    END = "END"
+
+
 @dataclass(frozen=True)
 class TransactionRecord:
     """A decoded BEGIN or END record."""
 
-    status: str  # "BEGIN" | "END"
+    status: TransactionStatus
     id: str
     version: int
     event_count: int | None
@@ -219,7 +140,7 @@ def table_definition(rec: AvroRecord) -> TableDefinition:
 
 
 def transaction_value(
-    status: str,
+    status: TransactionStatus,
     namespace: str,
     counts: VersionCounts,
     ts_ms: int,
@@ -227,10 +148,10 @@ def transaction_value(
 ) -> AvroRecord:
     """The value record (fastavro's dict) of a BEGIN or an END (`definition`: on an END,
     the table's definition at the version, when it changed)."""
-    end = status == "END"
+    end = status == TransactionStatus.END
     routed = -1 not in counts.partitions
     return {
-        "status": status,
+        "status": str(status),  # the plain string, as fastavro writes it
         "id": f"{namespace}:{counts.version}",
         "event_count": counts.events if end else None,
         "data_collections": [{"data_collection": namespace, "event_count": counts.events}]
@@ -253,15 +174,14 @@ class TransactionDecoder:
 
     def __init__(self, registry: SchemaRegistryClient):
         self.registry = registry
-        self.parsed: dict[int, ParsedSchema] = {}
+        self.writer_schemas = WriterSchemas(self._load)
+
+    def _load(self, schema_id: int) -> Any:
+        return json.loads(self.registry.get_schema(schema_id).schema_str or "null")
 
     def decode(self, payload: bytes) -> TransactionRecord:
-        schema_id, body = split(payload)
-        if schema_id not in self.parsed:
-            text = self.registry.get_schema(schema_id).schema_str
-            self.parsed[schema_id] = fastavro.parse_schema(json.loads(text or "null"))
-        rec = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
-        if not isinstance(rec, dict) or rec.get("status") not in ("BEGIN", "END"):
+        schema_id, rec = self.writer_schemas.read(payload)
+        if not isinstance(rec, dict) or rec.get("status") not in tuple(TransactionStatus):
             raise TransactionMetadataError(
                 f"a transaction-topic record with schema id {schema_id} is not a BEGIN/END "
                 "record; point --transaction-topic at lance-cdf's transaction topic"
@@ -272,7 +192,7 @@ class TransactionDecoder:
         parts = rec.get("lance_cdf_partitions")
         table = rec.get("lance_cdf_table")
         return TransactionRecord(
-            rec["status"],
+            TransactionStatus(rec["status"]),
             rec["id"],
             int(version),
             rec.get("event_count"),
@@ -392,11 +312,11 @@ class TransactionWriter:
         now = int(time.time() * 1000)
         sent = 0
         for counts in sorted(versions, key=lambda c: c.version):
-            statuses = ["BEGIN", "END"]
+            statuses = [TransactionStatus.BEGIN, TransactionStatus.END]
             if last is not None and counts.version <= last.version:
-                if counts.version < last.version or last.status == "END":
+                if counts.version < last.version or last.status == TransactionStatus.END:
                     continue
-                statuses = ["END"]  # an earlier attempt stopped between the two
+                statuses = [TransactionStatus.END]  # an earlier attempt stopped between the two
             key = self.key_writer.encode({"id": f"{self.namespace}:{counts.version}"})
             for status in statuses:
                 carried = table if counts.version == end else None

@@ -22,6 +22,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import javaproperties
+
 from lance_cdf.errors import ClientConfigError, in_words
 
 # librdkafka's properties flagged _RK_SENSITIVE (src/rdkafka_conf.c, confluentinc/librdkafka
@@ -73,6 +75,8 @@ SECRET_WORDS = (
 MASK = "***"
 
 _ENV = re.compile(r"\$\{env:([^}]*)\}")
+# the line terminators of a properties file (a form feed is whitespace there)
+_LINE_END = re.compile(r"\r\n|\r|\n")
 # scheme://user-info@ : everything between "//" and the last "@" before the host ends
 _USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.\-]*://)(?P<info>[^/@\s?#]+)@")
 
@@ -331,78 +335,22 @@ def expand_env(value: str, environ: Mapping[str, str] | None = None, what: str =
     return _ENV.sub(sub, value)
 
 
-_ESCAPES = {"t": "\t", "n": "\n", "r": "\r", "f": "\f"}
-
-
-def _unescape(text: str, where: str) -> str:
-    out, i = [], 0
-    while i < len(text):
-        c = text[i]
-        if c != "\\":
-            out.append(c)
-            i += 1
-            continue
-        if i + 1 >= len(text):
-            break  # a lone trailing backslash (after a continuation was joined): dropped
-        n = text[i + 1]
-        if n == "u":
-            digits = text[i + 2 : i + 6]
-            if len(digits) != 4 or not all(d in "0123456789abcdefABCDEF" for d in digits):
-                raise ClientConfigError(f"{where}: malformed \\uXXXX escape; write 4 hex digits")
-            out.append(chr(int(digits, 16)))
-            i += 6
-            continue
-        out.append(_ESCAPES.get(n, n))  # \= \: \# \! \\ \<space> and any other: the char
-        i += 2
-    return "".join(out)
-
-
-def _logical_lines(text: str) -> Iterable[tuple[int, str]]:
-    """(line number, logical line): comments and blank lines dropped, a line ending in an
-    odd number of backslashes joined with the next (its leading whitespace stripped)."""
-    pending: str | None = None
-    start = 0
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.lstrip(" \t\f")
-        if pending is None:
-            if not line or line[0] in "#!":
-                continue
-            start, pending = number, ""
-        trailing = len(line) - len(line.rstrip("\\"))
-        if trailing % 2 == 1:
-            pending += line[:-1]
-            continue
-        yield start, pending + line
-        pending = None
-    if pending is not None:
-        yield start, pending
-
-
 def parse_properties(text: str, source: str = "properties") -> dict[str, str]:
-    """The key/value pairs of a Java-properties text (the subset Kafka users write):
-    `key=value`, `key: value`, `key value`, `#` / `!` comments, backslash line
-    continuations, and the escapes \\t \\n \\r \\f \\uXXXX \\= \\: \\<char>. A later key
-    wins."""
+    """The key/value pairs of a Java-properties text as java.util.Properties reads them
+    (javaproperties): `key=value`, `key: value`, `key value`, `#` / `!` comments,
+    backslash line continuations and escapes. A later key wins; a malformed `\\uXXXX`
+    escape is an error naming the line."""
     out: dict[str, str] = {}
-    for number, line in _logical_lines(text):
-        where = f"{source}:{number}"
-        i, key_end = 0, None
-        while i < len(line):
-            c = line[i]
-            if c == "\\":
-                i += 2
-                continue
-            if c in "=: \t\f":
-                key_end = i
-                break
-            i += 1
-        if key_end is None:
-            key, rest = line, ""
-        else:
-            key, rest = line[:key_end], line[key_end:].lstrip(" \t\f")
-            if rest[:1] in ("=", ":"):  # `key = value`, `key=value`, `key: value`
-                rest = rest[1:].lstrip(" \t\f")
-        out[_unescape(key, where)] = _unescape(rest, where)
+    line = 1  # where the element being read starts
+    try:
+        for element in javaproperties.parse(text):
+            if isinstance(element, javaproperties.KeyValue):
+                out[element.key] = element.value
+            line += len(_LINE_END.findall(element.source))
+    except javaproperties.InvalidUEscapeError:
+        raise ClientConfigError(
+            f"{source}:{line}: malformed \\uXXXX escape; write 4 hex digits"
+        ) from None
     return out
 
 

@@ -52,6 +52,7 @@ from lance_cdf.errors import (
     in_words,
 )
 from lance_cdf.format.io import local_path
+from lance_cdf.ops import state_files
 
 if TYPE_CHECKING:
     from obstore import PutMode
@@ -167,48 +168,16 @@ class _LocalStore:
     def locked(self) -> Iterator[None]:
         """An exclusive flock of `<lease>.lock`. Release removes that file (under the
         lock), so a lock taken on a file that was removed meanwhile is taken again."""
-        import fcntl
-
-        lock = self.path + ".lock"
-        for _ in range(100):
-            try:
-                os.makedirs(self.directory, exist_ok=True)
-                fd = os.open(lock, os.O_CREAT | os.O_RDWR, 0o644)
-            except FileNotFoundError:  # the directory removed meanwhile (a release)
-                continue
-            except OSError as exc:
-                raise StorageAccessError(
-                    f"cannot create the lease {self.path}: {exc.strerror}; check that the "
-                    "directory is writable"
-                ) from None
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX)
-                try:
-                    same = os.stat(lock).st_ino == os.fstat(fd).st_ino
-                except FileNotFoundError:
-                    same = False
-                if same:
-                    yield
-                    return
-            finally:
-                os.close(fd)  # (drops the flock)
-        raise StorageAccessError(f"cannot lock the lease {self.path}: it keeps being removed")
+        with state_files.locked(self.path, what="the lease", parents=True):
+            yield
 
     def read(self) -> tuple[_State | None, str | None]:
-        try:
-            with open(self.path, "rb") as f:
-                return _State.from_bytes(f.read(), self.where), None
-        except FileNotFoundError:
-            return None, None
+        data = state_files.read_bytes(self.path)
+        return (None if data is None else _State.from_bytes(data, self.where)), None
 
     def write(self, state: _State, expect: str | None, create: bool) -> str | None:
         """(Called under `locked`: the caller has just read the state it replaces.)"""
-        tmp = f"{self.path}.{os.getpid()}.tmp"
-        with open(tmp, "wb") as f:
-            f.write(state.to_bytes())
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
+        state_files.write_atomic(self.path, state.to_bytes(), sync=True)
         return None
 
     def remove(self) -> None:

@@ -13,18 +13,18 @@ and the service does not stop for it.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from lance_cdf.errors import (
     KafkaAuthorizationError,
     LanceCdfError,
     RegistryRefusedError,
+    StorageAccessError,
     in_words,
 )
+from lance_cdf.ops.state_files import checkpoint_file, read_record, update_record
 
 log = logging.getLogger("lance_cdf.takeup")
 
@@ -199,42 +199,24 @@ class WriterRetries:
     updated: float = 0.0  # unix time
 
 
-def _state_path(checkpoint: str | None) -> str | None:
-    if not checkpoint or ("://" in checkpoint and not checkpoint.startswith("file://")):
-        return None
-    return os.path.join(checkpoint.removeprefix("file://"), STATE_FILE)
-
-
 def read_writer_retries(checkpoint: str | None) -> WriterRetries | None:
     """The writer tasks' retries recorded in a local checkpoint (None: none, or remote)."""
-    path = _state_path(checkpoint)
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-        return WriterRetries(**{k: raw[k] for k in WriterRetries.__dataclass_fields__ if k in raw})
-    except (OSError, ValueError, TypeError):
-        return None
+    path = checkpoint_file(checkpoint, STATE_FILE)
+    return None if path is None else read_record(path, WriterRetries)
 
 
 def record_writer_retry(checkpoint: str | None, table: str, cause: str) -> None:
     """Count one retry of `table`'s publish (under a lock: tasks of several processes
     write the file in turn). The state is for reports: a failure to write it is ignored."""
-    path = _state_path(checkpoint)
+    path = checkpoint_file(checkpoint, STATE_FILE)
     if path is None:
         return
-    try:
-        import fcntl
 
-        with open(f"{path}.lock", "a") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            state = read_writer_retries(checkpoint) or WriterRetries()
-            state.retries += 1
-            state.table, state.cause, state.updated = table, cause, time.time()
-            tmp = f"{path}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(asdict(state), f)
-            os.replace(tmp, path)
-    except OSError as exc:
+    def retried(state: WriterRetries) -> None:
+        state.retries += 1
+        state.table, state.cause, state.updated = table, cause, time.time()
+
+    try:
+        update_record(path, WriterRetries, retried, lock=True)
+    except (OSError, StorageAccessError) as exc:
         log.debug("take-up state not written to %s: %s", path, exc)

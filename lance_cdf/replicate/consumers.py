@@ -25,6 +25,7 @@ from lance_cdf.kafka.endpoints import check_broker, check_registry
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, registry_config, scrub
 from lance_cdf.ops.lease import LeaseKeeper
+from lance_cdf.ops.state_files import read_json, write_atomic
 from lance_cdf.replicate.counters import Counters
 from lance_cdf.replicate.writer_schemas import SchemaDecoder
 
@@ -227,20 +228,11 @@ def record_renewals(target: str, restarts: int, error: str) -> None:
     if path is None:
         return
     with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        with open(f"{path}.tmp", "w") as f:
-            json.dump({"restarts": restarts, "at": time.time(), "error": error}, f)
-        os.replace(f"{path}.tmp", path)
+        document = {"restarts": restarts, "at": time.time(), "error": error}
+        write_atomic(path, json.dumps(document), parents=True)
 
 
 def read_renewals(target: str) -> dict[str, Any] | None:
     """What `record_renewals` kept (None: no consumer was renewed, or not known)."""
     path = renewals_path(target)
-    if path is None:
-        return None
-    try:
-        with open(path) as f:
-            found = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return found if isinstance(found, dict) else None
+    return None if path is None else read_json(path)

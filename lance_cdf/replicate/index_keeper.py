@@ -19,6 +19,7 @@ import lance
 
 from lance_cdf.format.definition_capture import build_type
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
+from lance_cdf.format.operations import Operation
 from lance_cdf.replicate.replica_definition import Unbuilt, reconcile
 from lance_cdf.replicate.served_btree import build_btree
 
@@ -26,7 +27,9 @@ log = logging.getLogger("lance_cdf.replicate")
 
 UNBUILT_CONFIG = "lance-cdf.unbuilt-indexes"
 # the operations of commits that move no row (index builds and drops, config, metadata)
-ROWLESS_OPERATIONS = frozenset({"CreateIndex", "UpdateConfig", "Project", "DataReplacement"})
+ROWLESS_OPERATIONS = frozenset(
+    {Operation.CREATE_INDEX, Operation.UPDATE_CONFIG, Operation.PROJECT, Operation.DATA_REPLACEMENT}
+)
 
 
 @dataclass

@@ -42,6 +42,7 @@ import json
 import logging
 import threading
 import time
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
@@ -88,6 +89,14 @@ log = logging.getLogger("lance_cdf.replicate")
 # (s) while records wait for their version's END, the transaction topic is read again
 # after at most this long without new records
 END_LOOK_S = 0.05
+
+
+class ApplyMode(StrEnum):
+    """How a replicator applies the records it polls: whole source versions (through its
+    `VersionGate`, from the transaction topic's END records), or each record as it comes."""
+
+    VERSIONS = "versions"
+    RECORDS = "records"
 
 
 class Replicator:
@@ -167,9 +176,9 @@ class Replicator:
             s.topic, self.group_id, self.replica, self.consumer, self.clients.connection, r.rebuild
         )
         self._lease: Lease | None = None
-        # "versions" (through `_gate`) or "records"; None: decided at the first records
-        # after an assignment (the transaction topic exists once records do)
-        self._mode: str | None = None
+        # None: decided at the first records after an assignment (the transaction topic
+        # exists once records do)
+        self._mode: ApplyMode | None = None
         self._gate: VersionGate | None = None
         self._position: dict[str, str] = {}
         self._paused: set[int] = set()  # partitions paused by _pace
@@ -332,7 +341,7 @@ class Replicator:
             if not msgs:
                 return
             self._mode = self._start_mode()
-        if self._mode == "records" or self._gate is None:
+        if self._mode == ApplyMode.RECORDS or self._gate is None:
             if msgs:
                 self.applier.apply(msgs, one_partition=one_partition)
             return
@@ -431,9 +440,9 @@ class Replicator:
             self.consumer.resume([TopicPartition(self.topic, p) for p in sorted(resume)])
         self._paused = ahead
 
-    def _start_mode(self) -> str:
-        """ "versions" when the transaction topic exists (the gate positioned from the
-        replica), else "records"."""
+    def _start_mode(self) -> ApplyMode:
+        """VERSIONS when the transaction topic exists (the gate positioned from the
+        replica), else RECORDS."""
         txn = self.transaction_topic
         found = None
         if txn is not None:
@@ -450,7 +459,7 @@ class Replicator:
                     "--transaction-topic (or --no-transaction-topic)",
                 )
         if txn is not None and found is not None and found.error is None and self._compacted():
-            return "records"
+            return ApplyMode.RECORDS
         if txn is None or found is None or found.error is not None:
             log.warning(
                 "no transaction topic%s: records are applied as they come and the replica "
@@ -459,7 +468,7 @@ class Replicator:
                 f" {txn!r}" if txn else "",
                 RECORDS_THROUGH_PROPERTY,
             )
-            return "records"
+            return ApplyMode.RECORDS
         if self._gate is None:
             self._gate = VersionGate(
                 self.clients.connection,
@@ -478,7 +487,7 @@ class Replicator:
             applied,
         )
         log.info("applying whole source versions (transaction topic %r)", txn)
-        return "versions"
+        return ApplyMode.VERSIONS
 
     def _compacted(self) -> bool:
         """Whether the change topic is compacted: compaction keeps only the last record of

@@ -8,12 +8,12 @@ published (their END), and the next replicator run applies them."""
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 from lance_cdf.format.io import local_path
+from lance_cdf.ops.state_files import read_record, write_record
 
 STATE_FILE = "unfinished.json"
 STATE_DIR = "_lance_cdf"  # (the replica's lease directory: replicate/start_checks.py)
@@ -59,11 +59,7 @@ def record(target: str, unfinished: Unfinished | None) -> None:
             os.remove(path)
         return
     with contextlib.suppress(OSError):
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        tmp = f"{path}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(asdict(unfinished), f)
-        os.replace(tmp, path)
+        write_record(path, unfinished, parents=True)
 
 
 def read(target: str, held: int | None) -> Unfinished | None:
@@ -72,13 +68,8 @@ def read(target: str, held: int | None) -> Unfinished | None:
     path = state_path(target)
     if path is None:
         return None
-    try:
-        with open(path) as f:
-            raw = json.load(f)
-        found = Unfinished(**{k: raw[k] for k in Unfinished.__dataclass_fields__ if k in raw})
-    except (OSError, ValueError, TypeError):
-        return None
-    if held is not None and held >= found.last:
+    found = read_record(path, Unfinished)
+    if found is None or (held is not None and held >= found.last):
         return None
     return found
 

@@ -36,7 +36,7 @@ from lance_cdf.errors import TransactionMetadataError
 from lance_cdf.format.definitions import TableDefinition
 from lance_cdf.kafka.endpoints import DENIED, denied
 from lance_cdf.kafka.publisher import VERSION_HEADER
-from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord
+from lance_cdf.kafka.transactions import TransactionDecoder, TransactionRecord, TransactionStatus
 from lance_cdf.ops.clientconfig import KafkaConnection
 
 if TYPE_CHECKING:
@@ -209,7 +209,7 @@ class VersionGate:
                 if value is None:
                     continue
                 rec = self.decoder.decode(value)
-                if rec.status != "END" or rec.version <= self.version:
+                if rec.status != TransactionStatus.END or rec.version <= self.version:
                     continue
                 if rec.partitions is None:
                     raise TransactionMetadataError(

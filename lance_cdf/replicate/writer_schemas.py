@@ -1,23 +1,22 @@
 """The writer schemas of a topic's records, from the schema registry: fetched once per
 schema id (a registry outage waited out, a refusal named), each as the Arrow schema of its
-rows, a fastavro reader and, where avro/decode.py can read it, a vectorized decoder."""
+rows, a fastavro reader (avro/wire.py's `WriterSchemas`) and, where avro/decode.py can
+read it, a vectorized decoder."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import time
 from typing import TYPE_CHECKING, Any
 
-import fastavro
 import pyarrow as pa
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 from confluent_kafka.schema_registry.error import SchemaRegistryError
 
 from lance_cdf.avro.decode import AvroDecodeDeclined, BatchDecoder
 from lance_cdf.avro.schema import row_arrow_schema
-from lance_cdf.avro.wire import split
+from lance_cdf.avro.wire import WriterSchemas
 from lance_cdf.errors import (
     RegistryRefusedError,
     RegistryUnavailableError,
@@ -26,7 +25,7 @@ from lance_cdf.errors import (
 )
 
 if TYPE_CHECKING:
-    from fastavro.types import Schema as ParsedSchema
+    pass
 
 log = logging.getLogger("lance_cdf.replicate")
 
@@ -39,7 +38,7 @@ class SchemaDecoder:
         self.registry = registry
         self.outage_s = outage_s
         self.outages = 0  # fetches retried because the registry did not answer
-        self.parsed: dict[int, ParsedSchema] = {}
+        self.writer_schemas = WriterSchemas(self._envelope)
         self.rows: dict[int, pa.Schema] = {}
         self.batch: dict[int, BatchDecoder | None] = {}
 
@@ -86,27 +85,26 @@ class SchemaDecoder:
             time.sleep(min(delay, left))
             delay = min(delay * 2, 10.0)
 
-    def _load(self, schema_id: int) -> None:
-        if schema_id not in self.parsed:
-            schema_str = self._schema(schema_id).schema_str
-            if schema_str is None:
-                raise ReplicateError(f"the schema registry has no schema text for id {schema_id}")
-            envelope = json.loads(schema_str)
-            self.rows[schema_id] = row_arrow_schema(envelope)
-            self.parsed[schema_id] = fastavro.parse_schema(envelope)
-            self.batch[schema_id] = _batch_decoder(envelope)
+    def _envelope(self, schema_id: int) -> Any:
+        """The writer schema of an id as JSON data (`writer_schemas` parses it), its rows'
+        Arrow schema and its vectorized decoder kept beside it."""
+        schema_str = self._schema(schema_id).schema_str
+        if schema_str is None:
+            raise ReplicateError(f"the schema registry has no schema text for id {schema_id}")
+        envelope = json.loads(schema_str)
+        self.rows[schema_id] = row_arrow_schema(envelope)
+        self.batch[schema_id] = _batch_decoder(envelope)
+        return envelope
 
     def decode(self, payload: bytes) -> tuple[int, dict[str, Any]]:
-        schema_id, body = split(payload)
-        self._load(schema_id)
-        record = fastavro.schemaless_reader(io.BytesIO(body), self.parsed[schema_id], None)
+        schema_id, record = self.writer_schemas.read(payload)
         if not isinstance(record, dict):  # an envelope is an Avro record: always a dict
             raise ReplicateError(f"schema id {schema_id} is not a change-event envelope")
         return schema_id, record
 
     def batch_decoder(self, schema_id: int) -> BatchDecoder | None:
         """The vectorized decoder of a schema id; None when only fastavro reads it."""
-        self._load(schema_id)
+        self.writer_schemas.parsed(schema_id)  # (loads the id's schema, and its decoder, once)
         return self.batch[schema_id]
 
 

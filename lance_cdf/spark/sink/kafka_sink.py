@@ -61,6 +61,7 @@ from pyspark.sql.types import StructType
 from lance_cdf.avro.names import TableName
 from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.format.cache import LruCache
 from lance_cdf.spark.source.handoff import check_work_columns
 from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
 
@@ -80,10 +81,6 @@ if TYPE_CHECKING:
 # each, on the way to the first record (docs/benchmarks.md, "Start-up"); the writer's
 # creation and the commit's processes stay up beside the query, smaller without pyarrow and
 # numpy (docs/benchmarks.md, "Publisher footprint").
-# one KafkaChangePublisher per writer setting: (sorted options, user schema)
-_PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = {}
-
-
 # Publishers (and transaction writers) kept per process at most, least recently used first
 # out: a database publisher writes a topic per table. Each holds its table's schemas and its
 # partitions' last positions only (tens of KB); the producer, consumer and registry client
@@ -92,13 +89,18 @@ _PUBLISHERS: dict[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePubl
 MAX_CLIENTS = 512
 
 
-def _evict(cache: dict[Any, Any]) -> None:
-    while len(cache) >= MAX_CLIENTS:
-        oldest = cache.pop(next(iter(cache)))
-        oldest.producer.flush(60)  # nothing of it still in flight
-        close = getattr(oldest, "close", None)
-        if close is not None:
-            close()
+def _retire(oldest: Any) -> None:
+    """A publisher or transaction writer let go by its cache: flushed, then closed."""
+    oldest.producer.flush(60)  # nothing of it still in flight
+    close = getattr(oldest, "close", None)
+    if close is not None:
+        close()
+
+
+# one KafkaChangePublisher per writer setting: (sorted options, user schema)
+_PUBLISHERS: LruCache[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = (
+    LruCache(MAX_CLIENTS, _retire)
+)
 
 
 def close_publishers() -> None:
@@ -123,7 +125,9 @@ class Published(WriterCommitMessage):
 
 
 # one TransactionWriter per sink setting, in the process running the driver's commits
-_TRANSACTION_WRITERS: dict[tuple[tuple[str, str], ...], TransactionWriter] = {}
+_TRANSACTION_WRITERS: LruCache[tuple[tuple[str, str], ...], TransactionWriter] = LruCache(
+    MAX_CLIENTS, _retire
+)
 
 
 def _definitions_on(lowered: dict[str, str]) -> bool:
@@ -230,14 +234,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         o, producer, registry = client_options(options)
         key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
         cache_key = (tuple(sorted(options.items())), user_schema)
-        publisher = _PUBLISHERS.pop(cache_key, None)
-        if publisher is not None:
-            _PUBLISHERS[cache_key] = publisher  # the most recently used last
-        else:
+        publisher = _PUBLISHERS.get(cache_key)
+        if publisher is None:
             from lance_cdf.kafka.topics import TopicSettings
 
-            _evict(_PUBLISHERS)
-            publisher = _PUBLISHERS[cache_key] = KafkaChangePublisher(
+            publisher = KafkaChangePublisher(
                 o["kafka.bootstrap.servers"],
                 o["topic"],
                 o["schema.registry.url"],
@@ -253,7 +254,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     flush_timeout=flush_timeout(o),
                 ),
             )
-        return publisher
+        return _PUBLISHERS.put(cache_key, publisher)  # the most recently used last
 
     def _storage(self) -> dict[str, str]:
         return {
@@ -534,14 +535,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             from lance_cdf.kafka.transactions import TransactionWriter, default_topic
 
         cache_key = tuple(sorted(options.items()))
-        writer = _TRANSACTION_WRITERS.pop(cache_key, None)
-        if writer is not None:
-            _TRANSACTION_WRITERS[cache_key] = writer  # the most recently used last
-        else:
-            _evict(_TRANSACTION_WRITERS)
+        writer = _TRANSACTION_WRITERS.get(cache_key)
+        if writer is None:
             o, producer, registry = client_options(options)
             topic = o.get("transaction.topic") or default_topic(o["topic"])
-            writer = _TRANSACTION_WRITERS[cache_key] = TransactionWriter(
+            writer = TransactionWriter(
                 o["kafka.bootstrap.servers"],
                 topic,
                 o["schema.registry.url"],
@@ -551,7 +549,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 timeout=flush_timeout(o),
                 topic_settings=TopicSettings.from_options(options),
             )
-        return writer
+        return _TRANSACTION_WRITERS.put(cache_key, writer)  # the most recently used last
 
     def abort(  # noqa: N803
         self, messages: list[WriterCommitMessage | None], batchId: int

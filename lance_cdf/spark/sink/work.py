@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from lance_cdf.avro.schema import TOTAL_ORDER
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.core.stream_columns import (
     EVENT_ORDER,
@@ -117,10 +118,10 @@ def _record_keys(batch: pa.RecordBatch) -> tuple[np.ndarray, np.ndarray]:
     kinds = batch.column("_change_type")
     if pa.types.is_dictionary(kinds.type):
         kinds = kinds.cast(pa.string())
-    pre = pc.equal(kinds, "update_preimage").fill_null(False).to_numpy(zero_copy_only=False)
+    pre = pc.equal(kinds, ChangeType.UPDATE_PRE).fill_null(False).to_numpy(zero_copy_only=False)
     rows = np.flatnonzero(~pre)
     group = np.full(batch.num_rows, 2, np.int64)
-    group[pc.equal(kinds, "delete").fill_null(False).to_numpy(zero_copy_only=False)] = 0
+    group[pc.equal(kinds, ChangeType.DELETE).fill_null(False).to_numpy(zero_copy_only=False)] = 0
     group[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False)] = 1
     key = np.empty((len(rows), 3), np.int64)
     key[:, 0] = batch.column("_commit_version").to_numpy()[rows]

@@ -13,6 +13,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.ops.state_files import checkpoint_file, read_json
 
 if TYPE_CHECKING:
     from lance_cdf.spark.source.partitions import Offset
@@ -128,16 +129,9 @@ REPORT_FILE = "database-tables.json"
 def report_path(checkpoint: str) -> str | None:
     """Where a database publisher's stream lists the tables it follows, skips and sets
     aside (a local checkpoint's `REPORT_FILE`; None on object storage)."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return None
-    return os.path.join(checkpoint.removeprefix("file://"), REPORT_FILE)
+    return checkpoint_file(checkpoint, REPORT_FILE)
 
 
 def read_report(path: str) -> dict[str, Any] | None:
     """The report a database stream wrote (`_report`), or None."""
-    try:
-        with open(path) as f:
-            document = json.load(f)
-    except (OSError, ValueError):
-        return None
-    return document if isinstance(document, dict) else None
+    return read_json(path)

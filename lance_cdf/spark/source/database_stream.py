@@ -35,9 +35,7 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import tempfile
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -61,6 +59,7 @@ from lance_cdf.errors import (
 from lance_cdf.format.io import FileSystem, open_filesystem
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.format.versions import list_versions
+from lance_cdf.ops.state_files import write_atomic
 from lance_cdf.ops.takeup import AsideTables, is_transient
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.idle_polls import (
@@ -533,11 +532,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if text == self.reported:
             return
         try:
-            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-            fd, temp = tempfile.mkstemp(dir=os.path.dirname(path) or ".", suffix=".tmp")
-            with os.fdopen(fd, "w") as f:
-                f.write(text)
-            os.replace(temp, path)
+            write_atomic(path, text, parents=True, mode=0o600)  # owner-only, as it always was
             self.reported = text
         except OSError as exc:
             log.warning("could not write the database report %s: %s", path, exc)

@@ -51,6 +51,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from lance_cdf.core.change_types import ChangeType
 from lance_cdf.core.events import event_schema
 from lance_cdf.core.feed import read_groups
 from lance_cdf.core.keyhash import key_hash
@@ -178,7 +179,7 @@ class TableReading:
             table = pa.Table.from_batches([batch])
             if carry is not None:
                 table, carry = pa.concat_tables([carry, table]).combine_chunks(), None
-            if table.num_rows and table["_change_type"][-1].as_py() == "update_preimage":
+            if table.num_rows and table["_change_type"][-1].as_py() == ChangeType.UPDATE_PRE:
                 carry, table = table.slice(table.num_rows - 1), table.slice(0, table.num_rows - 1)
             if table.num_rows:
                 yield from finish(table)
