@@ -18,7 +18,9 @@ and its transaction topic are created if missing: kafka/topics.py; the broker's 
 otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
 `registry.<setting>` to the registry client, `storage.<key>` the table's storage
 options (as for the source: the sink reads each commit's operation from the table's
-manifests, and the events of work items).
+manifests, and the events of work items). `handOver` is internal: `lance-cdf publish` on a
+local master hands over from its head start to the query's writer tasks through it
+(spark/source/handover.py).
 
 The topic's schema carries the table's own types, not Spark's: Spark widens what it
 cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
@@ -265,6 +267,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         opts = {k.lower(): v for k, v in self.options.items()}
+        if opts.get("handover"):
+            # lance-cdf publish on a local master: its head start stops publishing before
+            # this task writes (spark/source/handover.py)
+            from lance_cdf.spark.source.handover import HandOver
+
+            HandOver(opts["handover"]).take()
         if opts.get("database"):
             return self._write_database(iterator, opts)
         table = opts["table"]
@@ -555,9 +563,11 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
 
 # A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
-# `write` (a writer task, once its records are acknowledged) or `commit` (the query's
-# commit, before its transaction metadata): while FILE exists that step waits, and says so
-# by creating `FILE.held` (tests/test_complete_versions.py). Unset: no effect.
+# `write` (a writer task, once its records are acknowledged), `commit` (the query's
+# commit, before its transaction metadata) or `handover` (the query taking over from
+# publish's head start, spark/source/handover.py): while FILE exists that step waits, and
+# says so by creating `FILE.held` (tests/test_complete_versions.py,
+# tests/test_headstart_handover.py). Unset: no effect.
 HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 
