@@ -1,9 +1,10 @@
 """Commits made while `lance-cdf publish` starts are published by its head start until the
-query takes over (spark/publish/headstart.py, spark/source/handover.py), and the hand-over
-leaves no gap and no duplicate. The query is held at its hand-over (the test hook: no
-writer task of it can write meanwhile), so what reaches Kafka then is the head start's.
-Oracles: read_changes (each change once in the topic, per key in commit order) and the
-change topic's own counts (one BEGIN and one END per version, counting its records)."""
+query has started (spark/publish/headstart.py, spark/source/handover.py), and the hand-over
+leaves no gap and no duplicate. The query's writer tasks are held where they would take
+over (the test hook: none of them has written meanwhile), so what reaches Kafka then is
+the head start's. Oracles: read_changes (each change once in the topic, per key in commit
+order) and the change topic's own counts (one BEGIN and one END per version, counting its
+records)."""
 
 import os
 import signal
@@ -62,7 +63,7 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
     topic = new_topic(bootstrap, "handover")
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
-    hold.touch()  # the query waits at its hand-over while this exists
+    hold.touch()  # the query's writer tasks wait before their marks while this exists
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
     args = [
         *(sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src),
@@ -77,14 +78,17 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
         # the versions waiting at launch: the head start's first round
         _wait_for("versions 1-6", lambda: 6 in _ends(bootstrap, topic, registry), proc, log)
         _commit(src, [2, 40, 41])  # versions 7 and 8, while Spark starts
-        _wait_for("the hand-over", held.exists, proc, log)  # no writer task has written
-        _commit(src, [5, 42])  # versions 9 and 10, the query held at its hand-over
+        # the query's first micro-batch is planned: its writer tasks wait, none has written
+        _wait_for("the query's writers", held.exists, proc, log)
+        _commit(src, [5, 42])  # versions 9 and 10, after the query's first plan
         # published with their BEGIN/END before the query could write anything
         _wait_for("versions 7-10", lambda: 10 in _ends(bootstrap, topic, registry), proc, log)
         assert not (tmp_path / "ck" / "commits" / "0").exists()
-        hold.unlink()  # the query takes over: its first writer tasks skip what is there
-        # the head start says what it published once it has ended
-        _wait_for("the head start's end", lambda: "head start: " in log.read_text(), proc, log)
+        hold.unlink()  # the query's writers go on: they skip what the topic holds
+        # the head start ends after the query's second micro-batch (9 and 10) and says
+        # what it published
+        ended = "of version(s) 7-10 published"  # (its first round: the versions at launch)
+        _wait_for("the head start's end", lambda: ended in log.read_text(), proc, log)
         _commit(src, [8, 43])  # versions 11 and 12: the query's
         _wait_for("versions 11-12", lambda: 12 in _ends(bootstrap, topic, registry), proc, log)
         proc.send_signal(signal.SIGTERM)
@@ -94,7 +98,7 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
-    assert "head start: " in text and "of version(s) 1-10 published" in text, text[-3000:]
+    assert "of version(s) 1-6 published with their transaction metadata" in text, text[-3000:]
     # each change once, per key in commit order; each version's BEGIN and END once, in
     # version order, counting its records
     want = expected_by_key(src)
@@ -105,3 +109,38 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     counts = change_counts(bootstrap, topic)
     assert sorted(counts) == list(range(1, 13))
     check_transactions(txns, counts, NAME)
+
+
+def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):
+    """The hand-over file's protocol: a head start's round holds the lock; a writer whose
+    versions the head start has published goes on without taking over; one with a later
+    version takes over, waiting for the round in progress, and no round starts after."""
+    import threading
+
+    from lance_cdf.spark.sink import kafka_sink
+    from lance_cdf.spark.source.handover import HandOver
+
+    monkeypatch.delenv(kafka_sink.HOLD_ENV, raising=False)
+    hand_over = HandOver(str(tmp_path / "handover"))
+    open(hand_over.path, "w").close()
+    with hand_over.turn() as mine:
+        assert mine
+        hand_over.published({"t": 5})
+    hand_over.before_writing("t", 5)  # all published: no hand-over, rounds go on
+    with hand_over.turn() as mine:
+        assert mine
+        # a writer with version 6 waits for this round to end
+        writer = threading.Thread(target=hand_over.before_writing, args=("t", 6))
+        writer.start()
+        writer.join(0.5)
+        assert writer.is_alive()
+        hand_over.published({"t": 6})
+    writer.join(30)
+    assert not writer.is_alive()
+    with hand_over.turn() as mine:
+        assert not mine  # taken over: no round after it
+    hand_over.before_writing("u", 1)  # once taken over, nothing to wait for
+    hand_over.remove()
+    with hand_over.turn() as mine:
+        assert not mine  # removed: the head start has ended
+    hand_over.take()

@@ -113,6 +113,7 @@ class DatabaseRounds:
         self.tables: set[str] = set()  # tables with records published
         self.left = 0  # tables with waiting commits the last round did not reach
         self.rounds = 0  # rounds that published
+        self.looked = False  # a round has run
 
     def round(self) -> bool | None:
         """Publish the whole versions waiting after `done` in every table, table after
@@ -126,7 +127,8 @@ class DatabaseRounds:
         from lance_cdf.spark.source.database_stream import DatabaseSlot
 
         # the first round's time counts from the start (the tables' take-up included)
-        t = time.monotonic() if self.rounds else self.began
+        t = time.monotonic() if self.looked else self.began
+        self.looked = True
         with turn(self.hand_over) as mine:
             if not mine:
                 return None
@@ -147,37 +149,49 @@ class DatabaseRounds:
                 one = DatabaseSlot(slot.slot, (row,))
                 published.append(self.writer.write(self.reader.read(one)))
             self.writer.commit(list(published), -1)  # their BEGIN/END (none without metadata)
-        unreached = {json.loads(row[2])["name"] for row in slot.rows[len(published) :]}
-        self.done = _through(self.done, end, unreached)
+            reached = {json.loads(row[2])["name"] for row in slot.rows[: len(published)]}
+            self.done = _through(self.done, end, reached)
+            if self.hand_over is not None:  # the query's writers need not wait for these
+                self.hand_over.published(_versions(self.done))
         self.records += sum(p.records for p in published)
         self.tables |= {name for p in published for name in p.tables}
-        self.left = len(unreached)
+        self.left = len(slot.rows) - len(published)
         self.rounds += 1
         return True
 
     def result(self) -> DatabaseHeadStart | None:
-        """What it published (None: nothing)."""
+        """What it published since the last call (None: nothing)."""
         if not self.rounds:
             return None
         seconds = time.monotonic() - self.began
-        return DatabaseHeadStart(self.records, len(self.tables), self.left, seconds)
+        done = DatabaseHeadStart(self.records, len(self.tables), self.left, seconds)
+        self.records, self.tables, self.rounds = 0, set(), 0
+        self.began = time.monotonic()
+        return done
 
     def close(self) -> None:
+        """The head start has ended: the hand-over says so, and the driver's producers are
+        not needed any more."""
         from lance_cdf.spark.sink import kafka_sink as sink
 
-        sink.close_publishers()  # the driver's producers are not needed after the head start
+        if self.hand_over is not None:
+            self.hand_over.take()
+        sink.close_publishers()
 
 
-def _through(done: dict[str, Any], end: dict[str, Any], unreached: set[str]) -> dict[str, Any]:
+def _versions(offset: dict[str, Any]) -> dict[str, int]:
+    """Each table's version in a database offset."""
+    tables = offset.get("tables") or {}
+    return {name: int(o["version"]) for name, o in tables.items() if "version" in o}
+
+
+def _through(done: dict[str, Any], end: dict[str, Any], reached: set[str]) -> dict[str, Any]:
     """The database offset published through after a round planned `done` -> `end`: `end`'s
-    offset for every table but those the round did not reach, `done`'s for them (a table
-    new in `end` and not reached is left out: the next look takes it up again)."""
-    before = done.get("tables") or {}
-    tables = {
-        name: before[name] if name in unreached else offset
-        for name, offset in (end.get("tables") or {}).items()
-        if name not in unreached or name in before
-    }
+    offset for the tables whose share it published, `done`'s for the others (never past
+    what is in Kafka: the query's writers go on without the lock up to it). A table with
+    no share (no events, or set aside) is planned again next round."""
+    tables = dict(done.get("tables") or {})
+    tables.update({n: o for n, o in (end.get("tables") or {}).items() if n in reached})
     return {**end, "tables": tables}
 
 

@@ -122,6 +122,7 @@ class TableRounds:
         lowered = {k.lower(): v for k, v in sink_options.items()}
         self.completed = lowered.get("transactionmetadata", "true").lower() == "true"
         self.hand_over = hand_over
+        self.table = source_options["path"]  # (as the query's writers name it: the URI)
         self.done = start  # the offset published through
         self.first = int(start["version"]) + 1
         self.records = 0
@@ -146,23 +147,31 @@ class TableRounds:
                 return None
             published = self.writer.write(self.reader.read(share))
             self.writer.commit([published], -1)
+            if self.hand_over is not None:  # the query's writers need not wait for these
+                self.hand_over.published({self.table: int(end["version"])})
         self.reader.commit(end)
         self.records += published.records
         self.done = end
         return True
 
     def result(self) -> HeadStart | None:
-        """What it published (None: nothing)."""
+        """What it published since the last call (None: nothing)."""
         last = int(self.done["version"])
         if last < self.first:
             return None
         seconds = time.monotonic() - self.began
-        return HeadStart(self.records, self.first, last, seconds, self.completed)
+        done = HeadStart(self.records, self.first, last, seconds, self.completed)
+        self.first, self.records, self.began = last + 1, 0, time.monotonic()
+        return done
 
     def close(self) -> None:
+        """The head start has ended: the hand-over says so, and the driver's producer is
+        not needed any more."""
         from lance_cdf.spark.sink import kafka_sink as sink
 
-        sink.close_publishers()  # the driver's producer is not needed after the head start
+        if self.hand_over is not None:
+            self.hand_over.take()
+        sink.close_publishers()
 
 
 @contextmanager

@@ -133,6 +133,18 @@ class _HeadStart:
     start: dict[str, Any] | None
     hand_over: HandOver | None
     continued: Continued | None = None
+    first_batch: int | None = None  # the query's first micro-batch seen
+
+    def follow(self, batch_id: int) -> None:
+        """The query's latest micro-batch: the head start ends once the query has run two
+        (by then Spark has started the query's Python processes, and the query publishes a
+        commit as soon as the head start would)."""
+        if self.continued is None:
+            return
+        if self.first_batch is None:
+            self.first_batch = batch_id
+        elif batch_id > self.first_batch:
+            self.continued.stop.set()  # (after the round in progress; joined at the end)
 
     def end(self) -> None:
         """At publish's end: the rounds stopped (if the query never took over) and the
@@ -184,7 +196,7 @@ def _run(
     local = own_session and (chosen or "").startswith("local")
     # a local session's planner daemons to stop, its workers to keep
     warm = local and settings.run.warm_workers
-    error = _await(query, spark, stopping, lease, local, warm, settings)
+    error = _await(query, spark, stopping, lease, local, warm, settings, head)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -374,16 +386,21 @@ def _await(
     trim: bool,
     warm: bool,
     settings: PublishSettings,
+    head: _HeadStart,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
     is none). `trim`: stop Spark's planner daemons once the query has run. `warm`: keep the
-    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds)."""
+    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds). `head`:
+    told of the query's micro-batches (its rounds end after the query's second)."""
     error: BaseException | None = None
     marked = time.monotonic()
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
-            if trim and query.lastProgress is not None:  # the query has planned and run
+            progress = query.lastProgress
+            if progress is not None:
+                head.follow(progress.batchId)
+            if trim and progress is not None:  # the query has planned and run
                 trim = False
                 stop_planner_daemons(spark)
             if warm and not trim and time.monotonic() - marked >= WARM_EVERY_S:
@@ -561,8 +578,8 @@ def _head_start(
 ) -> None:
     """The head start's first round: publish the commits waiting at `head.start` from this
     process (spark/publish/headstart.py, database_headstart.py); then its later rounds in a
-    thread (`head.continued`) until the query takes over. A failure is reported and left to
-    the query, which skips whatever was acknowledged."""
+    thread (`head.continued`) until the query takes over or has run two micro-batches. A
+    failure is reported and left to the query, which skips whatever was acknowledged."""
     from lance_cdf.spark.publish.database_headstart import DatabaseRounds
     from lance_cdf.spark.publish.headstart import Continued, TableRounds
 
@@ -586,11 +603,11 @@ def _head_start(
         return
     finally:
         stages["head start"] = time.monotonic() - t
+    done = rounds.result()  # the commits waiting at launch (the later rounds' at their end)
+    if done is not None:
+        print(done, flush=True)
     if going is None or head.hand_over is None:  # nothing more for it to publish
         rounds.close()
-        done = rounds.result()
-        if done is not None:
-            print(done, flush=True)
         return
     head.continued = Continued(rounds, poll_s, _said).start()
 

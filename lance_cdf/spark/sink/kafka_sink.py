@@ -267,12 +267,6 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         opts = {k.lower(): v for k, v in self.options.items()}
-        if opts.get("handover"):
-            # lance-cdf publish on a local master: its head start stops publishing before
-            # this task writes (spark/source/handover.py)
-            from lance_cdf.spark.source.handover import HandOver
-
-            HandOver(opts["handover"]).take()
         if opts.get("database"):
             return self._write_database(iterator, opts)
         table = opts["table"]
@@ -389,6 +383,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         exact = None
         owned: list[int] = []
+        last_version = -1  # a routed share's last commit version
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
@@ -398,6 +393,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 return Published(0)
             whole = commit_order(pa.Table.from_batches(batches))
             owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            last_version = int(pc.max(whole["_commit_version"]).as_py())
             # in batches of 65,536 (a share filtered from many small reads arrives in small
             # chunks; the encoder's per-batch cost made them ~20% slower per record)
             iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
@@ -412,6 +408,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 with _archives_last():  # the registry client looks its version up
                     publisher = self._publisher(exact, options, name)
                 publisher.begin()  # a retried task starts clean
+                if exactly_once and opts.get("handover"):  # publish's head start may run
+                    _hand_over(opts, name, table, last_version)
                 if exactly_once:  # how far an earlier attempt got, per owned partition
                     marks = publisher.high_water_marks(owned)
             events = restore_types(events, exact)
@@ -562,12 +560,24 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         pass
 
 
+def _hand_over(opts: dict[str, str], name: TableName, table: str, last: int) -> None:
+    """A writer task of lance-cdf publish on a local master, before it reads its marks:
+    the head start publishes nothing more unless it has published through the task's
+    last version (spark/source/handover.py); a database's tables by name, a table by its
+    URI."""
+    from lance_cdf.spark.source.handover import HandOver
+
+    key = name.table if opts.get("database") else table
+    HandOver(opts["handover"]).before_writing(key, last)
+
+
 # A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
 # `write` (a writer task, once its records are acknowledged), `commit` (the query's
-# commit, before its transaction metadata) or `handover` (the query taking over from
-# publish's head start, spark/source/handover.py): while FILE exists that step waits, and
-# says so by creating `FILE.held` (tests/test_complete_versions.py,
-# tests/test_headstart_handover.py). Unset: no effect.
+# commit, before its transaction metadata) or `handover` (a writer task of publish on a
+# local master, before it reads its marks, while the head start may still publish:
+# spark/source/handover.py): while FILE exists that step waits, and says so by creating
+# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
+# no effect.
 HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 
