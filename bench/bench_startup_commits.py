@@ -83,11 +83,15 @@ class Arrivals(threading.Thread):
 
 
 def launch(cmd: list[str], code_dir: str | None, log: str) -> subprocess.Popen[bytes]:
+    """`cmd` with the lance_cdf package of `code_dir` (None: this checkout's), run in the
+    log's directory (`python -m` puts its working directory first on the path)."""
     env = spark_env()
     if code_dir:
         env["PYTHONPATH"] = code_dir
     with open(log, "ab") as out:
-        return subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return subprocess.Popen(
+            cmd, env=env, stdout=out, stderr=subprocess.STDOUT, cwd=os.path.dirname(log)
+        )
 
 
 def summary(
