@@ -13,7 +13,8 @@ launch) for another `--run-s` seconds. Reports, for each launch, the commits tha
 from launch to `--startup-s` seconds after it ("during start-up") and those after that
 ("steady state"): the largest and median commit -> Kafka delay, with the stages `publish`
 printed. With `--before DIR`: the same runs with the lance_cdf package of DIR (another
-checkout) on PYTHONPATH, alternating with this one.
+checkout) on PYTHONPATH, alternating with this one. With `--database`: `publish --database`
+over a database holding that one table (its topic `<prefix>.t`).
 """
 
 from __future__ import annotations
@@ -120,19 +121,26 @@ def summary(
 
 
 def one_run(label, code_dir, kafka, registry, uri, workdir, writer, args) -> dict:
-    topic = f"during-{uuid.uuid4().hex[:8]}"
+    prefix = f"during{uuid.uuid4().hex[:8]}"
+    topic = f"{prefix}.t" if args.database else prefix  # (a database's: <prefix>.<table>)
     arrivals = Arrivals(kafka.bootstrap_servers, topic)
     arrivals.start()
     checkpoint = os.path.join(workdir, f"ck-{topic}")
-    start = lance.dataset(uri).version + 1
-    cmd = publish(
-        kafka.bootstrap_servers,
-        registry.url,
-        checkpoint,
-        table=uri,
-        topic=topic,
-        extra=["--starting-version", str(start)],
-    )
+    start = ["--starting-version", str(lance.dataset(uri).version + 1)]
+    if args.database:
+        database = os.path.dirname(uri)
+        cmd = publish(
+            kafka.bootstrap_servers,
+            registry.url,
+            checkpoint,
+            database=database,
+            prefix=prefix,
+            extra=start,
+        )
+    else:
+        cmd = publish(
+            kafka.bootstrap_servers, registry.url, checkpoint, table=uri, topic=topic, extra=start
+        )
     log = os.path.join(workdir, f"{topic}.log")
     result: dict[str, object] = {"label": label, "log": log}
     for launch_name in ("first start", "restart"):
@@ -162,11 +170,14 @@ def main() -> None:
     ap.add_argument("--startup-s", type=float, default=30.0)
     ap.add_argument("--pause-s", type=float, default=3.0)
     ap.add_argument("--out", default=None, help="write the results here (JSON)")
+    ap.add_argument(
+        "--database", action="store_true", help="publish --database over a database of that table"
+    )
     args = ap.parse_args()
     from lance_cdf_devtools import KafkaBroker, SchemaRegistry
 
     workdir = tempfile.mkdtemp(prefix="bench-during-")
-    uri = os.path.join(workdir, "t.lance")
+    uri = os.path.join(workdir, "db", "t.lance")
     lance.write_dataset(pa.table({"id": [0]}), uri, enable_stable_row_ids=True)
     results = []
     paths = (("before", args.before), ("after", None))

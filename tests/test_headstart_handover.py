@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 
 import lance
 import pyarrow as pa
@@ -55,28 +56,50 @@ def _commit(uri, rows):
     )
 
 
-def test_commits_made_while_spark_starts_are_published_by_the_head_start(
-    tmp_path, kafka_broker, schema_registry
-):
-    src = str(tmp_path / "src.lance")
-    _history(src)  # versions 1-6, waiting at launch
-    bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
+def _publisher(tmp_path, bootstrap, database):
+    """The table (versions 1-6), its topic, the records' namespace and publish's flags:
+    one table's, or a database's holding that table."""
+    if database:
+        src, prefix = tmp_path / "db" / "src.lance", f"dbhandover{uuid.uuid4().hex[:6]}"
+        topic = f"{prefix}.src"  # (made by the head start)
+        source = ("--database", str(src.parent), "--topic-prefix", prefix)
+        return str(src), topic, topic, source
     topic = new_topic(bootstrap, "handover")
+    return (
+        str(tmp_path / "src.lance"),
+        topic,
+        NAME,
+        ("--table", str(tmp_path / "src.lance"), "--topic", topic, "--table-name", NAME),
+    )
+
+
+@pytest.mark.parametrize("database", [False, True], ids=["table", "database"])
+def test_commits_made_while_spark_starts_are_published_by_the_head_start(
+    tmp_path, kafka_broker, schema_registry, database
+):
+    bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
+    src, topic, name, source = _publisher(tmp_path, bootstrap, database)
+    _history(src)  # versions 1-6, waiting at launch
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
     hold.touch()  # the query's writer tasks wait before their marks while this exists
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
     args = [
-        *(sys.executable, "-m", "lance_cdf.cli", "publish", "--table", src),
-        *("--bootstrap-servers", bootstrap, "--topic", topic, "--table-name", NAME),
-        *("--schema-registry", registry, "--checkpoint", str(tmp_path / "ck")),
+        *(sys.executable, "-m", "lance_cdf.cli", "publish", *source),
+        *("--bootstrap-servers", bootstrap, "--schema-registry", registry),
+        *("--checkpoint", str(tmp_path / "ck")),
         *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
     ]
     log = tmp_path / "publish.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+
+    def lines():  # the head start's lines so far
+        return log.read_text().count("head start: ")
+
     try:
         # the versions waiting at launch: the head start's first round
-        _wait_for("versions 1-6", lambda: 6 in _ends(bootstrap, topic, registry), proc, log)
+        _wait_for("the head start's first round", lambda: lines() >= 1, proc, log)
+        assert 6 in _ends(bootstrap, topic, registry)
         _commit(src, [2, 40, 41])  # versions 7 and 8, while Spark starts
         # the query's first micro-batch is planned: its writer tasks wait, none has written
         _wait_for("the query's writers", held.exists, proc, log)
@@ -86,9 +109,8 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
         assert not (tmp_path / "ck" / "commits" / "0").exists()
         hold.unlink()  # the query's writers go on: they skip what the topic holds
         # the head start ends after the query's second micro-batch (9 and 10) and says
-        # what it published
-        ended = "of version(s) 7-10 published"  # (its first round: the versions at launch)
-        _wait_for("the head start's end", lambda: ended in log.read_text(), proc, log)
+        # what it published after its first round
+        _wait_for("the head start's end", lambda: lines() >= 2, proc, log)
         _commit(src, [8, 43])  # versions 11 and 12: the query's
         _wait_for("versions 11-12", lambda: 12 in _ends(bootstrap, topic, registry), proc, log)
         proc.send_signal(signal.SIGTERM)
@@ -98,7 +120,9 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     text = log.read_text()
-    assert "of version(s) 1-6 published with their transaction metadata" in text, text[-3000:]
+    if not database:
+        for versions in ("1-6", "7-10"):
+            assert f"of version(s) {versions} published with their transaction" in text, text
     # each change once, per key in commit order; each version's BEGIN and END once, in
     # version order, counting its records
     want = expected_by_key(src)
@@ -108,7 +132,7 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     txns = transactions(bootstrap, f"{topic}.transaction", registry)
     counts = change_counts(bootstrap, topic)
     assert sorted(counts) == list(range(1, 13))
-    check_transactions(txns, counts, NAME)
+    check_transactions(txns, counts, name)
 
 
 def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):

@@ -221,7 +221,8 @@ def head_start(
 
 class Continued:
     """A head start's rounds after its first, in a thread of the publish process, until
-    the query takes over (or `end`); it then closes the head start and prints what it
+    the query takes over or `stop` is set (the runner sets it once the query has run two
+    micro-batches, and at its end); it then closes the head start and prints what it
     published (`said`: how a failure is told, one line)."""
 
     def __init__(self, head: Rounds, poll_s: float, said: Callable[[BaseException], str]):

@@ -128,7 +128,8 @@ def hand_off(work: DataFrame) -> DataFrame:
 class _HeadStart:
     """The head start of one publish run: where it starts (None: no head start), the file
     it hands over to the query through (spark/source/handover.py), and its rounds after
-    the first, running in a thread until the query takes over."""
+    the first, running in a thread until the query takes over or has run two
+    micro-batches."""
 
     start: dict[str, Any] | None
     hand_over: HandOver | None
@@ -236,8 +237,8 @@ def _begin(
     hang, the JVM starts after 12 s and a failed check still stops publish before any
     query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
     start: the query starts once the head start's first round (the commits waiting at
-    launch) has ended, and its later rounds (the commits made since) go on until the
-    query's first plan takes over."""
+    launch) has ended, and its later rounds (the commits made since) go on until the query
+    takes over (`_HeadStart`)."""
     from lance_cdf.spark.publish.query_progress import interval_seconds
 
     # the head start looks at the table as often as the query's trigger does
@@ -332,8 +333,9 @@ def _start_query(
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     hand_over = head.hand_over.path if head.continued and head.hand_over else None
-    # who takes over from the head start (spark/source/handover.py): on a local master the
-    # first writer task, on this machine; elsewhere the reader's first plan, in the driver
+    # who takes over from the head start (spark/source/handover.py): on a local master a
+    # writer task with a version it has not published, on this machine; elsewhere the
+    # reader's first plan, in the driver
     local = (spark.sparkContext.master or "").startswith("local")
     if hand_over is not None and not local:
         reader = reader.option("handOver", hand_over)
