@@ -135,10 +135,16 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     check_transactions(txns, counts, name)
 
 
+def _commit_like(hand_over):
+    with hand_over.exclusive():
+        pass
+
+
 def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):
     """The hand-over file's protocol: a head start's round holds the lock; a writer whose
-    versions the head start has published goes on without taking over; one with a later
-    version takes over, waiting for the round in progress, and no round starts after."""
+    versions the head start has published goes on without taking over, and the query's
+    commit waits for the round without taking over; a writer with a later version takes
+    over, waiting for the round in progress, and no round starts after."""
     import threading
 
     from lance_cdf.spark.sink import kafka_sink
@@ -151,6 +157,15 @@ def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):
         assert mine
         hand_over.published({"t": 5})
     hand_over.before_writing("t", 5)  # all published: no hand-over, rounds go on
+    with hand_over.turn() as mine:
+        assert mine
+        # the query's commit waits for this round's BEGIN/END, and does not take over
+        committing = threading.Thread(target=_commit_like, args=(hand_over,))
+        committing.start()
+        committing.join(0.5)
+        assert committing.is_alive()
+    committing.join(30)
+    assert not committing.is_alive()
     with hand_over.turn() as mine:
         assert mine
         # a writer with version 6 waits for this round to end

@@ -433,18 +433,30 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             return
         if batchId >= 0:
             hold("commit")
+        if opts.get("handover"):  # publish's head start may still write BEGIN/END records
+            from lance_cdf.spark.source.handover import HandOver
+
+            with HandOver(opts["handover"]).exclusive():
+                self._commit(messages, batchId, opts)
+            return
+        self._commit(messages, batchId, opts)
+
+    def _commit(
+        self, messages: list[WriterCommitMessage | None], batch_id: int, opts: dict[str, str]
+    ) -> None:
+        """`commit`'s work: the micro-batch's BEGIN/END records (and definition)."""
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
         if not all(isinstance(m, Published) for m in messages):
             raise LanceCdfError(
-                f"micro-batch {batchId}: a writer task returned no record counts, so its "
+                f"micro-batch {batch_id}: a writer task returned no record counts, so its "
                 "versions' transaction metadata would be wrong; the micro-batch is not "
                 "committed (restart publish to retry it)"
             )
         published = [m for m in messages if isinstance(m, Published)]
         if opts.get("database"):  # per table, to its own transaction topic
-            self._commit_database(published, batchId)
+            self._commit_database(published, batch_id)
             return
         from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
 
@@ -452,7 +464,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         o = {k.lower(): v for k, v in self.options.items()}
         have: dict[str | None, list[int]] = {None: [c.version for c in versions]}
         span = (
-            batch_spans(o.get("checkpointlocation"), batchId, have).get(None)
+            batch_spans(o.get("checkpointlocation"), batch_id, have).get(None)
             if _definitions_on(o)
             else None
         )

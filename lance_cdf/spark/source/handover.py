@@ -11,7 +11,11 @@ runner creates holds both sides apart:
   (`through`, per table URI: every record and BEGIN/END up to that version is in Kafka);
 - the query takes over by appending a line (`taken`) and then taking the lock, so it goes
   on only once a round in progress has ended; every later round sees the line and
-  publishes nothing.
+  publishes nothing;
+- the query's commit (the driver's, on a local master) writes the transaction topic
+  holding the lock, without taking over: a micro-batch whose writer tasks published
+  nothing (all published by the head start, or versions without events) can still carry a
+  table definition on an END, and the BEGIN/END records stay in version order.
 
 Who takes over, and when:
 
@@ -81,6 +85,21 @@ class HandOver:
             yield not any(TAKEN in line for line in self._lines(fd))
         finally:
             os.close(fd)  # (releases the lock)
+
+    @contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """The lock held, without taking over: the query's commit writes the transaction
+        topic's BEGIN/END in it, never between a round's (a removed file: no head start)."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY)
+        except FileNotFoundError:
+            yield
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
 
     def published(self, through: dict[str, int]) -> None:
         """The head start, in its turn, after a round: every record and BEGIN/END of each
