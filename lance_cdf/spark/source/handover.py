@@ -8,7 +8,8 @@ runner creates holds both sides apart:
 - the head start publishes each round (the versions found at one look at the table, their
   records and their BEGIN/END) holding an exclusive `flock` on it, and only while no line
   says the query has taken over; after each round it appends how far it has published
-  (`through`, per table URI: every record and BEGIN/END up to that version is in Kafka);
+  (`through`, per table, by its URI, a database's by name: every record and BEGIN/END up
+  to that version is in Kafka);
 - the query takes over by appending a line (`taken`) and then taking the lock, so it goes
   on only once a round in progress has ended; every later round sees the line and
   publishes nothing;
