@@ -6,6 +6,7 @@ exactly once, per key in commit order (tombstones included), with its own record
 its own transaction topic whose BEGIN/END counts equal the topic's records. Decoded with
 confluent-kafka's AvroDeserializer and the registry's schemas, not lance-cdf's code."""
 
+import contextlib
 import json
 import os
 import random
@@ -199,7 +200,14 @@ def test_database_publish_follows_every_table_exactly_once(
         thread.join(120)
         want = {name: expected_by_key(path) for name, path in live.items()}
         wait_for({topic[n]: records(w) for n, w in want.items()}, bootstrap, proc)
-        report = json.loads((checkpoint / "database-tables.json").read_text())
+        # the query's report: its reader writes it at its first plan (the head start, which
+        # publishes the commits made while the query starts, can have sent them all before)
+        report, deadline = {}, time.monotonic() + 120
+        while sorted(report.get("followed") or {}) != sorted(live):
+            assert proc.poll() is None and time.monotonic() < deadline, report
+            time.sleep(0.5)
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                report = json.loads((checkpoint / "database-tables.json").read_text())
         # metrics: the lag gauges once per followed table (a bounded `table` label), once
         # the query has committed a micro-batch (a head start's records can reach the topics
         # before: until then the lag is not known and has no gauge)

@@ -149,8 +149,8 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
     pub.add_argument(
         "--no-head-start",
         action="store_true",
-        help="do not publish the commits waiting at start from this process "
-        "while Spark starts; the query publishes everything",
+        help="do not publish the commits waiting at start, and those made while the "
+        "query starts, from this process; the query publishes everything",
     )
     pub.add_argument(
         "--no-warm-workers",

@@ -1,38 +1,42 @@
 """`lance-cdf publish --database`'s head start: the commits waiting at start in every table,
-published from the driver process while Spark starts, as one table's head start does
-(spark/publish/headstart.py, whose reasons it shares: why nothing is sent twice or out of
-order).
+and those made while Spark starts, published from the driver process until the query takes
+over, as one table's head start does (spark/publish/headstart.py, whose reasons it shares:
+why nothing is sent twice or out of order, and the hand-over, spark/source/handover.py).
 
 It starts where the query will start: the checkpoint's newest committed offset, or for a
 new checkpoint with a numeric or `earliest` starting version each table's start as the
 query's own reader takes it (`initialOffset`; a new checkpoint at `latest`, the default,
-has nothing waiting: no head start), and plans one micro-batch as the query would, with
-the database stream's own reader (spark/source/database_stream.py) and one writer slot:
-whole versions, at most `HEAD_START_EVENTS` events per table, nothing if all of them
-together are more than `HEAD_START_EVENTS_IN_ALL` (the query publishes them), and table
-after table for at most `HEAD_START_SECONDS` (the query publishes the tables not reached).
-The database sink's writer publishes each table's share to its topic and its commit writes
-their transaction metadata (both skip what an earlier writer left in the topics); then the
-query plans the same versions and its writer tasks skip what the topics hold. A table in
-the middle of its snapshot gets none (as one table's).
+has nothing waiting: no head start). Each round plans one micro-batch as the query would,
+with the database stream's own reader (spark/source/database_stream.py: its looks at quiet
+tables spaced as the query's) and one writer slot: whole versions, at most
+`HEAD_START_EVENTS` events per table; the head start ends if all of them together are more
+than `HEAD_START_EVENTS_IN_ALL` (the query publishes them), and a round goes table after
+table for at most `HEAD_START_SECONDS` (the next round, or the query, publishes the tables
+not reached). The database sink's writer publishes each table's share to its topic and its
+commit writes their transaction metadata (both skip what an earlier writer left in the
+topics); the query plans from the same start and its writer tasks skip what the topics
+hold. A table in the middle of its snapshot gets none (as one table's).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS
+from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS, turn
+from lance_cdf.spark.source.handover import HandOver
 
 # all tables' events together: each table up to HEAD_START_EVENTS, the head start as a whole
 # bounded so that it still ends within the Spark session's start; more and the query
 # publishes them (docs/benchmarks.md, "Start-up")
 HEAD_START_EVENTS_IN_ALL = 5 * HEAD_START_EVENTS
-# the query starts once the head start has ended: it stops taking tables up after this
-# long (each table's first use costs its topic check, registry subjects and first reads),
-# well within the JVM's and the session's start, which it runs beside
+# the query starts once the head start's first round has ended, and takes over from a later
+# round once it has ended: a round stops taking tables up after this long (each table's
+# first use costs its topic check, registry subjects and first reads), well within the
+# JVM's and the session's start, which the first round runs beside
 HEAD_START_SECONDS = 5.0
 
 
@@ -73,50 +77,132 @@ def database_start_offset(checkpoint: str, starting: str | None) -> dict[str, An
     return offset
 
 
+class DatabaseRounds:
+    """A database's head start, round after round from `start`: each round plans one
+    micro-batch as the query would (whole versions, at most `HEAD_START_EVENTS` events per
+    table) and publishes it table after table, with the tables' BEGIN/END, in a turn of
+    `hand_over` (None: no query to hand over to, as in a test)."""
+
+    def __init__(
+        self,
+        source_options: dict[str, str],
+        sink_options: dict[str, str],
+        start: dict[str, Any],
+        hand_over: HandOver | None = None,
+    ):
+        from lance_cdf.spark.sink import kafka_sink as sink
+        from lance_cdf.spark.source.data_source import LanceCdfDataSource
+        from lance_cdf.spark.source.database_stream import DatabaseReader
+        from lance_cdf.spark.source.handoff import work_struct
+
+        self.began = time.monotonic()
+        options = {k: v for k, v in source_options.items() if k != "report"}  # (the query's)
+        source = LanceCdfDataSource({**options, "writerSlots": "1"})
+        reader = source.streamReader(source.schema())
+        if not isinstance(reader, DatabaseReader):
+            raise LanceCdfError(
+                f"the head start needs a database reader, not {type(reader).__name__}"
+            )
+        self.reader = reader
+        self.writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+        self.hand_over = hand_over
+        if "tables" not in start:  # a new checkpoint: each table where the query will take it
+            start = reader.initialOffset()
+        self.done = start  # per table, the offset published through
+        self.records = 0
+        self.tables: set[str] = set()  # tables with records published
+        self.left = 0  # tables with waiting commits the last round did not reach
+        self.rounds = 0  # rounds that published
+        self.looked = False  # a round has run
+
+    def round(self) -> bool | None:
+        """Publish the whole versions waiting after `done` in every table, table after
+        table for at most `HEAD_START_SECONDS`, then their BEGIN/END: True if there were
+        any, False if none has landed since; None: the head start ends (the query has
+        taken over, they are more than `HEAD_START_EVENTS_IN_ALL` events, or the plan alone
+        took the time). Errors propagate; records already acknowledged stay and the query
+        skips them."""
+        from pyspark.sql.streaming.datasource import ReadMaxRows
+
+        from lance_cdf.spark.source.database_stream import DatabaseSlot
+
+        # the first round's time counts from the start (the tables' take-up included)
+        t = time.monotonic() if self.looked else self.began
+        self.looked = True
+        with turn(self.hand_over) as mine:
+            if not mine:
+                return None
+            end = self.reader.latestOffset(self.done, ReadMaxRows(HEAD_START_EVENTS))
+            parts = self.reader.partitions(self.done, end)
+            slots = [s for s in parts if isinstance(s, DatabaseSlot) and s.rows]
+            if not slots:
+                return False
+            (slot,) = slots  # one writer slot: a row (a work item) per table
+            if time.monotonic() > t + HEAD_START_SECONDS:
+                return None
+            if sum(row[1] for row in slot.rows) > HEAD_START_EVENTS_IN_ALL:
+                return None
+            published = []
+            for row in slot.rows:  # whole tables: the query publishes those not reached
+                if time.monotonic() > t + HEAD_START_SECONDS:
+                    break
+                one = DatabaseSlot(slot.slot, (row,))
+                published.append(self.writer.write(self.reader.read(one)))
+            self.writer.commit(list(published), -1)  # their BEGIN/END (none without metadata)
+            reached = {json.loads(row[2])["name"] for row in slot.rows[: len(published)]}
+            self.done = _through(self.done, end, reached)
+            if self.hand_over is not None:  # the query's writers need not wait for these
+                self.hand_over.published(_versions(self.done))
+        self.records += sum(p.records for p in published)
+        self.tables |= {name for p in published for name in p.tables}
+        self.left = len(slot.rows) - len(published)
+        self.rounds += 1
+        return True
+
+    def result(self) -> DatabaseHeadStart | None:
+        """What it published since the last call (None: nothing)."""
+        if not self.rounds:
+            return None
+        seconds = time.monotonic() - self.began
+        done = DatabaseHeadStart(self.records, len(self.tables), self.left, seconds)
+        self.records, self.tables, self.rounds = 0, set(), 0
+        self.began = time.monotonic()
+        return done
+
+    def close(self) -> None:
+        """The head start has ended: the hand-over says so, and the driver's producers are
+        not needed any more."""
+        from lance_cdf.spark.sink import kafka_sink as sink
+
+        if self.hand_over is not None:
+            self.hand_over.take()
+        sink.close_publishers()
+
+
+def _versions(offset: dict[str, Any]) -> dict[str, int]:
+    """Each table's version in a database offset."""
+    tables = offset.get("tables") or {}
+    return {name: int(o["version"]) for name, o in tables.items() if "version" in o}
+
+
+def _through(done: dict[str, Any], end: dict[str, Any], reached: set[str]) -> dict[str, Any]:
+    """The database offset published through after a round planned `done` -> `end`: `end`'s
+    offset for the tables whose share it published, `done`'s for the others (never past
+    what is in Kafka: the query's writers go on without the lock up to it). A table with
+    no share (no events, or set aside) is planned again next round."""
+    tables = dict(done.get("tables") or {})
+    tables.update({n: o for n, o in (end.get("tables") or {}).items() if n in reached})
+    return {**end, "tables": tables}
+
+
 def database_head_start(
     source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, Any]
 ) -> DatabaseHeadStart | None:
-    """Publish the whole versions waiting after `start` in the followed tables, table by
-    table until `HEAD_START_SECONDS` have passed (None: nothing pending, more than
-    `HEAD_START_EVENTS_IN_ALL` events in all, or the plan alone took that long). Errors
-    propagate; records already acknowledged stay and the query skips them."""
-    from pyspark.sql.streaming.datasource import ReadMaxRows
-
-    from lance_cdf.spark.sink import kafka_sink as sink
-    from lance_cdf.spark.source.data_source import LanceCdfDataSource
-    from lance_cdf.spark.source.database_stream import DatabaseReader, DatabaseSlot
-    from lance_cdf.spark.source.handoff import work_struct
-
-    t = time.monotonic()
-    deadline = t + HEAD_START_SECONDS
-    options = {k: v for k, v in source_options.items() if k != "report"}  # (the query's)
-    source = LanceCdfDataSource({**options, "writerSlots": "1"})
-    reader = source.streamReader(source.schema())
-    if not isinstance(reader, DatabaseReader):
-        raise LanceCdfError(f"the head start needs a database reader, not {type(reader).__name__}")
-    if "tables" not in start:  # a new checkpoint: each table where the query will take it
-        start = reader.initialOffset()
-    end = reader.latestOffset(start, ReadMaxRows(HEAD_START_EVENTS))
-    slots = [s for s in reader.partitions(start, end) if isinstance(s, DatabaseSlot) and s.rows]
-    if not slots or time.monotonic() > deadline:
-        return None
-    (slot,) = slots  # one writer slot: a row (a work item) per table
-    if sum(row[1] for row in slot.rows) > HEAD_START_EVENTS_IN_ALL:
-        return None
-    writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
-    published = []
+    """One round from `start` (None: nothing pending, more than `HEAD_START_EVENTS_IN_ALL`
+    events in all, or the plan alone took `HEAD_START_SECONDS`)."""
+    head = DatabaseRounds(source_options, sink_options, start)
     try:
-        for row in slot.rows:  # whole tables: the query publishes those not reached
-            if time.monotonic() > deadline:
-                break
-            published.append(writer.write(reader.read(DatabaseSlot(slot.slot, (row,)))))
-        writer.commit(list(published), -1)  # their BEGIN/END (none without metadata)
+        head.round()
     finally:
-        sink.close_publishers()  # the driver's producers are not needed after this
-    tables = {name for p in published for name in p.tables}
-    return DatabaseHeadStart(
-        sum(p.records for p in published),
-        len(tables),
-        len(slot.rows) - len(published),
-        time.monotonic() - t,
-    )
+        head.close()
+    return head.result()

@@ -6,6 +6,7 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
@@ -15,12 +16,14 @@ from lance_cdf.kafka.topics import TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
 from lance_cdf.spark.source.checkpoint import read_report, report_path
+from lance_cdf.spark.source.handover import HandOver
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
     from pyspark.sql import DataFrame, SparkSession
     from pyspark.sql.streaming.query import StreamingQuery
 
     from lance_cdf.ops.lease import Lease
+    from lance_cdf.spark.publish.headstart import Continued
     from lance_cdf.spark.publish.query_progress import QueryFollower
 from lance_cdf.spark.publish.spark_driver import (
     jvm_ignores_sigterm,
@@ -137,11 +140,59 @@ def hand_off(work: DataFrame) -> DataFrame:
     return work.observe(OBSERVED, F.sum(WORK_EVENTS).alias("events"))
 
 
+@dataclass
+class _HeadStart:
+    """The head start of one publish run: where it starts (None: no head start), the file
+    it hands over to the query through (spark/source/handover.py), and its rounds after
+    the first, running in a thread until the query takes over or has run two
+    micro-batches."""
+
+    start: dict[str, Any] | None
+    hand_over: HandOver | None
+    continued: Continued | None = None
+    first_batch: int | None = None  # the query's first micro-batch seen
+
+    def follow(self, batch_id: int) -> None:
+        """The query's latest micro-batch: the head start ends once the query has run two
+        (by then Spark has started the query's Python processes, and the query publishes a
+        commit as soon as the head start would)."""
+        if self.continued is None:
+            return
+        if self.first_batch is None:
+            self.first_batch = batch_id
+        elif batch_id > self.first_batch:
+            self.continued.stop.set()  # (after the round in progress; joined at the end)
+
+    def end(self) -> None:
+        """At publish's end: the rounds stopped (if the query never took over) and the
+        hand-over file removed."""
+        if self.continued is not None:
+            self.continued.end()
+        if self.hand_over is not None:
+            self.hand_over.remove()
+
+
 def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease | None) -> int:
+    source_options, sink_options = _query_options(settings)
+    early = _head_start_offset(settings) if settings.head_start else None
+    head = _HeadStart(early, HandOver.create() if early is not None else None)
+    try:
+        return _run(settings, stopping, lease, source_options, sink_options, head)
+    finally:
+        head.end()
+
+
+def _run(
+    settings: PublishSettings,
+    stopping: threading.Event,
+    lease: Lease | None,
+    source_options: dict[str, str],
+    sink_options: dict[str, str],
+    head: _HeadStart,
+) -> int:
     started = time.monotonic()
     stages: dict[str, float] = {}
-    source_options, sink_options = _query_options(settings)
-    pending = _begin(settings, source_options, sink_options, stopping, stages)
+    pending = _begin(settings, source_options, sink_options, stopping, stages, head)
     spark, own_session, chosen = _start_session(settings, stages)
     try:
         partitions = pending.result()
@@ -150,7 +201,7 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
             spark.stop()
         raise
     query, tasks, partitions = _start_query(
-        spark, settings, source_options, sink_options, partitions, stopping, stages
+        spark, settings, source_options, sink_options, partitions, stopping, stages, head
     )
     if query is None:  # stopped during start-up: nothing was started
         if own_session:
@@ -162,7 +213,7 @@ def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease 
     local = own_session and (chosen or "").startswith("local")
     # a local session's planner daemons to stop, its workers to keep
     warm = local and settings.run.warm_workers
-    error = _await(query, spark, stopping, lease, local, warm, settings)
+    error = _await(query, spark, stopping, lease, local, warm, settings, head)
     if follower is not None:
         follower.stop()
         if error is not None:
@@ -192,20 +243,27 @@ def _begin(
     sink_options: dict[str, str],
     stopping: threading.Event,
     stages: dict[str, float],
+    head: _HeadStart,
 ) -> Future[int]:
     """Start the broker, registry and topic checks, then the head start, and the imports, in
-    threads; the number of partitions of the topic once the head start has ended.
+    threads; the number of partitions of the topic once the head start's first round has
+    ended.
 
     The checks end before the JVM starts (a refused client is named in seconds; if they
     hang, the JVM starts after 12 s and a failed check still stops publish before any
     query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
-    start: the query starts once the head start has ended."""
-    early = _head_start_offset(settings) if settings.head_start else None
+    start: the query starts once the head start's first round (the commits waiting at
+    launch) has ended, and its later rounds (the commits made since) go on until the query
+    takes over (`_HeadStart`)."""
+    from lance_cdf.spark.publish.query_progress import interval_seconds
+
+    # the head start looks at the table as often as the query's trigger does
+    poll_s = interval_seconds(settings.trigger_interval) or 0.5
 
     def after_checks() -> int:
         partitions = checked.result()
-        if early is not None and not stopping.is_set():
-            _head_start(source_options, sink_options, partitions, early, stages)
+        if head.start is not None and not stopping.is_set():
+            _head_start(source_options, sink_options, partitions, head, stages, poll_s)
         return partitions
 
     pool = ThreadPoolExecutor(3, thread_name_prefix="lance-cdf-start")
@@ -273,6 +331,7 @@ def _start_query(
     partitions: int,
     stopping: threading.Event,
     stages: dict[str, float],
+    head: _HeadStart,
 ) -> tuple[StreamingQuery | None, int, int]:
     """The streaming query started (None: stopped during start-up, nothing started), its
     writer tasks and the partitions they share."""
@@ -285,10 +344,19 @@ def _start_query(
         sink_options.setdefault("topic.partitions", str(partitions))
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
+    hand_over = head.hand_over.path if head.continued and head.hand_over else None
+    # who takes over from the head start (spark/source/handover.py): on a local master a
+    # writer task with a version it has not published, on this machine; elsewhere the
+    # reader's first plan, in the driver
+    local = (spark.sparkContext.master or "").startswith("local")
+    if hand_over is not None and not local:
+        reader = reader.option("handOver", hand_over)
     t = time.monotonic()
     changes = hand_off(reader.load())  # load(): the schema
     stages["source schema"] = time.monotonic() - t
     writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options)
+    if hand_over is not None and local:
+        writer = writer.option("handOver", hand_over)
     if settings.run.available_now:
         writer = writer.trigger(availableNow=True)
     else:
@@ -332,16 +400,21 @@ def _await(
     trim: bool,
     warm: bool,
     settings: PublishSettings,
+    head: _HeadStart,
 ) -> BaseException | None:
     """Run until `stopping` is set or the query ends; the query's failure, if any (a stop
     is none). `trim`: stop Spark's planner daemons once the query has run. `warm`: keep the
-    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds)."""
+    Python workers from Spark's idle timeout (marked every WARM_EVERY_S seconds). `head`:
+    told of the query's micro-batches (its rounds end after the query's second)."""
     error: BaseException | None = None
     marked = time.monotonic()
     try:
         # pyspark annotates the timeout as int but takes seconds as a float (int(t * 1000))
         while not stopping.is_set() and not query.awaitTermination(0.5):  # type: ignore[arg-type]
-            if trim and query.lastProgress is not None:  # the query has planned and run
+            progress = query.lastProgress
+            if progress is not None:
+                head.follow(progress.batchId)
+            if trim and progress is not None:  # the query has planned and run
                 trim = False
                 stop_planner_daemons(spark)
             if warm and not trim and time.monotonic() - marked >= WARM_EVERY_S:
@@ -513,36 +586,48 @@ def _head_start(
     source_options: dict[str, str],
     sink_options: dict[str, str],
     partitions: int,
-    start: dict[str, Any],
+    head: _HeadStart,
     stages: dict[str, float],
+    poll_s: float,
 ) -> None:
-    """Publish the commits waiting at `start` from this process (spark/publish/headstart.py,
-    database_headstart.py); a failure is reported and left to the query, which skips
-    whatever was acknowledged."""
-    from lance_cdf.spark.publish.database_headstart import database_head_start
-    from lance_cdf.spark.publish.headstart import head_start
+    """The head start's first round: publish the commits waiting at `head.start` from this
+    process (spark/publish/headstart.py, database_headstart.py); then its later rounds in a
+    thread (`head.continued`) until the query takes over or has run two micro-batches. A
+    failure is reported and left to the query, which skips whatever was acknowledged."""
+    from lance_cdf.spark.publish.database_headstart import DatabaseRounds
+    from lance_cdf.spark.publish.headstart import Continued, TableRounds
 
+    assert head.start is not None
     t = time.monotonic()
     source = {**source_options, "kafkaPartitions": str(partitions)}
-    done: object
+    rounds: TableRounds | DatabaseRounds | None = None
     try:
         if "database" in source_options:  # new topics: a partition per writer, as the query's
             sink = {"topic.partitions": str(partitions), **sink_options}
-            done = database_head_start(source, sink, start)
+            rounds = DatabaseRounds(source, sink, head.start, head.hand_over)
         else:
-            done = head_start(source, sink_options, start)
+            rounds = TableRounds(source, sink_options, head.start, head.hand_over)
+        going = rounds.round()
     except Exception as exc:  # noqa: BLE001 (the query reads and publishes them again)
+        if rounds is not None:
+            rounds.close()
         if isinstance(exc, LanceCdfError) and not isinstance(exc, PublishError):
             raise  # the table's or the checkpoint's: the query would stop the same way
-        print(
-            f"head start skipped ({scrub(in_words(exc))}); the query publishes those commits",
-            flush=True,
-        )
+        print(f"head start skipped ({_said(exc)}); the query publishes those commits", flush=True)
         return
     finally:
         stages["head start"] = time.monotonic() - t
+    done = rounds.result()  # the commits waiting at launch (the later rounds' at their end)
     if done is not None:
         print(done, flush=True)
+    if going is None or head.hand_over is None:  # nothing more for it to publish
+        rounds.close()
+        return
+    head.continued = Continued(rounds, poll_s, _said).start()
+
+
+def _said(exc: BaseException) -> str:
+    return scrub(in_words(exc))
 
 
 def _serve_metrics(query: StreamingQuery, settings: PublishSettings) -> QueryFollower | None:

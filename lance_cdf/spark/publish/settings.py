@@ -118,9 +118,10 @@ class RunSettings:
     default parallelism), at most one per partition of the topic; each owns a disjoint set
     of partitions (`partition % writers`) and reads that share of the micro-batch's events
     itself, so per-key order holds whatever their number. `head_start`: publish the commits
-    waiting at start from this process while Spark starts (spark/publish/headstart.py;
-    exactly-once and one table only, and only where the query's start is known before it
-    starts: a checkpoint's committed offset or a numeric starting version). `stop_timeout_s`:
+    waiting at start, and those made while the query starts, from this process
+    (spark/publish/headstart.py; exactly-once only, and only where the query's start is
+    known before it starts: a checkpoint's committed offset or a numeric starting
+    version). `stop_timeout_s`:
     how long a stop (SIGTERM, SIGINT) waits for the running micro-batch to commit (its
     records and their versions' END) before interrupting it. `metrics_port`:
     serve Prometheus metrics on metrics_host:metrics_port (0: any free port;

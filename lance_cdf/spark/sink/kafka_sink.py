@@ -18,7 +18,9 @@ and its transaction topic are created if missing: kafka/topics.py; the broker's 
 otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
 `registry.<setting>` to the registry client, `storage.<key>` the table's storage
 options (as for the source: the sink reads each commit's operation from the table's
-manifests, and the events of work items).
+manifests, and the events of work items). `handOver` is internal: `lance-cdf publish` on a
+local master hands over from its head start to the query's writer tasks through it
+(spark/source/handover.py).
 
 The topic's schema carries the table's own types, not Spark's: Spark widens what it
 cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
@@ -383,6 +385,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         sent = 0
         exact = None
         owned: list[int] = []
+        last_version = -1  # a routed share's last commit version
         if self.routed:
             # a routed stream (publish.route): the task's whole share, put in commit order
             # (Spark cannot sort a stream); memory is bounded by the micro-batch's size
@@ -392,6 +395,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 return Published(0)
             whole = commit_order(pa.Table.from_batches(batches))
             owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
+            last_version = int(pc.max(whole["_commit_version"]).as_py())
             # in batches of 65,536 (a share filtered from many small reads arrives in small
             # chunks; the encoder's per-batch cost made them ~20% slower per record)
             iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
@@ -406,6 +410,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 with _archives_last():  # the registry client looks its version up
                     publisher = self._publisher(exact, options, name)
                 publisher.begin()  # a retried task starts clean
+                if exactly_once and opts.get("handover"):  # publish's head start may run
+                    _hand_over(opts, name, table, last_version)
                 if exactly_once:  # how far an earlier attempt got, per owned partition
                     marks = publisher.high_water_marks(owned)
             events = restore_types(events, exact)
@@ -429,18 +435,30 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             return
         if batchId >= 0:
             hold("commit")
+        if opts.get("handover"):  # publish's head start may still write BEGIN/END records
+            from lance_cdf.spark.source.handover import HandOver
+
+            with HandOver(opts["handover"]).exclusive():
+                self._commit(messages, batchId, opts)
+            return
+        self._commit(messages, batchId, opts)
+
+    def _commit(
+        self, messages: list[WriterCommitMessage | None], batch_id: int, opts: dict[str, str]
+    ) -> None:
+        """`commit`'s work: the micro-batch's BEGIN/END records (and definition)."""
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
 
         if not all(isinstance(m, Published) for m in messages):
             raise LanceCdfError(
-                f"micro-batch {batchId}: a writer task returned no record counts, so its "
+                f"micro-batch {batch_id}: a writer task returned no record counts, so its "
                 "versions' transaction metadata would be wrong; the micro-batch is not "
                 "committed (restart publish to retry it)"
             )
         published = [m for m in messages if isinstance(m, Published)]
         if opts.get("database"):  # per table, to its own transaction topic
-            self._commit_database(published, batchId)
+            self._commit_database(published, batch_id)
             return
         from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
 
@@ -448,7 +466,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         o = {k.lower(): v for k, v in self.options.items()}
         have: dict[str | None, list[int]] = {None: [c.version for c in versions]}
         span = (
-            batch_spans(o.get("checkpointlocation"), batchId, have).get(None)
+            batch_spans(o.get("checkpointlocation"), batch_id, have).get(None)
             if _definitions_on(o)
             else None
         )
@@ -557,10 +575,24 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         pass
 
 
+def _hand_over(opts: dict[str, str], name: TableName, table: str, last: int) -> None:
+    """A writer task of lance-cdf publish on a local master, before it reads its marks:
+    the head start publishes nothing more unless it has published through the task's
+    last version (spark/source/handover.py); a database's tables by name, a table by its
+    URI."""
+    from lance_cdf.spark.source.handover import HandOver
+
+    key = name.table if opts.get("database") else table
+    HandOver(opts["handover"]).before_writing(key, last)
+
+
 # A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
-# `write` (a writer task, once its records are acknowledged) or `commit` (the query's
-# commit, before its transaction metadata): while FILE exists that step waits, and says so
-# by creating `FILE.held` (tests/test_complete_versions.py). Unset: no effect.
+# `write` (a writer task, once its records are acknowledged), `commit` (the query's
+# commit, before its transaction metadata) or `handover` (a writer task of publish on a
+# local master, before it reads its marks, while the head start may still publish:
+# spark/source/handover.py): while FILE exists that step waits, and says so by creating
+# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
+# no effect.
 HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 

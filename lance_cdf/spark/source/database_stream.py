@@ -62,6 +62,7 @@ from lance_cdf.format.versions import list_versions
 from lance_cdf.ops.state_files import write_atomic
 from lance_cdf.ops.takeup import AsideTables, is_transient
 from lance_cdf.spark.source.handoff import WriterSlot
+from lance_cdf.spark.source.handover import HandOver
 from lance_cdf.spark.source.idle_polls import (
     IDLE_POLL_MAX,
     IdlePolls,
@@ -78,7 +79,7 @@ log = logging.getLogger("lance_cdf.spark.source")
 LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
 TRANSACTION_SUFFIX = ".transaction"  # kafka/transactions.py's default transaction topic
 # options of the database stream itself (the rest are each table's source options)
-DATABASE_OPTIONS = {"database", "include", "exclude", "report", "idlepollmax"}
+DATABASE_OPTIONS = {"database", "include", "exclude", "report", "idlepollmax", "handover"}
 # a qualified name whose parts are Avro names (each part names a record namespace level)
 _AVRO_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -100,6 +101,9 @@ class DatabaseOptions:
     starting: str | None  # the start given (startingVersion), None: the default (latest)
     # the longest wait between looks at a quiet table (given, or default_ceiling's)
     idle_poll_max: float = IDLE_POLL_MAX
+    # handOver (internal, set by lance-cdf publish): the file through which its head start
+    # hands over to this query at its first plan (spark/source/handover.py)
+    hand_over: str | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
@@ -145,6 +149,7 @@ class DatabaseOptions:
                 if "idlepollmax" in lower
                 else default_ceiling(lower["database"])
             ),
+            hand_over=lower.get("handover") or None,
         )
 
     def matches(self, name: str) -> bool:
@@ -466,7 +471,14 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self.aside.retries += 1
                 time.sleep(pause)
 
+    handed_over = False  # option handOver: this query has taken over from the head start
+
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
+        if self.options.hand_over and not self.handed_over:
+            # the first plan, before any writer task of the query: the head start of
+            # lance-cdf publish --database stops publishing here (spark/source/handover.py)
+            HandOver(self.options.hand_over).take()
+            self.handed_over = True
         slots: dict[int, list[tuple[int, int, str, bytes]]] = {}
         count = 0
         for name, reader, shares in self.table_partitions(start, end):

@@ -27,6 +27,7 @@ KNOWN = {
     "kafkapartitions",
     "entrypoint",  # "publish" words error advice in publish's flags (advice.py)
     "database",
+    "handover",  # publish's head start hands over to the query through it (handover.py)
 }
 
 
@@ -106,6 +107,9 @@ class SourceOptions:
     # writer slot instead of the events (spark/source/handoff.py: the Kafka sink reads them)
     writer_slots: int | None = None
     kafka_partitions: int | None = None
+    # handOver (internal, set by lance-cdf publish): the file through which the head start
+    # hands over to this query at its first plan (spark/source/handover.py)
+    hand_over: str | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
 
     @classmethod
@@ -175,5 +179,6 @@ class SourceOptions:
             key_hash=_columns(options.get("keyhash")),
             writer_slots=_int(options, "writerSlots", 1),
             kafka_partitions=_int(options, "kafkaPartitions", 1),
+            hand_over=options.get("handover") or None,
             storage_options=storage_options,
         )

@@ -67,6 +67,7 @@ from lance_cdf.errors import (
     WorkItemError,
 )
 from lance_cdf.spark.source.handoff import WorkItem, WriterSlot, table_digest
+from lance_cdf.spark.source.handover import HandOver
 from lance_cdf.spark.source.identity import check_offset, origin, stamp
 from lance_cdf.spark.source.options import SourceOptions
 from lance_cdf.spark.source.partitions import (
@@ -596,7 +597,14 @@ class HandOffReader(LanceCdfStreamReader):
     (`_events`: snapshot rows, and each version's events before dropUnchangedUpdates or an
     old writer's undecided rows drop any)."""
 
+    handed_over = False  # option handOver: this query has taken over from the head start
+
     def partitions(self, start: Offset, end: Offset) -> Sequence[WriterSlot]:
+        if self.opts.hand_over and not self.handed_over:
+            # the first plan, before any writer task of the query: the head start of
+            # lance-cdf publish stops publishing here (spark/source/handover.py)
+            HandOver(self.opts.hand_over).take()
+            self.handed_over = True
         parts = tuple(self._slices(start, end))
         if not parts:
             return []
