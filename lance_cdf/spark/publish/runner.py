@@ -26,6 +26,7 @@ if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _pub
     from lance_cdf.spark.publish.headstart import Continued
     from lance_cdf.spark.publish.query_progress import QueryFollower
 from lance_cdf.spark.publish.spark_driver import (
+    import_pyspark,
     jvm_ignores_sigterm,
     keep_workers_warm,
     log_file,
@@ -262,6 +263,7 @@ def _begin(
 
     def after_checks() -> int:
         partitions = checked.result()
+        import_pyspark()
         if head.start is not None and not stopping.is_set():
             _head_start(source_options, sink_options, partitions, head, stages, poll_s)
         return partitions
@@ -307,6 +309,7 @@ def _start_session(
 ) -> tuple[SparkSession, bool, str | None]:
     """The Spark session (started, or the active one), whether publish owns it, and the
     master publish set (None: spark-submit's or the active session's)."""
+    import_pyspark()  # (through the lock the start-up threads take: see spark_driver)
     from pyspark.sql import SparkSession
 
     own_session = SparkSession.getActiveSession() is None

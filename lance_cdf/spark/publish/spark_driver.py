@@ -272,12 +272,25 @@ def log_file(checkpoint: str) -> str:
     return os.path.join(root, "lance-cdf-publish.log")
 
 
+# pyspark's modules import each other in a cycle: two threads importing them at once can
+# meet a partially initialised module (an ImportError), so publish's start-up threads
+# import pyspark.sql through one lock (`import_pyspark`) before anything else of pyspark
+_PYSPARK_IMPORT = threading.Lock()
+
+
+def import_pyspark() -> None:
+    """pyspark.sql imported whole, by whichever thread asks first; the others wait for it."""
+    with _PYSPARK_IMPORT:
+        import pyspark.sql  # noqa: F401
+
+
 def warm_imports() -> None:
     """Import what the driver needs after the session starts (the source, its SQL function
     and the sink's classes: about a second of CPU; docs/benchmarks.md, "Inside the publisher"),
     in a thread while the main thread waits for the
     JVM. An import error here is raised again, in the main thread, where it is used."""
     try:
+        import_pyspark()
         import lance_cdf.spark.sink.kafka_sink  # noqa: F401
         import lance_cdf.spark.source.data_source  # noqa: F401
         import lance_cdf.spark.source.table_changes  # noqa: F401
