@@ -7,7 +7,7 @@ otherwise, so the caller (a Spark task) fails and is retried. Records are
 deterministic for a given commit, so a retried micro-batch produces the same
 records again: duplicates are possible, gaps and per-key reordering are not.
 
-The Spark sink (`format("lance-cdf-kafka")`, sink.py) calls it from the executors, so
+The Spark sink (`format("lance-cdf-kafka")`, `LanceCdfKafkaSink`) calls it from the executors, so
 serialisation happens next to the data, in bulk per Arrow batch, never row by row on
 the driver.
 """

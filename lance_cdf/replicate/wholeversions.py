@@ -87,8 +87,8 @@ class VersionGate:
         self.topic, self.transaction_topic = topic, transaction_topic
         self.decoder, self.max_pending = decoder, max_pending
         self.connection = connection
-        # a consumer of its own; or, given (a database replicator's, database.py, shared by
-        # every table), one that the caller polls: it hands the transaction topic's
+        # a consumer of its own; or, given (a `DatabaseReplicator`'s, shared by every
+        # table), one that the caller polls: it hands the transaction topic's
         # records over with `feed`, and this gate only (un)assigns its partition
         self.shared = consumer is not None
         self.consumer = (

@@ -70,7 +70,7 @@ def _lance_cdf_offset(text: str) -> Offset | None:
         except json.JSONDecodeError:
             continue
         if isinstance(offset, dict) and ("version" in offset or "tables" in offset):
-            return offset  # (a database stream's: `{"tables": {name: offset}}`, database.py)
+            return offset  # (a database stream's, `DatabaseReader`: `{"tables": {name: offset}}`)
     return None
 
 
