@@ -139,7 +139,8 @@ def record_partitions(events: pa.Table) -> list[int] | None:
 def record_headers(events: pa.Table) -> list[Headers]:
     """The headers of each record of `events`, in record order (one record per event,
     an update's preimage and postimage together): one shared dict per (version, op) (the
-    producer takes a dict ~10% faster than a list of pairs)."""
+    producer takes a dict faster than a list of pairs: docs/benchmarks.md, "Inside the
+    publisher")."""
     kinds = events["_change_type"]
     if pa.types.is_dictionary(kinds.type):
         kinds = kinds.cast(pa.string())

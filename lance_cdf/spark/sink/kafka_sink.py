@@ -396,8 +396,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             whole = commit_order(pa.Table.from_batches(batches))
             owned = pc.unique(whole[PARTITION_COLUMN]).to_pylist()
             last_version = int(pc.max(whole["_commit_version"]).as_py())
-            # in batches of 65,536 (a share filtered from many small reads arrives in small
-            # chunks; the encoder's per-batch cost made them ~20% slower per record)
+            # in batches of 65,536: a share filtered from many small reads arrives in small
+            # chunks, and the encoder has a cost per batch
             iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
         exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
         marks = None
