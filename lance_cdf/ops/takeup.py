@@ -25,6 +25,7 @@ from lance_cdf.errors import (
     in_words,
 )
 from lance_cdf.ops.state_files import checkpoint_file, read_record, update_record
+from lance_cdf.retry import RetryPolicy
 
 log = logging.getLogger("lance_cdf.takeup")
 
@@ -42,6 +43,11 @@ class TakeUpSettings:
     # repeated, for up to `writer_budget_s` in all before the micro-batch fails
     writer_backoff_s: tuple[float, ...] = (0.5, 1.0, 2.0, 4.0, 8.0, 15.0)
     writer_budget_s: float = 300.0
+
+    @property
+    def writer_retry(self) -> RetryPolicy:
+        """The writer's retries as a `retry` policy."""
+        return RetryPolicy(self.writer_backoff_s, self.writer_budget_s, jitter=0.0)
 
     def pause(self, attempts: int) -> float:
         """The pause after the `attempts`-th failure in a row (1-based)."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -22,6 +21,7 @@ from lance_cdf.kafka.outage import RideOut
 from lance_cdf.kafka.topics import KNOWN, TopicSettings
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf.ops.takeup import DEFAULT, is_transient
+from lance_cdf.retry import retry
 from lance_cdf.spark.sink.work import SlotWork, slot_works
 from lance_cdf.spark.source.handoff import table_digest
 
@@ -100,22 +100,21 @@ def _listed(database: str, storage_options: dict[str, str]) -> list[TableRef]:
     """The database's tables; a listing that fails with a fault that passes (the object
     store throttles or does not answer) is retried with backoff, up to the writer's budget
     (ops/takeup.py), then raised."""
-    began, attempt = time.monotonic(), 0
-    while True:
-        try:
-            return list_tables(database, storage_options)
-        except Exception as exc:
-            if not is_transient(exc) or time.monotonic() - began >= DEFAULT.writer_budget_s:
-                raise
-            if attempt == 0:
-                log.warning(
-                    "listing the database failed (%s); retrying for up to %.0f s",
-                    in_words(exc),
-                    DEFAULT.writer_budget_s,
-                )
-            pauses = DEFAULT.writer_backoff_s
-            time.sleep(pauses[min(attempt, len(pauses) - 1)])
-            attempt += 1
+
+    def retrying(exc: BaseException, retries: int, pause: float) -> None:
+        if retries == 0:
+            log.warning(
+                "listing the database failed (%s); retrying for up to %.0f s",
+                in_words(exc),
+                DEFAULT.writer_budget_s,
+            )
+
+    return retry(
+        lambda: list_tables(database, storage_options),
+        DEFAULT.writer_retry,
+        is_transient,
+        retrying,
+    )
 
 
 def table_topic(

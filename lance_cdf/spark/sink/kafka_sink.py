@@ -316,6 +316,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.kafka.topics import TopicSettings
         from lance_cdf.ops.clientconfig import KafkaConnection
         from lance_cdf.ops.takeup import DEFAULT, is_transient, record_writer_retry
+        from lance_cdf.retry import retry
         from lance_cdf.spark.sink.database_sink import is_gone, table_topic, with_partitions
 
         log = logging.getLogger("lance_cdf.kafka")
@@ -327,8 +328,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             opts["kafka.bootstrap.servers"], checkpoint, outage_after_s=flush_timeout(opts)
         )
         name, uri, topic = work.name, str(work.uri), f"{prefix}.{work.name}"
-        began, attempt = time.monotonic(), 0
-        while True:
+
+        def attempt() -> Published | None:
             try:
                 partitions = table_topic(
                     KafkaConnection(opts["kafka.bootstrap.servers"], producer),
@@ -341,25 +342,24 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 options = {**self.options, "topic": topic, "table": uri}
                 events = (batch for w in works for batch in w.events())
                 return self._write(events, options, TableName(prefix, name, uri), uri, storage)
-            except Exception as exc:
+            except Exception:
                 if is_gone(database, name, storage):  # dropped while being read: let go
                     log.warning("table %s was dropped while being published: let go", name)
                     return None
-                spent = time.monotonic() - began
-                if not is_transient(exc) or spent >= DEFAULT.writer_budget_s:
-                    raise
-                cause = in_words(exc)
-                if attempt == 0:
-                    log.warning(
-                        "table %s: publishing failed (%s); retrying for up to %.0f s",
-                        name,
-                        cause,
-                        DEFAULT.writer_budget_s,
-                    )
-                record_writer_retry(checkpoint, name, cause)
-                pauses = DEFAULT.writer_backoff_s
-                time.sleep(pauses[min(attempt, len(pauses) - 1)])
-                attempt += 1
+                raise
+
+        def retrying(exc: BaseException, retries: int, pause: float) -> None:
+            cause = in_words(exc)
+            if retries == 0:
+                log.warning(
+                    "table %s: publishing failed (%s); retrying for up to %.0f s",
+                    name,
+                    cause,
+                    DEFAULT.writer_budget_s,
+                )
+            record_writer_retry(checkpoint, name, cause)
+
+        return retry(attempt, DEFAULT.writer_retry, is_transient, retrying)
 
     def _write(
         self,
@@ -598,7 +598,6 @@ HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 def hold(stage: str) -> None:
     import os
-    import time
 
     wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
     if wanted != stage or not path or not os.path.exists(path):

@@ -61,6 +61,7 @@ from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.format.versions import list_versions
 from lance_cdf.ops.state_files import write_atomic
 from lance_cdf.ops.takeup import AsideTables, is_transient
+from lance_cdf.retry import retry
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.handover import HandOver
 from lance_cdf.spark.source.idle_polls import (
@@ -444,32 +445,31 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         retried with backoff (TakeUpSettings' writer pauses, up to its budget) rather than
         set aside; past it, or on another fault, the query stops with one line."""
         settings = self.aside.settings
-        began = time.monotonic()
-        attempt = 0
-        while True:
+
+        def attempt() -> tuple[LanceCdfStreamReader, Sequence[InputPartition]] | None:
             try:
                 if name not in self.refs:
                     self._tables(force=True)
                 reader = self._reader(name, None)
                 return reader, reader.partitions(since, until)
-            except Exception as exc:
+            except Exception:
                 if self._gone(name):
                     self._let_go(name)
                     return None
                 self.readers.pop(name, None)
-                if not is_transient(exc) or time.monotonic() - began >= settings.writer_budget_s:
-                    raise
-                pause = settings.writer_backoff_s[min(attempt, len(settings.writer_backoff_s) - 1)]
-                if attempt == 0:
-                    log.warning(
-                        "table %s: planning its micro-batch failed (%s); retrying for up to %.0f s",
-                        name,
-                        in_words(exc),
-                        settings.writer_budget_s,
-                    )
-                attempt += 1
-                self.aside.retries += 1
-                time.sleep(pause)
+                raise
+
+        def retrying(exc: BaseException, retries: int, pause: float) -> None:
+            if retries == 0:
+                log.warning(
+                    "table %s: planning its micro-batch failed (%s); retrying for up to %.0f s",
+                    name,
+                    in_words(exc),
+                    settings.writer_budget_s,
+                )
+            self.aside.retries += 1
+
+        return retry(attempt, settings.writer_retry, is_transient, retrying)
 
     handed_over = False  # option handOver: this query has taken over from the head start
 
