@@ -20,7 +20,7 @@ from test_kafka_order import consume_by_key, expected_by_key
 from test_whole_versions import new_topic, run_until_caught_up, status
 
 from lance_cdf.replicate.replicator import Replicator
-from lance_cdf.spark.sink.kafka_sink import HOLD_ENV
+from lance_cdf.spark.source.handover import HOLD_ENV
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` in subprocesses
 

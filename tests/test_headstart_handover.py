@@ -21,7 +21,7 @@ from test_kafka_order import consume_by_key, expected_by_key
 from test_transactions import change_counts, check_transactions, transactions
 from test_whole_versions import new_topic
 
-from lance_cdf.spark.sink.kafka_sink import HOLD_ENV
+from lance_cdf.spark.source.handover import HOLD_ENV
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` in a subprocess
 
@@ -147,10 +147,10 @@ def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):
     over, waiting for the round in progress, and no round starts after."""
     import threading
 
-    from lance_cdf.spark.sink import kafka_sink
+    from lance_cdf.spark.source import handover
     from lance_cdf.spark.source.handover import HandOver
 
-    monkeypatch.delenv(kafka_sink.HOLD_ENV, raising=False)
+    monkeypatch.delenv(handover.HOLD_ENV, raising=False)
     hand_over = HandOver(str(tmp_path / "handover"))
     open(hand_over.path, "w").close()
     with hand_over.turn() as mine:

@@ -142,16 +142,16 @@ def test_the_head_start_line_says_its_versions_are_complete():
 def test_the_hold_hook_waits_only_for_its_stage(tmp_path, monkeypatch):
     import threading
 
-    from lance_cdf.spark.sink import kafka_sink
+    from lance_cdf.spark.source import handover
 
     path = tmp_path / "hold"
     path.touch()
-    monkeypatch.delenv(kafka_sink.HOLD_ENV, raising=False)
-    kafka_sink.hold("commit")  # unset: no effect
-    monkeypatch.setenv(kafka_sink.HOLD_ENV, f"write:{path}")
-    kafka_sink.hold("commit")  # another stage: no effect
+    monkeypatch.delenv(handover.HOLD_ENV, raising=False)
+    handover.hold("commit")  # unset: no effect
+    monkeypatch.setenv(handover.HOLD_ENV, f"write:{path}")
+    handover.hold("commit")  # another stage: no effect
     assert not (tmp_path / "hold.held").exists()
-    waiting = threading.Thread(target=kafka_sink.hold, args=("write",))
+    waiting = threading.Thread(target=handover.hold, args=("write",))
     waiting.start()
     waiting.join(0.3)
     assert waiting.is_alive() and (tmp_path / "hold.held").exists()

@@ -48,6 +48,7 @@ from typing import Any, Protocol
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.spark.source.handover import HandOver
+from lance_cdf.spark.source.options import option_bool
 
 # A head start is meant to end well within the Spark session's start: this many events
 # take a small part of it at one process's publishing rate
@@ -120,7 +121,7 @@ class TableRounds:
         self.reader = reader
         self.writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
         lowered = {k.lower(): v for k, v in sink_options.items()}
-        self.completed = lowered.get("transactionmetadata", "true").lower() == "true"
+        self.completed = option_bool(lowered, "transactionMetadata", True)
         self.hand_over = hand_over
         self.table = source_options["path"]  # (as the query's writers name it: the URI)
         self.done = start  # the offset published through

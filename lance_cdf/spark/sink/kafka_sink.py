@@ -51,7 +51,6 @@ its qualified name and its own transaction topic, every guarantee per table
 from __future__ import annotations
 
 import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -65,7 +64,9 @@ from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN, WORK_CO
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.cache import LruCache
 from lance_cdf.spark.source.handoff import check_work_columns
+from lance_cdf.spark.source.handover import hold
 from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
+from lance_cdf.spark.source.options import option_bool
 
 if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer tasks)
     from lance_cdf.kafka.transactions import DefinitionChange, TransactionWriter, VersionCounts
@@ -134,7 +135,7 @@ _TRANSACTION_WRITERS: LruCache[tuple[tuple[str, str], ...], TransactionWriter] =
 
 def _definitions_on(lowered: dict[str, str]) -> bool:
     """Sink option `tableDefinitions` (default true; `lowered`: the options lower-cased)."""
-    return lowered.get("tabledefinitions", "true").lower() == "true"
+    return option_bool(lowered, "tableDefinitions", True)
 
 
 def _options(raw: dict[str, Any]) -> dict[str, str]:
@@ -247,7 +248,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 user_schema,
                 table_name=name,
                 key_columns=key_cols or None,
-                tombstones=o.get("tombstones", "true").lower() == "true",
+                tombstones=option_bool(o, "tombstones", True),
                 settings=PublisherSettings(
                     producer_config=producer,
                     registry_config=registry,
@@ -323,7 +324,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
         _, producer, _ = client_options(self.options)
         checkpoint = opts.get("checkpointlocation")
-        txn = opts.get("transactionmetadata", "true").lower() == "true"
+        txn = option_bool(opts, "transactionMetadata", True)
         ride_out = RideOut(
             opts["kafka.bootstrap.servers"], checkpoint, outage_after_s=flush_timeout(opts)
         )
@@ -399,7 +400,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             # in batches of 65,536: a share filtered from many small reads arrives in small
             # chunks, and the encoder has a cost per batch
             iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
-        exactly_once = self.routed and opts.get("exactlyonce", "true").lower() == "true"
+        exactly_once = self.routed and option_bool(opts, "exactlyOnce", True)
         marks = None
         for events in carry_update_pairs(iterator):
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
@@ -431,7 +432,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         start (spark/publish/headstart.py) calls it too, with batch id -1, for what it
         published; the query's later commit of those versions skips them."""
         opts = {k.lower(): v for k, v in self.options.items()}
-        if opts.get("transactionmetadata", "true").lower() != "true":
+        if not option_bool(opts, "transactionMetadata", True):
             return
         if batchId >= 0:
             hold("commit")
@@ -584,28 +585,6 @@ def _hand_over(opts: dict[str, str], name: TableName, table: str, last: int) -> 
 
     key = name.table if opts.get("database") else table
     HandOver(opts["handover"]).before_writing(key, last)
-
-
-# A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
-# `write` (a writer task, once its records are acknowledged), `commit` (the query's
-# commit, before its transaction metadata) or `handover` (a writer task of publish on a
-# local master, before it reads its marks, while the head start may still publish:
-# spark/source/handover.py): while FILE exists that step waits, and says so by creating
-# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
-# no effect.
-HOLD_ENV = "LANCE_CDF_TEST_HOLD"
-
-
-def hold(stage: str) -> None:
-    import os
-
-    wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
-    if wanted != stage or not path or not os.path.exists(path):
-        return
-    with open(f"{path}.held", "w"):
-        pass
-    while os.path.exists(path):
-        time.sleep(0.05)
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object

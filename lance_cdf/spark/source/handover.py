@@ -42,6 +42,7 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -129,8 +130,6 @@ class HandOver:
         """A writer task about to publish versions of `table` up to `last`: it takes over
         unless the head start has ended or has published through `last` (then the task
         writes nothing, whatever the head start publishes meanwhile)."""
-        from lance_cdf.spark.sink.kafka_sink import hold
-
         hold("handover")  # a test's hook: the query's writer waits here
         try:
             with open(self.path, "rb") as f:
@@ -163,3 +162,23 @@ def _parsed(text: bytes) -> list[dict[str, Any]]:
         if isinstance(parsed, dict):
             out.append(parsed)
     return out
+
+
+# A test hook (the test's environment reaches Spark's Python workers): `STAGE:FILE`, STAGE
+# `write` (a writer task, once its records are acknowledged), `commit` (the query's
+# commit, before its transaction metadata) or `handover` (a writer task of publish on a
+# local master, before it reads its marks, while the head start may still publish:
+# spark/source/handover.py): while FILE exists that step waits, and says so by creating
+# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
+# no effect.
+HOLD_ENV = "LANCE_CDF_TEST_HOLD"
+
+
+def hold(stage: str) -> None:
+    wanted, _, path = os.environ.get(HOLD_ENV, "").partition(":")
+    if wanted != stage or not path or not os.path.exists(path):
+        return
+    with open(f"{path}.held", "w"):
+        pass
+    while os.path.exists(path):
+        time.sleep(0.05)

@@ -46,7 +46,10 @@ def _whole(raw: str, key: str, minimum: int) -> int:
     return value
 
 
-def _bool(options: dict[str, str], key: str, default: bool) -> bool:
+def option_bool(options: dict[str, str], key: str, default: bool) -> bool:
+    """Boolean option `key` of `options` (keys lower-cased): true or false in any case,
+    `default` when absent; anything else is refused naming the option. The one parser of
+    the source's and the sink's boolean options."""
     raw = options.get(key.lower())
     if raw is None:
         return default
@@ -148,7 +151,7 @@ class SourceOptions:
             streaming
             and options.get("keyhash")
             and options.get("kafkapartitions")
-            and not _bool(options, "netChanges", False)
+            and not option_bool(options, "netChanges", False)
         ):
             raise LanceCdfError(
                 "option writerSlots hands each micro-batch to the lance-cdf-kafka sink's "
@@ -171,11 +174,11 @@ class SourceOptions:
             max_versions_per_trigger=_int(options, "maxVersionsPerTrigger", 1),
             max_rows_per_trigger=_int(options, "maxRowsPerTrigger", 1),
             columns=columns,
-            fail_on_data_loss=_bool(options, "failOnDataLoss", True),
-            merge_schema=_bool(options, "mergeSchema", False),
+            fail_on_data_loss=option_bool(options, "failOnDataLoss", True),
+            merge_schema=option_bool(options, "mergeSchema", False),
             rows_per_partition=_int(options, "rowsPerPartition", 1) or 100_000,
-            net_changes=_bool(options, "netChanges", False),
-            drop_unchanged_updates=_bool(options, "dropUnchangedUpdates", False),
+            net_changes=option_bool(options, "netChanges", False),
+            drop_unchanged_updates=option_bool(options, "dropUnchangedUpdates", False),
             key_hash=_columns(options.get("keyhash")),
             writer_slots=_int(options, "writerSlots", 1),
             kafka_partitions=_int(options, "kafkaPartitions", 1),
