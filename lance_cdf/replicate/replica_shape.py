@@ -39,7 +39,7 @@ INDEX_SEGMENTS_MAX = 2
 # The deltas are merged with the new rows (the base kept) while they cover at most this
 # share of the base's rows, and everything into one segment past it: each optimize then
 # rewrites a bounded delta, and the whole index is rewritten once per this much growth
-# (the share balances the two rewrites; docs/benchmarks.md, "A replica under a stream").
+# (with an optimize per 1% of growth, an eighth about minimizes the two together).
 DELTA_SHARE_MAX = 0.125
 # Compaction once the replica holds more than this many fragments beyond what compaction
 # would leave: a query opens each fragment it takes rows from, and a batch adds one.
