@@ -6,8 +6,10 @@ A LanceDB table of `--rows` rows (a 128-d vector, an id, a category, a text, a l
 tags) with IVF_PQ, BTREE, BITMAP, LABEL_LIST and INVERTED indexes, then a commit every
 `--commit-interval` seconds for `--minutes`: `--batch` new rows, updates of 1/4 of that
 many old ones and deletes of 1/20 (a merge_insert and a delete). The table's owner runs
-LanceDB's `optimize()` every `--source-optimize-every` commits (default 5: the source is
-rarely far from optimized). Each commit is applied to
+every index merged into one segment and the table compacted every
+`--source-optimize-every` commits (default 5: the source is rarely far from its fastest;
+`--source-upkeep lancedb`: LanceDB's `optimize()` instead, which adds a vector index
+segment each time and so leaves the source slower and slower). Each commit is applied to
 the replica as one replicator batch through the replicator's apply path and upkeep
 (`ReplicaTable.apply`, then `maintain` as `BatchApplier.maintain` calls it, by the
 replica's shape or with `--compact-every N` every N batches, with the
@@ -133,7 +135,13 @@ class Stream:
     """The source's commits, each applied to the replica as one batch with its upkeep."""
 
     def __init__(
-        self, work: str, n: int, batch: int, optimize_every: int, compact_every: int | None
+        self,
+        work: str,
+        n: int,
+        batch: int,
+        optimize_every: int,
+        compact_every: int | None,
+        source_upkeep: str,
     ):
         from lance_cdf.format.definition_capture import capture
         from lance_cdf.replicate.index_keeper import IndexKeeper
@@ -153,6 +161,7 @@ class Stream:
         self.next_id, self.batch, self.optimize_every = n, batch, optimize_every
         self.commits, self.upkeep_s, self.compactions = 0, 0.0, 0
         self.compact_every, self.since_compaction = compact_every, 0
+        self.source_upkeep = source_upkeep
         import lance
 
         self.replica.apply(lance.dataset(self.src_uri).to_table(), None, self.props)
@@ -174,6 +183,26 @@ class Stream:
             self.compactions += 1
             self.since_compaction = 0
 
+    def optimize_source(self) -> None:
+        """The source's owner at work: LanceDB's `optimize()` (`--source-upkeep lancedb`),
+        or (`merged`, the default) every index merged into one segment and the table
+        compacted, the BTREE built again through LanceDB (pylance would rewrite it in a
+        format LanceDB 0.40 ignores): a source at its fastest."""
+        import lance
+        import lancedb
+
+        if self.source_upkeep == "lancedb":
+            self.t.optimize()
+            return
+        ds = lance.dataset(self.src_uri)
+        segments: dict[str, int] = {}
+        for s in ds.list_indices():
+            segments[s["name"]] = segments.get(s["name"], 0) + 1
+        names = [n for n in segments if n != "id_idx"]
+        ds.optimize.optimize_indices(index_names=names, num_indices_to_merge=max(segments.values()))
+        self.t.create_index("id", config=lancedb.index.BTree(), replace=True)
+        lance.dataset(self.src_uri).optimize.compact_files()
+
     def commit(self) -> None:
         """One source commit (new rows and updates, then deletes: two source commits)
         and its replica batch."""
@@ -192,7 +221,7 @@ class Stream:
         self.replica.apply(upserts, pa.table({"id": pa.array(gone, pa.int64())}), self.props)
         self.commits += 1
         if self.optimize_every and self.commits % self.optimize_every == 0:
-            self.t.optimize()
+            self.optimize_source()
         self._upkeep()
 
 
@@ -205,13 +234,21 @@ def main() -> None:
     ap.add_argument("--sample-every", type=float, default=60.0)
     ap.add_argument("--source-optimize-every", type=int, default=5)
     ap.add_argument("--compact-every", type=int, default=None)  # (the replicator's flag)
+    ap.add_argument("--source-upkeep", choices=["merged", "lancedb"], default="merged")
     ap.add_argument("--out")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     result: dict[str, Any] = {k: v for k, v in vars(args).items() if k != "out"}
     samples: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as work:
-        s = Stream(work, args.rows, args.batch, args.source_optimize_every, args.compact_every)
+        s = Stream(
+            work,
+            args.rows,
+            args.batch,
+            args.source_optimize_every,
+            args.compact_every,
+            args.source_upkeep,
+        )
         start = time.monotonic()
         next_sample = start + args.sample_every
         while time.monotonic() - start < args.minutes * 60:

@@ -23,7 +23,10 @@ from lance_cdf.replicate.replica_shape import (
     DELETED_ROWS_SHARE_MAX,
     EXCESS_FRAGMENTS_MAX,
     INDEX_SEGMENTS_MAX,
+    compaction_due,
+    fragment_rows,
     merge_count,
+    segment_rows,
 )
 from lance_cdf.replicate.replicate_settings import ReplicaSettings
 
@@ -168,3 +171,29 @@ def test_compaction_follows_shape_by_default_and_compact_every_overrides_it():
     assert upkeeps(0, True, 3) == [False] * 3  # 0: never
     # N: every N batches, the shape not asked
     assert upkeeps(3, True, 7) == [False, False, True, False, False, True, False]
+
+
+def test_reading_the_shape_costs_no_storage_request(s3_server, s3_uri):
+    """What the upkeep reads of the replica's shape after every batch (fragments, their
+    deletion counts, the index segments) comes from the manifest it opened: the S3
+    server counts no request for it."""
+    opts = s3_server.storage_options()
+    ds = lance.write_dataset(rows(np.arange(2000), 0), s3_uri, storage_options=opts)
+    ds.create_scalar_index("cat", "BITMAP", name="cat_idx")
+    for i in range(3):
+        lance.write_dataset(
+            rows(np.arange(2000 + i * 10, 2010 + i * 10), i),
+            s3_uri,
+            mode="append",
+            storage_options=opts,
+        )
+    ds = lance.dataset(s3_uri, storage_options=opts)
+    ds.delete("id < 300")
+    ds = lance.dataset(s3_uri, storage_options=opts)
+    s3_server.request_counts(reset=True)
+    why = compaction_due(ds)
+    rows_of = fragment_rows(ds)
+    covered = segment_rows(ds.list_indices(), rows_of)
+    assert not s3_server.request_counts()
+    assert why is not None and "300 of 2030 rows deleted" in why  # and what it read is right
+    assert covered == [1700] and sum(rows_of.values()) == 1730

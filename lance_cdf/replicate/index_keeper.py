@@ -89,7 +89,8 @@ class IndexKeeper:
             r > bound or len(segments[n]) > INDEX_SEGMENTS_MAX for n, r in loose.items()
         )
         # all at once: segments that end at the same fragments keep compaction's groups few
-        stale = [n for n, r in loose.items() if r or len(segments[n]) > 1] if due else []
+        most = 1 if compact else INDEX_SEGMENTS_MAX
+        stale = [n for n, r in loose.items() if r or len(segments[n]) > most] if due else []
         rebuilt = _rebuild_btrees(ds, stale)
         # an inverted index always merged into one segment: BM25 scores with each
         # segment's statistics, so a full-text query answers as the source's (one segment
