@@ -56,7 +56,7 @@ def replicate_parser(sub: Subcommands) -> None:
         "Latency vs throughput: a batch is what has arrived (applied as soon as no more "
         "records are waiting); --max-batch-interval bounds how long it keeps taking records "
         "that keep coming, --max-batch-rows its size; small batches mean low latency and "
-        "more small fragments, which --compact-every folds together.",
+        "more small fragments, which the replicator compacts as the replica's shape calls for.",
         epilog="example:\n  lance-cdf replicate --bootstrap-servers 127.0.0.1:9092 --topic "
         "events.cdf \\\n      --schema-registry http://127.0.0.1:8081 --target "
         "/data/replica.lance --key id",
@@ -163,10 +163,11 @@ def _upkeep_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--compact-every",
         type=int,
-        default=100,
+        default=None,
         metavar="N",
-        help="compact the small fragments batches leave, and bring the "
-        "key index up to date, every N batches (default 100, 0: off)",
+        help="compact the replica's small fragments every N batches instead of when "
+        "its shape calls for it (by default: more than 4 fragments beyond what "
+        "compaction would leave, or a tenth of its rows deleted); 0: never",
     )
     rep.add_argument(
         "--index-rows",

@@ -243,13 +243,17 @@ class BatchApplier:
 
     def maintain(self) -> None:
         """Replica upkeep after a batch (its Lance and offset commits are done, so a
-        crash here loses nothing): every `compact_every` batches the small fragments
-        are compacted and the key index brought up to date; in between, the index
-        takes in new fragments once they hold more than `index_rows_max` rows."""
+        crash here loses nothing): every index kept current in at most
+        INDEX_SEGMENTS_MAX segments, and the small fragments compacted when the
+        replica's shape calls for it (replica_shape.py); with `compact_every` set,
+        every that many batches instead (0: never)."""
         self.since_compaction += 1
-        compact = 0 < self.settings.compact_every <= self.since_compaction
+        every = self.settings.compact_every
+        compact: bool | None = None  # (as the replica's shape says)
+        if every is not None:
+            compact = 0 < every <= self.since_compaction
         done = self.replica.maintain(compact=compact, batch_rows=self.batch_rows)
-        if compact:
+        if "fragments_removed" in done:
             self.since_compaction = 0
             # what the compaction's threads freed, back to the kernel (in `lance-cdf
             # replicate`, whose process holds glibc to two arenas; lance_cdf.ops.malloc)

@@ -2,7 +2,8 @@
 source's definition (received on the END of a version, format/definitions.py) made the
 replica's once that version is applied (replica_definition.py), definitions that could not be
 built tried again at later upkeeps, and every index kept current: `optimize_indices` once
-the rows outside an index exceed max(1% of the replica's rows, the last batch's rows).
+the rows outside an index exceed max(1% of the replica's rows, the last batch's rows), its
+segments kept to at most INDEX_SEGMENTS_MAX (replica_shape.py).
 
 What could not be built is recorded in the replica's config (`lance-cdf.unbuilt-indexes`,
 one line each) for `lance-cdf status`.
@@ -16,11 +17,18 @@ import time
 from dataclasses import dataclass, field
 
 import lance
+from lance.dataset import IndexInformation
 
 from lance_cdf.format.definition_capture import build_type
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.format.operations import Operation
 from lance_cdf.replicate.replica_definition import Unbuilt, reconcile
+from lance_cdf.replicate.replica_shape import (
+    INDEX_SEGMENTS_MAX,
+    fragment_rows,
+    merge_count,
+    segment_rows,
+)
 from lance_cdf.replicate.served_btree import build_btree
 
 log = logging.getLogger("lance_cdf.replicate")
@@ -65,33 +73,43 @@ class IndexKeeper:
     def upkeep(
         self, ds: lance.LanceDataset, protected: set[str], compact: bool, batch_rows: int
     ) -> dict[str, int]:
-        """Reconcile when due (or, at a compaction upkeep, when a definition is left
-        unbuilt), then optimize every index with too many unindexed rows. Returns what
-        was done; `ds` is moved to the commits made."""
+        """Reconcile when due (or, before a compaction, when a definition is left
+        unbuilt), then optimize the indexes: before a compaction (`compact`) every index
+        merged into one segment covering every fragment (pylance's compaction merges only
+        fragments every index covers alike); else all of them once one has too many
+        unindexed rows or more than INDEX_SEGMENTS_MAX segments (replica_shape.py).
+        Returns what was done; `ds` is moved to the commits made."""
         done: dict[str, int] = {}
         if self.due or (compact and self.work.unbuilt):
             done.update(self._reconcile(ds, protected))
-        loose = unindexed_rows(ds, skip=protected)
-        bound = max(ds.count_rows() // 100, batch_rows) if loose else 0
-        segments = [s["name"] for s in ds.list_indices() if s["name"] in loose]
-        counts = {n: segments.count(n) for n in loose}
-        if compact:  # merged into one segment covering every row (a query reads each)
-            stale = [n for n, rows in loose.items() if rows or counts[n] > 1]
-        else:
-            stale = [n for n, rows in loose.items() if rows > bound]
+        rows = fragment_rows(ds)
+        loose = unindexed_rows(ds, skip=protected, rows=rows)
+        bound = max(sum(rows.values()) // 100, batch_rows) if loose else 0
+        segments: dict[str, list[IndexInformation]] = {}
+        for s in ds.list_indices():
+            if s["name"] in loose:
+                segments.setdefault(s["name"], []).append(s)
+        due = compact or any(
+            r > bound or len(segments[n]) > INDEX_SEGMENTS_MAX for n, r in loose.items()
+        )
+        # all at once: segments that end at the same fragments keep compaction's groups few
+        most = 1 if compact else INDEX_SEGMENTS_MAX
+        stale = [n for n, r in loose.items() if r or len(segments[n]) > most] if due else []
         rebuilt = _rebuild_btrees(ds, stale)
-        # between compactions a delta segment over the new rows (O(new rows)), but an
-        # inverted index always one segment: BM25 scores with each segment's statistics,
-        # so a full-text query answers as the source's (one segment after its optimize)
-        # only then
+        # an inverted index always merged into one segment: BM25 scores with each
+        # segment's statistics, so a full-text query answers as the source's (one segment
+        # after its optimize) only then; the others a delta segment over the new rows, or
+        # merged as replica_shape.merge_count says
         inverted = _inverted(ds, stale)
-        whole = [n for n in stale if n not in rebuilt and (compact or n in inverted)]
-        delta = [n for n in stale if n not in rebuilt and n not in whole]
-        if whole:
-            merge = max(counts[n] for n in whole)
-            ds.optimize.optimize_indices(index_names=whole, num_indices_to_merge=merge)
-        if delta:
-            ds.optimize.optimize_indices(index_names=delta, num_indices_to_merge=0)
+        merges: dict[int, list[str]] = {}
+        for n in stale:
+            if n not in rebuilt:
+                covered = segment_rows(segments[n], rows)
+                whole = compact or n in inverted
+                merge = len(covered) if whole else merge_count(covered, loose[n])
+                merges.setdefault(merge, []).append(n)
+        for merge, names in sorted(merges.items()):
+            ds.optimize.optimize_indices(index_names=names, num_indices_to_merge=merge)
         if stale:
             self.work.optimizes += 1
             done["indexes_optimized"] = len(stale)
@@ -147,16 +165,18 @@ def _rebuild_btrees(ds: lance.LanceDataset, names: list[str]) -> list[str]:
     return [n for n, column in btrees.items() if build_btree(ds, column, n)]
 
 
-def unindexed_rows(ds: lance.LanceDataset, skip: set[str] | None = None) -> dict[str, int]:
+def unindexed_rows(
+    ds: lance.LanceDataset, skip: set[str] | None = None, rows: dict[int, int] | None = None
+) -> dict[str, int]:
     """Per index of `ds` (but those in `skip`): rows in fragments none of its segments
-    covers."""
+    covers (`rows`: live rows per fragment, if already read)."""
     covered: dict[str, set[int]] = {}
     for seg in ds.list_indices():
         if skip is None or seg["name"] not in skip:
             covered.setdefault(seg["name"], set()).update(seg["fragment_ids"])
     if not covered:
         return {}
-    rows = {f.fragment_id: f.count_rows() for f in ds.get_fragments()}
+    rows = fragment_rows(ds) if rows is None else rows
     return {
         name: sum(n for fid, n in rows.items() if fid not in frags)
         for name, frags in covered.items()

@@ -7,7 +7,7 @@ KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a pr
 no page from storage); or, for a batch so large that probing key by key would cost more,
 one scan of the key column. The key index is built on the first batch the map does not
 serve (none while it serves: LanceDB cannot read the BTREE format pylance writes) and kept
-current by the replica's upkeep (`index_upkeep`).
+current by the replica's upkeep (`index_upkeep`), in at most INDEX_SEGMENTS_MAX segments.
 """
 
 from __future__ import annotations
@@ -25,6 +25,12 @@ from lance.fragment import FragmentMetadata
 
 from lance_cdf.errors import DuplicateKeysError, LanceCdfError
 from lance_cdf.replicate.keymap import GONE, KeyMap
+from lance_cdf.replicate.replica_shape import (
+    INDEX_SEGMENTS_MAX,
+    fragment_rows,
+    merge_count,
+    segment_rows,
+)
 
 if TYPE_CHECKING:
     from lance.indices.builder import IndexConfig
@@ -240,8 +246,8 @@ class KeyLookup:
         self.warm.update(cold)
 
     def key_index(self, ds: lance.LanceDataset) -> list[IndexInformation]:
-        """The segments of the BTREE index on the key (one, plus a delta per upkeep
-        between compactions); [] when there is none."""
+        """The segments of the BTREE index on the key (a base and at most one delta:
+        `index_upkeep`); [] when there is none."""
         return [i for i in ds.list_indices() if i["fields"] == self.key and i["type"] == "BTree"]
 
     def owns_key_index(self, ds: lance.LanceDataset) -> bool:
@@ -262,29 +268,32 @@ class KeyLookup:
     def index_upkeep(
         self, ds: lance.LanceDataset, compact: bool, index_rows_max: int
     ) -> dict[str, int]:
-        """After a compaction (`compact`) the key index merged into one segment covering
-        every fragment; else the fragments outside it indexed as a delta segment once they
-        hold more than `index_rows_max` rows. Returns what was done."""
+        """Before a compaction (`compact`) the key index merged into one segment covering
+        every fragment (pylance's compaction merges only fragments every index covers
+        alike); else the fragments outside it indexed once they hold more than
+        `index_rows_max` rows: a delta segment, or merged as replica_shape.merge_count
+        says (at most INDEX_SEGMENTS_MAX segments; also when a replica has more).
+        Returns what was done."""
         segments = self.key_index(ds) if self.owns_key_index(ds) else []
         if not segments:
             return {}
         unindexed = self.unindexed_rows(ds)
-        name = segments[0]["name"]
-        if compact and (unindexed or len(segments) > 1):
-            # one segment again: O(replica), as often as compaction runs
-            ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=len(segments))
-            return {"indexed_rows": unindexed}
-        if unindexed > index_rows_max:
-            # a delta segment over the new fragments only: O(new rows)
-            before = ds.version  # (optimize_indices moves `ds` to its commit)
-            ds.optimize.optimize_indices(index_names=[name], num_indices_to_merge=0)
-            # the index commit's own version (not the latest, which another writer
-            # may have moved past it): right after the map's, it moved no row
-            after = ds.version
-            if self.map is not None and self.map.version == before == after - 1:
-                self.map.version = after
-            return {"indexed_rows": unindexed}
-        return {}
+        if compact:
+            if not unindexed and len(segments) == 1:
+                return {}
+            merge = len(segments)  # one segment again: O(replica), once per compaction
+        elif unindexed > index_rows_max or len(segments) > INDEX_SEGMENTS_MAX:
+            merge = merge_count(segment_rows(segments, fragment_rows(ds)), unindexed)
+        else:
+            return {}
+        before = ds.version  # (optimize_indices moves `ds` to its commit)
+        ds.optimize.optimize_indices(index_names=[segments[0]["name"]], num_indices_to_merge=merge)
+        # the index commit's own version (not the latest, which another writer may have
+        # moved past it): right after the map's, it moved no row
+        after = ds.version
+        if self.map is not None and self.map.version == before == after - 1:
+            self.map.version = after
+        return {"indexed_rows": unindexed}
 
     def after_compaction(self, reopen: Callable[[], lance.LanceDataset]) -> dict[str, int]:
         """A compaction moved rows and replaced every key-index segment: the segments

@@ -21,9 +21,10 @@ The data and the position it describes land in the same atomic commit, which is
 what makes replication exactly once in effect; a crash before the commit leaves
 only unreferenced files, and the batch is replayed. Composite keys go through
 `merge_insert` (a delete commit, then an upsert commit carrying the position;
-both idempotent). `maintain` compacts the small fragments batches leave and
-adds new fragments to the key index; its commits change no rows, and the
-position is read from the newest commit that carries one.
+both idempotent). `maintain` compacts the small fragments batches leave (when the
+replica's shape calls for it, replica_shape.py) and keeps the indexes current in few
+segments; its commits change no rows, and the position is read from the newest commit
+that carries one.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from lance_cdf.errors import LanceCdfError, ReplicaError
 from lance_cdf.ops import internals
 from lance_cdf.replicate.index_keeper import ROWLESS_OPERATIONS, IndexKeeper
 from lance_cdf.replicate.key_lookup import KeyLookup
+from lance_cdf.replicate.replica_shape import MATERIALIZE_DELETIONS_THRESHOLD, compaction_due
 
 if TYPE_CHECKING:
     from lance.lance import _Session
@@ -411,30 +413,26 @@ class ReplicaTable:
         ds = ds or self.open()
         return 0 if ds is None else self.lookup.unindexed_rows(ds)
 
-    def maintain(self, compact: bool = False, batch_rows: int = 0) -> dict[str, int]:
-        """Compact the replica's small fragments (`compact`, then the key index is merged
-        into one segment covering every fragment), else index the fragments outside the
-        key index as a delta segment once they hold more than `index_rows_max` rows; then
-        the source's definition and the other indexes (`keeper`, index_keeper.py;
-        `batch_rows`: the last batch's rows, a bound on unindexed rows).
-        Neither changes a row nor the recorded position: the position is
-        read from the newest commit that carries one. Returns what was done."""
+    def maintain(self, compact: bool | None = False, batch_rows: int = 0) -> dict[str, int]:
+        """Keep the replica's shape (replica_shape.py): its indexes current in at most
+        INDEX_SEGMENTS_MAX segments each (the key index once more than `index_rows_max`
+        rows are outside it; the source's definition and the other indexes through
+        `keeper`, index_keeper.py, `batch_rows`: the last batch's rows, a bound on
+        unindexed rows), and its small fragments compacted (`compact`: True always, None
+        when its shape calls for it, False never), every index merged into one segment
+        first. Neither changes a row nor the recorded position: the position is read from
+        the newest commit that carries one. Returns what was done (`fragments_removed`
+        and `fragments_added`: a compaction)."""
         done: dict[str, int] = {}
         ds = self.open()
         if ds is None:
             return done
-        if compact:
-            metrics = ds.optimize.compact_files(materialize_deletions_threshold=0.1)
-            done["fragments_removed"] = metrics.fragments_removed
-            done["fragments_added"] = metrics.fragments_added
-            ds = self._reopen()
+        if compact is None:
+            why = compaction_due(ds)
+            compact = why is not None
+            if why is not None:
+                log.info("replica compaction: %s", why)
         done.update(self.lookup.index_upkeep(ds, compact, self.index_rows_max))
-        if compact:
-            # a compaction replaces every key-index segment, but pylance's index cache
-            # keeps the replaced ones (keyed by segment, unbounded by default: it grew at
-            # every compaction): a fresh session from the next open on
-            self._session = None
-            done.update(self.lookup.after_compaction(self._reopen))
         if self.keeper is not None:
             ds = self._reopen()
             before = ds.version
@@ -444,6 +442,19 @@ class ReplicaTable:
             )
             done.update(self.keeper.upkeep(ds, protected, compact, batch_rows))
             self._after_rowless_commits(before)
+        if compact:
+            ds = self._reopen()
+            metrics = ds.optimize.compact_files(
+                materialize_deletions_threshold=MATERIALIZE_DELETIONS_THRESHOLD
+            )
+            done["fragments_removed"] = metrics.fragments_removed
+            done["fragments_added"] = metrics.fragments_added
+            # a compaction replaces the index segments of the fragments it rewrote, but
+            # pylance's index cache keeps the replaced ones (keyed by segment, unbounded
+            # by default: it grew at every compaction): a fresh session from the next
+            # open on
+            self._session = None
+            done.update(self.lookup.after_compaction(self._reopen))
         return done
 
     def _after_rowless_commits(self, before: int) -> None:

@@ -56,7 +56,9 @@ class ReplicaSettings:
 
     key: tuple[str, ...] | None = None  # default ("_source_rowid",): the source's row ID
     storage_options: dict[str, str] | None = None
-    compact_every: int = 100  # compact small fragments every N batches (0: never)
+    # compact when the replica's shape calls for it (None, replica_shape.py), or every N
+    # batches instead (0: never)
+    compact_every: int | None = None
     # add new fragments to the key index once they hold more rows than this (None: 100,000)
     index_rows_max: int | None = None
     keep_row_ids: bool = False  # an updated row keeps its replica row ID (O(replica) commits)
