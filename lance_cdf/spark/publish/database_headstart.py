@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS, turn
+from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS, open_rounds, turn
 from lance_cdf.spark.source.handover import HandOver
 
 # all tables' events together: each table up to HEAD_START_EVENTS, the head start as a whole
@@ -90,24 +90,14 @@ class DatabaseRounds:
         start: dict[str, Any],
         hand_over: HandOver | None = None,
     ):
-        from lance_cdf.spark.sink import kafka_sink as sink
-        from lance_cdf.spark.source.data_source import LanceCdfDataSource
         from lance_cdf.spark.source.database_stream import DatabaseReader
-        from lance_cdf.spark.source.handoff import work_struct
 
         self.began = time.monotonic()
         options = {k: v for k, v in source_options.items() if k != "report"}  # (the query's)
-        source = LanceCdfDataSource({**options, "writerSlots": "1"})
-        reader = source.streamReader(source.schema())
-        if not isinstance(reader, DatabaseReader):
-            raise LanceCdfError(
-                f"the head start needs a database reader, not {type(reader).__name__}"
-            )
-        self.reader = reader
-        self.writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+        self.reader, self.writer = open_rounds(options, sink_options, DatabaseReader)
         self.hand_over = hand_over
         if "tables" not in start:  # a new checkpoint: each table where the query will take it
-            start = reader.initialOffset()
+            start = self.reader.initialOffset()
         self.done = start  # per table, the offset published through
         self.records = 0
         self.tables: set[str] = set()  # tables with records published

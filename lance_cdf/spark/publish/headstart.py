@@ -44,11 +44,13 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.spark.source.handover import HandOver
 from lance_cdf.spark.source.options import option_bool
+
+R = TypeVar("R")
 
 # A head start is meant to end well within the Spark session's start: this many events
 # take a small part of it at one process's publishing rate
@@ -94,6 +96,22 @@ def start_offset(
     return None
 
 
+def open_rounds(
+    source_options: dict[str, str], sink_options: dict[str, str], kind: type[R]
+) -> tuple[R, Any]:
+    """The query's stream reader (one writer slot; a `kind`, else refused) and a writer of
+    its work items: what a head start's rounds plan and publish with."""
+    from lance_cdf.spark.sink import kafka_sink as sink
+    from lance_cdf.spark.source.data_source import LanceCdfDataSource
+    from lance_cdf.spark.source.handoff import work_struct
+
+    source = LanceCdfDataSource({**source_options, "writerSlots": "1"})
+    reader = source.streamReader(source.schema())
+    if not isinstance(reader, kind):  # (option writerSlots, given above, makes one)
+        raise LanceCdfError(f"the head start needs a {kind.__name__}, not {type(reader).__name__}")
+    return reader, sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+
+
 class TableRounds:
     """One table's head start, round after round from `start`: each round publishes the
     whole versions after the last round's (up to `HEAD_START_EVENTS` events) with their
@@ -106,20 +124,10 @@ class TableRounds:
         start: dict[str, Any],
         hand_over: HandOver | None = None,
     ):
-        from lance_cdf.spark.sink import kafka_sink as sink
-        from lance_cdf.spark.source.data_source import LanceCdfDataSource
-        from lance_cdf.spark.source.handoff import work_struct
         from lance_cdf.spark.source.readers import HandOffReader
 
         self.began = time.monotonic()
-        source = LanceCdfDataSource({**source_options, "writerSlots": "1"})
-        reader = source.streamReader(source.schema())
-        if not isinstance(reader, HandOffReader):  # option writerSlots (given above) makes one
-            raise LanceCdfError(
-                f"the head start needs a hand-off reader, not {type(reader).__name__}"
-            )
-        self.reader = reader
-        self.writer = sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+        self.reader, self.writer = open_rounds(source_options, sink_options, HandOffReader)
         lowered = {k.lower(): v for k, v in sink_options.items()}
         self.completed = option_bool(lowered, "transactionMetadata", True)
         self.hand_over = hand_over
