@@ -22,6 +22,10 @@ from lance_cdf.cli.flags import (
 )
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.ops import malloc
+from lance_cdf.replicate.replicate_settings import BatchSettings, DatabaseSettings
+
+# the flags' defaults are the settings' own (one place for each)
+BATCH, DATABASE = BatchSettings(), DatabaseSettings()
 
 if TYPE_CHECKING:
     from lance_cdf.replicate.database_replicator import DatabaseReplicator
@@ -108,21 +112,21 @@ def _database_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--refresh-interval",
         type=seconds,
-        default=5.0,
+        default=DATABASE.refresh_s,
         metavar="SECONDS",
         help="with --database-target: how often the topic list is read for new "
-        "and deleted topics (default 5)",
+        f"and deleted topics (default {DATABASE.refresh_s:g})",
     )
     rep.add_argument(
         "--member-timeout",
         type=seconds,
-        default=6.0,
+        default=DATABASE.member_timeout_s,
         metavar="SECONDS",
         help="with --database-target: the replicators of one --group-id share the "
         "tables; one that stops heartbeating leaves the group after this long (Kafka's "
         "session timeout, within the broker's group.min/max.session.timeout.ms) and its "
-        "tables are taken up by the others once their leases are free (default 6, the "
-        "broker's smallest by default)",
+        "tables are taken up by the others once their leases are free (default "
+        f"{DATABASE.member_timeout_s:g}, the broker's smallest by default)",
     )
 
 
@@ -144,14 +148,14 @@ def _batch_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--max-batch-rows",
         type=int,
-        default=100_000,
+        default=BATCH.max_batch_rows,
         help="records per batch (one Lance commit); bigger batches: fewer "
-        "commits and files, more throughput, more latency",
+        f"commits and files, more throughput, more latency (default {BATCH.max_batch_rows})",
     )
     rep.add_argument(
         "--max-batch-interval",
         type=seconds,
-        default=1.0,
+        default=BATCH.max_batch_interval,
         metavar="SECONDS",
         help="longest a batch keeps taking records that keep coming, e.g. 1 "
         "or 500ms (a quiet topic's records are applied at once)",
@@ -235,10 +239,11 @@ def _whole_version_flags(rep: argparse.ArgumentParser) -> None:
     rep.add_argument(
         "--max-pending-records",
         type=int,
-        default=200_000,
+        default=BATCH.max_pending_records,
         metavar="N",
         help="records of unfinished versions held in memory; beyond, they are "
-        "applied as a piece; status says the replica is inside a version",
+        "applied as a piece; status says the replica is inside a version (default "
+        f"{BATCH.max_pending_records})",
     )
 
 
@@ -478,8 +483,6 @@ def _settings(args: argparse.Namespace, topic: str, target: str) -> ReplicateSet
     """The replicator's settings from the flags: `topic` the change topic (a database's:
     the topic prefix), `target` the replica table (a database's: the replica database)."""
     from lance_cdf.replicate.replicate_settings import (
-        BatchSettings,
-        DatabaseSettings,
         KafkaSettings,
         ReplicaSettings,
         ReplicateSettings,
@@ -514,7 +517,11 @@ def _settings(args: argparse.Namespace, topic: str, target: str) -> ReplicateSet
         rebuild=args.rebuild,
         lease_ttl_s=args.lease_ttl
         if args.lease_ttl is not None
-        else (DATABASE_LEASE_TTL_S if args.database_target is not None else 30.0),
+        else (
+            DATABASE_LEASE_TTL_S
+            if args.database_target is not None
+            else ReplicaSettings.lease_ttl_s
+        ),
     )
     database = DatabaseSettings(
         args.include, args.exclude, args.refresh_interval, args.member_timeout
