@@ -23,6 +23,7 @@ status --checkpoint` read.
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -30,6 +31,7 @@ from typing import TypeVar
 
 from lance_cdf.errors import KafkaUnavailableError, in_words
 from lance_cdf.ops.state_files import checkpoint_file, read_record, update_record
+from lance_cdf.retry import RetryPolicy, retry
 
 # How long a flush waits for acknowledgements (and a read for a partition's last record)
 # before Kafka counts as not answering and the outage is ridden out: publish's
@@ -101,16 +103,16 @@ class RideOut:
     def call(
         self, what: str, attempt: Callable[[], T], transient: tuple[type[Exception], ...]
     ) -> T:
-        """`attempt()`, repeated with backoff while it raises a `transient` error."""
-        while True:
-            try:
-                out = attempt()
-            except transient as exc:
-                self.waiting(f"{what}: {cause_of(exc)}")
-                time.sleep(min(BACKOFF_S[min(self.attempts, len(BACKOFF_S)) - 1], self._left()))
-                continue
-            self.answered()
-            return out
+        """`attempt()`, repeated with backoff while it raises a `transient` error, until
+        the outage's budget is spent (`waiting` raises then)."""
+        out = retry(
+            attempt,
+            RetryPolicy(BACKOFF_S, deadline_s=math.inf),
+            lambda exc: isinstance(exc, transient),
+            lambda exc, retries, pause: self.waiting(f"{what}: {cause_of(exc)}"),
+        )
+        self.answered()
+        return out
 
     def waiting(self, cause: str, waited_s: float = 0.0) -> None:
         """Kafka did not answer (`cause`; for the last `waited_s` seconds, a flush's wait):
@@ -151,11 +153,6 @@ class RideOut:
             "Kafka at %s answers again after %.0f s (%d retries)", self.where, took, self.attempts
         )
         self._write(lambda s: _ended(s, took))
-
-    def _left(self) -> float:
-        return (
-            0.0 if self.since is None else max(0.1, self.budget_s - (time.monotonic() - self.since))
-        )
 
     def _write(self, change: Callable[[KafkaState], None]) -> None:
         """Read, change and replace the state file (atomically: tasks write it in turn)."""
