@@ -78,7 +78,10 @@ def one_run(code_dir, kafka, registry, uri, workdir, extra=()) -> dict:
         ]
         code_dir = None
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # (cwd: not a checkout, whose lance_cdf `python -m` would import ahead of PYTHONPATH)
+    proc = subprocess.Popen(
+        cmd, env=env, cwd=workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     first = first_record(c, t0)
     out, err = proc.communicate(timeout=180)
     exited = time.monotonic() - t0
