@@ -15,7 +15,8 @@ the replica as one replicator batch through the replicator's apply path and upke
 replica's shape or with `--compact-every N` every N batches, with the
 source's definition captured as the publisher does; no Kafka: one batch per source commit,
 the most fragments a replicator can make of them). Every `--sample-every` seconds the same
-queries run on both tables (opened afresh through LanceDB, alternated in 3 rounds): vector
+queries run on both tables (opened afresh through LanceDB; after a warm-up round, `--rounds`
+rounds, each query on one table right after the other, which first alternating): vector
 top-10 (nprobes 8, refine 5), full-text top-10, a filter by id (BTREE), by category
 (BITMAP) and by tag (LABEL_LIST); the median of each kind, the replica / source ratio, and
 both tables' segments per index and fragments.
@@ -34,6 +35,7 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -75,23 +77,32 @@ def source(root: str, n: int) -> Any:
     return t
 
 
-def queries(t: Any, rng: np.random.Generator, top: int) -> dict[str, list[float]]:
-    """Latency (ms) of each query kind, one query after another (each query built first,
-    then timed from its execution to its last row)."""
-    plan: list[tuple[str, Any]] = []
+def plan(rng: np.random.Generator, top: int) -> list[tuple[str, Callable[[Any], Any]]]:
+    """The queries of one round: (kind, a function building the query on a table)."""
+    out: list[tuple[str, Callable[[Any], Any]]] = []
     for q in rng.normal(size=(30, DIM)).astype("float32"):
-        plan.append(("vector", t.search(q).nprobes(8).refine_factor(5).limit(10)))
-    plan += [("fts", t.search(w, query_type="fts").limit(10)) for w in WORDS[:20]]
-    plan += [("filter_id", t.search().where(f"id = {i}")) for i in rng.integers(0, top, 20)]
-    plan += [("filter_cat", t.search().where(f"cat = '{c}'").limit(100)) for c in CATS * 4]
-    tagged = [t.search().where(f"array_has_any(tags, ['{g}'])").limit(100) for g in TAGS[:16]]
-    plan += [("filter_tags", q) for q in tagged]
-    out: dict[str, list[float]] = {k: [] for k in KINDS}
-    for kind, query in plan:
-        t0 = time.perf_counter()
-        query.select(["id"]).to_arrow()
-        out[kind].append((time.perf_counter() - t0) * 1000)
+        out.append(("vector", lambda t, q=q: t.search(q).nprobes(8).refine_factor(5).limit(10)))
+    out += [("fts", lambda t, w=w: t.search(w, query_type="fts").limit(10)) for w in WORDS[:20]]
+    out += [
+        ("filter_id", lambda t, i=i: t.search().where(f"id = {i}"))
+        for i in rng.integers(0, top, 20)
+    ]
+    out += [
+        ("filter_cat", lambda t, c=c: t.search().where(f"cat = '{c}'").limit(100)) for c in CATS * 4
+    ]
+    out += [
+        ("filter_tags", lambda t, g=g: t.search().where(f"array_has_any(tags, ['{g}'])").limit(100))
+        for g in TAGS[:16]
+    ]
     return out
+
+
+def timed(table: Any, build: Callable[[Any], Any]) -> float:
+    """One query's latency (ms): built first, then timed from its execution to its last row."""
+    query = build(table).select(["id"])
+    t0 = time.perf_counter()
+    query.to_arrow()
+    return (time.perf_counter() - t0) * 1000
 
 
 def shape(uri: str) -> dict[str, Any]:
@@ -104,23 +115,26 @@ def shape(uri: str) -> dict[str, Any]:
     return {"fragments": len(ds.get_fragments()), "segments": segments, "rows": ds.count_rows()}
 
 
-def sample(src_root: str, rep_root: str, top: int, seed: int) -> dict[str, Any]:
+def sample(src_root: str, rep_root: str, top: int, seed: int, rounds: int) -> dict[str, Any]:
+    """Each query of `plan` run on both tables, one right after the other (which goes first
+    alternates), for `rounds` rounds after one unrecorded warm-up round: a burst of load
+    elsewhere on the machine falls on both tables of a pair, not on one table's round."""
     import lancedb
 
     tables = {
         "source": lancedb.connect(src_root).open_table("items"),
         "replica": lancedb.connect(rep_root).open_table("items"),
     }
-    lat: dict[str, dict[str, list[float]]] = {"source": {}, "replica": {}}
-    for r in range(3):
-        order = ("source", "replica") if r % 2 == 0 else ("replica", "source")
-        for name in order:
-            for kind, ms in queries(
-                tables[name], np.random.default_rng(seed * 10 + r), top
-            ).items():
-                lat[name].setdefault(kind, []).extend(ms)
+    lat: dict[str, dict[str, list[float]]] = {n: {k: [] for k in KINDS} for n in tables}
+    for r in range(rounds + 1):
+        for i, (kind, build) in enumerate(plan(np.random.default_rng(seed * 100 + r), top)):
+            order = ("source", "replica") if (i + r) % 2 == 0 else ("replica", "source")
+            for name in order:
+                ms = timed(tables[name], build)
+                if r:
+                    lat[name][kind].append(ms)
     p50 = {
-        name: {k: round(statistics.median(v), 2) for k, v in kinds.items()}
+        name: {k: round(statistics.median(v), 3) for k, v in kinds.items()}
         for name, kinds in lat.items()
     }
     return {
@@ -232,6 +246,7 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30)
     ap.add_argument("--commit-interval", type=float, default=2.0)
     ap.add_argument("--sample-every", type=float, default=60.0)
+    ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--source-optimize-every", type=int, default=5)
     ap.add_argument("--compact-every", type=int, default=None)  # (the replicator's flag)
     ap.add_argument("--source-upkeep", choices=["merged", "lancedb"], default="merged")
@@ -255,7 +270,7 @@ def main() -> None:
             t0 = time.monotonic()
             s.commit()
             if time.monotonic() >= next_sample:
-                got = sample(s.src_root, s.rep_root, s.next_id, len(samples))
+                got = sample(s.src_root, s.rep_root, s.next_id, len(samples), args.rounds)
                 got.update(minute=round((time.monotonic() - start) / 60, 1), commits=s.commits)
                 got.update(compactions=s.compactions, upkeep_s=round(s.upkeep_s, 1))
                 samples.append(got)
