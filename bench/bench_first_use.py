@@ -101,7 +101,7 @@ def measure(
     from lance_cdf.core.feed import ChangeFeed
     from lance_cdf.kafka.outage import RideOut
     from lance_cdf.kafka.publisher import KafkaChangePublisher
-    from lance_cdf.kafka.topics import TopicSettings
+    from lance_cdf.kafka.topic_settings import TopicSettings
     from lance_cdf.kafka.transactions import TransactionWriter, VersionCounts
     from lance_cdf.ops.clientconfig import KafkaConnection
     from lance_cdf.spark.sink import database_sink

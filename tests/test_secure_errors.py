@@ -19,7 +19,8 @@ from workload import Workload
 
 from lance_cdf.errors import KafkaAuthorizationError, PublishError
 from lance_cdf.kafka.endpoints import check_broker, check_registry
-from lance_cdf.kafka.topics import TopicSettings, ensure_topic
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import ensure_topic
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf_devtools.__main__ import _properties
 from lance_cdf_devtools.kafka import SecureKafkaBroker

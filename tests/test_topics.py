@@ -24,7 +24,8 @@ from test_transactions import change_counts, check_transactions, transactions
 
 from lance_cdf.cli import main
 from lance_cdf.errors import PublishError, TransactionMetadataError
-from lance_cdf.kafka.topics import TopicSettings, ensure_topic
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import ensure_topic
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf_devtools import KafkaBroker
 

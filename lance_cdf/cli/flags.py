@@ -15,7 +15,7 @@ from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IDLE_POLL_MAX_LOCAL
 
 if TYPE_CHECKING:
     from lance_cdf.format.definitions import IndexDefinition
-    from lance_cdf.kafka.topics import TopicSettings
+    from lance_cdf.kafka.topic_settings import TopicSettings
 
 # what `add_subparsers` returns: each command's parser is made with its `add_parser`
 Subcommands: TypeAlias = "argparse._SubParsersAction[argparse.ArgumentParser]"
@@ -140,7 +140,7 @@ def topic_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def topic_settings(args: argparse.Namespace) -> TopicSettings:
-    from lance_cdf.kafka.topics import TopicSettings
+    from lance_cdf.kafka.topic_settings import TopicSettings
     from lance_cdf.ops.clientconfig import parse_pairs
 
     config = parse_pairs(args.topic_config, "--topic-config")

@@ -48,7 +48,8 @@ from lance_cdf.errors import (
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.marks import POSITION_HEADER, PartitionMarks, Position
 from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S, RideOut
-from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import KNOWN
 from lance_cdf.kafka.transactions import VersionCounts
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf.ops.clientconfig import registry_config as registry_settings

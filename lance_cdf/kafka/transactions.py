@@ -36,7 +36,8 @@ from lance_cdf.avro.wire import WireWriter, WriterSchemas
 from lance_cdf.errors import PublishError, TransactionMetadataError
 from lance_cdf.format.definitions import IndexDefinition, TableDefinition
 from lance_cdf.kafka import clients
-from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import KNOWN
 from lance_cdf.ops.clientconfig import KafkaConnection, Setting
 from lance_cdf.ops.clientconfig import registry_config as registry_settings
 

@@ -22,7 +22,8 @@ from confluent_kafka.schema_registry import SchemaRegistryClient
 from lance_cdf.errors import ConsumerFatalError, ReplicateError, in_words
 from lance_cdf.format.io import local_path
 from lance_cdf.kafka.endpoints import check_broker, check_registry
-from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import KNOWN
 from lance_cdf.ops.clientconfig import KafkaConnection, registry_config, scrub
 from lance_cdf.ops.lease import LeaseKeeper
 from lance_cdf.ops.state_files import read_json, write_atomic
