@@ -120,7 +120,9 @@ def test_an_index_only_batch_is_committed_with_its_definition(
     tableDefinitions=false, which then writes nothing at all)."""
     from lance_cdf.cli import build_parser
     from lance_cdf.cli.publish_command import publish_settings
+    from lance_cdf.spark.publish.runner import _sink_options
     from lance_cdf.spark.sink import kafka_sink
+    from lance_cdf.spark.sink.sink_options import SinkOptions
 
     uri = table(tmp_path)
     ck = tmp_path / "ck"
@@ -131,14 +133,8 @@ def test_an_index_only_batch_is_committed_with_its_definition(
     settings = publish_settings(
         build_parser().parse_args([*args, *([] if on else ["--no-table-definitions"])])
     )
-    options = {
-        "kafka.bootstrap.servers": "b",
-        "schema.registry.url": "http://r",
-        "topic": "x",
-        "table": uri,
-        "checkpointLocation": str(ck),
-        **settings.target.transaction_options(),
-    }
+    # as Spark hands publish's options to the sink
+    options = SinkOptions.parse(_sink_options(settings).to_options())
     asked: list[tuple[object, ...]] = []
     writer = kafka_sink.KafkaStreamWriter(options)
     monkeypatch.setattr(writer, "_transaction_writer", lambda o, n: "writer")

@@ -95,6 +95,14 @@ def test_the_spark_options_page_has_every_option_the_source_accepts(site):
     assert STORAGE_PREFIX in page
 
 
+def test_the_spark_options_page_has_every_option_the_sink_accepts(site):
+    from lance_cdf.spark.sink.sink_options import KNOWN, PREFIXES
+
+    page = _text(site / "reference/spark-options/index.html").lower()
+    missing = sorted(o for o in [*KNOWN, *PREFIXES] if o not in page)
+    assert not missing, f"sink options not on the page: {missing}"
+
+
 def test_the_generated_tables_come_from_the_code():
     hooks = _hooks()
     cli = hooks.cli_markdown()

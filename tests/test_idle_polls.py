@@ -170,10 +170,12 @@ def test_idle_tables_on_s3_cost_what_the_ceiling_allows(s3_server, s3_uri, ceili
 def test_publish_passes_the_ceiling_to_the_database_stream(tmp_path):
     from lance_cdf.spark.publish.runner import _database_options
     from lance_cdf.spark.publish.settings import Database
+    from lance_cdf.spark.sink.sink_options import SinkOptions
 
     for given, option in ((None, None), (2.5, "2.5"), (0.0, "0")):
         source: dict[str, str] = {"path": "unused"}
-        _database_options(Database("/db", "p", idle_poll_max=given), source, {}, str(tmp_path))
+        sink = SinkOptions("b", "http://r", table="t", topic="x")
+        _database_options(Database("/db", "p", idle_poll_max=given), source, sink, str(tmp_path))
         assert source.get("idlePollMax") == option
     r = DatabaseReader({"database": str(tmp_path), "writerSlots": "1", "idlePollMax": "2.5"})
     assert r.polls.ceiling == 2.5

@@ -120,7 +120,8 @@ def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
     from lance_cdf.cli import build_parser
     from lance_cdf.cli.publish_command import publish_settings
     from lance_cdf.kafka import outage
-    from lance_cdf.spark.sink import kafka_sink
+    from lance_cdf.spark.publish.runner import _sink_options
+    from lance_cdf.spark.sink.sink_options import SinkOptions
 
     base = [
         "publish",
@@ -138,8 +139,9 @@ def test_the_flush_timeout_flag_reaches_the_sinks_publishers(tmp_path):
     waits = []
     for extra in (["--flush-timeout", "2.5s"], []):
         settings = publish_settings(build_parser().parse_args([*base, *extra]))
-        options = {k.lower(): v for k, v in settings.target.transaction_options().items()}
-        waits.append(kafka_sink.flush_timeout(options))
+        # as Spark hands publish's options to the sink
+        options = SinkOptions.parse(_sink_options(settings).to_options())
+        waits.append(options.flush_timeout_s)
     assert waits == [2.5, outage.FLUSH_TIMEOUT_S]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.spark.publish.headstart import HEAD_START_EVENTS, open_rounds, turn
+from lance_cdf.spark.sink.sink_options import SinkOptions
 from lance_cdf.spark.source.handover import HandOver
 
 # all tables' events together: each table up to HEAD_START_EVENTS, the head start as a whole
@@ -86,7 +87,7 @@ class DatabaseRounds:
     def __init__(
         self,
         source_options: dict[str, str],
-        sink_options: dict[str, str],
+        sink_options: SinkOptions,
         start: dict[str, Any],
         hand_over: HandOver | None = None,
     ):
@@ -186,7 +187,7 @@ def _through(done: dict[str, Any], end: dict[str, Any], reached: set[str]) -> di
 
 
 def database_head_start(
-    source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, Any]
+    source_options: dict[str, str], sink_options: SinkOptions, start: dict[str, Any]
 ) -> DatabaseHeadStart | None:
     """One round from `start` (None: nothing pending, more than `HEAD_START_EVENTS_IN_ALL`
     events in all, or the plan alone took `HEAD_START_SECONDS`)."""

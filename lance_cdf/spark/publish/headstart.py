@@ -47,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from lance_cdf.errors import LanceCdfError
+from lance_cdf.spark.sink.sink_options import SinkOptions
 from lance_cdf.spark.source.handover import HandOver
-from lance_cdf.spark.source.options import option_bool
 
 R = TypeVar("R")
 
@@ -97,7 +97,7 @@ def start_offset(
 
 
 def open_rounds(
-    source_options: dict[str, str], sink_options: dict[str, str], kind: type[R]
+    source_options: dict[str, str], sink_options: SinkOptions, kind: type[R]
 ) -> tuple[R, Any]:
     """The query's stream reader (one writer slot; a `kind`, else refused) and a writer of
     its work items: what a head start's rounds plan and publish with."""
@@ -109,7 +109,8 @@ def open_rounds(
     reader = source.streamReader(source.schema())
     if not isinstance(reader, kind):  # (option writerSlots, given above, makes one)
         raise LanceCdfError(f"the head start needs a {kind.__name__}, not {type(reader).__name__}")
-    return reader, sink.LanceCdfKafkaSink(sink_options).streamWriter(work_struct(), False)
+    writer = sink.LanceCdfKafkaSink(sink_options.to_options()).streamWriter(work_struct(), False)
+    return reader, writer
 
 
 class TableRounds:
@@ -120,7 +121,7 @@ class TableRounds:
     def __init__(
         self,
         source_options: dict[str, str],
-        sink_options: dict[str, str],
+        sink_options: SinkOptions,
         start: dict[str, Any],
         hand_over: HandOver | None = None,
     ):
@@ -128,8 +129,7 @@ class TableRounds:
 
         self.began = time.monotonic()
         self.reader, self.writer = open_rounds(source_options, sink_options, HandOffReader)
-        lowered = {k.lower(): v for k, v in sink_options.items()}
-        self.completed = option_bool(lowered, "transactionMetadata", True)
+        self.completed = sink_options.transaction_metadata
         self.hand_over = hand_over
         self.table = source_options["path"]  # (as the query's writers name it: the URI)
         self.done = start  # the offset published through
@@ -216,7 +216,7 @@ def run_rounds(head: Rounds, poll_s: float, stop: threading.Event) -> None:
 
 
 def head_start(
-    source_options: dict[str, str], sink_options: dict[str, str], start: dict[str, Any]
+    source_options: dict[str, str], sink_options: SinkOptions, start: dict[str, Any]
 ) -> HeadStart | None:
     """One round from `start` (None: nothing pending, or the first pending version alone
     is larger than `HEAD_START_EVENTS`: the query publishes it)."""

@@ -6,15 +6,16 @@ import re
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
 from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
-from lance_cdf.kafka.topics import TopicSettings
+from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
+from lance_cdf.spark.sink.sink_options import SinkOptions
 from lance_cdf.spark.source.checkpoint import read_report, report_path
 from lance_cdf.spark.source.handover import HandOver
 
@@ -188,7 +189,7 @@ def _run(
     stopping: threading.Event,
     lease: Lease | None,
     source_options: dict[str, str],
-    sink_options: dict[str, str],
+    sink_options: SinkOptions,
     head: _HeadStart,
 ) -> int:
     started = time.monotonic()
@@ -226,22 +227,23 @@ def _run(
     return 0
 
 
-def _query_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str, str]]:
-    """The source's and the sink's options, a table's or a database's, with the transaction
-    metadata's and the topics' (a table's checkpoint checked against them first)."""
+def _query_options(settings: PublishSettings) -> tuple[dict[str, str], SinkOptions]:
+    """The source's and the sink's options, a table's or a database's (a table's checkpoint
+    checked against them first)."""
     source_options, sink_options = _stream_options(settings)
     if settings.database is not None:
-        _database_options(settings.database, source_options, sink_options, settings.checkpoint)
+        sink_options = _database_options(
+            settings.database, source_options, sink_options, settings.checkpoint
+        )
     else:
         _check_checkpoint(settings.checkpoint, source_options, settings.source.storage_options)
-    sink_options.update(settings.target.transaction_options())
     return source_options, sink_options
 
 
 def _begin(
     settings: PublishSettings,
     source_options: dict[str, str],
-    sink_options: dict[str, str],
+    sink_options: SinkOptions,
     stopping: threading.Event,
     stages: dict[str, float],
     head: _HeadStart,
@@ -292,13 +294,12 @@ def _checks(settings: PublishSettings, stages: dict[str, float]) -> int:
     from lance_cdf.kafka.transactions import OTHER_TOPIC, default_topic
 
     connection = KafkaConnection(target.bootstrap_servers, target.producer_config)
-    topics = TopicSettings.from_options(target.transaction_options())  # as the sink reads them
-    partitions = KNOWN.ensure(connection, target.topic, topics)
+    partitions = KNOWN.ensure(connection, target.topic, target.topics)
     if target.transaction_metadata:  # before any record: a replicator finding records
         # finds the topic that completes their versions
         txn = target.transaction_topic or default_topic(target.topic)
         KNOWN.ensure(
-            connection, txn, topics.for_transactions(), one_partition=True, other=OTHER_TOPIC
+            connection, txn, target.topics.for_transactions(), one_partition=True, other=OTHER_TOPIC
         )
     stages["checks"] = time.monotonic() - t
     return partitions
@@ -330,7 +331,7 @@ def _start_query(
     spark: SparkSession,
     settings: PublishSettings,
     source_options: dict[str, str],
-    sink_options: dict[str, str],
+    sink_options: SinkOptions,
     partitions: int,
     stopping: threading.Event,
     stages: dict[str, float],
@@ -344,7 +345,7 @@ def _start_query(
     if settings.database is not None:  # new topics get as many partitions as there are writers
         tasks = writers or spark.sparkContext.defaultParallelism
         partitions = tasks
-        sink_options.setdefault("topic.partitions", str(partitions))
+        sink_options = _with_partitions(sink_options, partitions)
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     hand_over = head.hand_over.path if head.continued and head.hand_over else None
@@ -357,7 +358,7 @@ def _start_query(
     t = time.monotonic()
     changes = hand_off(reader.load())  # load(): the schema
     stages["source schema"] = time.monotonic() - t
-    writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options)
+    writer = changes.writeStream.format("lance-cdf-kafka").options(**sink_options.to_options())
     if hand_over is not None and local:
         writer = writer.option("handOver", hand_over)
     if settings.run.available_now:
@@ -488,7 +489,7 @@ def _one_line(error: BaseException, checkpoint: str) -> str:
     return f"{cause} (details: {log_path})"
 
 
-def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str, str]]:
+def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], SinkOptions]:
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
     source, target = settings.source, settings.target
@@ -502,34 +503,53 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str
     if source.max_rows_per_trigger:
         source_options["maxRowsPerTrigger"] = str(source.max_rows_per_trigger)
     source_options["keyHash"] = target.key or "_rowid"
-    sink_options = {
-        "kafka.bootstrap.servers": target.bootstrap_servers,
-        "topic": target.topic,
-        "schema.registry.url": target.schema_registry,
-        "table": source.table,
-        "tombstones": str(target.tombstones).lower(),
-        "checkpointLocation": settings.checkpoint,
-        "exactlyOnce": str(target.exactly_once).lower(),
-    }
-    if target.key:
-        sink_options["key"] = target.key
-    if target.table_name:
-        sink_options["table.name"] = target.table_name
-    sink_options.update({f"kafka.{k}": v for k, v in target.producer_config.items()})
-    sink_options.update({f"registry.{k}": v for k, v in target.registry_config.items()})
     for k, v in source.storage_options.items():
-        source_options[f"storage.{k}"] = sink_options[f"storage.{k}"] = v
-    return source_options, sink_options
+        source_options[f"storage.{k}"] = v
+    return source_options, _sink_options(settings)
+
+
+def _sink_options(settings: PublishSettings) -> SinkOptions:
+    """The `lance-cdf-kafka` sink's options for a table (`_database_options`: a database)."""
+    target = settings.target
+    key = tuple(c.strip() for c in (target.key or "").split(",") if c.strip())
+    return SinkOptions(
+        bootstrap_servers=target.bootstrap_servers,
+        registry_url=target.schema_registry,
+        table=settings.source.table,
+        topic=target.topic,
+        table_name=target.table_name or None,
+        key=tuple(c for c in key if c != "_rowid"),
+        tombstones=target.tombstones,
+        exactly_once=target.exactly_once,
+        transaction_metadata=target.transaction_metadata,
+        table_definitions=target.table_definitions,
+        transaction_topic=target.transaction_topic or None,
+        topics=target.topics,
+        flush_timeout_s=target.flush_timeout or FLUSH_TIMEOUT_S,
+        checkpoint=settings.checkpoint,
+        producer=tuple(sorted(target.producer_config.items())),
+        registry=tuple(sorted(target.registry_config.items())),
+        storage=tuple(sorted(settings.source.storage_options.items())),
+    )
+
+
+def _with_partitions(sink_options: SinkOptions, partitions: int) -> SinkOptions:
+    """A database sink's options with new topics made of `partitions` partitions, unless
+    the user gave a count."""
+    if sink_options.topics.partitions is not None:
+        return sink_options
+    return replace(sink_options, topics=replace(sink_options.topics, partitions=partitions))
 
 
 def _database_options(
     database: Database,
     source_options: dict[str, str],
-    sink_options: dict[str, str],
+    sink_options: SinkOptions,
     checkpoint: str,
-) -> None:
-    """The source and sink options of a database publisher (spark/source/database_stream.py,
-    spark/sink/database_sink.py) in place of a table's."""
+) -> SinkOptions:
+    """The source options of a database publisher (spark/source/database_stream.py) in
+    place of a table's (changed in place), and its sink options
+    (spark/sink/database_sink.py)."""
     del source_options["path"]
     source_options["database"] = database.uri
     for key, value in (
@@ -541,10 +561,14 @@ def _database_options(
             source_options[key] = value
     if database.idle_poll_max is not None:
         source_options["idlePollMax"] = f"{database.idle_poll_max:g}"
-    for key in ("table", "topic", "table.name"):
-        sink_options.pop(key, None)
-    sink_options["database"] = database.uri
-    sink_options["topic.prefix"] = database.topic_prefix
+    return replace(
+        sink_options,
+        table=None,
+        topic=None,
+        table_name=None,
+        database=database.uri,
+        topic_prefix=database.topic_prefix,
+    )
 
 
 def _check_checkpoint(
@@ -587,7 +611,7 @@ def _head_start_offset(settings: PublishSettings) -> dict[str, Any] | None:
 
 def _head_start(
     source_options: dict[str, str],
-    sink_options: dict[str, str],
+    sink_options: SinkOptions,
     partitions: int,
     head: _HeadStart,
     stages: dict[str, float],
@@ -606,7 +630,7 @@ def _head_start(
     rounds: TableRounds | DatabaseRounds | None = None
     try:
         if "database" in source_options:  # new topics: a partition per writer, as the query's
-            sink = {"topic.partitions": str(partitions), **sink_options}
+            sink = _with_partitions(sink_options, partitions)
             rounds = DatabaseRounds(source, sink, head.start, head.hand_over)
         else:
             rounds = TableRounds(source, sink_options, head.start, head.hand_over)

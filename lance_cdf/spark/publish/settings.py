@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.kafka.topics import TopicSettings
+from lance_cdf.kafka.topic_settings import TopicSettings
 
 # A commit waits for the next trigger, then for the micro-batch: commits land at any phase
 # of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
@@ -90,20 +90,6 @@ class KafkaTarget:
     table_definitions: bool = True
     exactly_once: bool = True
     flush_timeout: float | None = None
-
-    def transaction_options(self) -> dict[str, str]:
-        """The sink options of the transaction metadata and of the topics' creation, and
-        the flush timeout (the writer tasks' and the transaction writer's)."""
-        txn = {
-            "transactionMetadata": str(self.transaction_metadata).lower(),
-            "tableDefinitions": str(self.table_definitions).lower(),
-        }
-        if self.transaction_topic:
-            txn["transaction.topic"] = self.transaction_topic
-        txn.update(self.topics.options())
-        if self.flush_timeout is not None:
-            txn["flushTimeout"] = f"{self.flush_timeout:g}"
-        return txn
 
 
 @dataclass(frozen=True)

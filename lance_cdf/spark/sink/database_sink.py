@@ -1,10 +1,10 @@
 """The `lance-cdf-kafka` sink in database mode (`lance-cdf publish --database`): the work
-items of a database stream (spark/source/database_stream.py) name their table; a writer task
+items of a database stream (`DatabaseReader`) name their table; a writer task
 resolves each name to the table's URI (the sink's own `database` and `storage.<key>`
 options: the items hold no location and no secret), its topic `<topic.prefix>.<name>`
-(created on first use if missing, with the sink's `topic.*` settings (kafka/topics.py),
+(created on first use if missing, with the sink's `topic.*` settings (`ensure_topic`),
 and its transaction topic `<topic>.transaction`), and its record names `<topic.prefix>.<name>.*`.
-Everything else is the single-table path, per table (spark/sink/kafka_sink.py).
+Everything else is the single-table path, per table (`KafkaStreamWriter`).
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ from lance_cdf.errors import KafkaUnavailableError, in_words
 from lance_cdf.format.cache import LruCache
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.kafka.outage import RideOut
-from lance_cdf.kafka.topics import KNOWN, TopicSettings
+from lance_cdf.kafka.topic_settings import TopicSettings
+from lance_cdf.kafka.topics import KNOWN
 from lance_cdf.ops.clientconfig import KafkaConnection
 from lance_cdf.ops.takeup import DEFAULT, is_transient
 from lance_cdf.retry import retry
@@ -99,7 +100,7 @@ def _listed_uri(database: str, name: str, storage_options: dict[str, str]) -> st
 def _listed(database: str, storage_options: dict[str, str]) -> list[TableRef]:
     """The database's tables; a listing that fails with a fault that passes (the object
     store throttles or does not answer) is retried with backoff, up to the writer's budget
-    (ops/takeup.py), then raised."""
+    (`TakeUpSettings.writer_retry`), then raised."""
 
     def retrying(exc: BaseException, retries: int, pause: float) -> None:
         if retries == 0:

@@ -1,30 +1,15 @@
 """Spark streaming sink `format("lance-cdf-kafka")`: the lance-cdf stream to Kafka.
 
-Options: `kafka.bootstrap.servers`, `topic`, `schema.registry.url`, `table`
-(the source table's URI: `source.db`, the operation in `source.operation`, and for
-work items the table their events are read from),
-`table.name` (`prefix.table`: the records' Avro names `prefix.table.Envelope`, and
-`source.name` / `source.table`; default `lancecdf.<table directory name>`), `key`
-(comma-separated key columns; default `_rowid`),
-`tombstones` (default true), `exactlyOnce` (default true; routed streams: a replayed
-micro-batch skips what each partition already holds, see `high_water_marks`), and
-`transactionMetadata` (default true: after every writer task of a micro-batch
-succeeded, the driver's commit writes a BEGIN and an END record per commit version to
-`transaction.topic`, default `<topic>.transaction`; see kafka/transactions.py; with
-`tableDefinitions`, default true, the table's definition where it changed:
-spark/sink/definition_sync.py),
-`topic.partitions`, `topic.replicationFactor` and `topic.config.<key>` (how the topic
-and its transaction topic are created if missing: kafka/topics.py; the broker's defaults
-otherwise), `kafka.<producer setting>` passed to every Kafka client (SASL/SSL included),
-`registry.<setting>` to the registry client, `storage.<key>` the table's storage
-options (as for the source: the sink reads each commit's operation from the table's
-manifests, and the events of work items). `handOver` is internal: `lance-cdf publish` on a
-local master hands over from its head start to the query's writer tasks through it
-(spark/source/handover.py).
+Options: `SinkOptions` (parsed once, in `streamWriter`; the Spark options reference's
+"Sink options" lists them). Each commit version's BEGIN and END records go to the
+transaction topic after every writer task of a micro-batch succeeded (`TransactionWriter`),
+with the table's definition where it changed (`table_definitions`); `handOver` is
+internal: `lance-cdf publish` on a local master hands over from its head start to the
+query's writer tasks through it (`HandOver`).
 
 The topic's schema carries the table's own types, not Spark's: Spark widens what it
 cannot hold (uint32 -> long, fixed_size_list -> list, fixed_size_binary -> binary, see
-streaming/types.py); the sink reads the table's Arrow schema and casts such columns
+`spark.source.types.sparkable`); the sink reads the table's Arrow schema and casts such columns
 back before building the Avro schema (`arrow.fixedSize`, `fixed`, `arrow.type`).
 
 Per-key order needs each key's records of a micro-batch written by one task, in
@@ -36,8 +21,8 @@ one task in order (`changes.coalesce(1).writeStream...`): the producer's
 partitioner picks partitions.
 
 A stream read with option writerSlots (what `lance-cdf publish` writes) carries work
-items instead of events (spark/source/handoff.py): each writer task reads its slot's share
-of the micro-batch itself from the table (spark/sink/work.py) with the sink's `table` and
+items instead of events (`WorkItem`): each writer task reads its slot's share
+of the micro-batch itself from the table (`handed_off`) with the sink's `table` and
 `storage.<key>` options; the items hold no option of the source. A `_work` column that is
 not exactly lance-cdf's is refused with `WorkItemError`.
 
@@ -45,7 +30,7 @@ Database mode (option `database`, instead of `table` and `topic`; with `topic.pr
 the work items of a database stream name their table, and each table goes to its own
 topic `<topic.prefix>.<name>` with record names `<topic.prefix>.<name>.*`, `source.table`
 its qualified name and its own transaction topic, every guarantee per table
-(spark/sink/database_sink.py).
+(`table_works`).
 """
 
 from __future__ import annotations
@@ -63,10 +48,10 @@ from lance_cdf.avro.names import TableName
 from lance_cdf.core.stream_columns import EVENT_ORDER, PARTITION_COLUMN, WORK_COLUMN
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.cache import LruCache
+from lance_cdf.spark.sink.sink_options import SinkOptions
 from lance_cdf.spark.source.handoff import check_work_columns
 from lance_cdf.spark.source.handover import hold
 from lance_cdf.spark.source.hangup import quiet_when_spark_hangs_up
-from lance_cdf.spark.source.options import option_bool
 
 if TYPE_CHECKING:  # (imported where used: the driver's commit and the writer tasks)
     from lance_cdf.kafka.transactions import DefinitionChange, TransactionWriter, VersionCounts
@@ -87,7 +72,7 @@ if TYPE_CHECKING:
 # Publishers (and transaction writers) kept per process at most, least recently used first
 # out: a database publisher writes a topic per table. Each holds its table's schemas and its
 # partitions' last positions only (tens of KB); the producer, consumer and registry client
-# they use are the process's, one per setting (kafka/clients.py). An evicted one is flushed
+# they use are the process's, one per setting (`kafka.clients`). An evicted one is flushed
 # first; its successor re-reads the topic's marks.
 MAX_CLIENTS = 512
 
@@ -100,9 +85,9 @@ def _retire(oldest: Any) -> None:
         close()
 
 
-# one KafkaChangePublisher per writer setting: (sorted options, user schema)
-_PUBLISHERS: LruCache[tuple[tuple[tuple[str, str], ...], pa.Schema], KafkaChangePublisher] = (
-    LruCache(MAX_CLIENTS, _retire)
+# one KafkaChangePublisher per writer setting: (the table's sink options, user schema)
+_PUBLISHERS: LruCache[tuple[SinkOptions, pa.Schema], KafkaChangePublisher] = LruCache(
+    MAX_CLIENTS, _retire
 )
 
 
@@ -128,36 +113,17 @@ class Published(WriterCommitMessage):
 
 
 # one TransactionWriter per sink setting, in the process running the driver's commits
-_TRANSACTION_WRITERS: LruCache[tuple[tuple[str, str], ...], TransactionWriter] = LruCache(
-    MAX_CLIENTS, _retire
-)
-
-
-def _definitions_on(lowered: dict[str, str]) -> bool:
-    """Sink option `tableDefinitions` (default true; `lowered`: the options lower-cased)."""
-    return option_bool(lowered, "tableDefinitions", True)
-
-
-def _options(raw: dict[str, Any]) -> dict[str, str]:
-    opts = {str(k): str(v) for k, v in raw.items()}
-    lower = {k.lower(): v for k, v in opts.items()}
-    table = ("database", "topic.prefix") if lower.get("database") else ("topic", "table")
-    for required in ("kafka.bootstrap.servers", "schema.registry.url", *table):
-        if not lower.get(required):
-            raise LanceCdfError(f'the lance-cdf-kafka sink needs option "{required}"')
-    return opts
+_TRANSACTION_WRITERS: LruCache[SinkOptions, TransactionWriter] = LruCache(MAX_CLIENTS, _retire)
 
 
 class LanceCdfKafkaSink(DataSource):
     """The Spark sink `writeStream.format("lance-cdf-kafka")`: a `lance-cdf` stream's events
     (or its work items) to a Kafka topic as Avro change records in Debezium's envelope,
-    registered in a schema registry; options in this module's docstring (`table`, `topic`,
-    `kafka.bootstrap.servers`, `schema.registry.url`, `kafka.<setting>`, `registry.<setting>`,
-    `storage.<key>`, `key`, `tombstones`, `exactlyOnce`, `transactionMetadata`).
+    registered in a schema registry; options: `SinkOptions`.
 
     A micro-batch commits only after every record is acknowledged; a replayed one skips
     what each partition already holds (exactly once per record). Raises `LanceCdfError`
-    for a missing required option and `WorkItemError` for a `_work` column that is not
+    for a missing, unknown or bad option and `WorkItemError` for a `_work` column that is not
     lance-cdf's; a task fails (and Spark retries it) when the broker does not acknowledge.
     """
 
@@ -166,8 +132,8 @@ class LanceCdfKafkaSink(DataSource):
         return "lance-cdf-kafka"
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> KafkaStreamWriter:
-        quiet_when_spark_hangs_up()  # in the commit's runner process (spark/source/hangup.py)
-        writer = KafkaStreamWriter(_options(dict(self.options)))
+        quiet_when_spark_hangs_up()  # in the commit's runner process
+        writer = KafkaStreamWriter(SinkOptions.parse(dict(self.options)))
         writer.handoff = WORK_COLUMN in schema.fieldNames()
         if writer.handoff:  # a foreign `_work` column is refused here, before any task
             check_work_columns(schema)
@@ -195,30 +161,6 @@ def _archives_last() -> Iterator[None]:
         sys.path[:] = saved
 
 
-def client_options(
-    options: dict[str, str],
-) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """The sink's options lower-cased, its producer settings (`kafka.*` but the bootstrap
-    servers) and its registry client settings (`registry.*`), prefixes stripped."""
-    lowered = {k.lower(): v for k, v in options.items()}
-    producer = {
-        k[len("kafka.") :]: v
-        for k, v in options.items()
-        if k.lower().startswith("kafka.") and k.lower() != "kafka.bootstrap.servers"
-    }
-    registry = {
-        k[len("registry.") :]: v for k, v in options.items() if k.lower().startswith("registry.")
-    }
-    return lowered, producer, registry
-
-
-def flush_timeout(lowered: dict[str, str]) -> float:
-    """The sink option `flushTimeout` (seconds; `lowered`: the options lower-cased)."""
-    from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
-
-    return float(lowered.get("flushtimeout", FLUSH_TIMEOUT_S))
-
-
 class KafkaStreamWriter(DataSourceStreamArrowWriter):
     """The sink's writer: `write` runs in each Spark task (produce, wait for every
     acknowledgement), `commit` on the driver (transaction metadata after all tasks)."""
@@ -226,69 +168,57 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     routed = False
     handoff = False
 
-    def __init__(self, options: dict[str, str]):
+    def __init__(self, options: SinkOptions):
         self.options = options
 
     def _publisher(
-        self, user_schema: pa.Schema, options: dict[str, str], name: TableName
+        self, user_schema: pa.Schema, options: SinkOptions, name: TableName
     ) -> KafkaChangePublisher:
         from lance_cdf.kafka.publisher import KafkaChangePublisher, PublisherSettings
 
-        o, producer, registry = client_options(options)
-        key_cols = [c.strip() for c in o.get("key", "").split(",") if c.strip() and c != "_rowid"]
-        cache_key = (tuple(sorted(options.items())), user_schema)
+        cache_key = (options, user_schema)
         publisher = _PUBLISHERS.get(cache_key)
         if publisher is None:
-            from lance_cdf.kafka.topics import TopicSettings
-
+            assert options.topic is not None  # (a table's options: `for_table` in a database)
             publisher = KafkaChangePublisher(
-                o["kafka.bootstrap.servers"],
-                o["topic"],
-                o["schema.registry.url"],
+                options.bootstrap_servers,
+                options.topic,
+                options.registry_url,
                 user_schema,
                 table_name=name,
-                key_columns=key_cols or None,
-                tombstones=option_bool(o, "tombstones", True),
+                key_columns=list(options.key) or None,
+                tombstones=options.tombstones,
                 settings=PublisherSettings(
-                    producer_config=producer,
-                    registry_config=registry,
-                    topic_settings=TopicSettings.from_options(options),
-                    checkpoint=o.get("checkpointlocation"),  # where an outage's state goes
-                    flush_timeout=flush_timeout(o),
+                    producer_config=options.producer_config,
+                    registry_config=options.registry_config,
+                    topic_settings=options.topics,
+                    checkpoint=options.checkpoint,
+                    flush_timeout=options.flush_timeout_s,
                 ),
             )
         return _PUBLISHERS.put(cache_key, publisher)  # the most recently used last
 
-    def _storage(self) -> dict[str, str]:
-        return {
-            k[len("storage.") :]: v
-            for k, v in self.options.items()
-            if k.lower().startswith("storage.")
-        }
-
     def write(self, iterator: Iterator[pa.RecordBatch]) -> Published:
-        opts = {k.lower(): v for k, v in self.options.items()}
-        if opts.get("database"):
-            return self._write_database(iterator, opts)
-        table = opts["table"]
-        storage = self._storage()
+        opts = self.options
+        if opts.database:
+            return self._write_database(iterator)
+        assert opts.table is not None  # (parse: a table's sink has one)
+        storage = opts.storage_options
         if self.handoff:  # option writerSlots: the task reads its slot's share itself
             from lance_cdf.spark.sink.work import handed_off
 
-            iterator = handed_off(iterator, table, storage)
-        name = TableName.of(opts.get("table.name"), uri=table)
-        return self._write(iterator, self.options, name, table, storage)
+            iterator = handed_off(iterator, opts.table, storage)
+        name = TableName.of(opts.table_name, uri=opts.table)
+        return self._write(iterator, opts, name, opts.table, storage)
 
-    def _write_database(
-        self, iterator: Iterator[pa.RecordBatch], opts: dict[str, str]
-    ) -> Published:
+    def _write_database(self, iterator: Iterator[pa.RecordBatch]) -> Published:
         """Database mode: each table's work items as a single-table sink would write them,
-        to the table's own topic (spark/sink/database_sink.py)."""
+        to the table's own topic (`table_works`)."""
         import logging
 
         from lance_cdf.spark.sink.database_sink import table_works
 
-        database, storage = opts["database"], self._storage()
+        database, storage = str(self.options.database), self.options.storage_options
         out = Published(0)
         for name, work in table_works(iterator, database, storage).items():
             if work.uri is None:
@@ -296,13 +226,13 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     "table %s was dropped from the database: its changes are let go", name
                 )
                 continue
-            done = self._write_table(work, opts)
+            done = self._write_table(work)
             if done is not None:
                 out.records += done.records
                 out.tables[name] = done.versions
         return out
 
-    def _write_table(self, work: TableWork, opts: dict[str, str]) -> Published | None:
+    def _write_table(self, work: TableWork) -> Published | None:
         """One table's work items to its topic (made sure of first). A transient fault
         (a new topic's metadata not there yet, a broker, registry or object store that does
         not answer, a table caught mid-commit) is retried with backoff, the whole table
@@ -314,35 +244,31 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
         from lance_cdf.errors import in_words
         from lance_cdf.kafka.outage import RideOut
-        from lance_cdf.kafka.topics import TopicSettings
         from lance_cdf.ops.clientconfig import KafkaConnection
         from lance_cdf.ops.takeup import DEFAULT, is_transient, record_writer_retry
         from lance_cdf.retry import retry
         from lance_cdf.spark.sink.database_sink import is_gone, table_topic, with_partitions
 
         log = logging.getLogger("lance_cdf.kafka")
-        database, prefix, storage = opts["database"], opts["topic.prefix"], self._storage()
-        _, producer, _ = client_options(self.options)
-        checkpoint = opts.get("checkpointlocation")
-        txn = option_bool(opts, "transactionMetadata", True)
-        ride_out = RideOut(
-            opts["kafka.bootstrap.servers"], checkpoint, outage_after_s=flush_timeout(opts)
-        )
-        name, uri, topic = work.name, str(work.uri), f"{prefix}.{work.name}"
+        name, uri = work.name, str(work.uri)
+        opts = self.options.for_table(uri, name)
+        database, storage, topic = str(opts.database), opts.storage_options, str(opts.topic)
+        checkpoint = opts.checkpoint
+        ride_out = RideOut(opts.bootstrap_servers, checkpoint, outage_after_s=opts.flush_timeout_s)
 
         def attempt() -> Published | None:
             try:
                 partitions = table_topic(
-                    KafkaConnection(opts["kafka.bootstrap.servers"], producer),
+                    KafkaConnection(opts.bootstrap_servers, opts.producer_config),
                     topic,
-                    TopicSettings.from_options(opts),
-                    f"{topic}.transaction" if txn else None,
+                    opts.topics,
+                    f"{topic}.transaction" if opts.transaction_metadata else None,
                     ride_out,
                 )
                 works = with_partitions(work.works, partitions)
-                options = {**self.options, "topic": topic, "table": uri}
                 events = (batch for w in works for batch in w.events())
-                return self._write(events, options, TableName(prefix, name, uri), uri, storage)
+                table_name = TableName(str(opts.topic_prefix), name, uri)
+                return self._write(events, opts, table_name, uri, storage)
             except Exception:
                 if is_gone(database, name, storage):  # dropped while being read: let go
                     log.warning("table %s was dropped while being published: let go", name)
@@ -365,7 +291,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
     def _write(
         self,
         iterator: Iterator[pa.RecordBatch],
-        options: dict[str, str],
+        options: SinkOptions,
         name: TableName,
         table: str,
         storage: dict[str, str],
@@ -380,7 +306,6 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         with _archives_last():
             from lance_cdf.kafka.publisher import carry_update_pairs, commit_order, user_schema_of
 
-        opts = {k.lower(): v for k, v in options.items()}
         feed: ChangeFeed | None = None
         publisher: KafkaChangePublisher | None = None
         sent = 0
@@ -400,7 +325,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
             # in batches of 65,536: a share filtered from many small reads arrives in small
             # chunks, and the encoder has a cost per batch
             iterator = whole.combine_chunks().to_batches(max_chunksize=65536)
-        exactly_once = self.routed and option_bool(opts, "exactlyOnce", True)
+        exactly_once = self.routed and options.exactly_once
         marks = None
         for events in carry_update_pairs(iterator):
             versions = np.unique(events["_commit_version"].to_numpy()).tolist()
@@ -411,8 +336,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 with _archives_last():  # the registry client looks its version up
                     publisher = self._publisher(exact, options, name)
                 publisher.begin()  # a retried task starts clean
-                if exactly_once and opts.get("handover"):  # publish's head start may run
-                    _hand_over(opts, name, table, last_version)
+                if exactly_once and options.hand_over:  # publish's head start may run
+                    _hand_over(options, name, table, last_version)
                 if exactly_once:  # how far an earlier attempt got, per owned partition
                     marks = publisher.high_water_marks(owned)
             events = restore_types(events, exact)
@@ -428,25 +353,22 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         self, messages: list[WriterCommitMessage | None], batchId: int
     ) -> None:
         """Every writer task succeeded: the BEGIN/END records of the micro-batch's versions
-        (kafka/transactions.py), written once however often the micro-batch runs. The head
-        start (spark/publish/headstart.py) calls it too, with batch id -1, for what it
+        (`TransactionWriter`), written once however often the micro-batch runs. The head
+        start (`TableRounds`) calls it too, with batch id -1, for what it
         published; the query's later commit of those versions skips them."""
-        opts = {k.lower(): v for k, v in self.options.items()}
-        if not option_bool(opts, "transactionMetadata", True):
+        if not self.options.transaction_metadata:
             return
         if batchId >= 0:
             hold("commit")
-        if opts.get("handover"):  # publish's head start may still write BEGIN/END records
+        if self.options.hand_over:  # publish's head start may still write BEGIN/END records
             from lance_cdf.spark.source.handover import HandOver
 
-            with HandOver(opts["handover"]).exclusive():
-                self._commit(messages, batchId, opts)
+            with HandOver(self.options.hand_over).exclusive():
+                self._commit(messages, batchId)
             return
-        self._commit(messages, batchId, opts)
+        self._commit(messages, batchId)
 
-    def _commit(
-        self, messages: list[WriterCommitMessage | None], batch_id: int, opts: dict[str, str]
-    ) -> None:
+    def _commit(self, messages: list[WriterCommitMessage | None], batch_id: int) -> None:
         """`commit`'s work: the micro-batch's BEGIN/END records (and definition)."""
         with _archives_last():
             from lance_cdf.kafka.transactions import merge
@@ -458,24 +380,21 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                 "committed (restart publish to retry it)"
             )
         published = [m for m in messages if isinstance(m, Published)]
-        if opts.get("database"):  # per table, to its own transaction topic
+        o = self.options
+        if o.database:  # per table, to its own transaction topic
             self._commit_database(published, batch_id)
             return
         from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
 
+        assert o.table is not None  # (parse: a table's sink has one)
         versions = merge([m.versions for m in published])
-        o = {k.lower(): v for k, v in self.options.items()}
         have: dict[str | None, list[int]] = {None: [c.version for c in versions]}
-        span = (
-            batch_spans(o.get("checkpointlocation"), batch_id, have).get(None)
-            if _definitions_on(o)
-            else None
-        )
-        defs = table_definitions(o["table"], self._storage())
+        span = batch_spans(o.checkpoint, batch_id, have).get(None) if o.table_definitions else None
+        defs = table_definitions(o.table, o.storage_options)
         change = None if span is None else defs.change(span)
         if versions or (span is not None and not defs.unchanged(span)):
-            name = TableName.of(o.get("table.name"), uri=o["table"])
-            writer = self._transaction_writer(self.options, name)
+            name = TableName.of(o.table_name, uri=o.table)
+            writer = self._transaction_writer(o, name)
             self._write_markers(writer, versions, change, None if span is None else span.end)
 
     def _commit_database(self, published: list[Published], batch_id: int) -> None:
@@ -485,27 +404,23 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.spark.sink.database_sink import uri_of
         from lance_cdf.spark.sink.definition_sync import batch_spans, table_definitions
 
-        opts = {k.lower(): v for k, v in self.options.items()}
-        prefix, storage = opts["topic.prefix"], self._storage()
+        opts = self.options
+        prefix, storage = str(opts.topic_prefix), opts.storage_options
         counted = {
             t: merge([m.tables[t] for m in published if t in m.tables])
             for t in {t for m in published for t in m.tables}
         }
         have: dict[str | None, list[int]] = {t: [c.version for c in v] for t, v in counted.items()}
-        spans = (
-            batch_spans(opts.get("checkpointlocation"), batch_id, have)
-            if _definitions_on(opts)
-            else {}
-        )
+        spans = batch_spans(opts.checkpoint, batch_id, have) if opts.table_definitions else {}
         for table in sorted({*counted, *(str(t) for t in spans)}):
             versions, span = counted.get(table, []), spans.get(table)
-            uri = uri_of(opts["database"], table, storage) if span is not None else None
+            uri = uri_of(str(opts.database), table, storage) if span is not None else None
             defs = None if uri is None else table_definitions(uri, storage)
             wanted = defs is not None and span is not None and not defs.unchanged(span)
             if not versions and not wanted:
                 continue
             name = TableName(prefix, table)
-            options = {**self.options, "topic": f"{prefix}.{table}", "table": table}
+            options = opts.for_table(table, table)  # (named by its name: no read here)
             change = None if defs is None or span is None else defs.change(span)
             end = None if span is None else span.end
             self._write_markers(self._transaction_writer(options, name), versions, change, end)
@@ -518,7 +433,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         end: int | None = None,
     ) -> None:
         """`writer.write(versions)`, a broker outage ridden out as the writer tasks ride it
-        out (kafka/outage.py: up to RIDE_OUT_S, then one line): a failed commit would stop
+        out (`RideOut`: up to RIDE_OUT_S, then one line): a failed commit would stop
         the query. A retry first waits until no record of the failed attempt is queued, so
         the topic's last record is what it reads (no BEGIN/END written twice)."""
         from confluent_kafka import KafkaException
@@ -527,12 +442,8 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.kafka.outage import RideOut
         from lance_cdf.ops.takeup import is_transient
 
-        o = {k.lower(): v for k, v in self.options.items()}
-        ride_out = RideOut(
-            o["kafka.bootstrap.servers"],
-            o.get("checkpointlocation"),
-            outage_after_s=flush_timeout(o),
-        )
+        o = self.options
+        ride_out = RideOut(o.bootstrap_servers, o.checkpoint, outage_after_s=o.flush_timeout_s)
 
         def attempt() -> int:
             if writer.producer.flush(10):
@@ -548,27 +459,24 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
 
         ride_out.call("writing transaction metadata", attempt, (KafkaException, PublishError))
 
-    def _transaction_writer(self, options: dict[str, str], name: TableName) -> TransactionWriter:
+    def _transaction_writer(self, options: SinkOptions, name: TableName) -> TransactionWriter:
         with _archives_last():
-            from lance_cdf.kafka.topics import TopicSettings
             from lance_cdf.kafka.transactions import TransactionWriter, default_topic
 
-        cache_key = tuple(sorted(options.items()))
-        writer = _TRANSACTION_WRITERS.get(cache_key)
+        writer = _TRANSACTION_WRITERS.get(options)
         if writer is None:
-            o, producer, registry = client_options(options)
-            topic = o.get("transaction.topic") or default_topic(o["topic"])
+            topic = options.transaction_topic or default_topic(str(options.topic))
             writer = TransactionWriter(
-                o["kafka.bootstrap.servers"],
+                options.bootstrap_servers,
                 topic,
-                o["schema.registry.url"],
+                options.registry_url,
                 name.namespace,
-                producer,
-                registry,
-                timeout=flush_timeout(o),
-                topic_settings=TopicSettings.from_options(options),
+                options.producer_config,
+                options.registry_config,
+                timeout=options.flush_timeout_s,
+                topic_settings=options.topics,
             )
-        return _TRANSACTION_WRITERS.put(cache_key, writer)  # the most recently used last
+        return _TRANSACTION_WRITERS.put(options, writer)  # the most recently used last
 
     def abort(  # noqa: N803
         self, messages: list[WriterCommitMessage | None], batchId: int
@@ -576,15 +484,15 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         pass
 
 
-def _hand_over(opts: dict[str, str], name: TableName, table: str, last: int) -> None:
+def _hand_over(opts: SinkOptions, name: TableName, table: str, last: int) -> None:
     """A writer task of lance-cdf publish on a local master, before it reads its marks:
     the head start publishes nothing more unless it has published through the task's
-    last version (spark/source/handover.py); a database's tables by name, a table by its
+    last version (`HandOver.before_writing`); a database's tables by name, a table by its
     URI."""
     from lance_cdf.spark.source.handover import HandOver
 
-    key = name.table if opts.get("database") else table
-    HandOver(opts["handover"]).before_writing(key, last)
+    key = name.table if opts.database else table
+    HandOver(str(opts.hand_over)).before_writing(key, last)
 
 
 def _avro_of(t: pa.DataType) -> Any:  # an Avro schema: a name, or its JSON object

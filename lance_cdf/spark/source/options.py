@@ -25,9 +25,9 @@ KNOWN = {
     "keyhash",
     "writerslots",
     "kafkapartitions",
-    "entrypoint",  # "publish" words error advice in publish's flags (advice.py)
+    "entrypoint",  # "publish" words error advice in publish's flags (`advice_for`)
     "database",
-    "handover",  # publish's head start hands over to the query through it (handover.py)
+    "handover",  # publish's head start hands over to the query through it (`HandOver`)
 }
 
 
@@ -87,7 +87,7 @@ class SourceOptions:
     """The `lance-cdf` source's options, parsed and checked (`SourceOptions.parse`): names
     are case-insensitive, as Spark's; `storage.<key>` options become `storage_options`; with
     `database`, `path` is a table's name there and is resolved to its URI. Every option is
-    in the Spark options reference (docs/reference/spark-options.md; tests/test_docs.py
+    in the Spark options reference (docs/reference/spark-options.md; `test_docs`
     checks that each one known here is there). `parse` raises `LanceCdfError` for an unknown
     option, a bad value or a combination that cannot hold."""
 
@@ -104,14 +104,14 @@ class SourceOptions:
     rows_per_partition: int
     net_changes: bool = False
     drop_unchanged_updates: bool = False
-    # keyHash: key columns whose hash each event carries in `_key_hash` (core/keyhash.py)
+    # keyHash: key columns whose hash each event carries in `_key_hash` (`key_hash`)
     key_hash: tuple[str, ...] | None = None
     # writerSlots / kafkaPartitions: the stream carries, per micro-batch, one work item per
-    # writer slot instead of the events (spark/source/handoff.py: the Kafka sink reads them)
+    # writer slot instead of the events (`WorkItem`: the Kafka sink reads them)
     writer_slots: int | None = None
     kafka_partitions: int | None = None
     # handOver (internal, set by lance-cdf publish): the file through which the head start
-    # hands over to this query at its first plan (spark/source/handover.py)
+    # hands over to this query at its first plan (`HandOver`)
     hand_over: str | None = None
     storage_options: dict[str, str] = field(default_factory=dict)
 
