@@ -14,6 +14,7 @@ from test_kafka_order import consume_by_key, expected_by_key
 
 from lance_cdf.spark.publish import headstart
 from lance_cdf.spark.publish.headstart import head_start, start_offset
+from lance_cdf.spark.sink.sink_options import SinkOptions
 
 PARTITIONS = 3
 
@@ -76,13 +77,15 @@ def test_writers_skip_what_the_head_start_published(
         "keyHash": "id",
         "kafkaPartitions": str(PARTITIONS),
     }
-    sink = {
-        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
-        "topic": topic,
-        "schema.registry.url": schema_registry.url,
-        "table": uri,
-        "key": "id",
-    }
+    sink = SinkOptions.parse(
+        {
+            "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+            "topic": topic,
+            "schema.registry.url": schema_registry.url,
+            "table": uri,
+            "key": "id",
+        }
+    )
 
     # the first version (20 inserts) alone is over the limit: no head start at all
     monkeypatch.setattr(headstart, "HEAD_START_EVENTS", 19)
@@ -137,15 +140,17 @@ def test_a_database_head_start_publishes_each_table_once_with_its_transactions(
         "keyHash": "id",
         "kafkaPartitions": str(PARTITIONS),
     }
-    sink = {
-        "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
-        "schema.registry.url": schema_registry.url,
-        "database": str(root),
-        "topic.prefix": prefix,
-        "topic.partitions": str(PARTITIONS),
-        "key": "id",
-        "checkpointLocation": str(tmp_path / "ck"),
-    }
+    sink = SinkOptions.parse(
+        {
+            "kafka.bootstrap.servers": kafka_broker.bootstrap_servers,
+            "schema.registry.url": schema_registry.url,
+            "database": str(root),
+            "topic.prefix": prefix,
+            "topic.partitions": str(PARTITIONS),
+            "key": "id",
+            "checkpointLocation": str(tmp_path / "ck"),
+        }
+    )
     start = DatabaseReader({**source, "writerSlots": "1"}).initialOffset()
     assert set(start["tables"]) == set(names)
 
