@@ -455,7 +455,7 @@ def _padded_strings(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _transaction_parts(
     events: pa.Table, rows: np.ndarray, versions: np.ndarray, inverse: np.ndarray, namespace: str
 ) -> list[Part]:
-    """The envelope's `transaction` block: null, or (with `_total_order`, spark/sink/work.py)
+    """The envelope's `transaction` block: null, or (with `_total_order`, `SlotWork.events`)
     id `<namespace>:<version>` (the BEGIN/END id), `total_order` and
     `data_collection_order` (the same: one table per topic)."""
     if TOTAL_ORDER not in events.column_names:

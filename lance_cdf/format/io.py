@@ -1,7 +1,7 @@
 """File access for a table root, behind one small interface.
 
 The format layer only ever reads whole small files, byte ranges and directory
-listings relative to the table root; the object-store backend (objectstore.py)
+listings relative to the table root; the object-store backend (`ObjectStoreFileSystem`)
 implements the same four methods and nothing above this module changes.
 """
 
