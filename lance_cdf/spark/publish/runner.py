@@ -66,7 +66,7 @@ def publish(settings: PublishSettings, stop: threading.Event | None = None) -> i
 
 def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str] | None) -> Lease:
     """One publisher per checkpoint: the lease `<checkpoint>/publisher.lease`
-    (lance_cdf/ops/lease.py), taken before anything is read or sent, so a second `publish`
+    (`Lease`), taken before anything is read or sent, so a second `publish`
     on the same checkpoint is refused (LeaseHeldError naming the holder) instead of both
     sending the same versions; renewed from a thread, released on exit; a dead holder's
     lease is taken over. A checkpoint on object storage (`s3a://` as Spark writes it)
@@ -144,7 +144,7 @@ def hand_off(work: DataFrame) -> DataFrame:
 @dataclass
 class _HeadStart:
     """The head start of one publish run: where it starts (None: no head start), the file
-    it hands over to the query through (spark/source/handover.py), and its rounds after
+    it hands over to the query through (`HandOver`), and its rounds after
     the first, running in a thread until the query takes over or has run two
     micro-batches."""
 
@@ -252,7 +252,7 @@ def _begin(
 
     The checks end before the JVM starts (a refused client is named in seconds; if they
     hang, the JVM starts after 12 s and a failed check still stops publish before any
-    query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
+    query). The head start (`_head_start`) and the imports run beside the JVM's
     start: the query starts once the head start's first round (the commits waiting at
     launch) has ended, and its later rounds (the commits made since) go on until the query
     takes over (`_HeadStart`)."""
@@ -280,7 +280,7 @@ def _begin(
 def _checks(settings: PublishSettings, stages: dict[str, float]) -> int:
     """The broker and the registry answer, and the topic (and its transaction topic) exist:
     the topic's number of partitions (a database's: the writers, each table's topic is made
-    on first use, spark/sink/database_sink.py)."""
+    on first use, `database_sink.table_topic`)."""
     t = time.monotonic()
     target = settings.target
     check_broker(target.bootstrap_servers, target.producer_config)
@@ -348,7 +348,7 @@ def _start_query(
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     hand_over = head.hand_over.path if head.continued and head.hand_over else None
-    # who takes over from the head start (spark/source/handover.py): on a local master a
+    # who takes over from the head start (`HandOver`): on a local master a
     # writer task with a version it has not published, on this machine; elsewhere the
     # reader's first plan, in the driver
     local = (spark.sparkContext.master or "").startswith("local")
@@ -434,7 +434,7 @@ def _await(
         # The running micro-batch is let finish first (its records and their versions'
         # END: a whole-version replicator can apply them), up to `stop_timeout_s`; one
         # still running then is interrupted, not committed, and the next start sends it
-        # again from the checkpoint (see README, "When things fail"). A failure while
+        # again from the checkpoint (docs/guides/operating.md, "When things fail"). A failure while
         # stopping (the signal reached Spark's Python workers too) is the stop.
         if error is None:
             _finish_running(query, settings)
@@ -446,7 +446,7 @@ def _await(
 
 
 def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
-    """On a stop: wait for the running micro-batch to commit (query_progress.py), saying so
+    """On a stop: wait for the running micro-batch to commit (`finish_micro_batch`), saying so
     if it does not within the run's `stop_timeout_s`."""
     from lance_cdf.spark.publish.query_progress import finish_micro_batch, interval_seconds
 
@@ -492,7 +492,7 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], dict[str
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
     source, target = settings.source, settings.target
-    # entryPoint: the source's error advice names publish's flags (spark/source/advice.py)
+    # entryPoint: the source's error advice names publish's flags (`advice_for`)
     source_options = {"path": source.table, "entryPoint": "publish"}
     if source.snapshot or source.starting_version is not None:  # else the default, latest
         start = "snapshot" if source.snapshot else str(source.starting_version)
@@ -528,8 +528,8 @@ def _database_options(
     sink_options: dict[str, str],
     checkpoint: str,
 ) -> None:
-    """The source and sink options of a database publisher (spark/source/database_stream.py,
-    spark/sink/database_sink.py) in place of a table's."""
+    """The source and sink options of a database publisher (`DatabaseOptions`, the sink's
+    option `database`) in place of a table's."""
     del source_options["path"]
     source_options["database"] = database.uri
     for key, value in (
@@ -552,7 +552,7 @@ def _check_checkpoint(
 ) -> None:
     """Before anything starts: a local checkpoint that has delivered something is of this
     table, and `--starting-version` / `--snapshot`, if given, is the start it was made with
-    (the query checks the same when it starts: spark/source/identity.py)."""
+    (the query checks the same when it starts: `identity.check_offset`)."""
     from lance_cdf.spark.source.checkpoint import committed_offset
 
     try:
@@ -594,7 +594,7 @@ def _head_start(
     poll_s: float,
 ) -> None:
     """The head start's first round: publish the commits waiting at `head.start` from this
-    process (spark/publish/headstart.py, database_headstart.py); then its later rounds in a
+    process (`TableRounds`, `DatabaseRounds`); then its later rounds in a
     thread (`head.continued`) until the query takes over or has run two micro-batches. A
     failure is reported and left to the query, which skips whatever was acknowledged."""
     from lance_cdf.spark.publish.database_headstart import DatabaseRounds

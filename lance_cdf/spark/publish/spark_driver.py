@@ -128,7 +128,7 @@ def session_builder(
             options = spark_log(checkpoint)
             if (chosen or "").startswith("local"):
                 options = f"{options} {LOCAL_JVM_OPTIONS}"
-                # the writer tasks' workers fork warm (lance_cdf/spark/sink/warm_daemon.py): Spark
+                # the writer tasks' workers fork warm (`warm_daemon`): Spark
                 # starts them in the first micro-batch with data and again after any minute
                 # without one, and fresh workers' imports made those micro-batches' commits
                 # seconds slower than steady ones; warm workers halve that at start and cut
