@@ -37,12 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lance_cdf.replicate")
 
-# A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
-# of the key column (bench/bench_replica_apply.py): above that the batch scans instead.
+# A key-index probe (`key IN (...)`) costs about as much per key as scanning this many
+# rows of the key column (the replica-apply benchmark: docs/benchmarks.md, "Replicating"):
+# above that the batch scans instead.
 INDEX_PROBE_ROWS_PER_KEY = 750
 PROBE_CHUNK = 2048  # keys per IN list
 # Rows per page of the key index the replicator builds. A probe of a random key visits
-# one whole page, so small pages make probes about twice as fast as Lance's default 4096,
+# one whole page, so small pages make probes faster than Lance's default of 4096 rows,
 # for a longer preload; the index size is the same (docs/benchmarks.md, "Inside the
 # replicator").
 KEY_INDEX_ZONE_ROWS = 256

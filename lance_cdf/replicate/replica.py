@@ -153,9 +153,9 @@ def source_table_of(position: dict[str, str]) -> dict[str, str | None] | None:
 # pylance's metadata cache of the session the replicator keeps across batches: pylance's
 # default bound, 1 GiB, let it hold every replica version's manifest it opened, growing
 # for as long as it ran. An apply needs the newest manifest and the touched files' metadata
-# (a few KB a fragment: docs/benchmarks.md, "Inside the replicator"), so 16 MiB holds
-# the working set of a replica of ~3,000 fragments; beyond, the files' footers are read
-# again, not the rows.
+# (docs/benchmarks.md, "Inside the replicator" has their size per fragment), so 16 MiB
+# holds the working set of a replica of thousands of fragments; beyond, the files' footers
+# are read again, not the rows.
 # The index cache (the key index) is left at pylance's default: it is what lookups need.
 METADATA_CACHE_BYTES = 16 << 20
 

@@ -31,7 +31,7 @@ from lance_cdf.spark.source.handover import HandOver
 
 # all tables' events together: each table up to HEAD_START_EVENTS, the head start as a whole
 # bounded so that it still ends within the Spark session's start; more and the query
-# publishes them (docs/benchmarks.md, "Start-up")
+# publishes them (docs/benchmarks.md, "Publishing to Kafka")
 HEAD_START_EVENTS_IN_ALL = 5 * HEAD_START_EVENTS
 # the query starts once the head start's first round has ended, and takes over from a later
 # round once it has ended: a round stops taking tables up after this long (each table's

@@ -1,10 +1,10 @@
 """`lance-cdf publish`'s head start: the pending commits, and those made while Spark
 starts, published from the driver process until the query takes over.
 
-Spark takes seconds to start its JVM and session, then starts a Python process, one
-after another, for each step of a Python data source: the first record waited tens of
-seconds, and no change inside lance-cdf's Spark code can go below that floor
-(docs/benchmarks.md, "Start-up"). The head start reads and publishes the commits waiting at
+Spark starts its JVM and session, then a Python process, one after another, for each
+step of a Python data source: the first record waited for all of them, and no change inside
+lance-cdf's Spark code can go below that floor (docs/benchmarks.md, "Publishing to Kafka").
+The head start reads and publishes the commits waiting at
 start in the driver, beside the JVM's start, with the very code a writer task runs (one
 hand-off work item covering every Kafka partition): its first round, which the query's
 start waits for. Then it goes on, round after round, looking at the table as often as the

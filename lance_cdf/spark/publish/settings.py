@@ -9,8 +9,8 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.topics import TopicSettings
 
 # A commit waits for the next trigger, then for the micro-batch: commits land at any phase
-# of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
-# the replica well under a second (docs/benchmarks.md, "Latency under load"). An idle
+# of it, so the wait's tail is the whole interval: 500 ms keeps the p99 to Kafka and to the
+# replica short (docs/benchmarks.md, "Latency under load"). An idle
 # trigger asks the table for its latest version (one listing of
 # `_versions/`): twice a second for one table. A database's tables are each listed at every
 # trigger (200 tables: 200 listings), so it keeps 1 s.
