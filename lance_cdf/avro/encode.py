@@ -1,7 +1,7 @@
 """Vectorised Avro binary encoding of change events (no per-row Python).
 
 `encode_changes` produces the same bytes as `fastavro.schemaless_writer` over the
-dicts `avro.change_records` builds, but for a whole Arrow batch at once:
+dicts `schema.change_records` builds, but for a whole Arrow batch at once:
 
 * every field of the record is encoded for all rows at once, as a *part*: either a
   padded byte matrix (``Padded``: one row of at most ``w`` bytes per record plus the

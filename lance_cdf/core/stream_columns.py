@@ -8,7 +8,7 @@ them without loading pyarrow or numpy (see `LanceCdfKafkaSink`)."""
 KEY_HASH = "_key_hash"
 EVENT_ORDER = "_event_order"
 ORDER_BITS = 40
-# The Kafka partition of each event when the stream routes records itself (publish.route):
+# The Kafka partition of each event when the stream routes records itself (`runner.route`):
 # an int column the Kafka sink reads and leaves out of the records.
 PARTITION_COLUMN = "_kafka_partition"
 # The columns of a stream read with option writerSlots (`WorkItem`): a writer

@@ -126,7 +126,7 @@ def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
 
 def hand_off(work: DataFrame) -> DataFrame:
     """The work-item stream (source option writerSlots) with the events each micro-batch
-    planned observed, for the progress reports (`progress.planned_events`): Spark counts
+    planned observed, for the progress reports (`query_progress.planned_events`): Spark counts
     the work items as its input rows.
 
     Why work items rather than `route` (a repartition of the events): a Python source's

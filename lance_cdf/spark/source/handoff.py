@@ -6,7 +6,7 @@ A work item is plain data in four columns, never code:
 
 - `_writer_slot` (int): the slot;
 - `_events` (long): the events the micro-batch planned, on slot 0's row (0 on the others;
-  Spark counts the work items as the input rows, `publish.hand_off` observes this);
+  Spark counts the work items as the input rows, `runner.hand_off` observes this);
 - `_work` (string): JSON, `{"format": 1, "table": digest, "slots": n, "kafkaPartitions":
   p, "keyHash": [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts":
   [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them,
