@@ -1,4 +1,4 @@
-"""`python -m lance_cdf_demo` (`make demo`): see lance_cdf_demo/__init__.py."""
+"""`python -m lance_cdf_demo` (`make demo`): see the `lance_cdf_demo` package's docstring."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Vectorised Avro binary encoding of change events (no per-row Python).
 
 `encode_changes` produces the same bytes as `fastavro.schemaless_writer` over the
-dicts `avro.change_records` builds, but for a whole Arrow batch at once:
+dicts `schema.change_records` builds, but for a whole Arrow batch at once:
 
 * every field of the record is encoded for all rows at once, as a *part*: either a
   padded byte matrix (``Padded``: one row of at most ``w`` bytes per record plus the
@@ -455,7 +455,7 @@ def _padded_strings(texts: list[str]) -> tuple[np.ndarray, np.ndarray]:
 def _transaction_parts(
     events: pa.Table, rows: np.ndarray, versions: np.ndarray, inverse: np.ndarray, namespace: str
 ) -> list[Part]:
-    """The envelope's `transaction` block: null, or (with `_total_order`, spark/sink/work.py)
+    """The envelope's `transaction` block: null, or (with `_total_order`, `SlotWork.events`)
     id `<namespace>:<version>` (the BEGIN/END id), `total_order` and
     `data_collection_order` (the same: one table per topic)."""
     if TOTAL_ORDER not in events.column_names:

@@ -1,7 +1,7 @@
 """How change records name a table and its columns in Avro: `prefix.table` (Debezium's
 `<topic.prefix>.<table>`), valid Avro names from any column or table name, unique record
 names within a schema. Without pyarrow: Spark's commit process names a table's transaction
-records with it (spark/sink/kafka_sink.py)."""
+records with it (`KafkaStreamWriter.commit`)."""
 
 from __future__ import annotations
 

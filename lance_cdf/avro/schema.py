@@ -83,7 +83,7 @@ SNAPSHOT_VALUES = {True: "true", False: "false"}
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 
 # The event column with each record's 1-based place among its commit version's records
-# in commit order (the hand-off writer task numbers them: spark/sink/work.py): the envelope's
+# in commit order (the hand-off writer task numbers them: `SlotWork.events`): the envelope's
 # `transaction` block (`total_order`, `data_collection_order`); without it the block is null.
 TOTAL_ORDER = "_total_order"
 

@@ -104,7 +104,8 @@ def entry() -> None:
     arenas (`LANCE_CDF_MALLOC_ARENAS`; the command's own process only). A crash in native code
     (librdkafka, pylance, pyarrow) prints every thread's Python stack to stderr, so the
     log says where. (A crash in a thread of librdkafka's own leaves no Python stack: the
-    replicator's SIGSEGV at start was one, found from a core dump; kafka/endpoints.py.)"""
+    replicator's SIGSEGV at start was one, found from a core dump;
+    `kafka.endpoints._check_group`.)"""
     faulthandler.enable()
     malloc.bound_arenas_unless_told()  # before any thread of pylance or librdkafka starts
     os.environ.setdefault(malloc.ENV, "1")

@@ -178,7 +178,7 @@ def _delivery_flags(pub: argparse.ArgumentParser) -> None:
 
 
 def _publish_target(args: argparse.Namespace) -> Database | None:
-    """The table and topic, or the database (publish.Database); one line if mixed."""
+    """The table and topic, or the database (`settings.Database`); one line if mixed."""
     from lance_cdf.spark.publish.settings import Database
 
     if args.database is None:

@@ -79,8 +79,7 @@ def replicate_parser(sub: Subcommands) -> None:
 
 
 def _database_flags(rep: argparse.ArgumentParser) -> None:
-    """A whole database: every topic of a prefix into its table
-    (replicate/database_replicator.py)."""
+    """A whole database: every topic of a prefix into its table (`DatabaseReplicator`)."""
     rep.add_argument(
         "--database-target",
         default=None,
@@ -387,8 +386,7 @@ def _replicate(args: argparse.Namespace) -> int:
 
 
 def _replicate_database(args: argparse.Namespace) -> int:
-    """`lance-cdf replicate --database-target URI --topic-prefix P`
-    (replicate/database_replicator.py)."""
+    """`lance-cdf replicate --database-target URI --topic-prefix P` (`DatabaseReplicator`)."""
     from lance_cdf.ops.clientconfig import redact_url
     from lance_cdf.replicate.database_replicator import DatabaseReplicator
 

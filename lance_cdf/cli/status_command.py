@@ -294,7 +294,7 @@ def _aside_line(name: str, entry: dict[str, object]) -> str:
 
 def _takeup_retries(checkpoint: str, report: dict[str, object]) -> int:
     """The take-up and publish attempts a database publisher repeated: its stream's
-    (the report) and its writer tasks' (ops/takeup.py)."""
+    (the report) and its writer tasks' (`WriterRetries`)."""
     from lance_cdf.ops.takeup import read_writer_retries
 
     writer = read_writer_retries(checkpoint)

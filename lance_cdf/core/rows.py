@@ -495,8 +495,8 @@ LINEAGE_IDS = frozenset(fid for fid, _ in LINEAGE_COLUMNS.values())
 # "Reading rows").
 _DENSE_GAP = 8
 _MIN_RUN = 64
-# Rows per decoded batch: one batch of the whole selection decodes on one thread, several
-# times slower than pylance's own batch sizes (docs/benchmarks.md, "Reading rows")
+# Rows per decoded batch: one batch of the whole selection decodes on one thread, slower
+# than pylance's own batch sizes (docs/benchmarks.md, "Reading rows")
 _TAKE_BATCH = 1024
 _RANGE_BATCH = 8192
 
@@ -653,7 +653,7 @@ def _read_fragment(
 
 def take(table: pa.Table, indices: np.ndarray) -> pa.Table:
     """`table.take(indices)`, skipping the identity and contiguous chunks first
-    (Arrow's take over many chunks is several times slower than over one)."""
+    (Arrow's take over many chunks is slower than over one)."""
     if indices.size == table.num_rows and np.array_equal(indices, np.arange(indices.size)):
         return table
     return table.combine_chunks().take(pa.array(indices))

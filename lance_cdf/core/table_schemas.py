@@ -25,7 +25,8 @@ if TYPE_CHECKING:
 # 1 GiB, it keeps every version checked out for as long as the process follows the table.
 # Rows are read through lance.file readers (`lance_cdf.core.rows`), so the datasets are
 # used for the schema and little else: the bounded session stays small, and reading takes
-# the same time bounded or not (docs/benchmarks.md, "Soak").
+# the same time bounded or not (docs/benchmarks.md, "Soak: 30 minutes of publish +
+# replicate").
 METADATA_CACHE_BYTES = 16 << 20
 
 # Arrow schemas by (table, fields, schema metadata): what pylance says a manifest's schema is

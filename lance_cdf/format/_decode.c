@@ -1,7 +1,8 @@
 /* The two byte-level readers planning needs to be fast on tables with long histories,
    in C, each tested against the library that is the reference (protobuf; see
-   tests/test_format.py). Optional: where no C compiler is present, lance_cdf.format
-   parses with protobuf alone (same results, slower on aged tables: bench/bench_core.py).
+   `test_format`). Optional: where no C compiler is present, lance_cdf.format
+   parses with protobuf alone (same results, slower on aged tables:
+   docs/benchmarks.md, "Reading the format").
 
    range_segments(data) -> (starts, ends) | None
        A serialized RowIdSequence made only of Range segments: the segments' starts and
@@ -9,8 +10,8 @@
        kind, a repeated or unknown field, a length that does not match its bytes, a varint
        over 10 bytes, end < start): the caller then parses it with protobuf. A scattered
        merge_insert leaves one single-row Range per rewritten row (megabytes of them in
-       the manifests of a table with that history): protobuf's objects cost about a
-       thousand times what this does per segment (docs/benchmarks.md, "Reading the format").
+       the manifests of a table with that history): protobuf's objects cost far more
+       per segment than this (docs/benchmarks.md, "Reading the format").
 
    manifest_entries(data, start, end) -> ([(id, start, end), ...], [(start, end), ...]) | None
        The top level of the Manifest message in data[start:end]: each `fragments` record

@@ -1,4 +1,4 @@
-"""Types of lance_cdf/format/_decode.c (the C extension setup.py builds)."""
+"""Types of `lance_cdf.format._decode`, the C extension setup.py builds."""
 
 from mmap import mmap
 

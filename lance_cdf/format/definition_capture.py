@@ -1,4 +1,4 @@
-"""A table's definition (format/definitions.py) read from pylance: each secondary index as
+"""A table's definition (`TableDefinition`) read from pylance: each secondary index as
 the build that makes it again, the `update_config` keys, the schema and field metadata.
 
 pylance describes an index in two places. `describe_indices()` reads the manifest's index
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # the replicator's key index on a replica keyed by the source's row IDs (the replicator's
-# SOURCE_ROWID column with pylance's default index name; tests/test_definition_capture.py
+# SOURCE_ROWID column with pylance's default index name; `test_definition_capture`
 # checks it against the replicator's constant)
 KEY_COLUMN = "_source_rowid"
 KEY_INDEX = f"{KEY_COLUMN}_idx"

@@ -1,7 +1,7 @@
 """File access for a table root, behind one small interface.
 
 The format layer only ever reads whole small files, byte ranges and directory
-listings relative to the table root; the object-store backend (objectstore.py)
+listings relative to the table root; the object-store backend (`ObjectStoreFileSystem`)
 implements the same four methods and nothing above this module changes.
 """
 
@@ -44,7 +44,7 @@ class LocalFileSystem:
         return os.path.join(self.root, path)
 
     def read(self, path: str) -> bytes:
-        # os-level calls: half the cost of open() for the small files planning reads
+        # os-level calls: cheaper than open() for the small files planning reads
         # (deletion files, manifests; docs/benchmarks.md, "Reading the format")
         fd = os.open(self._full(path), os.O_RDONLY | getattr(os, "O_BINARY", 0))
         try:

@@ -380,8 +380,8 @@ def parse_manifest(
     bytes (a view of `data`) and is parsed when first looked into. A table whose history
     left 100,000-row scattered changes has megabytes of inline row-ID ranges in every
     manifest; a diff of two such manifests then compares their entries' bytes and parses
-    only the entries that differ (a fresh `read_changes` of a small commit then takes
-    about half the time of protobuf's whole parse: docs/benchmarks.md, "Reading the format").
+    only the entries that differ (a fresh `read_changes` of a small commit then takes less
+    time than with protobuf's whole parse: docs/benchmarks.md, "Reading the format").
     A body whose top level does not read as plain records, or any body
     where the C reader is not built, is parsed whole by protobuf, which names the damage."""
     if len(data) < FOOTER:

@@ -45,7 +45,7 @@ class Pool:
             executor.shutdown(wait=wait)
 
 
-# the pools of this process's reads (core/rows.py, core/events.py, format/table.py)
+# the pools of this process's reads (`RowReader`, `read_version_events`, `TableLog`)
 READS = Pool(4, "lance-cdf-read")
 # chunk-level lookahead: separate from READS, so a chunk never waits on its own pool
 PREFETCH = Pool(4, "lance-cdf-prefetch")

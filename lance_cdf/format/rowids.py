@@ -118,7 +118,7 @@ def _range_segments(data: bytes) -> tuple[np.ndarray, np.ndarray] | None:
     pylance writes one single-row Range per row for the rows a scattered `merge_insert`
     rewrote: a 1,000-row update carries 1,000 segments, and the manifests of a table with
     such a history carry megabytes of them: protobuf's objects per segment, or a numpy
-    reader, cost many times what the C reader does (docs/benchmarks.md, "Reading the format")."""
+    reader, cost far more than the C reader (docs/benchmarks.md, "Reading the format")."""
     if _native is None:
         return None
     ranges = _native.range_segments(data)

@@ -65,8 +65,9 @@ MANIFEST_CACHE_FRAGMENTS = 16_384
 
 # The deletion vectors a TableLog keeps (besides at most 16 x `cache_size` of them), by
 # their bitmaps' bytes: a fragment that keeps losing rows gets a new, larger deletion file
-# at every commit, and a count of them held tens of MB in the soak (docs/benchmarks.md,
-# "Soak"); the newest 64 always stay.
+# at every commit, and a count of them held more and more memory in the soak
+# (docs/benchmarks.md, "Soak: 30 minutes of publish + replicate"); the newest 64 always
+# stay.
 DELETION_CACHE_BYTES = 8 << 20
 _DELETION_CACHE_FLOOR = 64
 

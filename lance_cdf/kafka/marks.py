@@ -1,5 +1,5 @@
 """Where each partition of a topic ends: the position of its last record, the high-water
-mark an exactly-once publisher (kafka/publisher.py) skips a replayed micro-batch's records
+mark an exactly-once publisher (`KafkaChangePublisher`) skips a replayed micro-batch's records
 up to. Read from the broker, and remembered between micro-batches while the partition's
 watermarks say nothing was appended since."""
 

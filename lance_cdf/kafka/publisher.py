@@ -182,10 +182,10 @@ def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
 @dataclass(frozen=True)
 class PublisherSettings:
     """A publisher's client settings: the producer's and the schema registry client's
-    (passed through; kafka/clients.py shares the clients of equal settings), how its topic
-    is made if missing (kafka/topics.py), how long a flush or a read of the partitions'
-    last records waits, and the checkpoint a broker outage's state goes to
-    (kafka/outage.py; None: none kept)."""
+    (passed through; `clients.producer` and `clients.registry` share those of equal
+    settings), how its topic is made if missing (`TopicSettings`), how long a flush or a
+    read of the partitions' last records waits, and the checkpoint a broker outage's state
+    goes to (`RideOut`; None: none kept)."""
 
     producer_config: dict[str, Any] = field(default_factory=dict)
     registry_config: dict[str, Any] = field(default_factory=dict)
@@ -210,7 +210,7 @@ class KafkaChangePublisher:
     ):
         settings = settings or PublisherSettings()
         self.topic = topic
-        # how the topic is made if missing, before the first record (kafka/topics.py);
+        # how the topic is made if missing, before the first record (`TopicSettings`);
         # `topic_ready`: known to exist (set once made sure of, or by a caller that knows)
         self.topic_settings = settings.topic_settings
         self.topic_ready = False
@@ -221,12 +221,13 @@ class KafkaChangePublisher:
         self.key_columns = key_columns
         self.tombstones = tombstones
         self.flush_timeout = settings.flush_timeout
-        # a broker outage is ridden out (kafka/outage.py); its state goes to the checkpoint
+        # a broker outage is ridden out (`RideOut`); its state goes to the checkpoint
         self.ride_out = RideOut(
             bootstrap_servers, settings.checkpoint, outage_after_s=settings.flush_timeout
         )
         # the registry client, the producer and the marks consumer are the process's, shared
-        # by every table's publisher with the same settings (kafka/clients.py)
+        # by every table's publisher with the same settings (`clients.registry`,
+        # `clients.producer`, `clients.consumer`)
         self.registry = clients.registry(
             registry_settings(schema_registry, settings.registry_config)
         )
@@ -243,11 +244,11 @@ class KafkaChangePublisher:
         self._failures: list[str] = shared.failures
         # exactly-once bookkeeping (routed streams): the last position sent to each partition
         # since the last flush, and each partition's high-water mark as known after this
-        # publisher's last successful flush (kafka/marks.py)
+        # publisher's last successful flush (`PartitionMarks`)
         self._sent_last: dict[int, Position] = {}
         self.marks = PartitionMarks(topic, self.connection, self.flush_timeout)
         # per commit version: its records per partition since `begin()`, sent or (on a
-        # replay) skipped, for the transaction metadata (kafka/transactions.py)
+        # replay) skipped, for the transaction metadata (`TransactionWriter`)
         self.version_counts: dict[int, VersionCounts] = {}
 
     def publish(self, events: pa.Table, operations: dict[int, str]) -> int:
@@ -419,8 +420,8 @@ class KafkaChangePublisher:
         self.topic_ready = True
 
     def high_water_marks(self, partitions: Collection[int]) -> dict[int, Position | None]:
-        """Each partition's high-water mark (`PartitionMarks.read`, kafka/marks.py), retried
-        while the broker does not answer (kafka/outage.py)."""
+        """Each partition's high-water mark (`PartitionMarks.read`), retried while the
+        broker does not answer (`RideOut.call`)."""
         self.ensure_topic()
         return self.ride_out.call(
             "reading the partitions' last records",
@@ -430,7 +431,7 @@ class KafkaChangePublisher:
 
     def close(self) -> None:
         """Forget this publisher's view of its partitions; its clients are the process's
-        (kafka/clients.py: `close_all`)."""
+        (`clients.close_all`)."""
         self.marks.forget()
 
     def begin(self) -> None:
@@ -444,7 +445,7 @@ class KafkaChangePublisher:
     def flush(self) -> None:
         """Wait until every record sent is acknowledged; any failure raises (the micro-batch
         fails). Records still queued (not failed) after `flush_timeout` are waited for as
-        long as an outage is ridden out (kafka/outage.py): the idempotent producer delivers
+        long as an outage is ridden out (`RideOut`): the idempotent producer delivers
         them in order once the broker answers, or fails them after message.timeout.ms."""
         left = self.producer.flush(self.flush_timeout)
         while left and not self._failures:

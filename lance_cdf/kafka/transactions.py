@@ -14,8 +14,8 @@ Written exactly once by the Spark sink's driver-side commit, after every writer 
 the micro-batch succeeded: the topic's last record says how far an earlier attempt got
 (`TransactionWriter.write`). A commit version with no change event (compaction, an index)
 gets no BEGIN/END, except the last version of a micro-batch where the table's definition
-changed: the END of that version carries `lance_cdf_table` (format/definitions.py; which
-one and where: spark/sink/definition_sync.py), with `event_count` 0 and
+changed: the END of that version carries `lance_cdf_table` (`TableDefinition`; which
+one and where: `definition_sync.TableDefinitions.change`), with `event_count` 0 and
 `lance_cdf_partitions` [] when the version has no events.
 """
 
@@ -49,7 +49,7 @@ SUFFIX = ".transaction"
 OTHER_TOPIC = "--transaction-topic (or --no-transaction-metadata)"
 # The transaction records' schemas: schemas/transaction_key.avsc and transaction.avsc (the
 # value; on an END where the table's definition changed, `lance_cdf_table` carries it:
-# format/definitions.py), Debezium's TransactionMetadataKey / Value with lance-cdf's fields
+# `TableDefinition`), Debezium's TransactionMetadataKey / Value with lance-cdf's fields
 KEY_SCHEMA: AvroSchema = load_avsc("transaction_key")
 VALUE_SCHEMA: AvroSchema = load_avsc("transaction")
 
@@ -225,8 +225,9 @@ class TransactionWriter:
         # made with the change topic's replication factor and settings if missing
         self.topic_settings = (topic_settings or TopicSettings()).for_transactions()
         # the registry client, producer and consumer are the process's, shared by the
-        # writers of every table with the same settings (kafka/clients.py): the commit of
-        # a database publisher writes a transaction topic per table
+        # writers of every table with the same settings (`clients.registry`,
+        # `clients.producer`, `clients.consumer`): the commit of a database publisher
+        # writes a transaction topic per table
         registry = clients.registry(registry_settings(schema_registry, registry_config))
         self.key_writer = WireWriter(registry, f"{topic}-key", KEY_SCHEMA)
         self.value_writer = WireWriter(registry, f"{topic}-value", VALUE_SCHEMA)
@@ -256,10 +257,10 @@ class TransactionWriter:
                 TopicPartition(self.topic, 0), timeout=self.timeout, cached=False
             )
         except KafkaException:
-            # as in marks.py: the shared consumer is never subscribed, so librdkafka does
-            # not refresh the topic's metadata by itself; after the partition's leader
-            # died it kept answering "Unknown partition" / "Timed out" while another
-            # broker led it. The retry (outage.RideOut) asks with fresh metadata.
+            # as in `PartitionMarks.watermarks`: the shared consumer is never subscribed,
+            # so librdkafka does not refresh the topic's metadata by itself; after the
+            # partition's leader died it kept answering "Unknown partition" / "Timed out"
+            # while another broker led it. The retry (`RideOut`) asks with fresh metadata.
             with contextlib.suppress(KafkaException):
                 consumer.list_topics(self.topic, timeout=min(5.0, self.timeout))
             raise

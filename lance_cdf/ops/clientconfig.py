@@ -187,14 +187,14 @@ CONSUMER_ONLY = frozenset(
     }
 )
 
-# Given to every Kafka client lance-cdf creates, whatever the user's settings say: a
-# metadata request never makes the broker create a topic with its own defaults (lance-cdf
-# creates its topics on purpose, kafka/topics.py; librdkafka's producers and admin clients
-# allow it by default)
 # The value of one setting of a Kafka or schema-registry client: a string, a number, a flag
 # or a callback (error_cb, logger, oauth_cb). confluent-kafka takes them untyped, so Any
 Setting = Any
 
+# Given to every Kafka client lance-cdf creates, whatever the user's settings say: a
+# metadata request never makes the broker create a topic with its own defaults (lance-cdf
+# creates its topics on purpose, `kafka.topics.ensure_topic`; librdkafka's producers and
+# admin clients allow it by default)
 ALWAYS = {"allow.auto.create.topics": False}
 
 # what each role drops of the user's settings: the other roles' own keys

@@ -50,7 +50,7 @@ def keep_freed_memory() -> None:
     In a fresh process the thresholds are low (128 KiB), and pylance's decode threads
     free their buffers (a few MiB each) at the top of their heaps: glibc hands the
     memory back (madvise) and the next read page-faults it in again: a large insert's
-    read calls took about twice as long that way (docs/benchmarks.md, "Reading rows").
+    read calls took longer that way (docs/benchmarks.md, "Reading rows").
     This frees one such block once per process: glibc raises the thresholds exactly as
     after any large read (24 MiB read calls did it implicitly).
     Thresholds set by the user (mallopt, MALLOC_*_ environment variables) turn the
@@ -91,7 +91,7 @@ def bound_arenas(arenas: int = DEFAULT_ARENAS) -> None:
     `release_freed_memory` after each; `malloc_trim(0)` alone did not bring it down.
     The replicator compacts every 100 commits and grew by steps at its compactions for as
     long as it ran. Replication throughput with 2 arenas: no loss (docs/benchmarks.md,
-    "Soak")."""
+    "Soak: 30 minutes of publish + replicate")."""
     global _bounded
     if _mallopt(_M_ARENA_MAX, arenas):
         _bounded = True
@@ -133,7 +133,7 @@ def map_large_blocks(threshold: int = DEFAULT_MMAP_THRESHOLD) -> None:
     carved from the arenas and left them fragmented: in the soak the replicator's heap held
     more freed memory after every compaction while the memory in use stayed level; with
     blocks of 1 MiB and more mapped, it is level after the first compaction
-    (docs/benchmarks.md, "Soak")."""
+    (docs/benchmarks.md, "Soak: 30 minutes of publish + replicate")."""
     if _mallopt(_M_MMAP_THRESHOLD, threshold):
         _mallopt(_M_TRIM_THRESHOLD, _GLIBC_TRIM_THRESHOLD)
 

@@ -82,17 +82,17 @@ class Progress:
     # replicate: consumers renewed after a fatal consumer error; None: not a replicator
     consumer_restarts: int | None = None
     # publish: how long Kafka has not answered (0: it answers) and the retries since the
-    # checkpoint's first outage (kafka/outage.py); None: not known
+    # checkpoint's first outage (`KafkaState`); None: not known
     kafka_unavailable_s: float | None = None
     kafka_retries: int | None = None
     # publish --database: take-up and publish attempts of a table repeated after a
     # transient fault, the tables set aside now, and the times a table was set aside
-    # (ops/takeup.py); None: not a database publisher
+    # (`AsideTables`, `WriterRetries`); None: not a database publisher
     takeup_retries: int | None = None
     tables_aside: int | None = None
     set_asides: int | None = None
     # replicate: replica indexes built or rebuilt, and definitions not built now
-    # (replicate/index_keeper.py); None: not a replicator
+    # (`IndexKeeper`); None: not a replicator
     index_builds: int | None = None
     indexes_unbuilt: int | None = None
 
@@ -114,7 +114,7 @@ OPTIONAL_METRICS: tuple[
         "lance_cdf_kafka_retries",
         "requests to the broker repeated during outages",
     ),
-    # a database publisher's take-up (ops/takeup.py)
+    # a database publisher's take-up (`AsideTables`)
     (
         "takeup_retries",
         CounterMetricFamily,

@@ -3,7 +3,7 @@ Kafka outage state, the writer tasks' retries, a replicator's renewals and unfin
 versions, a database stream's report): written whole by rename, updated under a lock
 where several processes write them, read back tolerantly where they are only reports.
 
-Local disk only; a lease on object storage has its own conditional writes (ops/lease.py)."""
+Local disk only; a lease on object storage has its own conditional writes (`lease._ObjectStore`)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from lance_cdf.errors import StorageAccessError
 
 T = TypeVar("T")
-# the tries at locking a lock file that its holder removes on release (ops/lease.py)
+# the tries at locking a lock file that its holder removes on release (`lease._LocalStore.remove`)
 _LOCK_TRIES = 100
 
 
@@ -106,7 +106,7 @@ def update_record(path: str, kind: type[T], change: Callable[[T], None], *, lock
 @contextlib.contextmanager
 def locked(path: str, *, what: str = "", parents: bool = False) -> Iterator[None]:
     """An exclusive flock of `<path>.lock` for the block. A holder may remove the lock
-    file on release (under the lock; ops/lease.py): a lock taken on a file removed
+    file on release (under the lock; `lease._LocalStore.remove`): a lock taken on a file removed
     meanwhile is taken again. `parents`: missing directories made (and made again when
     removed meanwhile). `what` names the file in errors (StorageAccessError)."""
     import fcntl

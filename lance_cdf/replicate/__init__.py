@@ -1,7 +1,7 @@
 """Replication: Kafka change records applied to a Lance replica, exactly once in effect.
-`Replicator` (replicator.py) follows one topic into one replica, `DatabaseReplicator`
-(database_replicator.py) every table topic of a database; both are told by
-`ReplicateSettings` (replicate_settings.py) and run the one poll loop (poll_loop.py).
+`Replicator` follows one topic into one replica, `DatabaseReplicator` every table topic
+of a database; both are told by `ReplicateSettings` and run the one poll loop
+(`poll_loop.run_polls`).
 
 The public names: `Replicator`, `DatabaseReplicator`, their settings `ReplicateSettings`
 (made of `KafkaSettings`, `BatchSettings`, `ReplicaSettings`, `DatabaseSettings`) and the

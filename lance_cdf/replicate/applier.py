@@ -1,5 +1,5 @@
 """One batch of a topic's records applied to its replica: the records below the replica's
-position dropped, the rest decoded to final states (final_states.py), applied by
+position dropped, the rest decoded to final states (`FinalStatesDecoder`), applied by
 `ReplicaTable.apply` in one Lance commit carrying the Kafka position they reach (and the
 source version, for whole versions), then the consumer group's offsets committed, the
 counters updated and the replica's upkeep run when due."""
@@ -245,7 +245,7 @@ class BatchApplier:
         """Replica upkeep after a batch (its Lance and offset commits are done, so a
         crash here loses nothing): every index kept current in at most
         INDEX_SEGMENTS_MAX segments, and the small fragments compacted when the
-        replica's shape calls for it (replica_shape.py); with `compact_every` set,
+        replica's shape calls for it (`compaction_due`); with `compact_every` set,
         every that many batches instead (0: never)."""
         self.since_compaction += 1
         every = self.settings.compact_every

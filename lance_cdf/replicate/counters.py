@@ -36,9 +36,9 @@ class Counters:
     offset_commit_s: float = 0.0
     upkeep_s: float = 0.0
     fresh_upserts: int = 0  # upserts written without a key lookup (new source rows)
-    # records held at the stop whose version's END never came (replicate/unfinished.py)
+    # records held at the stop whose version's END never came (`Unfinished`)
     unfinished_records: int = 0
-    # the replica's secondary indexes (index_keeper.py): built or rebuilt from the source's
+    # the replica's secondary indexes (`IndexKeeper`): built or rebuilt from the source's
     # definition or --index, optimize_indices runs, and definitions not built now
     index_builds: int = 0
     index_optimizes: int = 0

@@ -9,7 +9,7 @@ disappears is reported and let go), and applies each topic to the table of the s
 qualified name in the target database (created as the Lance directory namespace / LanceDB
 lays tables out, namespace levels kept: namespace.table_location).
 
-Each table is applied by a `Replicator` of its own (replicator.py) that shares the
+Each table is applied by a `Replicator` of its own that shares the
 consumer, the schema decoder, the dead-letter producer and the one thread that renews every
 table's lease (lease.LeaseKeeper): its lease, identity checks,
 whole source versions (its transaction topic's records are handed to its gate) and
@@ -19,10 +19,10 @@ another replicator, or holds a position its topic does not: a topic deleted and 
 again) is reported with that error and left out (`refused`; the command exits non-zero
 naming it), the other tables go on; a batch that fails stops the whole replicator (nothing
 half-applied; every replica resumes from its own position). The poll loop is the one a
-single table's replicator runs (poll_loop.py); this replicator hands each poll's records
+single table's replicator runs (`run_polls`); this replicator hands each poll's records
 to the tables they belong to.
 
-Several database replicators of one consumer group share the tables (table_shares.py):
+Several database replicators of one consumer group share the tables (`share_tables`):
 each takes up only its share of the listed tables, gives up (between two polls: no batch
 half-applied) a table that is no longer its share, and waits for the lease of one that
 another member still holds. A table whose lease is lost (this process was cut off for a
@@ -150,7 +150,7 @@ class DatabaseReplicator:
         check_endpoints(s.kafka)
         self.shared = open_clients(s.kafka, self.group_id, _on_commit, shared=True)
         self.consumer = self.shared.consumer
-        # the group's members share the tables (table_shares.py); the group's offsets are
+        # the group's members share the tables (`GroupMembers`); the group's offsets are
         # committed through this member
         self.members = GroupMembers(
             self.shared.connection,

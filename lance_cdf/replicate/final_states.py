@@ -1,17 +1,18 @@
 """A batch of change records -> the final state of each key: the rows to upsert, the keys
 to delete, and which upserted keys need no lookup.
 
-Decoded vectorized (avro/decode.py: all records of a writer schema at once, straight into
+Decoded vectorized (`BatchDecoder`: all records of a writer schema at once, straight into
 Arrow) when every schema of the batch allows it, else record by record with fastavro.
 Records that do not decode, or lack their row image or key, go to the dead-letter topic
 (or stop the replicator), in Kafka order on both paths; records of another source table
-than the replica's are refused (replica_identity.py). The last state of a key is that of
+than the replica's are refused (`ReplicaIdentity`). The last state of a key is that of
 its last record in source order: commit version, then deletes before inserts within a
 commit, then Kafka order.
 
-New rows need no lookup (see replicator.py): keyed by `_source_rowid`, with the replica's
-recorded bounds (`fresh`: source version, highest row ID), a key above the row ID, or whose
-first record in the batch is an insert above the version, cannot be in the replica yet.
+New rows need no lookup (see `ReplicaTable.fresh_bounds`): keyed by `_source_rowid`, with
+the replica's recorded bounds (`fresh`: source version, highest row ID), a key above the row
+ID, or whose first record in the batch is an insert above the version, cannot be in the
+replica yet.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """The replica's secondary indexes and table settings in the replicator's upkeep: the
-source's definition (received on the END of a version, format/definitions.py) made the
-replica's once that version is applied (replica_definition.py), definitions that could not be
-built tried again at later upkeeps, and every index kept current: `optimize_indices` once
-the rows outside an index exceed max(1% of the replica's rows, the last batch's rows), its
-segments kept to at most INDEX_SEGMENTS_MAX (replica_shape.py).
+source's definition (`TableDefinition`, received on the END of a version) made the
+replica's once that version is applied (`replica_definition.reconcile`), definitions that
+could not be built tried again at later upkeeps, and every index kept current:
+`optimize_indices` once the rows outside an index exceed max(1% of the replica's rows, the
+last batch's rows), its segments kept to at most `INDEX_SEGMENTS_MAX`.
 
 What could not be built is recorded in the replica's config (`lance-cdf.unbuilt-indexes`,
 one line each) for `lance-cdf status`.
@@ -77,7 +77,7 @@ class IndexKeeper:
         unbuilt), then optimize the indexes: before a compaction (`compact`) every index
         merged into one segment covering every fragment (pylance's compaction merges only
         fragments every index covers alike); else all of them once one has too many
-        unindexed rows or more than INDEX_SEGMENTS_MAX segments (replica_shape.py).
+        unindexed rows or more than `INDEX_SEGMENTS_MAX` segments.
         Returns what was done; `ds` is moved to the commits made."""
         done: dict[str, int] = {}
         if self.due or (compact and self.work.unbuilt):
@@ -154,7 +154,7 @@ def _inverted(ds: lance.LanceDataset, names: list[str]) -> set[str]:
 
 
 def _rebuild_btrees(ds: lance.LanceDataset, names: list[str]) -> list[str]:
-    """The BTREE indexes among `names` built again through LanceDB (served_btree.py: so
+    """The BTREE indexes among `names` built again through LanceDB (`served_btree.build_btree`: so
     they stay in the format LanceDB reads; pylance's optimize would rewrite them in its
     own); those it built."""
     btrees = {

@@ -1,6 +1,6 @@
 """How the replica finds the rows that hold a batch's keys (a single key column).
 
-In order of preference: the in-memory key map (keymap.py; integer keys: kept current by
+In order of preference: the in-memory key map (`KeyMap`; integer keys: kept current by
 each apply, rebuilt from one scan of the key column after a compaction or a commit of
 another writer); else probes of a BTREE index on the key (`key IN (...)`, small pages of
 KEY_INDEX_ZONE_ROWS rows, loaded into the session's index cache up front so a probe reads
@@ -37,12 +37,13 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lance_cdf.replicate")
 
-# A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
-# of the key column (bench/bench_replica_apply.py): above that the batch scans instead.
+# A key-index probe (`key IN (...)`) costs about as much per key as scanning this many
+# rows of the key column (the replica-apply benchmark: docs/benchmarks.md, "Replicating"):
+# above that the batch scans instead.
 INDEX_PROBE_ROWS_PER_KEY = 750
 PROBE_CHUNK = 2048  # keys per IN list
 # Rows per page of the key index the replicator builds. A probe of a random key visits
-# one whole page, so small pages make probes about twice as fast as Lance's default 4096,
+# one whole page, so small pages make probes faster than Lance's default of 4096 rows,
 # for a longer preload; the index size is the same (docs/benchmarks.md, "Inside the
 # replicator").
 KEY_INDEX_ZONE_ROWS = 256
@@ -57,7 +58,7 @@ class KeyLookup:
         self.keep_row_ids, self.prewarm = keep_row_ids, prewarm
         self.indexed = len(self.key) == 1  # False also once the index was refused
         self.warm: set[str] = set()  # key-index segments loaded into the index cache
-        # key -> row address in memory (keymap.py), for one integer key; None: not
+        # key -> row address in memory (`KeyMap`), for one integer key; None: not
         # built yet, or dropped because the replica moved without it
         self.key_map_enabled = key_map and self.indexed and not keep_row_ids
         self.map: KeyMap | None = None
@@ -85,7 +86,7 @@ class KeyLookup:
             return self.find(ds, keys, with_keys=self.keep_row_ids), None, None
         return None, None, None
 
-    # -- the in-memory key map (keymap.py) --------------------------------------------
+    # -- the in-memory key map (`KeyMap`) ---------------------------------------------
     def current_map(
         self,
         ds: lance.LanceDataset,

@@ -52,8 +52,8 @@ class KeyMap:
     @staticmethod
     def _slots(sorted_keys: np.ndarray, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(index, present) of `keys` in `sorted_keys`. The keys are searched in sorted
-        order: numpy then starts each search where the previous one ended, several times
-        faster than unsorted (docs/benchmarks.md, "Inside the replicator")."""
+        order: numpy then starts each search where the previous one ended, faster than
+        unsorted (docs/benchmarks.md, "Inside the replicator")."""
         if keys.size > 1 and not bool((keys[1:] >= keys[:-1]).all()):
             order = np.argsort(keys)
             idx_sorted, present_sorted = KeyMap._slots(sorted_keys, keys[order])

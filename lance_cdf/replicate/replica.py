@@ -2,10 +2,10 @@
 
 A batch is one Lance commit whose cost follows the batch, not the replica:
 
-  1. the replica rows holding the batch's keys are found (key_lookup.py: the in-memory
+  1. the replica rows holding the batch's keys are found (`KeyLookup`: the in-memory
      key map of an integer key, else the BTREE key index, else one scan of the key
      column). Upserts the caller knows to be new (`fresh`: a source insert of a row ID
-     the replica cannot hold yet, see replicator.py) are not looked up at all;
+     the replica cannot hold yet, see `fresh_bounds`) are not looked up at all;
   2. those rows are marked deleted in the deletion vectors of just the fragments
      they live in (`LanceFragment.delete_rows`);
   3. the upserted rows are written as new fragments. A row that replaces a replica
@@ -22,7 +22,7 @@ what makes replication exactly once in effect; a crash before the commit leaves
 only unreferenced files, and the batch is replayed. Composite keys go through
 `merge_insert` (a delete commit, then an upsert commit carrying the position;
 both idempotent). `maintain` compacts the small fragments batches leave (when the
-replica's shape calls for it, replica_shape.py) and keeps the indexes current in few
+replica's shape calls for it, `compaction_due`) and keeps the indexes current in few
 segments; its commits change no rows, and the position is read from the newest commit
 that carries one.
 """
@@ -62,7 +62,7 @@ SOURCE_ROWID = "_source_rowid"
 # Set to "records" in the commits of a replica the replicator created itself (from its
 # first commit on, carried forward like the offsets): then every row came from a
 # record, and a key above the recorded row ID / version cannot be there yet (see
-# replicator.py). A replica created any other way is always looked up.
+# `ReplicaTable.fresh_bounds`). A replica created any other way is always looked up.
 ORIGIN_PROPERTY = "lance-cdf.replica-origin"
 # Whose replica it is, recorded on the first apply and carried forward like the
 # offsets: the topic it follows, and the source table as its records name it (JSON of
@@ -81,7 +81,7 @@ def crash_point(name: str) -> None:
         os._exit(137)
 
 
-# Whole versions (replicate/wholeversions.py): the transaction topic's next
+# Whole versions (`VersionGate`): the transaction topic's next
 # offset after the END of the recorded source version; per partition, where the records
 # after that version start; the first version after it when the replica holds part of
 # what follows (a piece of a version larger than the replicator's bound); and, without
@@ -92,8 +92,9 @@ VERSION_OFFSETS_PROPERTY = "lance-cdf.version-offsets"
 INSIDE_VERSION_PROPERTY = "lance-cdf.inside-version"
 RECORDS_THROUGH_PROPERTY = "lance-cdf.records-through-version"
 # The source table's definition (indexes, config, metadata) as of the recorded source
-# version, carried forward like the offsets once an END brought one (replica_definition.py's
-# JSON): the upkeep makes the replica's equal to it, after a restart too.
+# version, carried forward like the offsets once an END brought one (as
+# `replica_definition.definition_json` writes it): the upkeep makes the replica's equal to
+# it, after a restart too.
 DEFINITION_PROPERTY = "lance-cdf.table-definition"
 
 
@@ -152,9 +153,9 @@ def source_table_of(position: dict[str, str]) -> dict[str, str | None] | None:
 # pylance's metadata cache of the session the replicator keeps across batches: pylance's
 # default bound, 1 GiB, let it hold every replica version's manifest it opened, growing
 # for as long as it ran. An apply needs the newest manifest and the touched files' metadata
-# (a few KB a fragment: docs/benchmarks.md, "Inside the replicator"), so 16 MiB holds
-# the working set of a replica of ~3,000 fragments; beyond, the files' footers are read
-# again, not the rows.
+# (docs/benchmarks.md, "Inside the replicator" has their size per fragment), so 16 MiB
+# holds the working set of a replica of thousands of fragments; beyond, the files' footers
+# are read again, not the rows.
 # The index cache (the key index) is left at pylance's default: it is what lookups need.
 METADATA_CACHE_BYTES = 16 << 20
 
@@ -414,10 +415,10 @@ class ReplicaTable:
         return 0 if ds is None else self.lookup.unindexed_rows(ds)
 
     def maintain(self, compact: bool | None = False, batch_rows: int = 0) -> dict[str, int]:
-        """Keep the replica's shape (replica_shape.py): its indexes current in at most
+        """Keep the replica's shape (`replica_shape`'s bounds): its indexes current in at most
         INDEX_SEGMENTS_MAX segments each (the key index once more than `index_rows_max`
         rows are outside it; the source's definition and the other indexes through
-        `keeper`, index_keeper.py, `batch_rows`: the last batch's rows, a bound on
+        `keeper` (`IndexKeeper`), `batch_rows`: the last batch's rows, a bound on
         unindexed rows), and its small fragments compacted (`compact`: True always, None
         when its shape calls for it, False never), every index merged into one segment
         first. Neither changes a row nor the recorded position: the position is read from

@@ -1,4 +1,4 @@
-"""A replica's definition made equal to the source's (format/definitions.py): its secondary
+"""A replica's definition made equal to the source's (`TableDefinition`): its secondary
 indexes built, rebuilt or dropped, its `update_config` keys and its schema and field
 metadata set, each as pylance 14 does it on the source.
 

@@ -5,7 +5,7 @@ A query reads every segment of an index it uses and opens every fragment it take
 from, so each delta segment and each small fragment costs every query a little; a source
 whose owner runs LanceDB's `optimize()` has one segment per index and few fragments. The
 replicator's batches add a fragment each and its index upkeep a delta segment at a time
-(index_keeper.py, key_lookup.py), so without a bound a replica answers slower than its
+(`IndexKeeper`, `KeyLookup`), so without a bound a replica answers slower than its
 source until the next compaction. Here:
 
 - `INDEX_SEGMENTS_MAX`: an index's segments (its base and the deltas since) stay at most

@@ -36,7 +36,7 @@ class KafkaSettings:
 @dataclass(frozen=True)
 class BatchSettings:
     """How polled records become batches: their size and pace, and whole source versions
-    (the transaction topic; wholeversions.py)."""
+    (the transaction topic; `VersionGate`)."""
 
     max_batch_rows: int = 100_000  # records per batch (one replica commit)
     max_batch_interval: float = 1.0  # (s) longest a batch keeps taking records that keep coming
@@ -52,11 +52,11 @@ class BatchSettings:
 @dataclass(frozen=True)
 class ReplicaSettings:
     """The replica table: its key and storage, how a batch is applied, upkeep, and who may
-    write it (replica.py, key_lookup.py)."""
+    write it (`ReplicaTable`, `KeyLookup`)."""
 
     key: tuple[str, ...] | None = None  # default ("_source_rowid",): the source's row ID
     storage_options: dict[str, str] | None = None
-    # compact when the replica's shape calls for it (None, replica_shape.py), or every N
+    # compact when the replica's shape calls for it (None, `compaction_due`), or every N
     # batches instead (0: never)
     compact_every: int | None = None
     # add new fragments to the key index once they hold more rows than this (None: 100,000)
@@ -90,7 +90,7 @@ class DatabaseSettings:
     exclude: str | None = None
     refresh_s: float = 5.0  # (s) how often the topic list is read for new and deleted topics
     # (s) a replicator of the group that stops heartbeating leaves it after this long, and
-    # its tables are shared out among the others (table_shares.py). The broker's smallest
+    # its tables are shared out among the others (`share_tables`). The broker's smallest
     # session timeout by default (group.min.session.timeout.ms): a killed replicator's
     # replacement joins the group and applies within about this long, and a shorter
     # session risks nothing but a rebalance, since each table's lease keeps one writer

@@ -4,15 +4,15 @@
     -> last state per key (Arrow group-by) -> ReplicaTable.apply (deletes, upserts)
     -> Kafka offsets committed
 
-The jobs live apart: replicate_settings.py (what it is told), start_checks.py (lease, whose
-replica, where it resumes), poll_loop.py (the poll loop a database replicator shares),
-wholeversions.py (which records form whole source versions), final_states.py (records ->
-the last state of each key; writer_schemas.py fetches the schemas), applier.py (one
-batch into the replica, its position and counters), replica.py (the Lance commit).
+The jobs live apart: `ReplicateSettings` (what it is told), `StartChecks` (lease, whose
+replica, where it resumes), `run_polls` (the poll loop a database replicator shares),
+`VersionGate` (which records form whole source versions), `FinalStatesDecoder` (records ->
+the last state of each key; `SchemaDecoder` fetches the schemas), `BatchApplier` (one
+batch into the replica, its position and counters), `ReplicaTable` (the Lance commit).
 `Replicator` puts them together for one topic and one replica.
 
 Exactly once in effect: each batch's Kafka position (next offset per partition)
-is stored in the same Lance commit as the rows it describes (see replica.py);
+is stored in the same Lance commit as the rows it describes (see `ReplicaTable.apply`);
 Kafka offsets are committed only after that commit; on start and on every
 partition assignment the consumer is positioned from the replica itself, and
 records below the replica's position are skipped. A crash anywhere therefore
@@ -101,14 +101,14 @@ class ApplyMode(StrEnum):
 
 class Replicator:
     """Consume `topic` (records published by `lance-cdf publish`) and apply them to the
-    Lance table at `target`, as `ReplicateSettings` say (replicate_settings.py: each setting, named
-    as its `lance-cdf replicate` flag): `Replicator(settings)`, or the keyword form
+    Lance table at `target`, as `ReplicateSettings` say (each setting named as its
+    `lance-cdf replicate` flag): `Replicator(settings)`, or the keyword form
     `Replicator(bootstrap_servers, topic, schema_registry, target, key=["id"],
     max_batch_rows=50_000, ...)` (`ReplicateSettings.of`). Run with `run()`; `stop()`
     ends it after the current batch (it installs no signal handler: `lance-cdf
     replicate` calls `stop()` on SIGTERM / Ctrl-C).
 
-    `shared`: a database replicator's clients (database_replicator.py). The database
+    `shared`: a database replicator's clients (`DatabaseReplicator`). The database
     replicator then polls their one consumer itself and drives this table's replicator
     with `start`, `positioned`, `take`, `feed_transactions` and `finish` instead of `run`.
     """
@@ -123,7 +123,7 @@ class Replicator:
         self.settings = s = ReplicateSettings.given(settings, args, kwargs)
         self.topic, self.target = s.topic, s.target
         self.group_id = s.kafka.group_id or f"lance-cdf-replicate-{s.topic}"
-        # whole versions (wholeversions.py): the transaction topic read beside `topic`
+        # whole versions (`VersionGate`): the transaction topic read beside `topic`
         # (None: records applied as they come, no source version recorded)
         txn = s.batching.transaction_topic or default_topic(s.topic)
         self.transaction_topic = txn if s.batching.transaction_metadata else None
@@ -316,7 +316,7 @@ class Replicator:
     def note_unfinished(self) -> Unfinished | None:
         """On stopping: records held whose version's END never came (the publisher stopped
         before completing their versions) said in one line and kept for `status`
-        (replicate/unfinished.py); what an earlier run kept is removed when there are none."""
+        (`Unfinished`); what an earlier run kept is removed when there are none."""
         found = None
         gate, txn = self._gate, self.transaction_topic
         try:
@@ -332,7 +332,7 @@ class Replicator:
 
     def take(self, msgs: list[Message], one_partition: int | None = None) -> None:
         """Apply what may be applied of the topic's records polled so far: all of them
-        without transaction metadata, else whole versions only (wholeversions.py); the
+        without transaction metadata, else whole versions only (`VersionGate`); the
         lease checked first (LeaseLostError: nothing more is applied). `one_partition`:
         the partition all of `msgs` came from within one assignment, if so."""
         if self._lease is not None:

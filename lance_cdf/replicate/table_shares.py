@@ -17,7 +17,7 @@ membership and failure detection, and the tables are shared out here:
     highest-random-weight (rendezvous) hashing with a bound on load, so each table has
     one owner, none holds more than an even share (rounded up), and a member joining or
     leaving moves few more tables than its share;
-  * the replica's lease (ops/lease.py, one per replica table) is what makes a process
+  * the replica's lease (`Lease`, one per replica table) is what makes a process
     its writer: a process applies a table only once it holds that lease, and gives a
     table it no longer owns up (its batch finished, the lease released) for its new
     owner to take. Two processes that briefly disagree about the members therefore

@@ -1,5 +1,5 @@
 """Versions a whole-version replicator stopped without: records it held whose version's
-END (the transaction topic's, kafka/transactions.py) had not arrived, so none of them was
+END (the transaction topic's `TransactionRecord`) had not arrived, so none of them was
 applied. Said in one line when the replicator stops, and kept for `lance-cdf status` in
 `<replica>/_lance_cdf/unfinished.json` (a local replica; removed when a replicator stops
 holding none). The cure is the publisher's: a publisher run completes the versions it
@@ -16,7 +16,7 @@ from lance_cdf.format.io import local_path
 from lance_cdf.ops.state_files import read_record, write_record
 
 STATE_FILE = "unfinished.json"
-STATE_DIR = "_lance_cdf"  # (the replica's lease directory: replicate/start_checks.py)
+STATE_DIR = "_lance_cdf"  # (the replica's lease directory: `start_checks.LEASE_DIR`)
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Whole commit versions: which of the polled change records the replicator may apply now.
 
 The records of one source commit version are spread over the change topic's partitions;
-the transaction topic's END record of the version (kafka/transactions.py) says how many
+the transaction topic's END record of the version (`TransactionRecord`) says how many
 records it has in each partition. Records of a partition are in commit order, so version
 v's records in partition p are the next `record_count` records after the end of the
 version before it. `VersionGate` keeps the polled records in memory per partition and

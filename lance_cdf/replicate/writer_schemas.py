@@ -1,7 +1,7 @@
 """The writer schemas of a topic's records, from the schema registry: fetched once per
 schema id (a registry outage waited out, a refusal named), each as the Arrow schema of its
-rows, a fastavro reader (avro/wire.py's `WriterSchemas`) and, where avro/decode.py can
-read it, a vectorized decoder."""
+rows, a fastavro reader (`wire.WriterSchemas`) and, where `BatchDecoder` can read it, a
+vectorized decoder."""
 
 from __future__ import annotations
 
@@ -134,7 +134,7 @@ def _registry_outage(exc: Exception) -> bool:
 
 
 def _batch_decoder(envelope: dict[str, Any]) -> BatchDecoder | None:
-    """The vectorized decoder of a change-event envelope; None when avro/decode.py cannot
+    """The vectorized decoder of a change-event envelope; None when `BatchDecoder` cannot
     read the schema or it is not an envelope of a row image (then fastavro reads it)."""
     try:
         decoder = BatchDecoder(envelope)

@@ -1,13 +1,13 @@
 """`lance-cdf publish --database`'s head start: the commits waiting at start in every table,
 and those made while Spark starts, published from the driver process until the query takes
-over, as one table's head start does (spark/publish/headstart.py, whose reasons it shares:
-why nothing is sent twice or out of order, and the hand-over, spark/source/handover.py).
+over, as one table's head start does (`headstart.TableRounds`, whose reasons it shares: why
+nothing is sent twice or out of order, and the hand-over, `HandOver`).
 
 It starts where the query will start: the checkpoint's newest committed offset, or for a
 new checkpoint with a numeric or `earliest` starting version each table's start as the
 query's own reader takes it (`initialOffset`; a new checkpoint at `latest`, the default,
 has nothing waiting: no head start). Each round plans one micro-batch as the query would,
-with the database stream's own reader (spark/source/database_stream.py: its looks at quiet
+with the database stream's own reader (`DatabaseReader`: its looks at quiet
 tables spaced as the query's) and one writer slot: whole versions, at most
 `HEAD_START_EVENTS` events per table; the head start ends if all of them together are more
 than `HEAD_START_EVENTS_IN_ALL` (the query publishes them), and a round goes table after
@@ -32,7 +32,7 @@ from lance_cdf.spark.source.handover import HandOver
 
 # all tables' events together: each table up to HEAD_START_EVENTS, the head start as a whole
 # bounded so that it still ends within the Spark session's start; more and the query
-# publishes them (docs/benchmarks.md, "Start-up")
+# publishes them (docs/benchmarks.md, "Publishing to Kafka")
 HEAD_START_EVENTS_IN_ALL = 5 * HEAD_START_EVENTS
 # the query starts once the head start's first round has ended, and takes over from a later
 # round once it has ended: a round stops taking tables up after this long (each table's

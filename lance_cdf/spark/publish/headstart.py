@@ -1,15 +1,15 @@
 """`lance-cdf publish`'s head start: the pending commits, and those made while Spark
 starts, published from the driver process until the query takes over.
 
-Spark takes seconds to start its JVM and session, then starts a Python process, one
-after another, for each step of a Python data source: the first record waited tens of
-seconds, and no change inside lance-cdf's Spark code can go below that floor
-(docs/benchmarks.md, "Start-up"). The head start reads and publishes the commits waiting at
+Spark starts its JVM and session, then a Python process, one after another, for each
+step of a Python data source: the first record waited for all of them, and no change inside
+lance-cdf's Spark code can go below that floor (docs/benchmarks.md, "Publishing to Kafka").
+The head start reads and publishes the commits waiting at
 start in the driver, beside the JVM's start, with the very code a writer task runs (one
 hand-off work item covering every Kafka partition): its first round, which the query's
 start waits for. Then it goes on, round after round, looking at the table as often as the
 query's trigger does, and publishes each new whole version as it lands, until the query
-takes over (spark/source/handover.py): a commit made while the query starts reaches Kafka
+takes over (`HandOver`): a commit made while the query starts reaches Kafka
 as soon as one made after.
 
 Why this sends nothing twice and reorders nothing (the exactly-once marks, see
@@ -194,7 +194,7 @@ def turn(hand_over: HandOver | None) -> Iterator[bool]:
 
 class Rounds(Protocol):
     """A head start's rounds: a table's (`TableRounds`) or a database's
-    (database_headstart.py `DatabaseRounds`)."""
+    (`database_headstart.DatabaseRounds`)."""
 
     def round(self) -> bool | None: ...
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("lance_cdf.kafka")
 
-# The observation `publish.hand_off` names: the events each micro-batch planned, as its
+# The observation `runner.hand_off` names: the events each micro-batch planned, as its
 # input rows are work items (one per writer slot).
 OBSERVED = "lance_cdf"
 

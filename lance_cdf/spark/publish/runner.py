@@ -67,7 +67,7 @@ def publish(settings: PublishSettings, stop: threading.Event | None = None) -> i
 
 def checkpoint_lease(checkpoint: str, topic: str, storage_options: dict[str, str] | None) -> Lease:
     """One publisher per checkpoint: the lease `<checkpoint>/publisher.lease`
-    (lance_cdf/ops/lease.py), taken before anything is read or sent, so a second `publish`
+    (`Lease`), taken before anything is read or sent, so a second `publish`
     on the same checkpoint is refused (LeaseHeldError naming the holder) instead of both
     sending the same versions; renewed from a thread, released on exit; a dead holder's
     lease is taken over. A checkpoint on object storage (`s3a://` as Spark writes it)
@@ -127,7 +127,7 @@ def route(changes: DataFrame, partitions: int, tasks: int) -> DataFrame:
 
 def hand_off(work: DataFrame) -> DataFrame:
     """The work-item stream (source option writerSlots) with the events each micro-batch
-    planned observed, for the progress reports (`progress.planned_events`): Spark counts
+    planned observed, for the progress reports (`query_progress.planned_events`): Spark counts
     the work items as its input rows.
 
     Why work items rather than `route` (a repartition of the events): a Python source's
@@ -145,7 +145,7 @@ def hand_off(work: DataFrame) -> DataFrame:
 @dataclass
 class _HeadStart:
     """The head start of one publish run: where it starts (None: no head start), the file
-    it hands over to the query through (spark/source/handover.py), and its rounds after
+    it hands over to the query through (`HandOver`), and its rounds after
     the first, running in a thread until the query takes over or has run two
     micro-batches."""
 
@@ -254,7 +254,7 @@ def _begin(
 
     The checks end before the JVM starts (a refused client is named in seconds; if they
     hang, the JVM starts after 12 s and a failed check still stops publish before any
-    query). The head start (spark/publish/headstart.py) and the imports run beside the JVM's
+    query). The head start (`_head_start`) and the imports run beside the JVM's
     start: the query starts once the head start's first round (the commits waiting at
     launch) has ended, and its later rounds (the commits made since) go on until the query
     takes over (`_HeadStart`)."""
@@ -282,7 +282,7 @@ def _begin(
 def _checks(settings: PublishSettings, stages: dict[str, float]) -> int:
     """The broker and the registry answer, and the topic (and its transaction topic) exist:
     the topic's number of partitions (a database's: the writers, each table's topic is made
-    on first use, spark/sink/database_sink.py)."""
+    on first use, `database_sink.table_topic`)."""
     t = time.monotonic()
     target = settings.target
     check_broker(target.bootstrap_servers, target.producer_config)
@@ -349,7 +349,7 @@ def _start_query(
     reader = spark.readStream.format("lance-cdf").options(**source_options)
     reader = reader.option("writerSlots", tasks).option("kafkaPartitions", partitions)
     hand_over = head.hand_over.path if head.continued and head.hand_over else None
-    # who takes over from the head start (spark/source/handover.py): on a local master a
+    # who takes over from the head start (`HandOver`): on a local master a
     # writer task with a version it has not published, on this machine; elsewhere the
     # reader's first plan, in the driver
     local = (spark.sparkContext.master or "").startswith("local")
@@ -435,7 +435,7 @@ def _await(
         # The running micro-batch is let finish first (its records and their versions'
         # END: a whole-version replicator can apply them), up to `stop_timeout_s`; one
         # still running then is interrupted, not committed, and the next start sends it
-        # again from the checkpoint (see README, "When things fail"). A failure while
+        # again from the checkpoint (docs/guides/operating.md, "When things fail"). A failure while
         # stopping (the signal reached Spark's Python workers too) is the stop.
         if error is None:
             _finish_running(query, settings)
@@ -447,7 +447,7 @@ def _await(
 
 
 def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
-    """On a stop: wait for the running micro-batch to commit (query_progress.py), saying so
+    """On a stop: wait for the running micro-batch to commit (`finish_micro_batch`), saying so
     if it does not within the run's `stop_timeout_s`."""
     from lance_cdf.spark.publish.query_progress import finish_micro_batch, interval_seconds
 
@@ -493,7 +493,7 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], SinkOpti
     """The options of the `lance-cdf` source and of the `lance-cdf-kafka` sink (the query's
     and the head start's)."""
     source, target = settings.source, settings.target
-    # entryPoint: the source's error advice names publish's flags (spark/source/advice.py)
+    # entryPoint: the source's error advice names publish's flags (`advice_for`)
     source_options = {"path": source.table, "entryPoint": "publish"}
     if source.snapshot or source.starting_version is not None:  # else the default, latest
         start = "snapshot" if source.snapshot else str(source.starting_version)
@@ -547,9 +547,8 @@ def _database_options(
     sink_options: SinkOptions,
     checkpoint: str,
 ) -> SinkOptions:
-    """The source options of a database publisher (spark/source/database_stream.py) in
-    place of a table's (changed in place), and its sink options
-    (spark/sink/database_sink.py)."""
+    """The source options of a database publisher (`DatabaseOptions`) in place of a
+    table's (changed in place), and its sink options (`SinkOptions.database`)."""
     del source_options["path"]
     source_options["database"] = database.uri
     for key, value in (
@@ -576,7 +575,7 @@ def _check_checkpoint(
 ) -> None:
     """Before anything starts: a local checkpoint that has delivered something is of this
     table, and `--starting-version` / `--snapshot`, if given, is the start it was made with
-    (the query checks the same when it starts: spark/source/identity.py)."""
+    (the query checks the same when it starts: `identity.check_offset`)."""
     from lance_cdf.spark.source.checkpoint import committed_offset
 
     try:
@@ -618,7 +617,7 @@ def _head_start(
     poll_s: float,
 ) -> None:
     """The head start's first round: publish the commits waiting at `head.start` from this
-    process (spark/publish/headstart.py, database_headstart.py); then its later rounds in a
+    process (`TableRounds`, `DatabaseRounds`); then its later rounds in a
     thread (`head.continued`) until the query takes over or has run two micro-batches. A
     failure is reported and left to the query, which skips whatever was acknowledged."""
     from lance_cdf.spark.publish.database_headstart import DatabaseRounds

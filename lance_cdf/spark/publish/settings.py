@@ -9,8 +9,8 @@ from lance_cdf.errors import LanceCdfError
 from lance_cdf.kafka.topic_settings import TopicSettings
 
 # A commit waits for the next trigger, then for the micro-batch: commits land at any phase
-# of it, so the wait's tail is the whole interval, and 500 ms brings the p99 to Kafka and to
-# the replica well under a second (docs/benchmarks.md, "Latency under load"). An idle
+# of it, so the wait's tail is the whole interval: 500 ms keeps the p99 to Kafka and to the
+# replica short (docs/benchmarks.md, "Latency under load"). An idle
 # trigger asks the table for its latest version (one listing of
 # `_versions/`): twice a second for one table. A database's tables are each listed at every
 # trigger (200 tables: 200 listings), so it keeps 1 s.
@@ -23,7 +23,7 @@ class Database:
     """`lance-cdf publish --database`: the database, which of its tables (regexes over
     qualified names, `re.fullmatch`), and the prefix of their topics. `idle_poll_max`:
     the longest wait, in seconds, between two looks (one listing each) at a table that
-    stays quiet (spark/source/idle_polls.py; None: its default, 0: every trigger)."""
+    stays quiet (`IdlePolls`; None: its default, 0: every trigger)."""
 
     uri: str
     topic_prefix: str
@@ -38,7 +38,7 @@ class Database:
 @dataclass(frozen=True)
 class SourceSettings:
     """What is read: the table (or, with `database`, every matching table of a database:
-    `table` unused; spark/source/database_stream.py) and from where.
+    `table` unused; `DatabaseReader`) and from where.
 
     `starting_version`: a number, "latest" or "earliest" (None: "latest"), for a new
     checkpoint only: with an existing checkpoint it must be the one that checkpoint was
@@ -64,17 +64,17 @@ class KafkaTarget:
     `key`: the key columns, comma-separated (None: `_rowid`). `table_name`: `prefix.table`
     naming the Avro records (`prefix.table.Envelope`) and `source.name` / `source.table`;
     default `lancecdf.<table directory name>`. `topics`: how the topics publish writes are
-    created if missing (partitions, replication factor, topic settings; kafka/topics.py); by
+    created if missing (partitions, replication factor, topic settings; `TopicSettings`); by
     default the broker's defaults, and for a database as many partitions as there are
     writers. `transaction_metadata`: a BEGIN and an END record per commit version on
-    `transaction_topic` (default `<topic>.transaction`; kafka/transactions.py), with the
+    `transaction_topic` (default `<topic>.transaction`; `TransactionWriter`), with the
     table's definition where it changed unless `table_definitions` is False
-    (spark/sink/definition_sync.py).
+    (`definition_sync.TableDefinitions`).
     `exactly_once`: a replayed micro-batch skips the records each partition already holds
     (per-partition high-water marks); False: plain at-least-once. `flush_timeout`: seconds
     a micro-batch waits for the broker's acknowledgements (and for a partition's last
     record) before the broker counts as not answering and the outage is ridden out
-    (kafka/outage.py); None: the sink's default, 60 (sink option `flushTimeout`)."""
+    (`RideOut`); None: the sink's default, 60 (sink option `flushTimeout`)."""
 
     bootstrap_servers: str
     topic: str  # ("" with a database)
@@ -105,7 +105,7 @@ class RunSettings:
     of partitions (`partition % writers`) and reads that share of the micro-batch's events
     itself, so per-key order holds whatever their number. `head_start`: publish the commits
     waiting at start, and those made while the query starts, from this process
-    (spark/publish/headstart.py; exactly-once only, and only where the query's start is
+    (`headstart.Rounds`; exactly-once only, and only where the query's start is
     known before it starts: a checkpoint's committed offset or a numeric starting
     version). `stop_timeout_s`:
     how long a stop (SIGTERM, SIGINT) waits for the running micro-batch to commit (its
@@ -113,7 +113,7 @@ class RunSettings:
     serve Prometheus metrics on metrics_host:metrics_port (0: any free port;
     lance_cdf.ops.metrics). `warm_workers`: keep a local session's Python workers through
     quiet periods (Spark stops them after a minute idle, and the first micro-batch after
-    one pays their start: spark/publish/spark_driver.py `keep_workers_warm`); their memory
+    one pays their start: `spark_driver.keep_workers_warm`); their memory
     stays while idle."""
 
     checkpoint: str
@@ -174,7 +174,7 @@ class PublishSettings:
     def head_start(self) -> bool:
         """Whether the head start runs: exactly-once (its records are skipped by the query's
         writers through the exactly-once marks) and not turned off; for a table or a
-        database (spark/publish/headstart.py, database_headstart.py)."""
+        database (`TableRounds`, `DatabaseRounds`)."""
         return self.run.head_start and self.target.exactly_once
 
     def shown_topic(self) -> str:

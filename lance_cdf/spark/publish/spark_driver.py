@@ -128,18 +128,18 @@ def session_builder(
             options = spark_log(checkpoint)
             if (chosen or "").startswith("local"):
                 options = f"{options} {LOCAL_JVM_OPTIONS}"
-                # the writer tasks' workers fork warm (lance_cdf/spark/sink/warm_daemon.py): Spark
+                # the writer tasks' workers fork warm (`warm_daemon`): Spark
                 # starts them in the first micro-batch with data and again after any minute
                 # without one, and fresh workers' imports made those micro-batches' commits
-                # seconds slower than steady ones; warm workers halve that at start and cut
-                # it after a quiet minute, for more memory idle and less under load (the
-                # workers share the preloaded pages; docs/benchmarks.md, "A whole
-                # database"). Spark 4.3 uses this module for
-                # the task workers only (pyspark.worker). One given in PYSPARK_SUBMIT_ARGS
-                # wins (`--conf spark.python.daemon.module=pyspark.daemon`: cold workers).
-                # A database's publisher only: one table's publisher, whose workers a
-                # commit a second keeps warm, has a 1.5 GB footprint target the idle
-                # daemon's memory would move away from (not measured for it).
+                # slower than steady ones; warm workers cut that at start and after a quiet
+                # minute, for more memory idle and less under load (the workers share the
+                # preloaded pages; docs/benchmarks.md, "A whole database"). Spark 4.3 uses
+                # this module for the task workers only (pyspark.worker). One given in
+                # PYSPARK_SUBMIT_ARGS wins (`--conf spark.python.daemon.module=pyspark.daemon`:
+                # cold workers). A database's publisher only: one table's publisher, whose
+                # workers a commit a second keeps warm, has a footprint target
+                # (docs/benchmarks.md, "Publisher footprint") the idle daemon's memory would
+                # move away from (not measured for it).
                 submit_args = os.environ.get("PYSPARK_SUBMIT_ARGS", "")
                 if (
                     settings.database is not None
@@ -286,9 +286,9 @@ def import_pyspark() -> None:
 
 def warm_imports() -> None:
     """Import what the driver needs after the session starts (the source, its SQL function
-    and the sink's classes: about a second of CPU; docs/benchmarks.md, "Inside the publisher"),
-    in a thread while the main thread waits for the
-    JVM. An import error here is raised again, in the main thread, where it is used."""
+    and the sink's classes; docs/benchmarks.md, "Inside the publisher"), in a thread while
+    the main thread waits for the JVM. An import error here is raised again, in the main
+    thread, where it is used."""
     try:
         import_pyspark()
         import lance_cdf.spark.sink.kafka_sink  # noqa: F401

@@ -1,4 +1,4 @@
-"""The table definitions (format/definitions.py: indexes, `update_config` keys, schema and
+"""The table definitions (`TableDefinition`: indexes, `update_config` keys, schema and
 field metadata) the sink's commit sends on the transaction topic, in order with the data.
 
 For each table whose micro-batch covers versions (start, end] (the query's checkpoint:
@@ -7,11 +7,11 @@ what the topic's consumers know: the definition the topic's last record carries,
 the definition at `start` (what every earlier micro-batch made known), else, at a new
 checkpoint or a table new to the stream, the empty definition (an indexed table's first
 micro-batch sends it). Where it differs it goes on the END of version `end`
-(kafka/transactions.py), a BEGIN/END with no events if `end` has no changes (an index or
+(`TransactionWriter`), a BEGIN/END with no events if `end` has no changes (an index or
 config commit). An index optimize changes an index's segments, not its definition: nothing
 is sent for it.
 
-The head start (spark/publish/headstart.py) commits as batch -1: its span starts at the
+The head start (`headstart.Rounds`) commits as batch -1: its span starts at the
 checkpoint's committed offset and ends at the last version it published; the query's first
 micro-batch after it starts there too, and finds the head start's definition (if any) on
 the topic's last record. A remote checkpoint cannot be read here: the span then ends at
@@ -20,7 +20,7 @@ last END (an index-only commit rides with the next commit that has changes).
 
 Capturing reads only the manifests of `start` and `end` (pylance's `describe_indices`,
 the config and the schema); a vector index's partition count needs its index file read,
-once per set of index segments (format/definition_capture.py).
+once per set of index segments (`DefinitionCapture`).
 """
 
 from __future__ import annotations
@@ -109,7 +109,7 @@ def _head_start_spans(
     return out
 
 
-# a captured definition and its indexes' origins (format/definition_capture.py)
+# a captured definition and its indexes' origins (`DefinitionCapture`)
 Captured = tuple[TableDefinition, dict[str, int]]
 
 

@@ -1,6 +1,6 @@
 """The writer-slot hand-off, the Kafka side: a `lance-cdf-kafka` writer task reads its
 slot's share of a micro-batch itself from the work items of a stream read with option
-writerSlots (spark/source/handoff.py), so no event crosses Spark's JVM. A Python source's
+writerSlots (`WorkItem`), so no event crosses Spark's JVM. A Python source's
 rows otherwise go Arrow -> JVM rows -> (a shuffle) -> Arrow to reach a Python writer
 (slower, most on vectors: docs/benchmarks.md, "Inside the publisher").
 

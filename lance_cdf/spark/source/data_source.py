@@ -1,7 +1,8 @@
 """The `lance-cdf` Spark data source (`format("lance-cdf")`): which reader serves a read.
 
-One table's batch and streaming reads are readers.py's; a whole database's, as work items
-(database.py) or as events (database_events.py). Spark finds the class through
+One table's batch and streaming reads are `LanceCdfBatchReader`'s and
+`LanceCdfStreamReader`'s; a whole database's, as work items (`DatabaseReader`) or as events
+(`DatabaseEventReader`, `DatabaseBatchReader`). Spark finds the class through
 `pyspark_lance_cdf` or `lance_cdf.spark.register`.
 """
 
@@ -53,11 +54,12 @@ class LanceCdfDataSource(DataSource):
     def schema(self) -> StructType:
         # Spark does not say whether a batch or a stream asks. endingVersion means batch
         # (a stream rejects it); otherwise the stream's schema is declared, and a batch
-        # read returns the declared columns (see README: they differ only when no start
-        # is given and columns were dropped before the latest version).
-        if is_database_events(self.options):  # every table's events (database_events.py)
+        # read returns the declared columns (docs/guides/spark.md, "Streaming semantics":
+        # they differ only when no start is given and columns were dropped before the
+        # latest version).
+        if is_database_events(self.options):  # every table's events (`DatabaseEventReader`)
             return database_schema(self.options)
-        if is_database_stream(self.options):  # every table of a database (database.py)
+        if is_database_stream(self.options):  # every table of a database (`DatabaseReader`)
             DatabaseOptions.parse(self.options)
             return work_struct()
         batch = "endingversion" in {str(k).lower() for k in self.options}

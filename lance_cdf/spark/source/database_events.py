@@ -4,7 +4,7 @@ a LanceDB database / Lance directory namespace whose qualified name matches `inc
 not `exclude`, in the single-table source's columns plus `_table` (the qualified name,
 `sales.orders`, `items`).
 
-Stream (`DatabaseEventReader`): the database stream of spark/source/database_stream.py (one offset
+Stream (`DatabaseEventReader`): the database stream of `DatabaseReader` (one offset
 map of the tables' own offsets, tables taken up, let go and skipped as there, each table's
 identity checked on restart), with a single-table `LanceCdfStreamReader` per table instead
 of a hand-off reader: a micro-batch's partitions are each table's own partitions, in its
@@ -146,7 +146,7 @@ class _SliceReading:
         # read from the table's manifests as they are now, not from a feed this process kept
         # from an earlier micro-batch: a table dropped and created again at the same path
         # (LanceDB reuses `<name>.lance`) is another table whose versions 1, 2, ... are not
-        # the cached ones (as spark/sink/work.py does for publish --database)
+        # the cached ones (as `SlotWork.events` does for publish --database)
         forget_feed(partition.uri, reading.opts.storage_options)
         for batch in reading.read(partition.part):
             yield widen(batch, partition.name, self.target)

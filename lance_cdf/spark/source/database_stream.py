@@ -5,7 +5,7 @@ matches option `include` and not option `exclude` (regexes, `re.fullmatch`), in 
 
 The offset is a map of the tables' own offsets, each exactly what a single-table stream of
 that table would have (its version, snapshot position, identity and start:
-streaming/identity.py), checked per table on restart:
+`identity.stamp`), checked per table on restart:
 `{"tables": {"sales.orders": {"version": 7, ...}, ...}, "from": <the start given>}`.
 
 Each table is followed by a single-table `HandOffReader` kept on the driver, made when the
@@ -16,16 +16,16 @@ newly matching) begins at its first readable version, or with its snapshot under
 micro-batch that sends nothing), so a replayed micro-batch never has to recompute where a
 table began. Each micro-batch is `writerSlots` partitions; a slot's partition holds one
 work item per table with changes, naming its table (`WorkItem.name`); the sink resolves the
-name to the table's URI, topic and record names itself (spark/sink/kafka_sink.py).
+name to the table's URI, topic and record names itself (`KafkaStreamWriter._write_database`).
 
 Cost: a look at a table is one listing of its `_versions/` (the latest version), nothing
 else; a table that changed is looked at every trigger, a quiet one less and less often, up
-to option `idlePollMax` seconds apart (idle_polls.py); the database is listed every
+to option `idlePollMax` seconds apart (`IdlePolls`); the database is listed every
 `LIST_EVERY` seconds (new tables within that).
 A table that can never be followed (no stable row IDs, a name that cannot be a topic) is
 reported in one line and left out. A table whose take-up or read fails otherwise (the object
 store throttles or fails, the table is caught mid-commit, its checkpoint is another
-table's) is set aside alone (ops/takeup.py: one line naming the cause, the report `lance-cdf
+table's) is set aside alone (`AsideTables`: one line naming the cause, the report `lance-cdf
 status` reads, the metrics) and tried again later with a growing pause; a followed table
 set aside keeps its offset, so it resumes exactly where it was. A table that disappears
 from the database is reported and let go; the others go on.
@@ -78,7 +78,7 @@ from lance_cdf.spark.source.table_feeds import forget_feed
 log = logging.getLogger("lance_cdf.spark.source")
 
 LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
-TRANSACTION_SUFFIX = ".transaction"  # kafka/transactions.py's default transaction topic
+TRANSACTION_SUFFIX = ".transaction"  # default transaction topics' (`kafka.transactions.SUFFIX`)
 # options of the database stream itself (the rest are each table's source options)
 DATABASE_OPTIONS = {"database", "include", "exclude", "report", "idlepollmax", "handover"}
 # a qualified name whose parts are Avro names (each part names a record namespace level)
@@ -103,12 +103,12 @@ class DatabaseOptions:
     # the longest wait between looks at a quiet table (given, or default_ceiling's)
     idle_poll_max: float = IDLE_POLL_MAX
     # handOver (internal, set by lance-cdf publish): the file through which its head start
-    # hands over to this query at its first plan (spark/source/handover.py)
+    # hands over to this query at its first plan (`HandOver`)
     hand_over: str | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
-        """`events`: the event stream of every table (spark/source/database_events.py), whose
+        """`events`: the event stream of every table (`DatabaseEventReader`), whose
         own start options are checked there; else the work items of publish --database."""
         options = {str(k): str(v) for k, v in raw.items()}
         lower = {k.lower(): v for k, v in options.items()}
@@ -189,7 +189,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """The database stream's reader: the tables' `HandOffReader`s on the driver, their
     offsets in one map (see the module's doc)."""
 
-    EVENTS = False  # the work items of publish --database (database_events.py: events)
+    EVENTS = False  # the work items of publish --database (`DatabaseEventReader`: events)
 
     def __init__(self, options: Mapping[str, str]):
         self.options = DatabaseOptions.parse(options, events=self.EVENTS)
@@ -409,7 +409,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _still(self, name: str, offset: Offset) -> bool:
         """Whether a quiet table has no version after `offset`'s, from one listing of its
         `_versions/` through the database's own store: a look at a quiet table costs that
-        one request, not the opening of its feed (a process keeps few; table_feeds.py).
+        one request, not the opening of its feed (a process keeps few: `FEEDS_KEPT`).
         False when that cannot be told (then the table's reader looks)."""
         uri, root = self.refs[name].uri, self.options.database.rstrip("/")
         if "snapshot" in offset or "version" not in offset or not uri.startswith(root + "/"):
@@ -476,7 +476,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def partitions(self, start: Offset, end: Offset) -> Sequence[InputPartition]:
         if self.options.hand_over and not self.handed_over:
             # the first plan, before any writer task of the query: the head start of
-            # lance-cdf publish --database stops publishing here (spark/source/handover.py)
+            # lance-cdf publish --database stops publishing here (`HandOver.take`)
             HandOver(self.options.hand_over).take()
             self.handed_over = True
         slots: dict[int, list[tuple[int, int, str, bytes]]] = {}

@@ -1,16 +1,16 @@
 """Work items: what a `lance-cdf` stream read with option writerSlots carries instead of
 its events, one row per writer slot of each micro-batch (the `lance-cdf-kafka` sink's
-task for that slot reads the slot's share of the events itself: spark/sink/work.py).
+task for that slot reads the slot's share of the events itself: `SlotWork`).
 
 A work item is plain data in four columns, never code:
 
 - `_writer_slot` (int): the slot;
 - `_events` (long): the events the micro-batch planned, on slot 0's row (0 on the others;
-  Spark counts the work items as the input rows, `publish.hand_off` observes this);
+  Spark counts the work items as the input rows, `runner.hand_off` observes this);
 - `_work` (string): JSON, `{"format": 1, "table": digest, "slots": n, "kafkaPartitions":
   p, "keyHash": [columns], "dropUnchangedUpdates": bool, "failOnDataLoss": bool, "parts":
   [...]}` with the micro-batch's source partitions as `partitions.part_json` writes them,
-  and in a database stream (spark/source/database_stream.py) `"name"`: the table's qualified name;
+  and in a database stream (`DatabaseReader`) `"name"`: the table's qualified name;
 - `_read_schema` (binary): the Arrow schema (IPC) of the columns the events carry, with
   their Lance field ids, as fixed when the query started (`load()`).
 
@@ -42,8 +42,8 @@ from lance_cdf.spark.source.partitions import (
     whole,
 )
 
-if TYPE_CHECKING:  # (imported where used: the sink's commit process checks the columns
-    import pyarrow as pa  # of a work-item stream without loading pyarrow; spark/sink/kafka_sink.py)
+if TYPE_CHECKING:  # (imported where used: `LanceCdfKafkaSink.streamWriter`, in the sink's
+    import pyarrow as pa  # commit process, checks a work-item stream's columns without it)
 
 # The version of the `_work` document; a reader takes only its own.
 WORK_FORMAT = 1
@@ -106,7 +106,7 @@ class WorkItem:
     """One writer slot's work of a micro-batch: read `parts` as the stream would (the
     columns of `read_schema`, `_key_hash` of `key_hash`, the two read options), keep the
     events whose Kafka partition `_key_hash % kafka_partitions` belongs to `slot` of
-    `slots` (spark/sink/work.py)."""
+    `slots` (`SlotWork`)."""
 
     slot: int
     slots: int

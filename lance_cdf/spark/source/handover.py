@@ -1,6 +1,6 @@
 """The hand-over from `lance-cdf publish`'s head start to its query: one writer at a time.
 
-The head start (spark/publish/headstart.py) keeps publishing new whole versions from the
+The head start (`headstart.Rounds`) keeps publishing new whole versions from the
 driver process while the query starts; a writer task of the query must not write a
 partition while it does, and it must publish nothing once one may. A local file the
 runner creates holds both sides apart:
@@ -26,7 +26,7 @@ Who takes over, and when:
   whose versions are all published writes nothing (its marks skip them all, however far
   the head start has gone on meanwhile), so it needs no hand-over: the head start goes on
   through the query's first micro-batches, which start Spark's Python processes, and the
-  runner ends it once the query has run two (spark/publish/runner.py);
+  runner ends it once the query has run two (`runner._HeadStart.follow`);
 - elsewhere the writer tasks may run on other machines: the query's reader at its first
   `partitions` call (the source's option `handOver`), in the driver's Python process that
   plans each micro-batch, before any writer task of it can start.
@@ -168,9 +168,9 @@ def _parsed(text: bytes) -> list[dict[str, Any]]:
 # `write` (a writer task, once its records are acknowledged), `commit` (the query's
 # commit, before its transaction metadata) or `handover` (a writer task of publish on a
 # local master, before it reads its marks, while the head start may still publish:
-# spark/source/handover.py): while FILE exists that step waits, and says so by creating
-# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
-# no effect.
+# `HandOver.before_writing`): while FILE exists that step waits, and says so by creating
+# `FILE.held` (`test_complete_versions`, `test_headstart_handover`,
+# `test_unfinished_versions`). Unset: no effect.
 HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 
 

@@ -1,7 +1,7 @@
 """The `lance-cdf` source's partitions (what one Spark task reads), and their JSON form.
 
 Spark pickles these to its executors itself (its own mechanism, between its own
-processes). The JSON form is for work items (option writerSlots, spark/source/handoff.py):
+processes). The JSON form is for work items (option writerSlots, `WorkItem`):
 rows of the stream that another component reads, so they hold plain data only, and
 `part_of` takes nothing but the exact shapes `part_json` writes.
 """

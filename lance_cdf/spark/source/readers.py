@@ -1,4 +1,4 @@
-"""The readers of the `lance-cdf` Spark data source (data_source.py): batch and streaming
+"""The readers of the `lance-cdf` Spark data source (`LanceCdfDataSource`): batch and streaming
 reads of a Lance table's change feed on the PySpark Python Data Source API.
 
 Offsets are `{"version": N}`: every change up to and including version N has
@@ -257,7 +257,7 @@ class TableReading:
 
 
 def _not_ours(partition: InputPartition) -> TypeError:
-    # as streaming.partitions.part_json: Spark hands back the partitions planned here
+    # as `partitions.part_json` raises it: Spark hands back the partitions planned here
     return TypeError(f"not a lance-cdf source partition: {type(partition).__name__}")
 
 
@@ -271,7 +271,7 @@ def snapshot_lost(path: str, version: int, why: Exception) -> str:
 
 
 def work_reading(item: WorkItem, path: str, storage_options: dict[str, str]) -> TableReading:
-    """What reads a work item's partitions (spark/sink/work.py) as the stream that wrote it
+    """What reads a work item's partitions (`SlotWork`) as the stream that wrote it
     would have: the table at `path` with `storage_options` (the Kafka sink's own options
     `table` and `storage.<key>`: the item holds no option of the source), and the item's
     columns (the schema fixed at `load()`), key hash and read options."""
@@ -358,7 +358,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return self._stamp(first, self.origin)
 
     def _stamp(self, offset: Offset, start: str | None) -> Offset:
-        """`offset` with the table's identity and the stream's start (identity.py)."""
+        """`offset` with the table's identity and the stream's start (`identity.stamp`)."""
         out = stamp(offset, feed_for(self.opts), self.opts.path, start)
         self.checked_offsets.add(self._key(out))
         return out
@@ -591,7 +591,7 @@ class LanceCdfStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 class HandOffReader(LanceCdfStreamReader):
     """Option writerSlots: each micro-batch is `writerSlots` rows, one work item per writer
-    slot (spark/source/handoff.py; the lance-cdf-kafka sink reads them), not its events
+    slot (`WorkItem`; the lance-cdf-kafka sink reads them), not its events
     (offsets, limits and snapshots as without it). As Spark then counts work items as the
     batch's input rows, the first slot's row carries the number of events planned
     (`_events`: snapshot rows, and each version's events before dropUnchangedUpdates or an
@@ -602,7 +602,7 @@ class HandOffReader(LanceCdfStreamReader):
     def partitions(self, start: Offset, end: Offset) -> Sequence[WriterSlot]:
         if self.opts.hand_over and not self.handed_over:
             # the first plan, before any writer task of the query: the head start of
-            # lance-cdf publish stops publishing here (spark/source/handover.py)
+            # lance-cdf publish stops publishing here (`HandOver.take`)
             HandOver(self.opts.hand_over).take()
             self.handed_over = True
         parts = tuple(self._slices(start, end))

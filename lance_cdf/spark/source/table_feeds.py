@@ -15,7 +15,7 @@ from lance_cdf.spark.source.options import SourceOptions
 # process that kept a feed for every table it met grew with the tables a database stream
 # follows, linearly for as long as it ran, where keeping 16 held it flat. A table whose
 # feed was let go opens it again when next asked (its version listing and a manifest or
-# two: a few ms a commit on local disk). Figures: docs/benchmarks.md, "A whole database".
+# two). Figures: docs/benchmarks.md, "A whole database".
 # One table's stream keeps its one feed.
 FEEDS_KEPT = 16
 
