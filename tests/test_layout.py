@@ -433,3 +433,22 @@ def test_module_names_are_unique_across_the_tree():
     assert not [n for n, count in names.items() if count > 1], [
         p for p in tracked if names[Path(p).name] > 1
     ]
+
+
+# a file of the tree named by its path ("kafka/outage.py", "replica_shape.py"); setup.py is
+# the build's, and __init__/__main__ name a package's parts
+FILE_PATH = re.compile(r"(?<![\w./-])(?:[a-z_]+/)*(?!setup\.py|__)[a-z_]+\.py\b")
+
+
+def test_comments_link_by_symbol_not_by_path():
+    """The library's comments and docstrings point at code by the symbol they mean (a class,
+    a function, a module's name), which a rename carries or a search finds, not by a file's
+    path, which a move leaves pointing nowhere."""
+    files = [p for p in _own_python_files() if p.is_relative_to(PACKAGE)]
+    named = [
+        f"{path.relative_to(PACKAGE.parent)}:{line}: {match.group(0)}"
+        for path in files
+        for line, text in _comments_and_docstrings(path.read_text())
+        for match in FILE_PATH.finditer(text)
+    ]
+    assert not named, "file paths in comments or docstrings:\n" + "\n".join(named)
