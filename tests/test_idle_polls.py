@@ -24,6 +24,8 @@ from lance_cdf.spark.source.idle_polls import (
 
 pytest_plugins = ["s3_services"]
 STABLE = {"new_table_enable_stable_row_ids": "true"}
+# the options publish gives a database stream of work items
+WORK_ITEMS = {"writerSlots": "1", "keyHash": "_rowid", "kafkaPartitions": "1"}
 
 
 def run(polls: IdlePolls, changes: set[float], until: float, trigger: float = 1.0) -> list:
@@ -177,14 +179,14 @@ def test_publish_passes_the_ceiling_to_the_database_stream(tmp_path):
         sink = SinkOptions("b", "http://r", table="t", topic="x")
         _database_options(Database("/db", "p", idle_poll_max=given), source, sink, str(tmp_path))
         assert source.get("idlePollMax") == option
-    r = DatabaseReader({"database": str(tmp_path), "writerSlots": "1", "idlePollMax": "2.5"})
+    r = DatabaseReader({"database": str(tmp_path), **WORK_ITEMS, "idlePollMax": "2.5"})
     assert r.polls.ceiling == 2.5
     # not given: one request per 10 s on object storage, a listing per 2 s on a filesystem
-    default = DatabaseReader({"database": str(tmp_path), "writerSlots": "1"})
+    default = DatabaseReader({"database": str(tmp_path), **WORK_ITEMS})
     assert default.polls.ceiling == IDLE_POLL_MAX_LOCAL == 2.0
     for uri in ("s3://bucket/db", "gs://bucket/db", "az://container/db"):
-        parsed = DatabaseOptions.parse({"database": uri, "writerSlots": "1"})
+        parsed = DatabaseOptions.parse({"database": uri, **WORK_ITEMS})
         assert parsed.idle_poll_max == IDLE_POLL_MAX == 10.0, uri
     for path in (str(tmp_path), f"file://{tmp_path}"):
-        parsed = DatabaseOptions.parse({"database": path, "writerSlots": "1"})
+        parsed = DatabaseOptions.parse({"database": path, **WORK_ITEMS})
         assert parsed.idle_poll_max == IDLE_POLL_MAX_LOCAL, path

@@ -287,11 +287,11 @@ class DatabaseEventReader(_SliceReading, DatabaseReader):
 
     def getDefaultReadLimit(self) -> ReadLimit:
         # each table's limit, as a one-table stream of it has (a version is never split)
-        raw = {k.lower(): v for k, v in self.options.table_options.items()}
-        if raw.get("maxrowspertrigger"):
-            return ReadMaxRows(int(raw["maxrowspertrigger"]))
-        if raw.get("maxversionspertrigger"):
-            return ReadMaxFiles(int(raw["maxversionspertrigger"]))
+        table = self.options.table
+        if table.max_rows_per_trigger:
+            return ReadMaxRows(table.max_rows_per_trigger)
+        if table.max_versions_per_trigger:
+            return ReadMaxFiles(table.max_versions_per_trigger)
         return ReadAllAvailable()
 
     def _not_followable(self, name: str, names: set[str]) -> str | None:

@@ -70,6 +70,7 @@ from lance_cdf.spark.source.idle_polls import (
     default_ceiling,
     idle_poll_max,
 )
+from lance_cdf.spark.source.options import SourceOptions
 from lance_cdf.spark.source.partitions import Offset
 from lance_cdf.spark.source.readers import HandOffReader, LanceCdfStreamReader
 from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
@@ -97,6 +98,7 @@ class DatabaseOptions:
     include: re.Pattern[str] | None
     exclude: re.Pattern[str] | None
     table_options: dict[str, str]  # each table's source options, but its path
+    table: SourceOptions  # the same, parsed (its path: the database's)
     storage_options: dict[str, str]
     report: str | None  # a local file the followed and skipped tables are written to
     starting: str | None  # the start given (startingVersion), None: the default (latest)
@@ -142,6 +144,8 @@ class DatabaseOptions:
             include=patterns["include"],
             exclude=patterns["exclude"],
             table_options=table_options,
+            # (the event stream's checks of its own come first: `database_events.parse`)
+            table=SourceOptions.parse({**table_options, "path": lower["database"]}, not events),
             storage_options=storage,
             report=lower.get("report"),
             starting=lower.get("startingversion"),
@@ -341,9 +345,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             reader.prepareForTriggerAvailableNow()
 
     def getDefaultReadLimit(self) -> ReadLimit:
-        raw = {k.lower(): v for k, v in self.options.table_options.items()}
-        rows = raw.get("maxrowspertrigger")
-        return ReadMaxRows(int(rows)) if rows else ReadAllAvailable()
+        rows = self.options.table.max_rows_per_trigger
+        return ReadMaxRows(rows) if rows else ReadAllAvailable()
 
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         self._check(start)
