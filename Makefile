@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 DEMO_SECONDS ?= 60
 # two pytest workers (one per core; much of a test is waiting), each with its own services
-# (one session each), the longest work handed out first (tests/schedule.py, `make
+# (one session each), the longest work handed out first (tests/support/schedule.py, `make
 # durations`); TEST_WORKERS= runs the tests in one process
 TEST_WORKERS ?= -n 2 --dist loadgroup --no-loadscope-reorder
 export PYSPARK_PYTHON := $(abspath $(PY))
@@ -27,26 +27,26 @@ venv: $(STAMP)
 # Local Kafka broker + schema registry jars (cached under .cache/, git-ignored).
 # `provision-demo`: what the demo needs (broker, registry); `provision` adds what only the
 # tests use (Kafka Connect, the Debezium JDBC sink, embedded PostgreSQL) and the class-data
-# archives their JVMs start from (tests/jvm_archives.py, tests/short_jvms.py).
+# archives their JVMs start from (tests/support/jvm_archives.py, tests/support/short_jvms.py).
 provision-demo: $(STAMP)
 	$(PY) -m lance_cdf_devtools provision
 
 provision: provision-demo
 	$(PY) -m lance_cdf_devtools connect
-	$(PY) tests/jvm_archives.py
+	$(PY) -m tests.support.jvm_archives
 
 # CI's command: the linters (ruff, mypy), the documentation site, then every test. pytest
 # exits non-zero (5) when it collects nothing, so an empty run fails too.
 test: lint docs provision
 	$(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 
-# The unit tests alone (`-m unit`, see tests/conftest.py): no JVM, broker, registry,
+# The unit tests alone (`-m unit`, see tests/support/classify.py): no JVM, broker, registry,
 # Spark or S3 server, so no jars to provision; with LANCE_CDF_UNIT_ONLY=1 the service
 # fixtures, devtools' services and `java` itself fail loudly if anything tries.
 test-unit: $(STAMP)
 	LANCE_CDF_UNIT_ONLY=1 $(PY) -m pytest -m unit $(PYTEST_ARGS)
 
-# the tests' durations of this run, for tests/schedule.py to hand the longest out first
+# the tests' durations of this run, for tests/support/schedule.py to hand the longest out first
 durations: provision
 	LANCE_CDF_STORE_DURATIONS=tests/durations.json $(PY) -m pytest $(TEST_WORKERS) $(PYTEST_ARGS)
 

@@ -1,6 +1,6 @@
 /* The two byte-level readers planning needs to be fast on tables with long histories,
    in C, each tested against the library that is the reference (protobuf; see
-   tests/test_format.py). Optional: where no C compiler is present, lance_cdf.format
+   test_format). Optional: where no C compiler is present, lance_cdf.format
    parses with protobuf alone (same results, slower on aged tables: bench/bench_core.py).
 
    range_segments(data) -> (starts, ends) | None

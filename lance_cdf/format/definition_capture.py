@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 # the replicator's key index on a replica keyed by the source's row IDs (the replicator's
-# SOURCE_ROWID column with pylance's default index name; tests/test_definition_capture.py
+# SOURCE_ROWID column with pylance's default index name; test_definition_capture
 # checks it against the replicator's constant)
 KEY_COLUMN = "_source_rowid"
 KEY_INDEX = f"{KEY_COLUMN}_idx"

@@ -112,7 +112,7 @@ def _offsets_with_pyarrow(data: bytes) -> array.array[int]:
 
 
 # What reading damaged bytes raises (found by fuzzing real files with random byte changes,
-# insertions and truncations; tests/test_format.py keeps doing so): pyarrow's IPC reader,
+# insertions and truncations; test_format keeps doing so): pyarrow's IPC reader,
 # zstd included, raises pa.ArrowInvalid (a ValueError), OSError (a footer that fails
 # verification), UnicodeDecodeError (a ValueError: a field name), ArrowNotImplementedError
 # or ArrowMemoryError (pa.ArrowException); `_offsets_with_pyarrow` raises ValueError;

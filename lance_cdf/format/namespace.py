@@ -14,7 +14,7 @@ Read by hand rather than through pylance's `DirectoryNamespace`, which gives the
 tables but at more object-store requests per listing (a LIST per root table when it lists
 the root, another when it describes the table for its location), and the database
 publisher lists every few seconds: docs/reference/internals.md#table-listing has the
-measurements; tests/test_namespace.py keeps `DirectoryNamespace` as the oracle.
+measurements; test_namespace keeps `DirectoryNamespace` as the oracle.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The private interfaces of pylance and PySpark that lance-cdf relies on, in one place.
 
 Each is used for speed or for a behaviour the public API does not offer, and each has a
-test in `tests/test_internals.py` that fails loudly when an upgrade of pylance or PySpark
+test in `test_internals` that fails loudly when an upgrade of pylance or PySpark
 changes it (rather than lance-cdf silently falling back, or breaking somewhere else):
 
 - `raw_file_reader`: pylance's `LanceFileReader._reader`, whose `take_rows(offsets,
@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from lance.fragment import FragmentMetadata
 
 # pylance's native file reader (`LanceFileReader._reader`): a Rust object pylance gives no
-# type, so Any (its `take_rows` / `read_range` are tested in tests/test_internals.py)
+# type, so Any (its `take_rows` / `read_range` are tested in test_internals)
 RawFileReader = Any
 
 # PySpark's `python -m` entry points of the long-lived driver-side processes of a Python

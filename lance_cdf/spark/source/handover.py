@@ -169,7 +169,7 @@ def _parsed(text: bytes) -> list[dict[str, Any]]:
 # commit, before its transaction metadata) or `handover` (a writer task of publish on a
 # local master, before it reads its marks, while the head start may still publish:
 # spark/source/handover.py): while FILE exists that step waits, and says so by creating
-# `FILE.held` (tests/test_complete_versions.py, tests/test_headstart_handover.py). Unset:
+# `FILE.held` (test_complete_versions, test_headstart_handover). Unset:
 # no effect.
 HOLD_ENV = "LANCE_CDF_TEST_HOLD"
 

@@ -87,7 +87,7 @@ class SourceOptions:
     """The `lance-cdf` source's options, parsed and checked (`SourceOptions.parse`): names
     are case-insensitive, as Spark's; `storage.<key>` options become `storage_options`; with
     `database`, `path` is a table's name there and is resolved to its URI. Every option is
-    in the Spark options reference (docs/reference/spark-options.md; tests/test_docs.py
+    in the Spark options reference (docs/reference/spark-options.md; test_docs
     checks that each one known here is there). `parse` raises `LanceCdfError` for an unknown
     option, a bad value or a combination that cannot hold."""
 
