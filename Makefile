@@ -64,11 +64,15 @@ proto: $(STAMP)
 	sed -i -E 's/^import (file|table|rowids|transaction)_pb2 as/from . import \1_pb2 as/' \
 		lance_cdf/format/_proto/*_pb2.py
 
+# The benchmarks run as modules from the project root (BENCHMARKS.md): bench/<package>/,
+# raw results into bench/results/, charts into bench/figures/.
 bench: $(STAMP)
 	$(PY) -m pip install -q -e '.[bench]'
-	$(PY) bench/bench_core.py --rows 1000000 10000000 --fragments 10 --repeat 3 --out bench/results_core.json
-	$(PY) bench/plot_core.py bench/results_core.json bench/core_extraction.png
-	$(PY) bench/bench_plan.py --rows 1000000 10000000 --dir bench/out --reuse --repeat 20 --out bench/results_plan.json
+	$(PY) -m bench.core.bench_core --rows 1000000 10000000 --fragments 10 --repeat 3 \
+		--out bench/results/results_core.json
+	$(PY) -m bench.core.plot_core bench/results/results_core.json bench/figures/core_extraction.png
+	$(PY) -m bench.core.bench_plan --rows 1000000 10000000 --dir bench/out --reuse --repeat 20 \
+		--out bench/results/results_plan.json
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check lance_cdf lance_cdf_devtools lance_cdf_demo pyspark_lance_cdf pyspark_lance_cdf_kafka tests bench docs

@@ -1,7 +1,7 @@
 /* The two byte-level readers planning needs to be fast on tables with long histories,
    in C, each tested against the library that is the reference (protobuf; see
    test_format). Optional: where no C compiler is present, lance_cdf.format
-   parses with protobuf alone (same results, slower on aged tables: bench/bench_core.py).
+   parses with protobuf alone (same results, slower on aged tables: bench_core).
 
    range_segments(data) -> (starts, ends) | None
        A serialized RowIdSequence made only of Range segments: the segments' starts and

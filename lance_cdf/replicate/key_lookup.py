@@ -38,7 +38,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("lance_cdf.replicate")
 
 # A key-index probe (`key IN (...)`) costs about as much per key as scanning ~750 rows
-# of the key column (bench/bench_replica_apply.py): above that the batch scans instead.
+# of the key column (bench_replica_apply): above that the batch scans instead.
 INDEX_PROBE_ROWS_PER_KEY = 750
 PROBE_CHUNK = 2048  # keys per IN list
 # Rows per page of the key index the replicator builds. A probe of a random key visits
