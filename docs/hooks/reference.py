@@ -8,7 +8,7 @@ A page asks for a table with a marker line:
     <!-- generated: metrics -->   every Prometheus metric of publish / replicate, its type
                                   and help (collected from `lance_cdf.ops.metrics.PipelineMetrics`)
 
-tests/test_docs.py imports `cli_markdown` and `metrics_markdown` from here.
+tests/project/test_docs.py imports `cli_markdown` and `metrics_markdown` from here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 import lance_cdf
 from lance_cdf import plan_version
 
-uri = "tests/fixtures/old_tables/pylance-0.36.0.lance"   # written by pylance 0.36.0
+uri = "tests/support/fixtures/old_tables/pylance-0.36.0.lance"   # written by pylance 0.36.0
 feed = lance_cdf.ChangeFeed(uri)
 print(feed.table.manifest(2).writer)                   # lance 0.36.0
 print(plan_version(feed.table, 2).summary())           # {..., 'updated': 0, 'deleted': 0, 'undecided': 9}
