@@ -24,6 +24,7 @@ from lance_cdf.ops import takeup
 from lance_cdf.ops.takeup import AsideTables, TakeUpSettings, is_transient, read_writer_retries
 from lance_cdf.spark.sink import database_sink, kafka_sink
 from lance_cdf.spark.sink.database_sink import TableWork, table_works
+from lance_cdf.spark.sink.sink_options import SinkOptions
 from lance_cdf.spark.source.database_stream import DatabaseReader
 
 lancedb = pytest.importorskip("lancedb")
@@ -226,15 +227,14 @@ def _writer(tmp_path, monkeypatch, fault, fail):
         "schema.registry.url": "http://127.0.0.1:1",
         "checkpointLocation": str(checkpoint),
     }
-    writer = FakeWriter(options, fault, fail)
-    lowered = {k.lower(): v for k, v in options.items()}
-    return writer, lowered, str(checkpoint)
+    writer = FakeWriter(SinkOptions.parse(options), fault, fail)
+    return writer, str(checkpoint)
 
 
 def test_a_writer_task_retries_a_table_after_a_transient_fault(tmp_path, monkeypatch):
     fault = KafkaException(KafkaError(KafkaError._TRANSPORT))
-    writer, opts, checkpoint = _writer(tmp_path, monkeypatch, fault, 3)
-    done = writer._write_table(TableWork("t", "/db/t.lance"), opts)
+    writer, checkpoint = _writer(tmp_path, monkeypatch, fault, 3)
+    done = writer._write_table(TableWork("t", "/db/t.lance"))
     assert done is not None and done.records == 5 and writer.calls == 4
     state = read_writer_retries(checkpoint)
     assert state is not None and state.retries == 3 and state.table == "t"
@@ -242,9 +242,9 @@ def test_a_writer_task_retries_a_table_after_a_transient_fault(tmp_path, monkeyp
 
 def test_a_writer_task_fails_at_once_on_a_refusal(tmp_path, monkeypatch):
     fault = KafkaAuthorizationError("the broker denies Write on topic p.t")
-    writer, opts, checkpoint = _writer(tmp_path, monkeypatch, fault, 1)
+    writer, checkpoint = _writer(tmp_path, monkeypatch, fault, 1)
     with pytest.raises(KafkaAuthorizationError):
-        writer._write_table(TableWork("t", "/db/t.lance"), opts)
+        writer._write_table(TableWork("t", "/db/t.lance"))
     assert writer.calls == 1 and read_writer_retries(checkpoint) is None
 
 
