@@ -231,3 +231,48 @@ def test_schema_change_advice_names_only_what_the_entry_point_has(tmp_path):
     text = str(p.value)
     assert "new column(s) ['twice']" in text and "mergeSchema" not in text, text
     assert "Rerun lance-cdf publish (same --checkpoint)" in text, text
+
+
+def test_a_publisher_killed_while_writing_its_first_offset_restarts(
+    tmp_path, kafka_broker, schema_registry
+):
+    """A publisher SIGKILLed while Spark wrote `offsets/0` leaves the write's temporary
+    file (and its checksum) in `offsets/`; Spark then refuses the checkpoint on every start
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY). The next publish removes what the
+    unfinished write left, starts, and delivers through the latest version."""
+    from lance_cdf.spark.source.checkpoint import committed_offset
+
+    a = history(str(tmp_path / "a.lance"), versions=4)
+    ck, topic = tmp_path / "ck", f"ident-k-{uuid.uuid4().hex[:8]}"
+    (ck / "offsets").mkdir(parents=True)
+    left = f"{uuid.uuid4()}"
+    (ck / "offsets" / f".0.{left}.tmp").write_text("v1\n")
+    (ck / "offsets" / f"..0.{left}.tmp.crc").write_bytes(b"")
+    done = _publish(a, str(ck), topic, kafka_broker, schema_registry, "--starting-version", "1")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert os.listdir(ck / "offsets") and all(
+        n.isdigit() or n.endswith(".crc") for n in os.listdir(ck / "offsets")
+    )
+    assert committed_offset(str(ck))["version"] == lance.dataset(a).version
+    assert _records(kafka_broker.bootstrap_servers, topic) > 0
+
+
+@pytest.mark.unit
+def test_only_unfinished_writes_are_removed_from_a_checkpoint(tmp_path):
+    from lance_cdf.spark.source.checkpoint import drop_unfinished_writes
+
+    kept = {"offsets": ["0", ".0.crc", "1", ".1.crc"], "commits": ["0", ".0.crc"]}
+    gone = {
+        "offsets": [".2.7a1c-9f.tmp", "..2.7a1c-9f.tmp.crc"],
+        "commits": [".1.0b2e4d.tmp"],
+    }
+    for log in kept:
+        (tmp_path / log).mkdir()
+        for name in kept[log] + gone[log]:
+            (tmp_path / log / name).write_text("")
+    removed = drop_unfinished_writes(f"file://{tmp_path}")
+    assert sorted(removed) == sorted(f"{log}/{n}" for log in gone for n in gone[log])
+    assert {log: sorted(os.listdir(tmp_path / log)) for log in kept} == {
+        log: sorted(names) for log, names in kept.items()
+    }
+    assert drop_unfinished_writes("s3a://bucket/ck") == []

@@ -16,7 +16,7 @@ from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
 from lance_cdf.spark.sink.sink_options import SinkOptions
-from lance_cdf.spark.source.checkpoint import read_report, report_path
+from lance_cdf.spark.source.checkpoint import drop_unfinished_writes, read_report, report_path
 from lance_cdf.spark.source.handover import HandOver
 
 if TYPE_CHECKING:  # pyspark is imported once the checks are under way (see _publish)
@@ -175,6 +175,9 @@ class _HeadStart:
 
 
 def _publish(settings: PublishSettings, stopping: threading.Event, lease: Lease | None) -> int:
+    # the checkpoint is this publisher's now (the lease): a killed one's unfinished writes go
+    for name in drop_unfinished_writes(settings.checkpoint):
+        print(f"removed {name}, left in the checkpoint by a publisher that was killed", flush=True)
     source_options, sink_options = _query_options(settings)
     early = _head_start_offset(settings) if settings.head_start else None
     head = _HeadStart(early, HandOver.create() if early is not None else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.errors import LanceCdfError
@@ -23,6 +24,32 @@ def _batches(path: str) -> list[int]:
     if not os.path.isdir(path):
         return []
     return sorted(int(name) for name in os.listdir(path) if name.isdigit())
+
+
+# what Spark's atomic write of `offsets/<batch>` or `commits/<batch>` leaves when its process
+# is killed before the rename: the temporary file `.<batch>.<uuid>.tmp` and its checksum
+# `..<batch>.<uuid>.tmp.crc` (Hadoop's local file system)
+_UNFINISHED_WRITE = re.compile(r"\.\.?\d+\.[0-9a-f-]+\.tmp(\.crc)?")
+
+
+def drop_unfinished_writes(checkpoint: str) -> list[str]:
+    """Remove what a killed query's unfinished writes left in a local checkpoint's
+    `offsets/` and `commits/` (the names removed; none for another file system). Spark never
+    reads them, but a checkpoint whose only offset file is one refuses to start
+    (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY: a publisher killed while planning its
+    first micro-batch could not be restarted). For the checkpoint's one writer, before its
+    query starts: a running query's own writes in progress look the same."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return []
+    root = checkpoint.removeprefix("file://")
+    removed = []
+    for log in ("offsets", "commits"):
+        folder = os.path.join(root, log)
+        names = os.listdir(folder) if os.path.isdir(folder) else []
+        for name in sorted(n for n in names if _UNFINISHED_WRITE.fullmatch(n)):
+            os.remove(os.path.join(folder, name))
+            removed.append(f"{log}/{name}")
+    return removed
 
 
 def committed_offset(checkpoint: str) -> Offset | None:
