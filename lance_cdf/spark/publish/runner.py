@@ -541,6 +541,10 @@ def _database_options(
             source_options[key] = value
     if database.idle_poll_max is not None:
         source_options["idlePollMax"] = f"{database.idle_poll_max:g}"
+    if database.commit_events:
+        source_options["commitEvents"] = database.commit_events
+    if database.events_poll_max is not None:
+        source_options["commitEventsPollMax"] = f"{database.events_poll_max:g}"
     for key in ("table", "topic", "table.name"):
         sink_options.pop(key, None)
     sink_options["database"] = database.uri
