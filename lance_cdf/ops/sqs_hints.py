@@ -70,6 +70,8 @@ class SqsReceiver:
                 self._receive(client)
                 failures = 0
             except Exception as exc:  # noqa: BLE001 (any fault of the queue: listed instead)
+                if self._stop.is_set():
+                    return  # (stopped while a call was under way: no fault of the queue)
                 why = f"queue unreachable: {scrub(in_words(exc))}"
                 if failures == 0:
                     log.warning(
