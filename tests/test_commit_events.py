@@ -10,6 +10,7 @@ import contextlib
 import io
 import itertools
 import json
+import re
 import socket
 import time
 import uuid
@@ -364,10 +365,23 @@ def test_a_local_database_s_commits_found_by_file_system_events(tmp_path):
     r.stop()
 
 
+GUIDE = Path(__file__).parents[1] / "docs" / "guides" / "database.md"
+GUIDE_QUEUE = "arn:aws:sqs:eu-west-1:111122223333:lake-db-commits"  # the guide's example
+
+
+def guide_json(holding: str) -> dict:
+    """The guide's JSON block that holds `holding` (the setup a user copies)."""
+    blocks = re.findall(r"^```json\n(.*?)^```", GUIDE.read_text(), flags=re.S | re.M)
+    (block,) = [b for b in blocks if holding in b]
+    return json.loads(block)
+
+
 @pytest.fixture
 def notified_bucket(s3_server):
     """A bucket of its own on the S3 server whose manifests S3 notifies to an SQS queue
-    of the same server (moto delivers them in server mode): (bucket, queue URL)."""
+    of the same server (moto delivers them in server mode), set up with the queue policy
+    and the notification configuration of the guide (docs/guides/database.md), the
+    account, region and names replaced: (bucket, queue URL)."""
     import boto3
 
     bucket = f"events-{uuid.uuid4().hex[:12]}"
@@ -377,18 +391,20 @@ def notified_bucket(s3_server):
     sqs = boto3.client("sqs", **sqs_client_arguments(placeholder, opts))
     queue = sqs.create_queue(QueueName=bucket)["QueueUrl"]
     arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])
+    arn = arn["Attributes"]["QueueArn"]
+
+    def ours(doc: dict) -> dict:
+        text = (
+            json.dumps(doc)
+            .replace(GUIDE_QUEUE, arn)
+            .replace("arn:aws:s3:::lake", f"arn:aws:s3:::{bucket}")
+        )
+        return json.loads(text.replace("111122223333", "123456789012"))
+
+    sqs.set_queue_attributes(QueueUrl=queue, Attributes=ours(guide_json('"Policy"')))
     s3 = boto3.client("s3", **sqs_client_arguments(placeholder, opts))
     s3.put_bucket_notification_configuration(
-        Bucket=bucket,
-        NotificationConfiguration={
-            "QueueConfigurations": [
-                {
-                    "QueueArn": arn["Attributes"]["QueueArn"],
-                    "Events": ["s3:ObjectCreated:*"],
-                    "Filter": {"Key": {"FilterRules": [{"Name": "suffix", "Value": ".manifest"}]}},
-                }
-            ]
-        },
+        Bucket=bucket, NotificationConfiguration=ours(guide_json("QueueConfigurations"))
     )
     return bucket, queue
 
