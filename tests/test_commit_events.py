@@ -169,6 +169,29 @@ def test_with_events_heard_quiet_tables_wait_the_safety_net_and_a_hint_brings_on
 
 
 @pytest.mark.unit
+def test_hints_that_find_nothing_leave_the_safety_net_spread():
+    """200 tables hinted at once (a look's own reads, a replayed queue) that find nothing
+    new keep their safety-net looks where they were: spread over the triggers, not all in
+    one (oracle: without the kept phase, all 200 fall on one trigger per ceiling)."""
+    polls = IdlePolls(ceiling=10.0, events_ceiling=300.0)
+    polls.hear(True, 0.0)
+    names = [f"t{i}" for i in range(200)]
+    per_trigger = []
+    for t in range(0, 1500):
+        now = float(t)
+        if t in (400, 401, 900):
+            for name in names:
+                polls.hint(name, now)
+        due = [n for n in names if polls.due(n, now)]
+        for name in due:
+            polls.looked(name, t == 0, now)
+        per_trigger.append(len(due))
+    assert per_trigger[400] == per_trigger[900] == 200  # each hint: a look at once
+    late = per_trigger[902:]
+    assert sum(late) <= 200 * (len(late) / 300 + 1) and max(late) <= 45, max(late)
+
+
+@pytest.mark.unit
 def test_events_not_heard_bring_every_table_back_within_the_listing_ceiling():
     polls = IdlePolls(ceiling=10.0, events_ceiling=900.0)
     polls.hear(True, 0.0)

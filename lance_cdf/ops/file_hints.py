@@ -28,6 +28,7 @@ from lance_cdf.retry import RetryPolicy
 log = logging.getLogger("lance_cdf.ops.commit_hints")
 
 CHECK_S = 5.0  # how often the watch is checked alive
+WRITES = ("created", "moved", "modified", "closed")  # watchdog's event types that write
 STALE_AFTER_S = 3 * CHECK_S  # not checked for this long: not heard
 # the pauses before watching again after the watch could not start (the last one repeats)
 PAUSES = RetryPolicy(pauses=(1.0, 5.0, 30.0), deadline_s=float("inf"))
@@ -102,7 +103,9 @@ class _Handler(FileSystemEventHandler):
         self.hints = hints
 
     def dispatch(self, event: FileSystemEvent) -> None:
-        if event.is_directory:
+        # a manifest written, or linked or renamed into place; not one opened or read
+        # (each look's own reads would hint its table again)
+        if event.is_directory or event.event_type not in WRITES:
             return
         for path in (event.src_path, event.dest_path):
             path = os.fsdecode(path)

@@ -78,6 +78,7 @@ class _Table:
     due: float  # when it is looked at next
     capped: float = 0.0  # the ceiling its waits reached, its phase set (0: none yet)
     quiet: bool = False  # its last look found nothing new
+    net: float = 0.0  # its safety-net look, kept while a hint brings a look forward
 
 
 @dataclass
@@ -112,6 +113,9 @@ class IdlePolls:
             return
         state.quiet = True
         heard = self.events and name not in self.unheard
+        if heard and state.net > now:  # a hint that found nothing: the net keeps its phase
+            state.due, state.net = state.net, 0.0
+            return
         ceiling = self.events_ceiling if heard else self.ceiling
         wait = ceiling if heard else (now - state.quiet_since) * self.backoff
         if wait >= ceiling:
@@ -123,8 +127,9 @@ class IdlePolls:
     def hint(self, name: str, now: float) -> None:
         """A commit event names table `name`: it is looked at by the trigger at `now`."""
         state = self.tables.get(name)
-        if state is not None:
-            state.due = min(state.due, now)
+        if state is not None and state.due > now:
+            state.net = max(state.net, state.due)
+            state.due = now
 
     def hear(self, heard: bool, now: float) -> None:
         """Whether commit events are heard from `now` on. When they stop, each table's
@@ -135,6 +140,7 @@ class IdlePolls:
         if heard:
             return  # (each table keeps its next look; the one after waits events_ceiling)
         for name, state in self.tables.items():
+            state.net = 0.0
             if state.capped and state.capped != self.ceiling:
                 state.due = min(state.due, now + self.ceiling * (1 - _spread(name)))
                 state.capped = 0.0
