@@ -85,8 +85,11 @@ from lance_cdf.spark.source.table_feeds import forget_feed
 log = logging.getLogger("lance_cdf.spark.source")
 
 LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
-# the same while commit events are heard: a new table's first commit names it at once
-LIST_EVERY_HEARD = 60.0
+# the same while commit events are heard: a new table's first commit names it at once (and
+# has the database listed then), a dropped table's failed look too; this listing only lets
+# go of dropped tables no look has met. A namespace's listing reads its `__manifest` (a few
+# requests): at 200 idle tables it would be a fifth of their requests every minute.
+LIST_EVERY_HEARD = 300.0
 TRANSACTION_SUFFIX = ".transaction"  # kafka/transactions.py's default transaction topic
 # options of the database stream itself (the rest are each table's source options)
 DATABASE_OPTIONS = {
