@@ -2,8 +2,10 @@
 requests it serves (GET/PUT/LIST/HEAD/...), read and reset over HTTP at
 `/_lance_cdf/requests` (GET returns JSON counts, DELETE resets them); the same per table
 (the object key or listed prefix up to a Lance table's own folders) at
-`/_lance_cdf/requests/by-table` (`{"bucket/db/t.lance": {"list": 3, ...}}`). Requests
-whose User-Agent holds UNCOUNTED_AGENT are not counted.
+`/_lance_cdf/requests/by-table` (`{"bucket/db/t.lance": {"list": 3, ...}}`). The server
+also serves SQS (a queue S3 notifies: moto delivers the notifications itself): those
+requests count as kind `sqs`, under `SQS_KEY` by table. Requests whose User-Agent holds
+UNCOUNTED_AGENT are not counted.
 
     python -m lance_cdf_devtools.s3app --port 9000
 """
@@ -26,10 +28,14 @@ BY_TABLE_PATH = COUNTS_PATH + "/by-table"
 UNCOUNTED_AGENT = "lance-cdf-uncounted"
 # the folders inside a Lance table: a key under one of them belongs to the table above it
 TABLE_FOLDERS = ("_versions", "_transactions", "data", "_indices", "_deletions", "_refs")
+SQS_KEY = "(sqs)"  # the per-table key of the SQS requests (receive, delete, ...)
 
 
 def request_kind(method: str, path: str, query: str, headers: dict[str, str]) -> str:
-    """The S3 operation a request is: list, get, get_range, head, put, delete, post, ..."""
+    """The S3 operation a request is: list, get, get_range, head, put, delete, post, ...;
+    an SQS request (boto3's JSON protocol names it in X-Amz-Target) is `sqs`."""
+    if headers.get("HTTP_X_AMZ_TARGET", "").startswith("AmazonSQS"):
+        return "sqs"
     params = parse_qs(query, keep_blank_values=True)
     parts = [p for p in path.split("/") if p]
     if method == "GET" and (len(parts) <= 1 or "list-type" in params):
@@ -76,7 +82,7 @@ class CountingApp:
         if UNCOUNTED_AGENT in environ.get("HTTP_USER_AGENT", ""):
             return self.app(environ, start_response)  # a client that asked not to be counted
         kind = request_kind(method, path, query, environ)
-        table = request_table(path, query)
+        table = SQS_KEY if kind == "sqs" else request_table(path, query)
         with self.lock:
             self.counts[kind] += 1
             self.by_table.setdefault(table, Counter())[kind] += 1

@@ -370,6 +370,13 @@ def main() -> int:
         "its storage options; the S3 requests of the idle phase and of the load",
     )
     ap.add_argument(
+        "--commit-events",
+        action="store_true",
+        help="publish --commit-events: with --s3 an SQS queue on the S3 server that the "
+        "bucket notifies of its new manifests (moto delivers them; its requests counted "
+        "apart, under (sqs)), else `files` (the local database's file-system events)",
+    )
+    ap.add_argument(
         "--settle-seconds",
         type=float,
         default=None,
@@ -413,6 +420,12 @@ def main() -> int:
                 root = s3.create_bucket(S3_BUCKET) + "/db"
                 writer = uncounted(s3.storage_options())
                 s3_flags, s3_env = s3_publish_flags(s3.storage_options())
+            if args.commit_events:
+                from bench_commit_events import notified_queue
+
+                queue = notified_queue(s3, S3_BUCKET) if s3 is not None else "files"
+                s3_flags += ["--commit-events", queue]
+                result["commit_events"] = queue
             t = time.monotonic()
             paths = make_database(root, args.tables, writer)
             result["create_tables_s"] = round(time.monotonic() - t, 1)

@@ -122,6 +122,8 @@ def metrics_markdown() -> str:
             progress.kafka_unavailable_s, progress.kafka_retries = 0.0, 0
             # a database publisher's take-up retries and tables set aside (ops/takeup.py)
             progress.takeup_retries, progress.tables_aside, progress.set_asides = 0, 0, 0
+            # publish --commit-events (ops/commit_hints.py)
+            progress.events_heard, progress.commit_hints = 1, 0
         metrics = _Offline(role, lambda p=progress: p, table="t", topic="t")
         for family in metrics.collect():
             suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")

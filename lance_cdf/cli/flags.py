@@ -11,7 +11,12 @@ from collections.abc import Callable, Iterable, Iterator
 from types import FrameType
 from typing import TYPE_CHECKING, Any, TypeAlias
 
-from lance_cdf.spark.source.idle_polls import IDLE_POLL_MAX, IDLE_POLL_MAX_LOCAL, idle_poll_max
+from lance_cdf.spark.source.idle_polls import (
+    EVENTS_POLL_MAX,
+    IDLE_POLL_MAX,
+    IDLE_POLL_MAX_LOCAL,
+    idle_poll_max,
+)
 
 if TYPE_CHECKING:
     from lance_cdf.format.definitions import IndexDefinition
@@ -278,6 +283,26 @@ def database_flags(pub: argparse.ArgumentParser) -> None:
         f"(default {IDLE_POLL_MAX:g} on object storage: one request per table per "
         f"{IDLE_POLL_MAX:g} s; {IDLE_POLL_MAX_LOCAL:g} on a filesystem, where a listing "
         "costs no request; 0: every table every trigger)",
+    )
+    group.add_argument(
+        "--commit-events",
+        default=None,
+        metavar="QUEUE_URL|files",
+        help="with --database: find commits by the storage events that announce them "
+        "instead of listing each table: the URL of the SQS queue the database's S3 bucket "
+        "sends its ObjectCreated notifications to, or 'files' for a database on a local "
+        "or mounted file system (inotify); tables are still listed at start and, as a "
+        "safety net, every --commit-events-poll-max; while the events are not heard (the "
+        "queue unreachable) tables are listed as without them, and status says why",
+    )
+    group.add_argument(
+        "--commit-events-poll-max",
+        type=idle_poll_max_flag,
+        default=None,
+        metavar="SECONDS",
+        help="with --commit-events: the longest wait between two looks at a table while "
+        f"the events are heard: a lost event delays a commit by this much at most "
+        f"(default {EVENTS_POLL_MAX:g})",
     )
 
 

@@ -181,6 +181,11 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
     """The table and topic, or the database (`settings.Database`); one line if mixed."""
     from lance_cdf.spark.publish.settings import Database
 
+    if args.database is None and (args.commit_events or args.commit_events_poll_max is not None):
+        raise LanceCdfError(
+            "--commit-events names the tables of a --database that commit; one --table's "
+            "stream looks at its table every trigger"
+        )
     if args.database is None:
         if (
             args.table is None
@@ -207,8 +212,18 @@ def _publish_target(args: argparse.Namespace) -> Database | None:
             "(PREFIX.<table>.Envelope): use dot-separated parts of letters, digits and _, "
             "not starting with a digit, e.g. shop or cdf.prod"
         )
+    if args.commit_events:  # refused here, before anything starts, if it cannot be
+        from lance_cdf.ops.commit_hints import CommitEvents
+
+        CommitEvents.parse(args.commit_events, args.database)
     return Database(
-        args.database, args.topic_prefix, args.include, args.exclude, args.idle_poll_max
+        args.database,
+        args.topic_prefix,
+        args.include,
+        args.exclude,
+        args.idle_poll_max,
+        args.commit_events,
+        args.commit_events_poll_max,
     )
 
 

@@ -268,12 +268,15 @@ def _database_status(args: argparse.Namespace) -> int:
     retries = _takeup_retries(args.checkpoint, report)
     if retries:
         lines.append(f"retries     {retries} take-up / publish attempt(s) repeated after a fault")
+    discovery: dict[str, object] = dict(report.get("discovery") or {"mode": "listing"})
+    lines.append(_discovery_line(discovery))
     document = {
         "database": redact_url(args.database),
         "tables": tables,
         "skipped": skipped,
         "aside": aside,
         "takeup_retries": retries,
+        "discovery": discovery,
     }
     print(json.dumps(document) if args.json else "\n".join(lines))
     return 0
@@ -290,6 +293,17 @@ def _aside_line(name: str, entry: dict[str, object]) -> str:
         else "tried again later"
     )
     return f"set aside   {name}: {entry.get('cause')} ({entry.get('attempts')} attempt(s); {when})"
+
+
+def _discovery_line(discovery: dict[str, object]) -> str:
+    """How a database publisher finds commits: by commit events, or by listing (and why,
+    when it was given events: `DatabaseReader`, `CommitHints`)."""
+    events = discovery.get("events")
+    if not events:
+        return "discovery   listing (no --commit-events)"
+    if discovery.get("mode") == "events":
+        return f"discovery   events from {events} ({discovery.get('hints', 0)} hint(s) so far)"
+    return f"discovery   listing: commit events from {events} not heard ({discovery.get('why')})"
 
 
 def _takeup_retries(checkpoint: str, report: dict[str, object]) -> int:

@@ -15,8 +15,9 @@ U64_MAX = 2**64 - 1
 V2_DIGITS = 20
 
 
-def _parse_name(name: str) -> tuple[int, str] | None:
-    """(version, scheme) for one manifest file name, None for other files."""
+def parse_manifest_name(name: str) -> tuple[int, str] | None:
+    """(version, scheme) for one manifest file name, None for other files (a table's
+    listing, and a storage event naming the object a commit created: `storage_events`)."""
     if not name.endswith(".manifest"):
         return None
     stem = name[: -len(".manifest")]
@@ -34,7 +35,7 @@ def list_versions(fs: FileSystem, under: str = "") -> tuple[list[int], str]:
     found: dict[int, str] = {}
     schemes = set()
     for name in names:
-        parsed = _parse_name(name)
+        parsed = parse_manifest_name(name)
         if parsed is not None:
             found[parsed[0]] = name
             schemes.add(parsed[1])

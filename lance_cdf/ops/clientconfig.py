@@ -256,6 +256,42 @@ class KafkaConnection:
         return self.config("admin", defaults, fixed)
 
 
+# AWS client settings taken from a table's storage options (store_arguments' names: the
+# long ones and the short ones object_store accepts) -> boto3's client argument
+_AWS_CLIENT = {
+    "aws_access_key_id": "aws_access_key_id",
+    "aws_secret_access_key": "aws_secret_access_key",
+    "aws_session_token": "aws_session_token",
+    "aws_token": "aws_session_token",
+    "aws_region": "region_name",
+    "aws_default_region": "region_name",
+}
+# an SQS queue URL on AWS: https://sqs.<region>.amazonaws.com/<account>/<name>
+_SQS_HOST = re.compile(r"sqs[.-]([a-z0-9-]+)\.amazonaws\.com(\.cn)?$")
+
+
+def sqs_client_arguments(queue_url: str, storage_options: Mapping[str, str]) -> dict[str, str]:
+    """Keyword arguments for `boto3.client("sqs", ...)` reading `queue_url` with the
+    credentials and region of the database's storage options (the names pylance takes,
+    `aws_access_key_id`, `aws_region`, ...; none given: boto3's own chain, the AWS_*
+    variables and instance roles, as obstore's). The endpoint is the queue URL's own host
+    (AWS's, or a local server's that serves S3 and SQS alike); the region is the queue
+    URL's on AWS, else the storage options'."""
+    from urllib.parse import urlparse
+
+    from lance_cdf.format.objectstore import store_arguments
+
+    config = store_arguments("s3://bucket", dict(storage_options))["config"]
+    out = {_AWS_CLIENT[k]: str(v) for k, v in config.items() if k in _AWS_CLIENT}
+    parsed = urlparse(queue_url)
+    out["endpoint_url"] = f"{parsed.scheme}://{parsed.netloc}"
+    on_aws = _SQS_HOST.match(parsed.hostname or "")
+    if on_aws:
+        out["region_name"] = on_aws.group(1)
+    out.setdefault("region_name", "us-east-1")
+    return out
+
+
 def registry_config(
     url: str,
     settings: Mapping[str, str] | None = None,
@@ -419,4 +455,5 @@ __all__ = [
     "scrub",
     "scrub_logging",
     "settings",
+    "sqs_client_arguments",
 ]

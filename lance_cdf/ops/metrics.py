@@ -31,6 +31,11 @@ and commit times, so lag is computed when asked, never stale:
     lance_cdf_tables_set_aside           publish --database: tables set aside now (their
                                          take-up keeps failing; tried again later)
     lance_cdf_set_asides_total           publish --database: times a table was set aside
+    lance_cdf_commit_events_heard        publish --commit-events: 1 while commit events are
+                                         heard, 0 while tables are found by listing instead
+                                         (`lance-cdf status` says why)
+    lance_cdf_commit_hints_total         publish --commit-events: tables named by commit
+                                         events (repeats included)
     lance_cdf_index_builds_total         replicate: replica indexes built or rebuilt from the
                                          source's definition (or --index)
     lance_cdf_indexes_unbuilt            replicate: index definitions the replica could not
@@ -91,6 +96,10 @@ class Progress:
     takeup_retries: int | None = None
     tables_aside: int | None = None
     set_asides: int | None = None
+    # publish --commit-events: 1 while the events are heard (0: listing instead), and the
+    # tables they named (`CommitHints`); None: no commit events
+    events_heard: int | None = None
+    commit_hints: int | None = None
     # replicate: replica indexes built or rebuilt, and definitions not built now
     # (`IndexKeeper`); None: not a replicator
     index_builds: int | None = None
@@ -128,6 +137,19 @@ OPTIONAL_METRICS: tuple[
         "tables set aside now (their take-up keeps failing; tried again later)",
     ),
     ("set_asides", CounterMetricFamily, "lance_cdf_set_asides", "times a table was set aside"),
+    # a database publisher's commit events (`CommitHints`)
+    (
+        "events_heard",
+        GaugeMetricFamily,
+        "lance_cdf_commit_events_heard",
+        "1 while commit events are heard, 0 while tables are found by listing instead",
+    ),
+    (
+        "commit_hints",
+        CounterMetricFamily,
+        "lance_cdf_commit_hints",
+        "tables named by commit events (repeats included)",
+    ),
     (
         "index_builds",
         CounterMetricFamily,

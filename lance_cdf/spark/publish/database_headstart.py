@@ -94,7 +94,11 @@ class DatabaseRounds:
         from lance_cdf.spark.source.database_stream import DatabaseReader
 
         self.began = time.monotonic()
-        options = {k: v for k, v in source_options.items() if k != "report"}  # (the query's)
+        # the report is the query's; so are the commit events: a receiver here would take
+        # (and delete) queue messages whose tables the query then looks at only by its
+        # safety net. The head start's rounds look at its tables by listing.
+        dropped = {"report", "commitEvents", "commitEventsPollMax"}
+        options = {k: v for k, v in source_options.items() if k not in dropped}
         self.reader, self.writer = open_rounds(options, sink_options, DatabaseReader)
         self.hand_over = hand_over
         if "tables" not in start:  # a new checkpoint: each table where the query will take it

@@ -123,6 +123,10 @@ class QueryFollower:
         )
         out.tables_aside = len(report.get("aside") or {})
         out.set_asides = int(report.get("set_asides") or 0)
+        discovery = report.get("discovery")
+        if discovery:  # (publish --commit-events)
+            out.events_heard = int(discovery.get("mode") == "events")
+            out.commit_hints = int(discovery.get("hints") or 0)
 
     def failed(self) -> None:
         """The query failed: its micro-batch was not delivered."""

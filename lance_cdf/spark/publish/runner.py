@@ -563,6 +563,10 @@ def _database_options(
             source_options[key] = value
     if database.idle_poll_max is not None:
         source_options["idlePollMax"] = f"{database.idle_poll_max:g}"
+    if database.commit_events:
+        source_options["commitEvents"] = database.commit_events
+    if database.events_poll_max is not None:
+        source_options["commitEventsPollMax"] = f"{database.events_poll_max:g}"
     return replace(
         sink_options,
         table=None,

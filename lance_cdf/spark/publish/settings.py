@@ -16,6 +16,10 @@ from lance_cdf.kafka.topic_settings import TopicSettings
 # trigger (200 tables: 200 listings), so it keeps 1 s.
 DEFAULT_TRIGGER = "500 milliseconds"
 DEFAULT_DATABASE_TRIGGER = "1 second"
+# With commit events a trigger looks only at the tables an event named (and the few whose
+# safety-net look is due): an idle trigger costs no request, and a commit waits half as
+# long for the trigger that publishes it.
+DEFAULT_EVENTS_TRIGGER = "500 milliseconds"
 
 
 @dataclass(frozen=True)
@@ -23,13 +27,18 @@ class Database:
     """`lance-cdf publish --database`: the database, which of its tables (regexes over
     qualified names, `re.fullmatch`), and the prefix of their topics. `idle_poll_max`:
     the longest wait, in seconds, between two looks (one listing each) at a table that
-    stays quiet (`IdlePolls`; None: its default, 0: every trigger)."""
+    stays quiet (`IdlePolls`; None: its default, 0: every trigger).
+    `commit_events`: an SQS queue URL, or `files`, whose storage events name the tables
+    that commit (`CommitEvents`; None: found by listing alone), and `events_poll_max` the
+    safety net's longest wait while they are heard (None: its default)."""
 
     uri: str
     topic_prefix: str
     include: str | None = None
     exclude: str | None = None
     idle_poll_max: float | None = None
+    commit_events: str | None = None
+    events_poll_max: float | None = None
 
     def topic(self, name: str) -> str:
         return f"{self.topic_prefix}.{name}"
@@ -168,6 +177,8 @@ class PublishSettings:
     def trigger_interval(self) -> str:
         if self.run.trigger_interval is not None:
             return self.run.trigger_interval
+        if self.database is not None and self.database.commit_events:
+            return DEFAULT_EVENTS_TRIGGER
         return DEFAULT_DATABASE_TRIGGER if self.database is not None else DEFAULT_TRIGGER
 
     @property

@@ -21,7 +21,12 @@ name to the table's URI, topic and record names itself (`KafkaStreamWriter._writ
 Cost: a look at a table is one listing of its `_versions/` (the latest version), nothing
 else; a table that changed is looked at every trigger, a quiet one less and less often, up
 to option `idlePollMax` seconds apart (`IdlePolls`); the database is listed every
-`LIST_EVERY` seconds (new tables within that).
+`LIST_EVERY` seconds (new tables within that). With option `commitEvents` (an SQS queue
+the bucket notifies, or `files`: `CommitEvents`) a table is looked at when an event
+names it, and otherwise every `commitEventsPollMax` seconds while the events are heard;
+the database is listed every `LIST_EVERY_HEARD` seconds then, or at once when an event
+names a table it does not know (a new one). A receiver that is not heard brings back the
+listing schedule, and the report (`lance-cdf status`, the metrics) says why.
 A table that can never be followed (no stable row IDs, a name that cannot be a topic) is
 reported in one line and left out. A table whose take-up or read fails otherwise (the object
 store throttles or fails, the table is caught mid-commit, its checkpoint is another
@@ -56,15 +61,17 @@ from lance_cdf.errors import (
     StableRowIdsRequiredError,
     in_words,
 )
-from lance_cdf.format.io import FileSystem, open_filesystem
+from lance_cdf.format.io import FileSystem, local_path, open_filesystem
 from lance_cdf.format.namespace import TableRef, list_tables
 from lance_cdf.format.versions import list_versions
+from lance_cdf.ops.commit_hints import CommitEvents, CommitHints, Receiver
 from lance_cdf.ops.state_files import write_atomic
 from lance_cdf.ops.takeup import AsideTables, is_transient
 from lance_cdf.retry import retry
 from lance_cdf.spark.source.handoff import WriterSlot
 from lance_cdf.spark.source.handover import HandOver
 from lance_cdf.spark.source.idle_polls import (
+    EVENTS_POLL_MAX,
     IDLE_POLL_MAX,
     IdlePolls,
     default_ceiling,
@@ -79,9 +86,23 @@ from lance_cdf.spark.source.table_feeds import forget_feed
 log = logging.getLogger("lance_cdf.spark.source")
 
 LIST_EVERY = 5.0  # seconds between listings of the database (new tables within this)
+# the same while commit events are heard: a new table's first commit names it at once (and
+# has the database listed then), a dropped table's failed look too; this listing only lets
+# go of dropped tables no look has met. A namespace's listing reads its `__manifest` (a few
+# requests): at 200 idle tables it would be a fifth of their requests every minute.
+LIST_EVERY_HEARD = 300.0
 TRANSACTION_SUFFIX = ".transaction"  # default transaction topics' (`kafka.transactions.SUFFIX`)
 # options of the database stream itself (the rest are each table's source options)
-DATABASE_OPTIONS = {"database", "include", "exclude", "report", "idlepollmax", "handover"}
+DATABASE_OPTIONS = {
+    "database",
+    "include",
+    "exclude",
+    "report",
+    "idlepollmax",
+    "handover",
+    "commitevents",
+    "commiteventspollmax",
+}
 # a qualified name whose parts are Avro names (each part names a record namespace level)
 _AVRO_PART = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -107,6 +128,10 @@ class DatabaseOptions:
     # handOver (internal, set by lance-cdf publish): the file through which its head start
     # hands over to this query at its first plan (`HandOver`)
     hand_over: str | None = None
+    # commitEvents: where commit events come from (None: tables found by listing alone),
+    # and commitEventsPollMax: the safety net's wait between looks while they are heard
+    commit_events: CommitEvents | None = None
+    events_poll_max: float = EVENTS_POLL_MAX
 
     @classmethod
     def parse(cls, raw: Mapping[str, str], events: bool = False) -> DatabaseOptions:
@@ -155,6 +180,12 @@ class DatabaseOptions:
                 else default_ceiling(lower["database"])
             ),
             hand_over=lower.get("handover") or None,
+            commit_events=(
+                CommitEvents.parse(lower["commitevents"], lower["database"])
+                if lower.get("commitevents")
+                else None
+            ),
+            events_poll_max=idle_poll_max(lower.get("commiteventspollmax", str(EVENTS_POLL_MAX))),
         )
 
     def matches(self, name: str) -> bool:
@@ -205,10 +236,19 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.at_start: set[str] = set()  # set aside at the first start: begin as given
         self.available_now = False
         self.reported: str | None = None
-        self.polls = IdlePolls(ceiling=self.options.idle_poll_max)  # when tables are looked at
+        self.polls = self._polls()  # when tables are looked at
         self.clock = time.monotonic  # the polls' clock
         self.known_dirs: set[tuple[str, ...]] = set()  # root directories found to be tables
         self.root_fs: FileSystem | None = None  # the database's store (quiet tables' looks)
+        self.hints: CommitHints | None = None  # commit events' inbox (option commitEvents)
+        self.receiver: Receiver | None = None  # what fills it, started at the first look
+        self.dirs: dict[str, str] = {}  # a table's directory under the root -> its name
+        self.strangers: set[str] = set()  # hinted directories no listing knew since the last
+
+    def _polls(self) -> IdlePolls:
+        return IdlePolls(
+            ceiling=self.options.idle_poll_max, events_ceiling=self.options.events_poll_max
+        )
 
     def __getstate__(self) -> dict[str, object]:
         # executors need nothing of it: the partitions carry the work items
@@ -222,17 +262,22 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "at_start": set(),
             "available_now": False,
             "reported": None,
-            "polls": IdlePolls(ceiling=self.options.idle_poll_max),
+            "polls": self._polls(),
             "clock": time.monotonic,
             "known_dirs": set(),
             "root_fs": None,
+            "hints": None,
+            "receiver": None,
+            "dirs": {},
+            "strangers": set(),
         }
 
     # -- tables -----------------------------------------------------------
     def _tables(self, force: bool = False) -> dict[str, TableRef]:
         """The matching tables, listed again every LIST_EVERY seconds (or when `force`)."""
         now = time.monotonic()
-        if not force and (self.available_now or now - self.listed_at < LIST_EVERY):
+        every = LIST_EVERY_HEARD if self.polls.events else LIST_EVERY
+        if not force and (self.available_now or now - self.listed_at < every):
             return self.refs
         try:
             listed = list_tables(
@@ -262,7 +307,19 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             if why is not None and name not in self.skipped:
                 self._skip(name, why)
         self.refs = refs
+        self._map_dirs(refs)
         return refs
+
+    def _map_dirs(self, refs: Mapping[str, TableRef]) -> None:
+        """Each table's directory under the root, as commit events name it; the tables
+        outside the root (a `__manifest` location elsewhere) no event names: listed on the
+        listing schedule."""
+        root = (local_path(self.options.database) or self.options.database).rstrip("/") + "/"
+        self.dirs = {
+            r.uri[len(root) :].strip("/"): n for n, r in refs.items() if r.uri.startswith(root)
+        }
+        self.polls.unheard = {n for n, r in refs.items() if not r.uri.startswith(root)}
+        self.strangers.clear()
 
     def _not_followable(self, name: str, names: set[str]) -> str | None:
         """Why a matching table is left out by its name alone (here: it cannot be a topic)."""
@@ -314,6 +371,7 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- offsets ----------------------------------------------------------
     def initialOffset(self) -> Offset:
+        self._listen()
         tables: dict[str, Offset] = {}
         for name in sorted(self._tables(force=True)):
             if name in self.skipped:
@@ -351,9 +409,11 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def latestOffset(self, start: Offset, limit: ReadLimit) -> Offset:
         self._check(start)
         held: dict[str, Offset] = dict(start.get("tables") or {})
+        self._listen()
+        now = self.clock()
+        self._hear(now)
         refs = self._tables()
         tables: dict[str, Offset] = {}
-        now = self.clock()
         for name in sorted(refs):
             if name in self.skipped:
                 continue
@@ -389,6 +449,64 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self.polls.keep_only(tables)
         self._report(tables)
         return {"tables": tables, "from": start.get("from", self.options.starting or "latest")}
+
+    # -- commit events ----------------------------------------------------
+    def _listen(self) -> None:
+        """Start the commit events' receiver (option commitEvents), before the first look:
+        a commit after it is hinted, one before it is found by that look."""
+        events = self.options.commit_events
+        if events is None or self.receiver is not None or self.available_now:
+            return
+        if events.queue:
+            from lance_cdf.ops.sqs_hints import STALE_AFTER_S, SqsReceiver
+
+            self.hints = CommitHints(events.shown, STALE_AFTER_S)
+            storage = self.options.storage_options
+            receiver = SqsReceiver(events.queue, self.options.database, storage, self.hints)
+            self.receiver = receiver.start()
+            return
+        from lance_cdf.ops import file_hints
+
+        path = local_path(self.options.database)
+        assert path is not None  # (CommitEvents.parse: files only for a local database)
+        self.hints = CommitHints(events.shown, file_hints.STALE_AFTER_S)
+        self.receiver = file_hints.FileWatcher(path, self.hints).start()
+
+    def _hear(self, now: float) -> None:
+        """Whether the events are heard now (the polls' schedule follows), and the tables
+        they named since the last trigger made due; a directory no listing knows (a new
+        table) has the database listed again, once per listing."""
+        if self.hints is None:
+            return
+        heard = self.hints.heard()
+        if heard != self.polls.events:
+            why = self.hints.why_not()
+            if heard:
+                log.warning(
+                    "commit events from %s are heard: tables are looked at as they commit",
+                    self.hints.source,
+                )
+            else:
+                log.warning(
+                    "commit events from %s are not heard (%s): tables are looked at by "
+                    "listing, each within %g s",
+                    self.hints.source,
+                    why,
+                    self.options.idle_poll_max,
+                )
+        self.polls.hear(heard, now)
+        dirs = self.hints.take()
+        if dirs - self.dirs.keys() - self.strangers:
+            self._tables(force=True)
+            self.strangers |= dirs - self.dirs.keys()
+        for d in dirs:
+            name = self.dirs.get(d)
+            if name is not None:
+                self.polls.hint(name, now)
+
+    def stop(self) -> None:
+        if self.receiver is not None:
+            self.receiver.stop()
 
     def _table_offset(self, name: str, offset: Offset | None, limit: ReadLimit) -> Offset:
         """Table `name`'s next offset from `offset` (None: a table taken up now, which
@@ -543,6 +661,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "takeup_retries": self.aside.retries,
             "set_asides": self.aside.set_asides,
         }
+        if self.hints is not None:
+            document["discovery"] = self.hints.discovery()
         text = json.dumps(document, indent=1, sort_keys=True)
         if text == self.reported:
             return

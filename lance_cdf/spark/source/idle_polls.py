@@ -12,6 +12,14 @@ listing that costs no request. Tables that went quiet together (all of them at s
 would all be looked at in the same trigger every `ceiling`: the first wait that reaches
 the ceiling is shortened by a fraction fixed per table name, so their looks spread over
 the triggers.
+
+With commit events heard (`events`: storage events, `CommitHints`) a table is looked
+at when a hint names it (`hint`), at the trigger after a look that found it changed (to
+read what the last one left), and otherwise once per `events_ceiling` (the safety net: a
+lost event delays a commit by that much at most). The events are hints: what a look finds
+is the truth either way, so switching between events and listing loses and repeats
+nothing. When they stop being heard, every table's next look is brought within the
+listing ceiling (`hear`).
 """
 
 from __future__ import annotations
@@ -33,6 +41,11 @@ IDLE_POLL_MAX_LOCAL = 2.0
 # The wait after a look that found nothing new, as a fraction of how long the table has been
 # quiet: a table written every few seconds is still looked at every trigger or nearly.
 IDLE_BACKOFF = 0.25
+# Default longest wait between two looks at a table while commit events are heard: the
+# safety net that finds a commit whose event was lost. At 200 idle tables, their looks
+# and the queue's long polls stay under a tenth of a request per table per minute
+# (docs/benchmarks.md, "Commit events").
+EVENTS_POLL_MAX = 900.0
 # A look falls on a trigger: one due up to this much later than a trigger's time is taken
 # at that trigger, so the ceiling is not stretched by a whole trigger interval.
 DUE_SLACK = 0.2
@@ -44,7 +57,8 @@ def default_ceiling(database: str) -> float:
 
 
 def idle_poll_max(text: str) -> float:
-    """The option / flag value: seconds, >= 0 (0: every table every trigger)."""
+    """The option / flag value (`idlePollMax`, `commitEventsPollMax`): seconds, >= 0 (0:
+    every table every trigger)."""
     try:
         value = float(text)
     except ValueError:
@@ -62,8 +76,9 @@ def idle_poll_max(text: str) -> float:
 class _Table:
     quiet_since: float  # when the table last changed (or was taken up)
     due: float  # when it is looked at next
-    capped: bool = False  # its waits reached the ceiling (its phase is set)
+    capped: float = 0.0  # the ceiling its waits reached, its phase set (0: none yet)
     quiet: bool = False  # its last look found nothing new
+    net: float = 0.0  # its safety-net look, kept while a hint brings a look forward
 
 
 @dataclass
@@ -76,6 +91,9 @@ class IdlePolls:
     tables: dict[str, _Table] = field(default_factory=dict)
     looks: int = 0  # looks taken (tables listed) since start
     skipped: int = 0  # looks saved (a quiet table not due at a trigger)
+    events: bool = False  # commit events are heard: quiet tables wait `events_ceiling`
+    events_ceiling: float = EVENTS_POLL_MAX
+    unheard: set[str] = field(default_factory=set)  # tables no event can name (elsewhere)
 
     def due(self, name: str, now: float) -> bool:
         """Whether the trigger at `now` looks at table `name` (a table never looked at: yes)."""
@@ -94,12 +112,38 @@ class IdlePolls:
             state = self.tables[name] = _Table(quiet_since=now, due=now)
             return
         state.quiet = True
-        wait = (now - state.quiet_since) * self.backoff
-        if wait >= self.ceiling:
+        heard = self.events and name not in self.unheard
+        if heard and state.net > now:  # a hint that found nothing: the net keeps its phase
+            state.due, state.net = state.net, 0.0
+            return
+        ceiling = self.events_ceiling if heard else self.ceiling
+        wait = ceiling if heard else (now - state.quiet_since) * self.backoff
+        if wait >= ceiling:
             # the first capped wait sets the table's phase among the triggers
-            wait = self.ceiling if state.capped else self.ceiling * (1 - _spread(name))
-            state.capped = True
+            wait = ceiling if state.capped == ceiling else ceiling * (1 - _spread(name))
+            state.capped = ceiling
         state.due = now + wait
+
+    def hint(self, name: str, now: float) -> None:
+        """A commit event names table `name`: it is looked at by the trigger at `now`."""
+        state = self.tables.get(name)
+        if state is not None and state.due > now:
+            state.net = max(state.net, state.due)
+            state.due = now
+
+    def hear(self, heard: bool, now: float) -> None:
+        """Whether commit events are heard from `now` on. When they stop, each table's
+        next look comes within the listing ceiling, as if it had been listed all along."""
+        if heard == self.events:
+            return
+        self.events = heard
+        if heard:
+            return  # (each table keeps its next look; the one after waits events_ceiling)
+        for name, state in self.tables.items():
+            state.net = 0.0
+            if state.capped and state.capped != self.ceiling:
+                state.due = min(state.due, now + self.ceiling * (1 - _spread(name)))
+                state.capped = 0.0
 
     def quiet(self, name: str) -> bool:
         """Whether the last look at `name` found nothing new."""
