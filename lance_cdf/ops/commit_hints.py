@@ -123,8 +123,7 @@ class CommitHints:
             self._failure = why
 
     def heard(self) -> bool:
-        with self._lock:
-            return self._failure is None and self.clock() - self._answered <= self.stale_after
+        return self.why_not() is None
 
     def why_not(self) -> str | None:
         """Why hints do not flow now (None: they do)."""

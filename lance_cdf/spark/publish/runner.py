@@ -15,7 +15,7 @@ from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failur
 from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
 from lance_cdf.spark.publish.settings import Database, PublishSettings
-from lance_cdf.spark.sink.sink_options import SinkOptions
+from lance_cdf.spark.sink.sink_options import SinkOptions, key_columns
 from lance_cdf.spark.source.checkpoint import drop_unfinished_writes, read_report, report_path
 from lance_cdf.spark.source.handover import HandOver
 
@@ -514,14 +514,13 @@ def _stream_options(settings: PublishSettings) -> tuple[dict[str, str], SinkOpti
 def _sink_options(settings: PublishSettings) -> SinkOptions:
     """The `lance-cdf-kafka` sink's options for a table (`_database_options`: a database)."""
     target = settings.target
-    key = tuple(c.strip() for c in (target.key or "").split(",") if c.strip())
     return SinkOptions(
         bootstrap_servers=target.bootstrap_servers,
         registry_url=target.schema_registry,
         table=settings.source.table,
         topic=target.topic,
         table_name=target.table_name or None,
-        key=tuple(c for c in key if c != "_rowid"),
+        key=key_columns(target.key),
         tombstones=target.tombstones,
         exactly_once=target.exactly_once,
         transaction_metadata=target.transaction_metadata,

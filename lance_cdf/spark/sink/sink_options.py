@@ -50,6 +50,13 @@ def _settings(raw: Mapping[str, str], prefix: str) -> tuple[tuple[str, str], ...
     )
 
 
+def key_columns(text: str | None) -> tuple[str, ...]:
+    """Comma-separated key columns (option `key`, `--key`); `_rowid` is the default key, so
+    () stands for it."""
+    named = (c.strip() for c in (text or "").split(","))
+    return tuple(c for c in named if c and c != "_rowid")
+
+
 def _seconds(raw: str | None, key: str, default: float) -> float:
     if raw is None:
         return default
@@ -108,7 +115,6 @@ class SinkOptions:
         for required in (BOOTSTRAP, "schema.registry.url", *target):
             if not lower.get(required):
                 raise LanceCdfError(f'the lance-cdf-kafka sink needs option "{required}"')
-        key = tuple(c.strip() for c in lower.get("key", "").split(",") if c.strip())
         return cls(
             bootstrap_servers=lower[BOOTSTRAP],
             registry_url=lower["schema.registry.url"],
@@ -117,7 +123,7 @@ class SinkOptions:
             table_name=None if database else lower.get("table.name") or None,
             database=database,
             topic_prefix=lower["topic.prefix"] if database else None,
-            key=tuple(c for c in key if c != "_rowid"),
+            key=key_columns(lower.get("key")),
             tombstones=option_bool(lower, "tombstones", True),
             exactly_once=option_bool(lower, "exactlyOnce", True),
             transaction_metadata=option_bool(lower, "transactionMetadata", True),

@@ -39,9 +39,9 @@ def drop_unfinished_writes(checkpoint: str) -> list[str]:
     (STATE_STORE_CHECKPOINT_LOCATION_NOT_EMPTY: a publisher killed while planning its
     first micro-batch could not be restarted). For the checkpoint's one writer, before its
     query starts: a running query's own writes in progress look the same."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
+    root = _local_root(checkpoint)
+    if root is None:
         return []
-    root = checkpoint.removeprefix("file://")
     removed = []
     for log in ("offsets", "commits"):
         folder = os.path.join(root, log)
@@ -69,12 +69,20 @@ def planned_offset(checkpoint: str) -> Offset | None:
     return _offset(checkpoint, root, planned[-1]) if planned else None
 
 
-def _local(checkpoint: str) -> str:
+def _local_root(checkpoint: str) -> str | None:
+    """A local checkpoint's directory (None: the checkpoint is on another file system)."""
     if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    return checkpoint.removeprefix("file://")
+
+
+def _local(checkpoint: str) -> str:
+    root = _local_root(checkpoint)
+    if root is None:
         raise LanceCdfError(
             f"checkpoint {checkpoint!r}: only local checkpoint directories can be inspected"
         )
-    return checkpoint.removeprefix("file://")
+    return root
 
 
 def _offset(checkpoint: str, root: str, batch: int) -> Offset:

@@ -161,17 +161,15 @@ class DatabaseOptions:
                     "against whole qualified names, e.g. 'sales\\..*'"
                 ) from None
         table_options = {k: v for k, v in options.items() if k.lower() not in DATABASE_OPTIONS}
-        storage = {
-            k[len("storage.") :]: v for k, v in options.items() if k.lower().startswith("storage.")
-        }
+        # (the event stream's checks of its own come first: `database_events.parse`)
+        table = SourceOptions.parse({**table_options, "path": lower["database"]}, not events)
         return cls(
             database=lower["database"],
             include=patterns["include"],
             exclude=patterns["exclude"],
             table_options=table_options,
-            # (the event stream's checks of its own come first: `database_events.parse`)
-            table=SourceOptions.parse({**table_options, "path": lower["database"]}, not events),
-            storage_options=storage,
+            table=table,
+            storage_options=table.storage_options,
             report=lower.get("report"),
             starting=lower.get("startingversion"),
             idle_poll_max=(
