@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import os
+import signal
 import sys
 from collections.abc import Callable
 
@@ -105,8 +106,10 @@ def entry() -> None:
     (librdkafka, pylance, pyarrow) prints every thread's Python stack to stderr, so the
     log says where. (A crash in a thread of librdkafka's own leaves no Python stack: the
     replicator's SIGSEGV at start was one, found from a core dump;
-    `kafka.endpoints._check_group`.)"""
+    `kafka.endpoints._check_group`.) SIGUSR2 prints them too and the process goes on: where
+    a running `publish` or `replicate` waits (`kill -USR2 PID`)."""
     faulthandler.enable()
+    faulthandler.register(signal.SIGUSR2, all_threads=True)
     malloc.bound_arenas_unless_told()  # before any thread of pylance or librdkafka starts
     os.environ.setdefault(malloc.ENV, "1")
     malloc.keep_freed_memory_if_asked()

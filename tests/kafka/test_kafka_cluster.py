@@ -141,9 +141,22 @@ class Flow:
         deadline = time.monotonic() + PROGRESS_S
         while (now := probe()) <= past:
             self.alive()
-            assert time.monotonic() < deadline, f"no progress past {past} in {PROGRESS_S} s: {what}"
+            if time.monotonic() > deadline:
+                pytest.fail(f"no progress past {past} in {PROGRESS_S} s: {what}\n{self.stacks()}")
             time.sleep(0.3)
         return now
+
+    def stacks(self):
+        """Where each process waits: the Python stacks `lance-cdf` prints on SIGUSR2, with
+        the end of its log."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGUSR2)
+        time.sleep(2)
+        return "\n".join(
+            f"--- {name}.log:\n{(self.logs / f'{name}.log').read_text(errors='replace')[-12000:]}"
+            for name in self.procs
+        )
 
     def wait_records(self, past, what, topic=None):
         return self._wait(lambda: self.records(topic), past, what)
