@@ -123,7 +123,7 @@ def metrics_markdown() -> str:
             # a database publisher's take-up retries and tables set aside (ops/takeup.py)
             progress.takeup_retries, progress.tables_aside, progress.set_asides = 0, 0, 0
             # publish --commit-events (ops/commit_hints.py)
-            progress.events_heard, progress.commit_hints = 1, 0
+            progress.events_heard, progress.commit_hints, progress.commits_unannounced = 1, 0, 0
         metrics = _Offline(role, lambda p=progress: p, table="t", topic="t")
         for family in metrics.collect():
             suffix = {"counter": "_total", "info": "_info"}.get(family.type, "")

@@ -302,8 +302,20 @@ def _discovery_line(discovery: dict[str, object]) -> str:
     if not events:
         return "discovery   listing (no --commit-events)"
     if discovery.get("mode") == "events":
-        return f"discovery   events from {events} ({discovery.get('hints', 0)} hint(s) so far)"
-    return f"discovery   listing: commit events from {events} not heard ({discovery.get('why')})"
+        line = f"discovery   events from {events} ({discovery.get('hints', 0)} hint(s) so far)"
+    else:
+        line = (
+            f"discovery   listing: commit events from {events} not heard ({discovery.get('why')})"
+        )
+    missed = int(str(discovery.get("unannounced") or 0))
+    if missed:
+        named = discovery.get("unannounced_tables")
+        tables = ", ".join(str(t) for t in (named if isinstance(named, list) else [])[:5])
+        line += (
+            f"; {missed} commit(s) found by listing that no event named (tables {tables}): "
+            "check that the bucket notifies the queue of every object created under _versions/"
+        )
+    return line
 
 
 def _takeup_retries(checkpoint: str, report: dict[str, object]) -> int:

@@ -36,6 +36,9 @@ and commit times, so lag is computed when asked, never stale:
                                          (`lance-cdf status` says why)
     lance_cdf_commit_hints_total         publish --commit-events: tables named by commit
                                          events (repeats included)
+    lance_cdf_commits_unannounced_total  publish --commit-events: commits of quiet tables found
+                                         by the safety-net listing that no event named (the
+                                         bucket's notification misses them)
     lance_cdf_index_builds_total         replicate: replica indexes built or rebuilt from the
                                          source's definition (or --index)
     lance_cdf_indexes_unbuilt            replicate: index definitions the replica could not
@@ -100,6 +103,7 @@ class Progress:
     # tables they named (`CommitHints`); None: no commit events
     events_heard: int | None = None
     commit_hints: int | None = None
+    commits_unannounced: int | None = None
     # replicate: replica indexes built or rebuilt, and definitions not built now
     # (`IndexKeeper`); None: not a replicator
     index_builds: int | None = None
@@ -149,6 +153,12 @@ OPTIONAL_METRICS: tuple[
         CounterMetricFamily,
         "lance_cdf_commit_hints",
         "tables named by commit events (repeats included)",
+    ),
+    (
+        "commits_unannounced",
+        CounterMetricFamily,
+        "lance_cdf_commits_unannounced",
+        "commits of quiet tables found by listing that no commit event named",
     ),
     (
         "index_builds",

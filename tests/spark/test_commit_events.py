@@ -10,6 +10,7 @@ import contextlib
 import io
 import itertools
 import json
+import random
 import re
 import socket
 import time
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pytest
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+from lance_cdf.cli.status_command import _discovery_line
 from lance_cdf.errors import LanceCdfError
 from lance_cdf.format.storage_events import (
     StoredObject,
@@ -212,6 +214,44 @@ def test_events_not_heard_bring_every_table_back_within_the_listing_ceiling():
     assert all(s.due <= 110 for s in polls.tables.values())
 
 
+@pytest.mark.unit
+@pytest.mark.parametrize("seed", range(5))
+def test_commits_no_event_named_are_counted_where_the_events_miss_them(seed):
+    """Tables whose commits are never announced (a notification filter leaving them out),
+    tables whose events are sometimes lost, and tables always announced: what the safety
+    net finds of quiet tables without a hint is counted (oracle: the commits each look
+    finds, and whether a hint came for one of them), and no announced table is named."""
+    rng = random.Random(seed)
+    polls = IdlePolls(ceiling=10.0, events_ceiling=60.0)
+    polls.hear(True, 0.0)
+    names = [f"t{i}" for i in range(30)]
+    never, lossy = set(names[:5]), set(names[5:10])
+    pending: dict[str, int] = dict.fromkeys(names, 0)  # commits since the table's last look
+    hinted: dict[str, bool] = dict.fromkeys(names, False)
+    quiet: dict[str, bool] = dict.fromkeys(names, False)
+    want = 0
+    for t in range(3000):
+        now = float(t)
+        for name in names:
+            if t > 5 and rng.random() < 0.004:  # a commit
+                pending[name] += 1
+                if name not in never and not (name in lossy and rng.random() < 0.5):
+                    polls.hint(name, now)
+                    hinted[name] = True
+        for name in names:
+            if polls.due(name, now):
+                changed = t == 0 or pending[name] > 0
+                if changed and t > 0 and quiet[name] and not hinted[name]:
+                    want += 1
+                assert polls.looked(name, changed, now) == (
+                    changed and t > 0 and quiet[name] and not hinted[name]
+                )
+                quiet[name] = not changed
+                pending[name], hinted[name] = 0, False
+    assert polls.unannounced == want > 0
+    assert never <= polls.unannounced_tables <= never | lossy
+
+
 # -- the database stream with commit events ----------------------------------------------
 class FakeClock:
     def __init__(self) -> None:
@@ -351,6 +391,8 @@ def test_switching_between_events_and_listing(tmp_path):
         "events": "test",
         "why": "queue unreachable: test",
         "hints": 0,
+        "unannounced": 0,
+        "unannounced_tables": [],
     }
     r.hints.answered()
     stream.trigger()
@@ -364,6 +406,11 @@ def test_switching_between_events_and_listing(tmp_path):
     tables["t0"].add(rows(70, 71))  # its event lost: the safety net
     stream.until(lambda: stream.version("t0") == latest(tables["t0"]), 125, pause=0)
     assert all(v == sorted(v) for v in stream.seen.values())
+    # ... and says so: t1's commit was found while events were not heard, t2's was named
+    discovery = json.loads(report.read_text())["discovery"]
+    assert (discovery["unannounced"], discovery["unannounced_tables"]) == (1, ["t0"])
+    line = _discovery_line(discovery)
+    assert "1 commit(s) found by listing that no event named (tables t0)" in line, line
 
 
 # -- receivers ---------------------------------------------------------------------------

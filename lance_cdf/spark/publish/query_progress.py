@@ -127,6 +127,7 @@ class QueryFollower:
         if discovery:  # (publish --commit-events)
             out.events_heard = int(discovery.get("mode") == "events")
             out.commit_hints = int(discovery.get("hints") or 0)
+            out.commits_unannounced = int(discovery.get("unannounced") or 0)
 
     def failed(self) -> None:
         """The query failed: its micro-batch was not delivered."""

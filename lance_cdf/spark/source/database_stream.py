@@ -429,7 +429,8 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                     tables[name] = offset  # still quiet: one listing, no feed opened
                 else:
                     tables[name] = self._table_offset(name, offset, limit)
-                self.polls.looked(name, tables[name] != offset, now)
+                if self.polls.looked(name, tables[name] != offset, now):
+                    self._unannounced(name)
             except Exception as exc:  # noqa: BLE001 (one table's fault: reported, set aside)
                 if self._gone(name):
                     self._let_go(name)
@@ -501,6 +502,18 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             name = self.dirs.get(d)
             if name is not None:
                 self.polls.hint(name, now)
+
+    def _unannounced(self, name: str) -> None:
+        """A look on the safety net's schedule found a commit of quiet table `name` that no
+        event named: the events miss commits (one line, and `lance-cdf status`)."""
+        log.warning(
+            "table %s: a commit found by listing that no commit event from %s named (%d so "
+            "far); check that the bucket notifies the queue of every object created under the "
+            "tables' _versions/ (no prefix or suffix filter leaving them out)",
+            name,
+            self.hints.source if self.hints is not None else "storage",
+            self.polls.unannounced,
+        )
 
     def stop(self) -> None:
         if self.receiver is not None:
@@ -660,7 +673,11 @@ class DatabaseReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             "set_asides": self.aside.set_asides,
         }
         if self.hints is not None:
-            document["discovery"] = self.hints.discovery()
+            document["discovery"] = {
+                **self.hints.discovery(),
+                "unannounced": self.polls.unannounced,
+                "unannounced_tables": sorted(self.polls.unannounced_tables),
+            }
         text = json.dumps(document, indent=1, sort_keys=True)
         if text == self.reported:
             return

@@ -19,7 +19,9 @@ read what the last one left), and otherwise once per `events_ceiling` (the safet
 lost event delays a commit by that much at most). The events are hints: what a look finds
 is the truth either way, so switching between events and listing loses and repeats
 nothing. When they stop being heard, every table's next look is brought within the
-listing ceiling (`hear`).
+listing ceiling (`hear`). A quiet table whose safety-net look finds a commit no event
+named (`unannounced`) says the events miss commits: a bucket notification whose prefix or
+suffix filter leaves `_versions/` out, or a queue a bucket does not send to.
 """
 
 from __future__ import annotations
@@ -79,6 +81,8 @@ class _Table:
     capped: float = 0.0  # the ceiling its waits reached, its phase set (0: none yet)
     quiet: bool = False  # its last look found nothing new
     net: float = 0.0  # its safety-net look, kept while a hint brings a look forward
+    hinted: bool = False  # an event named it since its last look
+    heard: bool = False  # its last look was made while events were heard
 
 
 @dataclass
@@ -94,6 +98,8 @@ class IdlePolls:
     events: bool = False  # commit events are heard: quiet tables wait `events_ceiling`
     events_ceiling: float = EVENTS_POLL_MAX
     unheard: set[str] = field(default_factory=set)  # tables no event can name (elsewhere)
+    unannounced: int = 0  # quiet tables' commits found by a look no event had brought
+    unannounced_tables: set[str] = field(default_factory=set)  # the tables they were in
 
     def due(self, name: str, now: float) -> bool:
         """Whether the trigger at `now` looks at table `name` (a table never looked at: yes)."""
@@ -104,18 +110,25 @@ class IdlePolls:
         self.skipped += 1
         return False
 
-    def looked(self, name: str, changed: bool, now: float) -> None:
+    def looked(self, name: str, changed: bool, now: float) -> bool:
         """What the look at `now` found: `changed` (new versions, or the table's first look)
-        brings its looks back to every trigger."""
+        brings its looks back to every trigger. True: it found a commit of a quiet table
+        that no event named while events were heard (`unannounced`)."""
         state = self.tables.get(name)
-        if state is None or changed:
-            state = self.tables[name] = _Table(quiet_since=now, due=now)
-            return
-        state.quiet = True
         heard = self.events and name not in self.unheard
+        missed = (
+            state is not None and changed and heard and state.quiet and state.heard
+        ) and not state.hinted
+        if missed:
+            self.unannounced += 1
+            self.unannounced_tables.add(name)
+        if state is None or changed:
+            self.tables[name] = _Table(quiet_since=now, due=now, heard=heard)
+            return missed
+        state.quiet, state.hinted, state.heard = True, False, heard
         if heard and state.net > now:  # a hint that found nothing: the net keeps its phase
             state.due, state.net = state.net, 0.0
-            return
+            return False
         ceiling = self.events_ceiling if heard else self.ceiling
         wait = ceiling if heard else (now - state.quiet_since) * self.backoff
         if wait >= ceiling:
@@ -123,11 +136,15 @@ class IdlePolls:
             wait = ceiling if state.capped == ceiling else ceiling * (1 - _spread(name))
             state.capped = ceiling
         state.due = now + wait
+        return False
 
     def hint(self, name: str, now: float) -> None:
         """A commit event names table `name`: it is looked at by the trigger at `now`."""
         state = self.tables.get(name)
-        if state is not None and state.due > now:
+        if state is None:
+            return
+        state.hinted = True
+        if state.due > now:
             state.net = max(state.net, state.due)
             state.due = now
 
@@ -140,7 +157,7 @@ class IdlePolls:
         if heard:
             return  # (each table keeps its next look; the one after waits events_ceiling)
         for name, state in self.tables.items():
-            state.net = 0.0
+            state.net, state.heard = 0.0, False
             if state.capped and state.capped != self.ceiling:
                 state.due = min(state.due, now + self.ceiling * (1 - _spread(name)))
                 state.capped = 0.0
@@ -155,6 +172,7 @@ class IdlePolls:
         keep = set(names)
         for name in [n for n in self.tables if n not in keep]:
             del self.tables[name]
+        self.unannounced_tables &= keep
 
 
 def _spread(name: str) -> float:
