@@ -47,7 +47,7 @@ from lance_cdf.errors import (
 )
 from lance_cdf.kafka import clients
 from lance_cdf.kafka.marks import POSITION_HEADER, PartitionMarks, Position
-from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S, RideOut
+from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S, RIDE_OUT_S, RideOut
 from lance_cdf.kafka.topic_settings import TopicSettings
 from lance_cdf.kafka.topics import KNOWN
 from lance_cdf.kafka.transactions import VersionCounts
@@ -184,14 +184,15 @@ class PublisherSettings:
     """A publisher's client settings: the producer's and the schema registry client's
     (passed through; `clients.producer` and `clients.registry` share those of equal
     settings), how its topic is made if missing (`TopicSettings`), how long a flush or a
-    read of the partitions' last records waits, and the checkpoint a broker outage's state
-    goes to (`RideOut`; None: none kept)."""
+    read of the partitions' last records waits, how long a broker outage is ridden out and
+    the checkpoint its state goes to (`RideOut`; None: none kept)."""
 
     producer_config: dict[str, Any] = field(default_factory=dict)
     registry_config: dict[str, Any] = field(default_factory=dict)
     topic_settings: TopicSettings = field(default_factory=TopicSettings)
     flush_timeout: float = FLUSH_TIMEOUT_S
     checkpoint: str | None = None
+    ride_out_s: float = RIDE_OUT_S
 
 
 class KafkaChangePublisher:
@@ -223,7 +224,10 @@ class KafkaChangePublisher:
         self.flush_timeout = settings.flush_timeout
         # a broker outage is ridden out (`RideOut`); its state goes to the checkpoint
         self.ride_out = RideOut(
-            bootstrap_servers, settings.checkpoint, outage_after_s=settings.flush_timeout
+            bootstrap_servers,
+            settings.checkpoint,
+            budget_s=settings.ride_out_s,
+            outage_after_s=settings.flush_timeout,
         )
         # the registry client, the producer and the marks consumer are the process's, shared
         # by every table's publisher with the same settings (`clients.registry`,

@@ -276,6 +276,8 @@ class TransactionWriter:
                 value = m.value()
                 if value is not None:
                     return self.decoder.decode(value)
+            with contextlib.suppress(KafkaException):  # the retry fetches with fresh metadata
+                consumer.list_topics(self.topic, timeout=min(5.0, self.timeout))
             raise PublishError(
                 f"could not read the last record of {self.topic!r} within {self.timeout:.0f}s; "
                 "the micro-batch fails and is retried"

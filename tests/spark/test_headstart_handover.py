@@ -183,3 +183,58 @@ def test_the_hand_over_lets_one_writer_publish_at_a_time(tmp_path, monkeypatch):
     with hand_over.turn() as mine:
         assert not mine  # removed: the head start has ended
     hand_over.take()
+
+
+def test_a_head_start_that_meets_an_outage_leaves_the_rest_to_the_query(
+    tmp_path, kafka_broker, schema_registry
+):
+    """The broker frozen (SIGSTOP: requests go unanswered) for several flush timeouts while
+    the head start publishes the commits made as Spark starts: the head start ends (a round
+    holds the hand-over lock, so riding the outage out there would hold the query back)
+    and the query, once the broker answers, publishes what it left: every change once,
+    each version's BEGIN and END once."""
+    bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
+    src, topic, name, source = _publisher(tmp_path, bootstrap, False)
+    _history(src)  # versions 1-6, waiting at launch
+    hold, held = tmp_path / "hold", tmp_path / "hold.held"
+    hold.touch()  # the query's writer tasks wait before their marks while this exists
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
+    args = [
+        *(sys.executable, "-m", "lance_cdf.cli", "publish", *source),
+        *("--bootstrap-servers", bootstrap, "--schema-registry", registry),
+        *("--checkpoint", str(tmp_path / "ck"), "--flush-timeout", "2"),
+        *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
+    ]
+    log = tmp_path / "publish.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+    frozen = False
+    try:
+        _wait_for(
+            "the head start's first round", lambda: "head start: " in log.read_text(), proc, log
+        )
+        _wait_for("the query's writers", held.exists, proc, log)
+        os.kill(kafka_broker.pid, signal.SIGSTOP)
+        frozen = True
+        _commit(src, [2, 40, 41])  # versions 7 and 8, for the head start to publish
+        _wait_for("the head start's end", lambda: "head start ended" in log.read_text(), proc, log)
+        os.kill(kafka_broker.pid, signal.SIGCONT)
+        frozen = False
+        hold.unlink()  # the query's writers go on and publish versions 7 and 8
+        _wait_for("versions 7-8", lambda: 8 in _ends(bootstrap, topic, registry), proc, log)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(120) == 0, log.read_text()[-3000:]
+    finally:
+        if frozen:
+            os.kill(kafka_broker.pid, signal.SIGCONT)
+        hold.unlink(missing_ok=True)
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    want = expected_by_key(src)
+    count = sum(len(v) for v in want.values())
+    got, _ = consume_by_key(bootstrap, topic, registry, count + 1)
+    assert got == want
+    txns = transactions(bootstrap, f"{topic}.transaction", registry)
+    counts = change_counts(bootstrap, topic)
+    assert sorted(counts) == list(range(1, 9))
+    check_transactions(txns, counts, name)

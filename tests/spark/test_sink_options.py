@@ -46,6 +46,7 @@ def _random(rng: random.Random) -> SinkOptions:
             {f"k{i}.x": word() for i in range(rng.randint(0, 2))},
         ),
         flush_timeout_s=rng.choice([60.0, 2.5, 0.1]),
+        ride_out_s=rng.choice([300.0, 2.5, 900.0]),
         checkpoint=maybe(),
         hand_over=maybe(),
         producer=tuple(kv for kv in pairs() if kv[0] != "bootstrap.servers"),
@@ -86,6 +87,7 @@ def test_client_settings_keep_their_case_and_leave_the_bootstrap_servers_out():
         ({"transactionMetadata": "off"}, "transactionMetadata"),
         ({"flushTimeout": "soon"}, "flushTimeout"),
         ({"flushTimeout": "0"}, "flushTimeout"),
+        ({"rideOut": "-5"}, "rideOut"),
         ({"topic.partitions": "0"}, "topic.partitions"),
         ({"tombstone": "false"}, "tombstone"),  # a misspelt option
         ({"topic": ""}, "topic"),

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeVar
 
 from lance_cdf.errors import LanceCdfError
@@ -100,7 +100,11 @@ def open_rounds(
     source_options: dict[str, str], sink_options: SinkOptions, kind: type[R]
 ) -> tuple[R, Any]:
     """The query's stream reader (one writer slot; a `kind`, else refused) and a writer of
-    its work items: what a head start's rounds plan and publish with."""
+    its work items: what a head start's rounds plan and publish with. The writer rides out
+    a broker outage for one flush timeout, not the query's `rideOut`: a round holds the
+    hand-over lock, so a head start waiting for Kafka would hold the query's writers and
+    commit back; it ends instead (its acknowledged records stay, the query skips them) and
+    the query rides the outage out with clients of its own."""
     from lance_cdf.spark.sink import kafka_sink as sink
     from lance_cdf.spark.source.data_source import LanceCdfDataSource
     from lance_cdf.spark.source.handoff import work_struct
@@ -109,7 +113,8 @@ def open_rounds(
     reader = source.streamReader(source.schema())
     if not isinstance(reader, kind):  # (option writerSlots, given above, makes one)
         raise LanceCdfError(f"the head start needs a {kind.__name__}, not {type(reader).__name__}")
-    writer = sink.LanceCdfKafkaSink(sink_options.to_options()).streamWriter(work_struct(), False)
+    brief = replace(sink_options, ride_out_s=sink_options.flush_timeout_s)
+    writer = sink.LanceCdfKafkaSink(brief.to_options()).streamWriter(work_struct(), False)
     return reader, writer
 
 

@@ -10,7 +10,13 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
-from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
+from lance_cdf.errors import (
+    KafkaUnavailableError,
+    LanceCdfError,
+    LeaseLostError,
+    PublishError,
+    in_words,
+)
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
@@ -659,6 +665,10 @@ def _head_start(
 
 
 def _said(exc: BaseException) -> str:
+    """Why a head start ended, in one line: a broker that does not answer is the query's to
+    ride out (`KafkaUnavailableError` advises a rerun, which is not needed here)."""
+    if isinstance(exc, KafkaUnavailableError):
+        return "Kafka did not answer within the flush timeout: the query rides the outage out"
     return scrub(in_words(exc))
 
 

@@ -194,6 +194,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     topic_settings=options.topics,
                     checkpoint=options.checkpoint,
                     flush_timeout=options.flush_timeout_s,
+                    ride_out_s=options.ride_out_s,
                 ),
             )
         return _PUBLISHERS.put(cache_key, publisher)  # the most recently used last
@@ -254,7 +255,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         opts = self.options.for_table(uri, name)
         database, storage, topic = str(opts.database), opts.storage_options, str(opts.topic)
         checkpoint = opts.checkpoint
-        ride_out = RideOut(opts.bootstrap_servers, checkpoint, outage_after_s=opts.flush_timeout_s)
+        ride_out = RideOut(
+            opts.bootstrap_servers,
+            checkpoint,
+            budget_s=opts.ride_out_s,
+            outage_after_s=opts.flush_timeout_s,
+        )
 
         def attempt() -> Published | None:
             try:
@@ -443,7 +449,12 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.ops.takeup import is_transient
 
         o = self.options
-        ride_out = RideOut(o.bootstrap_servers, o.checkpoint, outage_after_s=o.flush_timeout_s)
+        ride_out = RideOut(
+            o.bootstrap_servers,
+            o.checkpoint,
+            budget_s=o.ride_out_s,
+            outage_after_s=o.flush_timeout_s,
+        )
 
         def attempt() -> int:
             if writer.producer.flush(10):

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from lance_cdf.errors import LanceCdfError
-from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
+from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S, RIDE_OUT_S
 from lance_cdf.kafka.topic_settings import TopicSettings
 from lance_cdf.spark.source.options import option_bool
 
@@ -35,6 +35,7 @@ KNOWN = frozenset(
         "topic.partitions",
         "topic.replicationfactor",
         "flushtimeout",
+        "rideout",
         "checkpointlocation",
         "handover",  # publish's head start hands over to the writer tasks through it
     }
@@ -92,6 +93,7 @@ class SinkOptions:
     transaction_topic: str | None = None  # None: `<topic>.transaction`
     topics: TopicSettings = field(default_factory=TopicSettings)
     flush_timeout_s: float = FLUSH_TIMEOUT_S
+    ride_out_s: float = RIDE_OUT_S  # how long a broker outage is ridden out (`RideOut`)
     checkpoint: str | None = None  # where an outage's state goes
     hand_over: str | None = None
     producer: tuple[tuple[str, str], ...] = ()  # `kafka.*` but the bootstrap servers
@@ -131,6 +133,7 @@ class SinkOptions:
             transaction_topic=lower.get("transaction.topic") or None,
             topics=TopicSettings.from_options(given),
             flush_timeout_s=_seconds(lower.get("flushtimeout"), "flushTimeout", FLUSH_TIMEOUT_S),
+            ride_out_s=_seconds(lower.get("rideout"), "rideOut", RIDE_OUT_S),
             checkpoint=lower.get("checkpointlocation") or None,
             hand_over=lower.get("handover") or None,
             producer=tuple(kv for kv in _settings(given, KAFKA) if kv[0] != "bootstrap.servers"),
@@ -160,6 +163,7 @@ class SinkOptions:
                 "transactionMetadata": str(self.transaction_metadata).lower(),
                 "tableDefinitions": str(self.table_definitions).lower(),
                 "flushTimeout": repr(self.flush_timeout_s),
+                "rideOut": repr(self.ride_out_s),
             }
         )
         out.update(self.topics.options())
