@@ -73,25 +73,32 @@ def _publisher(tmp_path, bootstrap, database):
     )
 
 
+def _launch(tmp_path, bootstrap, registry, src, source, hold, *extra):
+    """`lance-cdf publish` of table `src`'s versions 1-6 (made here, waiting at launch), its
+    writer tasks held before their marks while `hold` exists: the process and its log."""
+    _history(src)
+    hold.touch()
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
+    args = [
+        *(sys.executable, "-m", "lance_cdf.cli", "publish", *source),
+        *("--bootstrap-servers", bootstrap, "--schema-registry", registry),
+        *("--checkpoint", str(tmp_path / "ck"), *extra),
+        *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
+    ]
+    log = tmp_path / "publish.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+    return proc, log
+
+
 @pytest.mark.parametrize("database", [False, True], ids=["table", "database"])
 def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     tmp_path, kafka_broker, schema_registry, database
 ):
     bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
     src, topic, name, source = _publisher(tmp_path, bootstrap, database)
-    _history(src)  # versions 1-6, waiting at launch
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
-    hold.touch()  # the query's writer tasks wait before their marks while this exists
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
-    args = [
-        *(sys.executable, "-m", "lance_cdf.cli", "publish", *source),
-        *("--bootstrap-servers", bootstrap, "--schema-registry", registry),
-        *("--checkpoint", str(tmp_path / "ck")),
-        *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
-    ]
-    log = tmp_path / "publish.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+    proc, log = _launch(tmp_path, bootstrap, registry, src, source, hold)
 
     def lines():  # the head start's lines so far
         return log.read_text().count("head start: ")
@@ -123,15 +130,19 @@ def test_commits_made_while_spark_starts_are_published_by_the_head_start(
     if not database:
         for versions in ("1-6", "7-10"):
             assert f"of version(s) {versions} published with their transaction" in text, text
-    # each change once, per key in commit order; each version's BEGIN and END once, in
-    # version order, counting its records
+    _check_topic(bootstrap, registry, src, topic, name, 12)
+
+
+def _check_topic(bootstrap, registry, src, topic, name, versions):
+    """Each change once, per key in commit order; each of versions 1..`versions` has its
+    BEGIN and END once, in version order, counting its records."""
     want = expected_by_key(src)
     count = sum(len(v) for v in want.values())
     got, _ = consume_by_key(bootstrap, topic, registry, count + 1)
     assert got == want
     txns = transactions(bootstrap, f"{topic}.transaction", registry)
     counts = change_counts(bootstrap, topic)
-    assert sorted(counts) == list(range(1, 13))
+    assert sorted(counts) == list(range(1, versions + 1))
     check_transactions(txns, counts, name)
 
 
@@ -195,19 +206,8 @@ def test_a_head_start_that_meets_an_outage_leaves_the_rest_to_the_query(
     each version's BEGIN and END once."""
     bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
     src, topic, name, source = _publisher(tmp_path, bootstrap, False)
-    _history(src)  # versions 1-6, waiting at launch
     hold, held = tmp_path / "hold", tmp_path / "hold.held"
-    hold.touch()  # the query's writer tasks wait before their marks while this exists
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, HOLD_ENV: f"handover:{hold}"}
-    args = [
-        *(sys.executable, "-m", "lance_cdf.cli", "publish", *source),
-        *("--bootstrap-servers", bootstrap, "--schema-registry", registry),
-        *("--checkpoint", str(tmp_path / "ck"), "--flush-timeout", "2"),
-        *("--starting-version", "1", "--key", "id", "--master", "local[2]"),
-    ]
-    log = tmp_path / "publish.log"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(args, env=env, stdout=out, stderr=out, start_new_session=True)
+    proc, log = _launch(tmp_path, bootstrap, registry, src, source, hold, "--flush-timeout", "2")
     frozen = False
     try:
         _wait_for(
@@ -230,11 +230,4 @@ def test_a_head_start_that_meets_an_outage_leaves_the_rest_to_the_query(
         hold.unlink(missing_ok=True)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    want = expected_by_key(src)
-    count = sum(len(v) for v in want.values())
-    got, _ = consume_by_key(bootstrap, topic, registry, count + 1)
-    assert got == want
-    txns = transactions(bootstrap, f"{topic}.transaction", registry)
-    counts = change_counts(bootstrap, topic)
-    assert sorted(counts) == list(range(1, 9))
-    check_transactions(txns, counts, name)
+    _check_topic(bootstrap, registry, src, topic, name, 8)
