@@ -13,6 +13,35 @@ import pyarrow as pa
 import pytest
 
 
+def _running_publisher(tmp_path, kafka_broker, schema_registry, prefix):
+    """`lance-cdf publish` of a new 50-row table (a 200-ms trigger), once its first
+    micro-batch is committed: the process, the table's URI and the checkpoint."""
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
+    ck = tmp_path / "ck"
+    args = [
+        *("publish", "--table", uri, "--topic", f"{prefix}-{uuid.uuid4().hex[:8]}"),
+        *("--bootstrap-servers", kafka_broker.bootstrap_servers),
+        *("--schema-registry", schema_registry.url, "--checkpoint", str(ck)),
+        *("--starting-version", "1", "--trigger-interval", "200 milliseconds"),
+    ]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "lance_cdf.cli", *args],
+        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and proc.poll() is None:
+        if (ck / "commits" / "0").exists():
+            break
+        time.sleep(0.1)
+    if proc.poll() is not None:
+        pytest.fail(proc.stderr.read().decode()[-3000:])
+    return proc, uri, ck
+
+
 @pytest.mark.parametrize(
     "sig, group",
     [
@@ -22,40 +51,8 @@ import pytest
     ],
 )
 def test_publish_stops_cleanly_on_signal(sig, group, tmp_path, kafka_broker, schema_registry):
-    uri = str(tmp_path / "t.lance")
-    lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
-    ck = tmp_path / "ck"
-    args = [
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
-        "--topic",
-        f"sig-{uuid.uuid4().hex[:8]}",
-        "--schema-registry",
-        schema_registry.url,
-        "--checkpoint",
-        str(ck),
-        "--starting-version",
-        "1",
-        "--trigger-interval",
-        "200 milliseconds",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lance_cdf.cli", *args],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc, uri, ck = _running_publisher(tmp_path, kafka_broker, schema_registry, "sig")
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (ck / "commits" / "0").exists():
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         # keep the query busy: commits arrive while it is being stopped
         for i in range(3):
             lance.dataset(uri).update({"id": f"id + {i + 1}"}, where="id < 10")
@@ -139,40 +136,8 @@ def _tree(root: int) -> list[str]:
 def test_local_publisher_stops_planner_daemons(tmp_path, kafka_broker, schema_registry):
     """A local publisher's JVM runs with the footprint options, the data-source planners'
     Python daemons are gone once the query runs, and micro-batches still run after."""
-    uri = str(tmp_path / "t.lance")
-    lance.write_dataset(pa.table({"id": np.arange(50)}), uri, enable_stable_row_ids=True)
-    ck = tmp_path / "ck"
-    args = [
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
-        "--topic",
-        f"fp-{uuid.uuid4().hex[:8]}",
-        "--schema-registry",
-        schema_registry.url,
-        "--checkpoint",
-        str(ck),
-        "--starting-version",
-        "1",
-        "--trigger-interval",
-        "200 milliseconds",
-    ]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lance_cdf.cli", *args],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    proc, uri, ck = _running_publisher(tmp_path, kafka_broker, schema_registry, "fp")
     try:
-        deadline = time.monotonic() + 180
-        while time.monotonic() < deadline and proc.poll() is None:
-            if (ck / "commits" / "0").exists():
-                break
-            time.sleep(0.1)
-        assert proc.poll() is None, proc.stderr.read().decode()[-3000:]
         started = [c for c in _tree(proc.pid) if "pyspark.daemon" in c]
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
