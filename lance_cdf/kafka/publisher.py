@@ -14,12 +14,10 @@ the driver.
 
 from __future__ import annotations
 
-import gc
 import operator
 import time
 from collections import deque
 from collections.abc import Collection, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from itertools import repeat
 from typing import Any, cast
@@ -75,9 +73,9 @@ DEFAULT_PRODUCER = {
 # ASCII) and the Debezium op ("c", "u", "d", "r"; "tombstone" on a delete's tombstone).
 VERSION_HEADER = "lance-cdf.commit-version"
 OP_HEADER = "lance-cdf.op"
-# a record's headers as the producer takes them: (name, value) pairs, in this order:
+# a record's headers as the producer takes them (values: bytes here), in this order:
 # version, op, then (routed streams) position
-Headers = list[tuple[str, str | bytes | None]]
+Headers = dict[str, str | bytes | None]
 # the change types that make a record, an index into it per record (`BatchRecords.ops`)
 OP_KINDS = list(OPS)
 # each op's group in a record's position: 0 deletes, 1 updates, 2 inserts and snapshot reads
@@ -170,37 +168,20 @@ def _objects(items: Iterable[Any], n: int) -> np.ndarray:
 
 def record_headers(records: BatchRecords, tombstone: bool = False) -> list[Headers]:
     """The headers of each record (`tombstone`: of its tombstone), in record order, with no
-    Python code run per record: the version and op pairs are shared tuples, one per value,
-    the position's value is built in Arrow, and the lists are made by `map` over `zip`."""
+    Python code run per record: one shared dict per (version, op), taken per record by an
+    array index, merged (`map` over `|`) with a dict of the record's position, its value built
+    in Arrow. A dict holding only strings and bytes is not tracked by the garbage collector:
+    a list or tuple per record is, and making them sets off collections over the whole heap
+    (docs/benchmarks.md, "Inside the publisher")."""
     uniq, inverse = np.unique(records.versions, return_inverse=True)
-    versions = [(VERSION_HEADER, str(v).encode()) for v in uniq.tolist()]
-    columns: list[Iterable[tuple[str, bytes]]] = [
-        _objects(versions, len(versions))[inverse.reshape(-1)].tolist()
-    ]
-    if tombstone:
-        columns.append(repeat((OP_HEADER, b"tombstone")))
-    else:
-        ops = [(OP_HEADER, OPS[kind].encode()) for kind in OP_KINDS]
-        columns.append(_objects(ops, len(ops))[records.ops].tolist())
-    if records.positions is not None:
-        values = position_values(records.positions, 1 if tombstone else 0)
-        columns.append(zip(repeat(POSITION_HEADER), values))
-    return list(map(list, zip(*columns, strict=False)))  # (a repeat() column is endless)
-
-
-@contextmanager
-def _gc_paused() -> Iterator[None]:
-    """The cyclic garbage collector paused: a batch's header lists (one per record, each
-    holding tuples) are tracked containers, and making them otherwise sets off collections
-    that scan the whole heap, several times their own cost (docs/benchmarks.md, "Inside the
-    publisher"). They hold no cycle and are freed by reference counting."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
+    ops = [b"tombstone"] if tombstone else [OPS[kind].encode() for kind in OP_KINDS]
+    shared = [{VERSION_HEADER: str(v).encode(), OP_HEADER: op} for v in uniq.tolist() for op in ops]
+    which = inverse.reshape(-1) * len(ops) + (0 if tombstone else records.ops)
+    heads: list[Headers] = _objects(shared, len(shared))[which].tolist()
+    if records.positions is None:
+        return heads
+    values = position_values(records.positions, 1 if tombstone else 0)
+    return list(map(operator.or_, heads, map(dict.fromkeys, repeat((POSITION_HEADER,)), values)))
 
 
 def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
@@ -319,8 +300,7 @@ class KafkaChangePublisher:
             keys, values, tombstones = self._keys_values(events, operations, now_ms, send_record)
             self._count(records, tombstones)
             tombs = tombstones & send_tomb
-            with _gc_paused():  # (the header lists are freed when _send returns)
-                self._send(keys, values, records, send_record, tombs)
+            self._send(keys, values, records, send_record, tombs)
             if positions is not None and marks is not None:  # exactly once: see flush()
                 self._remember_last(records, send_record, tombs)
             return int(send_record.sum() + tombs.sum())
