@@ -14,9 +14,12 @@ the driver.
 
 from __future__ import annotations
 
+import operator
 import time
+from collections import deque
 from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from typing import Any, cast
 
 import numpy as np
@@ -70,8 +73,15 @@ DEFAULT_PRODUCER = {
 # ASCII) and the Debezium op ("c", "u", "d", "r"; "tombstone" on a delete's tombstone).
 VERSION_HEADER = "lance-cdf.commit-version"
 OP_HEADER = "lance-cdf.op"
-# a record's headers as the producer takes them (values: bytes here)
+# a record's headers as the producer takes them (values: bytes here), in this order:
+# version, op, then (routed streams) position
 Headers = dict[str, str | bytes | None]
+# the change types that make a record, an index into it per record (`BatchRecords.ops`)
+OP_KINDS = list(OPS)
+# each op's group in a record's position: 0 deletes, 1 updates, 2 inserts and snapshot reads
+_GROUPS = np.array(
+    [0 if k == ChangeType.DELETE else 1 if k == ChangeType.UPDATE_POST else 2 for k in OP_KINDS]
+)
 
 
 def _record_rows(events: pa.Table) -> pa.Array:
@@ -102,21 +112,43 @@ def commit_order(events: pa.Table) -> pa.Table:
     return events.take(idx)
 
 
-def record_positions(events: pa.Table) -> np.ndarray | None:
-    """(version, group, order) per record, int64 (n, 3); None if the stream is not routed."""
-    if EVENT_ORDER not in events.column_names:
-        return None
-    rows = _record_rows(events)
-    kinds = pc.filter(events["_change_type"], rows)
-    if pa.types.is_dictionary(kinds.type):
-        kinds = kinds.cast(pa.string())
-    out = np.empty((len(kinds), 3), np.int64)
-    out[:, 0] = pc.filter(events["_commit_version"], rows).to_numpy()
-    out[:, 1] = 2
-    out[pc.equal(kinds, ChangeType.DELETE).fill_null(False).to_numpy(zero_copy_only=False), 1] = 0
-    out[pc.starts_with(kinds, "update").fill_null(False).to_numpy(zero_copy_only=False), 1] = 1
-    out[:, 2] = pc.filter(events[EVENT_ORDER], rows).to_numpy()
-    return out
+@dataclass(frozen=True)
+class BatchRecords:
+    """What the publisher needs of a batch's records (one per event, an update's two images
+    together) besides their Avro, each taken from the events' columns once: commit version,
+    op (an index into `OP_KINDS`; an unknown change type counts as an insert here, and the
+    encoder refuses it), Kafka partition (-1: the producer's choice) and, on a routed
+    stream, position (version, group, `_event_order`; int64 (n, 3))."""
+
+    versions: np.ndarray
+    ops: np.ndarray
+    partitions: np.ndarray
+    positions: np.ndarray | None
+
+    @classmethod
+    def of(cls, events: pa.Table) -> BatchRecords:
+        rows = _record_rows(events)
+        kinds = events["_change_type"]
+        if pa.types.is_dictionary(kinds.type):
+            kinds = kinds.cast(pa.string())
+        kinds = pc.filter(kinds, rows)
+        ops = pc.index_in(kinds, value_set=pa.array(OP_KINDS)).fill_null(0).to_numpy()
+        versions = pc.filter(events["_commit_version"], rows).to_numpy().astype(np.int64)
+        if PARTITION_COLUMN in events.column_names:
+            parts = pc.filter(events[PARTITION_COLUMN], rows).fill_null(-1).to_numpy()
+            partitions = parts.astype(np.int64)
+        else:
+            partitions = np.full(len(versions), -1, np.int64)
+        positions = None
+        if EVENT_ORDER in events.column_names:
+            positions = np.empty((len(versions), 3), np.int64)
+            positions[:, 0] = versions
+            positions[:, 1] = _GROUPS[ops]
+            positions[:, 2] = pc.filter(events[EVENT_ORDER], rows).to_numpy()
+        return cls(versions, ops, partitions, positions)
+
+    def __len__(self) -> int:
+        return len(self.versions)
 
 
 def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
@@ -129,45 +161,27 @@ def _after(positions: np.ndarray, sub: int, marks: np.ndarray) -> np.ndarray:
     )
 
 
-def record_partitions(events: pa.Table) -> list[int] | None:
-    """The Kafka partition of each record, or None to let the producer choose."""
-    if PARTITION_COLUMN not in events.column_names:
-        return None
-    partitions: list[int] = pc.filter(events[PARTITION_COLUMN], _record_rows(events)).to_pylist()
-    return partitions
+def _objects(items: Iterable[Any], n: int) -> np.ndarray:
+    """`items` as a 1-d object array (a tuple or list item stays one element)."""
+    return np.fromiter(items, dtype=object, count=n)
 
 
-def record_headers(events: pa.Table) -> list[Headers]:
-    """The headers of each record of `events`, in record order (one record per event,
-    an update's preimage and postimage together): one shared dict per (version, op) (the
-    producer takes a dict faster than a list of pairs: docs/benchmarks.md, "Inside the
-    publisher")."""
-    kinds = events["_change_type"]
-    if pa.types.is_dictionary(kinds.type):
-        kinds = kinds.cast(pa.string())
-    records = _record_rows(events)
-    versions = pc.filter(events["_commit_version"], records).to_numpy()
-    kinds = pc.filter(kinds, records)
-    codes = np.zeros(len(versions), np.int64)
-    names = list(OPS)
-    for i, kind in enumerate(names):
-        codes[pc.equal(kinds, kind).fill_null(False).to_numpy(zero_copy_only=False)] = i
-    # one 1-d key per (version, op): np.unique over rows (axis=0) is far slower
-    # (docs/benchmarks.md, "Inside the publisher")
-    pairs, inverse = np.unique(versions.astype(np.int64) * 8 + codes, return_inverse=True)
-    shared: list[Headers] = [
-        {VERSION_HEADER: str(p >> 3).encode(), OP_HEADER: OPS[names[p & 7]].encode()}
-        for p in pairs.tolist()
-    ]
-    return [shared[i] for i in inverse.reshape(-1).tolist()]
-
-
-def tombstone_headers(headers: Headers, position: bytes | None = None) -> Headers:
-    """A record's headers -> its tombstone's (op "tombstone"; `position`: its own)."""
-    out = {VERSION_HEADER: headers[VERSION_HEADER], OP_HEADER: b"tombstone"}
-    if position is not None:
-        out[POSITION_HEADER] = position
-    return out
+def record_headers(records: BatchRecords, tombstone: bool = False) -> list[Headers]:
+    """The headers of each record (`tombstone`: of its tombstone), in record order, with no
+    Python code run per record: one shared dict per (version, op), taken per record by an
+    array index, merged (`map` over `|`) with a dict of the record's position, its value built
+    in Arrow. A dict holding only strings and bytes is not tracked by the garbage collector:
+    a list or tuple per record is, and making them sets off collections over the whole heap
+    (docs/benchmarks.md, "Inside the publisher")."""
+    uniq, inverse = np.unique(records.versions, return_inverse=True)
+    ops = [b"tombstone"] if tombstone else [OPS[kind].encode() for kind in OP_KINDS]
+    shared = [{VERSION_HEADER: str(v).encode(), OP_HEADER: op} for v in uniq.tolist() for op in ops]
+    which = inverse.reshape(-1) * len(ops) + (0 if tombstone else records.ops)
+    heads: list[Headers] = _objects(shared, len(shared))[which].tolist()
+    if records.positions is None:
+        return heads
+    values = position_values(records.positions, 1 if tombstone else 0)
+    return list(map(operator.or_, heads, map(dict.fromkeys, repeat((POSITION_HEADER,)), values)))
 
 
 def position_values(positions: np.ndarray, sub: int) -> list[bytes]:
@@ -276,53 +290,23 @@ class KafkaChangePublisher:
         now_ms = int(time.time() * 1000)
         self.ensure_topic()
         try:
-            n = int(pc.sum(_record_rows(events)).as_py() or 0) if events.num_rows else 0
-            if not n:
+            records = BatchRecords.of(events) if events.num_rows else None
+            if not records:
                 return 0
-            headers = record_headers(events)
-            partitions = record_partitions(events) or [-1] * n  # -1: any
-            positions = record_positions(events)
+            n, positions = len(records), records.positions
             send_record = send_tomb = np.ones(n, bool)
-            if positions is not None:
-                headers = [
-                    {**h, POSITION_HEADER: t}
-                    for h, t in zip(headers, position_values(positions, 0), strict=True)
-                ]
-                if marks:
-                    m = np.full((n, 4), -1, np.int64)
-                    parts = np.asarray(partitions)
-                    for p, mark in marks.items():
-                        if mark is not None:
-                            m[parts == p] = mark
-                    send_record, send_tomb = _after(positions, 0, m), _after(positions, 1, m)
-            encoded = self._encode(events, operations, now_ms)
-            if encoded is not None:  # vectorised: the wire-format bytes of every record
-                keys, values = encoded.keys.to_pylist(), encoded.values.to_pylist()
-                tombstones = encoded.tombstone & self.tombstones
-            else:
-                records = list(
-                    change_records(
-                        events,
-                        self.user_columns,
-                        operations,
-                        self.table_name,
-                        self.key_columns,
-                        __version__,
-                        now_ms,
-                    )
-                )
-                keys = [self.key_writer.encode(key) for key, _, _ in records]
-                values = [
-                    self.value_writer.encode(value) if rec else None
-                    for (_, value, _), rec in zip(records, send_record.tolist(), strict=True)
-                ]
-                tombstones = np.array([meta["tombstone"] for _, _, meta in records], bool)
-                tombstones &= self.tombstones
-            self._count(events, partitions, tombstones)
+            if positions is not None and marks:
+                m = np.full((n, 4), -1, np.int64)
+                for p, mark in marks.items():
+                    if mark is not None:
+                        m[records.partitions == p] = mark
+                send_record, send_tomb = _after(positions, 0, m), _after(positions, 1, m)
+            keys, values, tombstones = self._keys_values(events, operations, now_ms, send_record)
+            self._count(records, tombstones)
             tombs = tombstones & send_tomb
-            self._send(keys, values, headers, partitions, send_record, tombs, positions)
+            self._send(keys, values, records, send_record, tombs)
             if positions is not None and marks is not None:  # exactly once: see flush()
-                self._remember_last(partitions, send_record, tombs, positions)
+                self._remember_last(records, send_record, tombs)
             return int(send_record.sum() + tombs.sum())
         except Exception as exc:
             if isinstance(exc, LanceCdfError):
@@ -334,14 +318,46 @@ class KafkaChangePublisher:
                 "compatibility."
             ) from exc
 
-    def _count(self, events: pa.Table, partitions: list[int], tombstones: np.ndarray) -> None:
+    def _keys_values(
+        self,
+        events: pa.Table,
+        operations: dict[int, str],
+        now_ms: int,
+        send_record: np.ndarray,
+    ) -> tuple[list[bytes], list[bytes | None], np.ndarray]:
+        """Each record's key and value in the wire format, and whether a tombstone follows
+        it: vectorised (`_encode`), or through fastavro for a batch it declines (values
+        encoded only where `send_record`)."""
+        encoded = self._encode(events, operations, now_ms)
+        if encoded is not None:
+            keys: list[bytes] = encoded.keys.to_pylist()
+            values: list[bytes | None] = encoded.values.to_pylist()
+            return keys, values, encoded.tombstone & self.tombstones
+        records = list(
+            change_records(
+                events,
+                self.user_columns,
+                operations,
+                self.table_name,
+                self.key_columns,
+                __version__,
+                now_ms,
+            )
+        )
+        keys = [self.key_writer.encode(key) for key, _, _ in records]
+        values = [
+            self.value_writer.encode(value) if rec else None
+            for (_, value, _), rec in zip(records, send_record.tolist(), strict=True)
+        ]
+        tombstones = np.array([meta["tombstone"] for _, _, meta in records], bool)
+        return keys, values, tombstones & self.tombstones
+
+    def _count(self, records: BatchRecords, tombstones: np.ndarray) -> None:
         """Add the batch's records (and tombstones) per (version, partition) to
         `version_counts`, whether sent or skipped as already held."""
-        versions = pc.filter(events["_commit_version"], _record_rows(events)).to_numpy()
-        parts = np.asarray(partitions, np.int64)
         # one 1-d key per (version, partition): partitions (and -1) below 2**20
         pairs, inverse, events_n = np.unique(
-            versions.astype(np.int64) * (1 << 20) + parts + 1,
+            records.versions * (1 << 20) + records.partitions + 1,
             return_inverse=True,
             return_counts=True,
         )
@@ -355,62 +371,69 @@ class KafkaChangePublisher:
         self,
         keys: list[bytes],
         values: list[bytes | None],
-        headers: list[Headers],
-        partitions: list[int],
+        records: BatchRecords,
         send_record: np.ndarray,
         tombs: np.ndarray,
-        positions: np.ndarray | None,
     ) -> None:
         """Produce each record (where `send_record`) and its tombstone (where `tombs`), in
-        order. The loop is the publisher's per-record cost (most of it the headers),
-        so it does nothing else: delivery errors come to the producer-wide callback, and
-        counts and last positions are taken from the arrays."""
-        produce, topic, retry = self.producer.produce, self.topic, self._produce
+        record order: the records and tombstones are interleaved with array operations,
+        then `_produce_all` queues them."""
+        headers = record_headers(records)
         if send_record.all() and not tombs.any():  # the common case: every record, no tombstone
-            for key, value, head, part in zip(keys, values, headers, partitions, strict=True):
-                try:
-                    produce(topic, key=key, value=value, partition=part, headers=head)
-                except BufferError:
-                    retry(key, value, head, part)
+            self._produce_all(keys, values, records.partitions.tolist(), headers)
             return
-        tomb_positions: list[bytes] | list[None] = (
-            position_values(positions, 1) if positions is not None else [None] * len(keys)
+        n = len(records)
+        # slot 2i: record i, 2i + 1: its tombstone
+        slots = np.flatnonzero(np.column_stack((send_record, tombs)).reshape(-1))
+        row, tomb = slots // 2, slots % 2 == 1
+        heads = _objects(headers, n)[row]
+        heads[tomb] = _objects(record_headers(records, tombstone=True), n)[row[tomb]]
+        out_values = _objects(values, n)[row]
+        out_values[tomb] = None
+        self._produce_all(
+            _objects(keys, n)[row].tolist(),
+            out_values.tolist(),
+            records.partitions[row].tolist(),
+            heads.tolist(),
         )
-        for key, value, head, part, rec, tomb, tomb_pos in zip(
-            keys,
-            values,
-            headers,
-            partitions,
-            send_record.tolist(),
-            tombs.tolist(),
-            tomb_positions,
-            strict=True,
-        ):
-            if rec:
-                try:
-                    produce(topic, key=key, value=value, partition=part, headers=head)
-                except BufferError:
-                    retry(key, value, head, part)
-            if tomb:
-                retry(key, None, tombstone_headers(head, tomb_pos), part)
+
+    def _produce_all(
+        self,
+        keys: list[bytes],
+        values: list[bytes | None],
+        partitions: list[int],
+        headers: list[Headers],
+    ) -> None:
+        """Queue the records in order, `produce` called by `map` with positional arguments
+        (topic, value, key, partition, callback, on_delivery, timestamp, headers): no Python
+        code runs per record. Delivery errors come to the producer-wide callback. When the
+        local queue is full, the record refused is the one before what remains of the
+        iterators; it is queued once deliveries drained (`_produce`), and the rest follow."""
+        produce, topic = self.producer.produce, self.topic
+        rest = iter(keys)
+        args = (iter(values), rest, iter(partitions), repeat(None), repeat(None), repeat(0))
+        heads = iter(headers)
+        while True:
+            try:
+                deque(map(produce, repeat(topic), *args, heads), maxlen=0)
+                return
+            except BufferError:
+                i = len(keys) - operator.length_hint(rest) - 1
+                self._produce(keys[i], values[i], headers[i], partitions[i])
 
     def _remember_last(
-        self,
-        partitions: list[int],
-        send_record: np.ndarray,
-        tombs: np.ndarray,
-        positions: np.ndarray,
+        self, records: BatchRecords, send_record: np.ndarray, tombs: np.ndarray
     ) -> None:
         """The position of the last record sent to each partition (its tombstone's when it
         has one), for `flush()`."""
         sent = np.flatnonzero(send_record | tombs)
-        if not len(sent):
+        if not len(sent) or records.positions is None:
             return
-        parts = np.asarray(partitions)[sent]
+        parts = records.partitions[sent]
         # the last index per partition: unique over the reversed order
         uniq, first = np.unique(parts[::-1], return_index=True)
         for part, i in zip(uniq.tolist(), sent[::-1][first].tolist(), strict=True):
-            self._sent_last[part] = (*positions[i].tolist(), 1 if tombs[i] else 0)
+            self._sent_last[part] = (*records.positions[i].tolist(), 1 if tombs[i] else 0)
 
     def ensure_topic(self) -> None:
         """Create the topic first if it does not exist (once per process and topic)."""

@@ -384,7 +384,18 @@ class _FakeProducer:
     def __init__(self):
         self.sent = []
 
-    def produce(self, topic, key=None, value=None, partition=-1, headers=None):
+    # confluent-kafka's Producer.produce, positional order included
+    def produce(
+        self,
+        topic,
+        value=None,
+        key=None,
+        partition=-1,
+        callback=None,
+        on_delivery=None,
+        timestamp=0,
+        headers=None,
+    ):
         self.sent.append((key, value, partition, headers))
 
     def flush(self, timeout):
