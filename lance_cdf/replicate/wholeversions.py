@@ -13,7 +13,11 @@ Records of a version whose END has not arrived, or whose records have not all be
 polled, wait. Memory is bounded by `max_pending` records: beyond that (a version larger
 than the bound, e.g. a 10M-row append) everything waiting is handed out as a *piece*: the
 replica then records the last whole version it holds and that it is inside the next
-one (`lance-cdf.inside-version`), until a later commit completes it.
+one (`lance-cdf.inside-version`), until a later commit completes it. A version whose END
+is read before its records and counts more than the bound is cut into pieces of a batch's
+size as its records come, rather than held up to the bound first: holding costs a
+garbage-collected Python object per record, and a large piece's decode outlasts what the
+consumer fetches ahead meanwhile.
 
 Nothing is guessed: the first and the last record of each version's range in each
 partition must carry that version (`lance-cdf.commit-version` header), and the record
@@ -311,8 +315,17 @@ class VersionGate:
     def _piece_due(self, max_records: int) -> bool:
         """Whether the waiting records (no run of whole versions among them) go as a
         piece: more than the bound wait and every END written so far has been read (an
-        END read but not complete is enough: what it waits for is records, not ENDs)."""
-        return self.waiting() > self.max_pending and bool(self.ends or self._caught_up())
+        END read but not complete is enough: what it waits for is records, not ENDs);
+        or the next version's END, read, counts more records than the bound, so that
+        version is applied in pieces in any case: each as soon as a batch's worth waits,
+        rather than the bound's worth held first."""
+        waiting = self.waiting()
+        if waiting > self.max_pending and (self.ends or self._caught_up()):
+            return True
+        if waiting < max_records or not self.ends:
+            return False
+        counts = self.ends[0][0].partitions or {}
+        return sum(records for _, records in counts.values()) > self.max_pending
 
     def _walk(self, max_records: int) -> tuple[int, dict[int, int], bool]:
         """(index in `ends` of the last END of the longest run of complete versions from
