@@ -300,9 +300,10 @@ class VersionGate:
             upto = {p: self._have(p) for p in self.pending}
             msgs, first = self._handout(upto)
             log.warning(
-                "%d records of unfinished versions waiting (more than %d): applying them "
-                "as a piece of version %d; the replica holds source version %d plus part "
-                "of what follows until that version completes",
+                "%d records of unfinished versions waiting (more than %d, or of a version "
+                "of more than that): applying them as a piece of version %d; the replica "
+                "holds source version %d plus part of what follows until that version "
+                "completes",
                 len(msgs),
                 self.max_pending,
                 inside,
