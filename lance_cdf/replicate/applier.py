@@ -97,6 +97,27 @@ def batch_positions(
     return Positions(np.full(n, one, np.int64), ranks, keep, next_offsets)
 
 
+def take_positions(take: Take, n: int, applied: dict[int, int]) -> Positions | None:
+    """`batch_positions` of the `n` records a `VersionGate` handed out in `take`, from the
+    offsets it knows them at (None: `take` does not account for `n` records)."""
+    first = take.first
+    counts = np.fromiter((take.upto[p] - o for p, o in first.items()), np.int64, len(first))
+    if int(counts.sum()) != n or (counts < 0).any():
+        return None
+    parts = np.repeat(np.fromiter(first, np.int64, len(first)), counts)
+    # each partition's offsets: its first, then one apart (`block`: where its records
+    # start in the batch)
+    block = np.cumsum(counts) - counts
+    starts = np.fromiter(first.values(), np.int64, len(first))
+    offsets = np.repeat(starts - block, counts) + np.arange(n, dtype=np.int64)
+    held = np.repeat(np.fromiter((applied.get(p, 0) for p in first), np.int64, len(first)), counts)
+    next_offsets = dict(applied)
+    for p, o in take.upto.items():
+        if p in first:
+            next_offsets[p] = max(next_offsets.get(p, 0), o)
+    return Positions(parts, offsets, offsets >= held, next_offsets)
+
+
 class BatchApplier:
     """Applies batches of `topic`'s records to `replica`, keyed by `states.key`, from the
     position the replica recorded (`reset`, on every partition assignment)."""
@@ -150,7 +171,9 @@ class BatchApplier:
         assignment, if so (`batch_positions`)."""
         t0 = time.perf_counter()
         # `offsets` may be ranks (only their order within a partition is used below)
-        parts, offsets, keep, next_offsets = batch_positions(msgs, self.applied, one_partition)
+        known = None if take is None else take_positions(take, len(msgs), self.applied)
+        positions = known or batch_positions(msgs, self.applied, one_partition)
+        parts, offsets, keep, next_offsets = positions
         if keep.all():
             unapplied = msgs
         else:

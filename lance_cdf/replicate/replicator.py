@@ -346,7 +346,7 @@ class Replicator:
                 self.applier.apply(msgs, one_partition=one_partition)
             return
         gate = self._gate
-        gate.add(msgs)
+        gate.add(msgs, one_partition)
         while not self._stop.is_set():
             take = gate.take(self.settings.batching.max_batch_rows)
             if take is None:

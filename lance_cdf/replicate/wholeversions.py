@@ -13,7 +13,11 @@ Records of a version whose END has not arrived, or whose records have not all be
 polled, wait. Memory is bounded by `max_pending` records: beyond that (a version larger
 than the bound, e.g. a 10M-row append) everything waiting is handed out as a *piece*: the
 replica then records the last whole version it holds and that it is inside the next
-one (`lance-cdf.inside-version`), until a later commit completes it.
+one (`lance-cdf.inside-version`), until a later commit completes it. A version whose END
+is read before its records and counts more than the bound is cut into pieces of a batch's
+size as its records come, rather than held up to the bound first: holding costs a
+garbage-collected Python object per record, and a large piece's decode outlasts what the
+consumer fetches ahead meanwhile.
 
 Nothing is guessed: the first and the last record of each version's range in each
 partition must carry that version (`lance-cdf.commit-version` header), and the record
@@ -55,6 +59,9 @@ class Take:
     version_offsets: dict[int, int]  # per partition: where the records after `version` start
     inside: int | None  # the first version after `version`, partly applied (None: none)
     upto: dict[int, int]  # per partition: the next offset after the records handed out
+    # per partition with records in `msgs`: the offset of its first; `msgs` holds them
+    # partition after partition in this order, each partition's at consecutive offsets
+    first: dict[int, int]
     # the source table's definition as of `version`, when an END handed out carried one
     # (the newest of them); None: unchanged
     definition: TableDefinition | None = None
@@ -151,32 +158,58 @@ class VersionGate:
     def waiting(self) -> int:
         return sum(len(v) for v in self.pending.values())
 
-    def add(self, msgs: list[Message]) -> None:
+    def add(self, msgs: list[Message], one_partition: int | None = None) -> None:
         """Polled records, in each partition's offset order (older ones, replays below what
-        is applied or held, are dropped)."""
+        is applied or held, are dropped). `one_partition`: the partition all of `msgs`
+        were polled from within one assignment, if so: librdkafka hands a partition's
+        records over in offset order, so a batch whose end offsets are its length apart
+        has no hole and only those two offsets are read."""
         if not msgs:
             return
+        if one_partition is not None:
+            first, last = msgs[0].offset(), msgs[-1].offset()
+            if first is not None and last is not None and last - first + 1 == len(msgs):
+                self._hold(one_partition, msgs, first)
+                return
         parts = np.fromiter((m.partition() for m in msgs), np.int64, len(msgs))
         offsets = np.fromiter((m.offset() for m in msgs), np.int64, len(msgs))
         for p in np.unique(parts).tolist():
             idx = np.flatnonzero(parts == p)
-            held = self.pending.setdefault(p, [])
-            start = self.applied.get(p)
-            if start is None:  # a partition the replica holds nothing of: from its first
-                start = self.applied[p] = int(offsets[idx[0]])
-                self.base.setdefault(p, start)
-            expected = start + len(held)
-            idx = idx[offsets[idx] >= expected]
+            got = offsets[idx]
+            expected = self._expected(p, int(got[0]))
+            keep = got >= expected
+            idx, got = idx[keep], got[keep]
             if not idx.size:
                 continue
-            got = offsets[idx]
             if got[0] != expected or (np.diff(got) != 1).any():
-                raise TransactionMetadataError(
-                    f"{self.topic!r} partition {p} has a hole near offset {expected} (a "
-                    "compacted or truncated topic): whole versions cannot be told apart; "
-                    "replicate with --no-transaction-topic"
-                )
-            held.extend(msgs[i] for i in idx.tolist())
+                raise self._hole(p, expected)
+            self.pending[p].extend(map(msgs.__getitem__, idx.tolist()))
+
+    def _hold(self, p: int, msgs: list[Message], first: int) -> None:
+        """`msgs`: partition p's records at offsets first, first + 1, ..."""
+        expected = self._expected(p, first)
+        if first > expected:
+            raise self._hole(p, expected)
+        skip = expected - first  # (replays of records applied or held)
+        if skip < len(msgs):
+            self.pending[p].extend(msgs[skip:] if skip else msgs)
+
+    def _expected(self, p: int, first: int) -> int:
+        """The offset of partition p's next record to hold (`first`: the first offset
+        polled, where a partition the replica holds nothing of starts)."""
+        held = self.pending.setdefault(p, [])
+        start = self.applied.get(p)
+        if start is None:
+            start = self.applied[p] = first
+            self.base.setdefault(p, start)
+        return start + len(held)
+
+    def _hole(self, p: int, expected: int) -> TransactionMetadataError:
+        return TransactionMetadataError(
+            f"{self.topic!r} partition {p} has a hole near offset {expected} (a "
+            "compacted or truncated topic): whole versions cannot be told apart; "
+            "replicate with --no-transaction-topic"
+        )
 
     def _poll_transactions(self) -> None:
         while True:
@@ -256,7 +289,50 @@ class VersionGate:
 
     def take(self, max_records: int) -> Take | None:
         """The next records to apply, or None: wait for more."""
-        self._poll_transactions()
+        chosen, cur, blocked = self._walk(max_records)
+        if not blocked:  # every END read so far is complete: read the newer ones
+            self._poll_transactions()
+            chosen, cur, blocked = self._walk(max_records)
+        if chosen >= 0:
+            return self._whole(chosen, cur)
+        if self._piece_due(max_records):
+            inside = self.ends[0][0].version if self.ends else self.version + 1
+            upto = {p: self._have(p) for p in self.pending}
+            msgs, first = self._handout(upto)
+            log.warning(
+                "%d records of unfinished versions waiting (more than %d, or of a version "
+                "of more than that): applying them as a piece of version %d; the replica "
+                "holds source version %d plus part of what follows until that version "
+                "completes",
+                len(msgs),
+                self.max_pending,
+                inside,
+                self.version,
+            )
+            base = dict(self.base)
+            return Take(msgs, self.version, self.transaction_offset, base, inside, upto, first)
+        return None
+
+    def _piece_due(self, max_records: int) -> bool:
+        """Whether the waiting records (no run of whole versions among them) go as a
+        piece: more than the bound wait and every END written so far has been read (an
+        END read but not complete is enough: what it waits for is records, not ENDs);
+        or the next version's END, read, counts more records than the bound, so that
+        version is applied in pieces in any case: each as soon as a batch's worth waits,
+        rather than the bound's worth held first."""
+        waiting = self.waiting()
+        if waiting > self.max_pending and (self.ends or self._caught_up()):
+            return True
+        if waiting < max_records or not self.ends:
+            return False
+        counts = self.ends[0][0].partitions or {}
+        return sum(records for _, records in counts.values()) > self.max_pending
+
+    def _walk(self, max_records: int) -> tuple[int, dict[int, int], bool]:
+        """(index in `ends` of the last END of the longest run of complete versions from
+        the one after `version`, about `max_records` records at most: -1 none; where that
+        run ends per partition; whether the run stopped at an END whose records are not
+        all held, or at the bound, rather than at the last END read)."""
         cur = dict(self.base)
         chosen = -1
         count = 0
@@ -270,49 +346,31 @@ class VersionGate:
                         break
                     need[p] = cur[p] + records
             if len(need) != sum(1 for _, r in end.partitions.values() if r):
-                break
+                return chosen, cur, True
             if any(self._have(p) < o for p, o in need.items()):
-                break
+                return chosen, cur, True
             for p, o in need.items():
                 self._check(end.version, cur[p], o, p)
                 count += o - max(cur[p], self.applied.get(p, 0))
             cur.update(need)
             chosen = i
             if count >= max_records:
-                break
-        if chosen >= 0:
-            end, offset = self.ends[chosen]
-            upto = {p: max(o, self.applied.get(p, o)) for p, o in cur.items()}
-            msgs = self._handout(cur)
-            definition = next(
-                (
-                    e.definition
-                    for e, _ in reversed(self.ends[: chosen + 1])
-                    if e.definition is not None
-                ),
-                None,
-            )
-            self.ends = self.ends[chosen + 1 :]
-            # pieces applied earlier may reach past this version in some partition: the
-            # replica then still holds part of what follows
-            beyond = any(o > cur.get(p, o) for p, o in self.applied.items())
-            inside = (self.ends[0][0].version if self.ends else end.version + 1) if beyond else None
-            return Take(msgs, end.version, offset + 1, cur, inside, upto, definition)
-        if self.waiting() > self.max_pending and self._caught_up():
-            inside = self.ends[0][0].version if self.ends else self.version + 1
-            upto = {p: self._have(p) for p in self.pending}
-            msgs = self._handout(upto)
-            log.warning(
-                "%d records of unfinished versions waiting (more than %d): applying them "
-                "as a piece of version %d; the replica holds source version %d plus part "
-                "of what follows until that version completes",
-                len(msgs),
-                self.max_pending,
-                inside,
-                self.version,
-            )
-            return Take(msgs, self.version, self.transaction_offset, dict(self.base), inside, upto)
-        return None
+                return chosen, cur, True
+        return chosen, cur, False
+
+    def _whole(self, chosen: int, cur: dict[int, int]) -> Take:
+        """The records of the versions up to `ends[chosen]` (`cur`: where they end)."""
+        end, offset = self.ends[chosen]
+        upto = {p: max(o, self.applied.get(p, o)) for p, o in cur.items()}
+        msgs, first = self._handout(cur)
+        handed = [e.definition for e, _ in self.ends[: chosen + 1]]
+        definition = next((d for d in reversed(handed) if d is not None), None)
+        self.ends = self.ends[chosen + 1 :]
+        # pieces applied earlier may reach past this version in some partition: the
+        # replica then still holds part of what follows
+        beyond = any(o > cur.get(p, o) for p, o in self.applied.items())
+        inside = (self.ends[0][0].version if self.ends else end.version + 1) if beyond else None
+        return Take(msgs, end.version, offset + 1, cur, inside, upto, first, definition)
 
     def _caught_up(self) -> bool:
         """Whether every END written so far has been read (so the waiting records are
@@ -325,14 +383,18 @@ class VersionGate:
             return False
         return high is not None and self._read >= high
 
-    def _handout(self, upto: dict[int, int]) -> list[Message]:
+    def _handout(self, upto: dict[int, int]) -> tuple[list[Message], dict[int, int]]:
+        """The held records below `upto` per partition, and the offset of each
+        partition's first of them (those of a partition follow each other)."""
         out: list[Message] = []
+        first: dict[int, int] = {}
         for p, o in upto.items():
-            held, first = self.pending.get(p, []), self.applied.get(p, 0)
-            n = o - first
+            held, start = self.pending.get(p, []), self.applied.get(p, 0)
+            n = o - start
             if n > 0:
                 out.extend(held[:n])
-        return out
+                first[p] = start
+        return out, first
 
     def done(self, take: Take) -> None:
         """`take` is committed to the replica."""
