@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 
+from bench.support.results import write_result
 from bench.support.tables import narrow, timed, vectors
 from lance_cdf.avro.decode import BatchDecoder, Frames
 from lance_cdf.avro.schema import change_records, envelope_schema, row_arrow_schema
@@ -97,9 +97,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     results = [run("narrow", narrow(args.narrow), 1), run("vectors", vectors(args.vectors), 1)]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    write_result(args.out, results, indent=1)
 
 
 if __name__ == "__main__":

@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import argparse
 import io
-import json
 
 import fastavro
 import numpy as np
 import pyarrow as pa
 
+from bench.support.results import write_result
 from bench.support.tables import narrow, timed, vectors
 from lance_cdf.avro.encode import RecordShape, encode_changes
 from lance_cdf.avro.schema import change_records, envelope_schema, key_schema
@@ -84,9 +84,7 @@ def main() -> None:
             f"vectorised {r['new_us_per_record']:7.3f} us/rec, {r['speedup']:6.1f}x",
             flush=True,
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ import pyarrow as pa
 
 import lance_cdf
 from bench.support import stats
+from bench.support.results import write_result
 from bench.support.tables import id_name_vec
 from lance_cdf.core.feed import ChangeFeed
 
@@ -264,9 +265,7 @@ def main() -> None:
                 cells.append(f"{r[ratio + '_s']:.2f}x ({r[ratio + '_cpu_s']:.2f}x)")
             print("| " + " | ".join(cells) + " |")
     print(f"\ntotal {meta['total_s']:.0f} s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "sizes": sizes}, f, indent=2)
+    write_result(args.out, {"meta": meta, "sizes": sizes})
 
 
 if __name__ == "__main__":

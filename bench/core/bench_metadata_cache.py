@@ -27,6 +27,8 @@ import time
 import numpy as np
 import pyarrow as pa
 
+from bench.support.results import write_result
+
 
 def build(path: str, rows: int, fragments: int, versions: int, dim: int) -> None:
     import lance
@@ -146,9 +148,7 @@ def main() -> None:
             }
             print(json.dumps(res), flush=True)
             runs.append(res)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"args": vars(args), "runs": runs}, f, indent=1)
+    write_result(args.out, {"args": vars(args), "runs": runs}, indent=1)
 
 
 if __name__ == "__main__":

@@ -16,6 +16,8 @@ import argparse
 import json
 from collections import defaultdict
 
+from bench.support.results import write_result
+
 
 def best(paths: list[str]) -> dict[str, dict[str, list[float]]]:
     out: dict[str, dict[str, list[float]]] = defaultdict(dict)
@@ -70,9 +72,7 @@ def main() -> None:
         f"\nworst (by the smaller of wall and CPU): {worst['cell']} ({worst['versions']}): "
         f"{worst['x_wall']:.2f}x wall, {worst['x_cpu']:.2f}x CPU"
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"before": args.before, "after": args.after, "versions": rows}, f, indent=1)
+    write_result(args.out, {"before": args.before, "after": args.after, "versions": rows}, indent=1)
 
 
 if __name__ == "__main__":

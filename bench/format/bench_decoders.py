@@ -45,6 +45,7 @@ import pyarrow as pa
 import lance_cdf
 from bench.core.bench_core import Table, build
 from bench.support import stats
+from bench.support.results import write_result
 from lance_cdf.core.feed import ChangeFeed
 from lance_cdf.format import deletions, manifest, rowids
 
@@ -215,9 +216,7 @@ def main() -> None:
                     )
                 print("| " + " | ".join(cells) + " |")
     print(f"\ntotal {meta['total_s']:.0f} s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"meta": meta, "sizes": sizes}, f, indent=2)
+    write_result(args.out, {"meta": meta, "sizes": sizes})
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.metadata
-import json
 import os
 import platform
 import subprocess
@@ -32,6 +31,7 @@ from typing import Any
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 from lance_cdf_devtools import S3Server
 
 STABLE = {"new_table_enable_stable_row_ids": "true"}
@@ -153,9 +153,7 @@ def main() -> None:
         "summary": summary,
         "runs": results,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_result(args.out, doc, indent=1)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,8 @@ import sys
 import time
 import uuid
 
+from bench.support.results import write_result
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import lance  # noqa: E402
@@ -378,9 +380,7 @@ def main() -> None:
             )
             results[label] = row
             print(label, json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
     spark.stop()
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import operator
 import time
 from collections import deque
 from itertools import repeat
 
 from confluent_kafka import Producer
+
+from bench.support.results import write_result
 
 VERSION, OP, POSITION = "lance-cdf.commit-version", "lance-cdf.op", "lance-cdf.position"
 
@@ -125,9 +126,7 @@ def main() -> None:
     for name, us in took.items():
         us.sort()
         print(f"{name}: min {us[0]:.2f}, median {us[len(us) // 2]:.2f} µs CPU per record")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"records": n, "us_per_record": took}, f, indent=2)
+    write_result(args.out, {"records": n, "us_per_record": took})
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -24,6 +23,7 @@ from types import ModuleType
 from confluent_kafka import Producer
 
 from bench.kafka.bench_publish_task import share
+from bench.support.results import write_result
 from bench.support.tables import narrow, vectors
 from lance_cdf.kafka import publisher as now
 
@@ -86,9 +86,7 @@ def main() -> None:
         us.sort()
         out[name] = {"min_us": us[0], "median_us": us[len(us) // 2], "runs_us": us}
         print(f"{name}: min {us[0]:.2f}, median {us[len(us) // 2]:.2f} µs CPU per record")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=2)
+    write_result(args.out, out)
 
 
 if __name__ == "__main__":

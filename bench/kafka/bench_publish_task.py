@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.kafka.bench_kafka import new_topic
+from bench.support.results import write_result
 from bench.support.tables import narrow, vectors
 
 
@@ -117,9 +118,7 @@ def main() -> None:
             "runs": results,
         }
         print(json.dumps(out))
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(out, f, indent=2)
+        write_result(args.out, out)
 
 
 if __name__ == "__main__":

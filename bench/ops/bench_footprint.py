@@ -18,7 +18,6 @@ PSS/RSS and of the JVM over the last two thirds of the window.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import signal
@@ -34,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 
 ROLES = ("jvm", "publish", "py-daemon", "py-worker", "py-other", "other")
 
@@ -447,9 +447,7 @@ def main() -> None:
             for _ in range(args.rounds):
                 for label, binary in variants:
                     results["runs"].append(run_variant(label, binary, kafka, registry, args, work))
-                    if args.out:
-                        with open(args.out, "w") as f:
-                            json.dump(results, f, indent=1)
+                    write_result(args.out, results, indent=1)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

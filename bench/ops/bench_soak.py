@@ -56,6 +56,7 @@ import pyarrow as pa
 
 from bench.ops.bench_footprint import make_table, sample, slope, summarize
 from bench.support import stats
+from bench.support.results import write_result
 
 VERSION_HEADER = "lance-cdf.commit-version"
 
@@ -659,9 +660,7 @@ def analyze(raw: dict, args: argparse.Namespace) -> None:
         }
         for v, k, t in commits
     ]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    write_result(args.out, results, indent=1)
     if args.chart:
         chart(results, args.chart)
 

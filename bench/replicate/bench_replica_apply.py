@@ -57,6 +57,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 from bench.support.tables import narrow
 from lance_cdf.replicate.key_lookup import KEY_INDEX_ZONE_ROWS, key_index_config
 from lance_cdf.replicate.replica import (
@@ -255,9 +256,7 @@ def main() -> None:
             row.update({f"{m}_s": stats.median(t) for m, t in times.items()})
             results["runs"].append(row)
             print(json.dumps(row), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

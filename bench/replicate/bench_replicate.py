@@ -36,6 +36,8 @@ import threading
 import time
 import uuid
 
+from bench.support.results import write_result
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import lance  # noqa: E402
@@ -453,9 +455,7 @@ def main() -> None:
         if not args.skip_throughput:
             run_throughput(kafka, registry, args, results)
         if args.skip_latency:
-            if args.out:
-                with open(args.out, "w") as f:
-                    json.dump(results, f, indent=2)
+            write_result(args.out, results)
             return
 
         spark = (
@@ -509,9 +509,7 @@ def main() -> None:
                 flush=True,
             )
         print("latency_ms", json.dumps(results["latency_ms"]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 def run_throughput(kafka, registry, args, results) -> None:

@@ -31,6 +31,7 @@ import pyarrow as pa
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from bench.replicate.bench_scaleout import publish_versions
+from bench.support.results import write_result
 
 
 def held(uri: str) -> int | None:
@@ -145,9 +146,7 @@ def main() -> None:
             took = run_mode(mode == "database", args, kafka, registry, work)
             results[mode] = {"seconds": took, "max_s": max(took)}
     print(json.dumps(results))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ processes' start-up included), and the events applied per second.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import signal
 import subprocess
@@ -30,6 +29,8 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
+
+from bench.support.results import write_result
 
 
 def build(root: str, prefix: str, args: argparse.Namespace, kafka, registry) -> int:
@@ -192,9 +193,7 @@ def main() -> None:
                 "events_per_s": round(events / seconds),
             }
             print(f"{n} process(es): {seconds:.1f} s, {events / seconds:,.0f} events/s")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

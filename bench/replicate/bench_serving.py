@@ -32,6 +32,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 from lance_cdf_devtools.commands import lance_cdf, publish, spark_env
 
 DIM = 128
@@ -199,9 +200,7 @@ def main() -> None:
         }
         result["source_rows"] = lance.dataset(src).count_rows()
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

@@ -41,6 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 
 DIM = 128
 CATS = ["red", "green", "blue", "gold"]
@@ -284,9 +285,7 @@ def main() -> None:
         result["commits"], result["compactions"] = s.commits, s.compactions
         result["upkeep_s"] = round(s.upkeep_s, 1)
     print(json.dumps({k: v for k, v in result.items() if k != "samples"}, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result, indent=1)
 
 
 if __name__ == "__main__":

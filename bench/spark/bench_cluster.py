@@ -25,6 +25,7 @@ from pathlib import Path
 
 import lance
 
+from bench.support.results import write_result
 from bench.support.tables import narrow
 
 JOB = Path(__file__).resolve().parents[1] / "support" / "cluster_publish_job.py"
@@ -128,9 +129,7 @@ def main() -> None:
     if len(results) == 2 and all(r["steady_eps"] for r in results):
         growth = results[1]["steady_eps"] / results[0]["steady_eps"]
         print(f"2 workers / 1 worker, steady: {growth:.2f}x")
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from bench.spark.bench_idle_polls import STABLE, Stream, commit, pct, rows
+from bench.support.results import write_result
 from bench.support.s3_counts import request_figures, requests_per_table, uncounted
 from lance_cdf.ops.clientconfig import sqs_client_arguments
 from lance_cdf_devtools import S3Server
@@ -223,9 +224,7 @@ def main() -> None:
         "results": results,
     }
     print(json.dumps(doc, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_result(args.out, doc, indent=1)
 
 
 if __name__ == "__main__":

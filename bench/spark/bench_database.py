@@ -84,6 +84,7 @@ import pyarrow as pa
 
 from bench.ops.bench_footprint import _children, sample, slope  # (the process-tree sampler)
 from bench.support import stats
+from bench.support.results import write_result
 from bench.support.s3_counts import request_figures, requests_per_table, table_key, uncounted
 from lance_cdf.spark.source.idle_polls import IDLE_BACKOFF, IDLE_POLL_MAX, IDLE_POLL_MAX_LOCAL
 from lance_cdf_devtools import S3Server
@@ -687,9 +688,7 @@ def main() -> int:
             shutil.copy(os.path.join(work, "publish.log"), args.keep_log)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result, indent=1)
     return 0
 
 

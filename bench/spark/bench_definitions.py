@@ -34,6 +34,7 @@ import numpy as np
 import pyarrow as pa
 
 from bench.support import stats
+from bench.support.results import write_result
 from lance_cdf.format.definition_capture import DefinitionCapture
 from lance_cdf.spark.sink.definition_sync import Span, TableDefinitions
 from lance_cdf_devtools import S3Server
@@ -162,9 +163,7 @@ def main() -> None:
         "machine": f"{platform.machine()}, {os.cpu_count()} cores",
         "results": results,
     }
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_result(args.out, doc, indent=1)
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Any
 
 from bench.spark.bench_database import make_database
 from bench.support import stats
+from bench.support.results import write_result
 
 
 def main() -> int:
@@ -74,9 +75,7 @@ def main() -> int:
     result["median_s"] = {s: round(stats.median(r[s] for r in runs[1:]), 4) for s in steps}
     result["max_s"] = {s: round(max(r[s] for r in runs[1:]), 4) for s in steps}
     print(json.dumps(result, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    write_result(args.out, result, indent=1)
     return 0
 
 

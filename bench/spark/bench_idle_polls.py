@@ -42,6 +42,7 @@ import pyarrow as pa
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from bench.support import stats
+from bench.support.results import write_result
 from bench.support.s3_counts import request_figures, requests_per_table, uncounted
 from lance_cdf.spark.source.database_stream import DatabaseReader
 from lance_cdf_devtools import S3Server
@@ -230,9 +231,7 @@ def main() -> None:
         "results": results,
     }
     print(json.dumps(doc, indent=1))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+    write_result(args.out, doc, indent=1)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,8 @@ import sys
 import threading
 import time
 
+from bench.support.results import write_result
+
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 
 import lance  # noqa: E402
@@ -170,9 +172,7 @@ def main() -> None:
         trigger="500 ms",
     )
     print("latency", json.dumps(results["latency"]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=2)
+    write_result(args.out, results)
     spark.stop()
 
 

@@ -35,6 +35,7 @@ import pyarrow as pa
 from confluent_kafka import Consumer
 
 from bench.support import stats
+from bench.support.results import write_result
 from lance_cdf_devtools.commands import publish, spark_env
 
 
@@ -205,9 +206,7 @@ def main() -> None:
                     )
                 print(label, "stages", r["stages"], r["head_start"], flush=True)
         writer.stop.set()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    write_result(args.out, results, indent=1)
 
 
 if __name__ == "__main__":
