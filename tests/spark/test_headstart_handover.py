@@ -16,6 +16,7 @@ import uuid
 import lance
 import pyarrow as pa
 import pytest
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 
 from lance_cdf.spark.source.handover import HOLD_ENV
 from tests.kafka.test_kafka_order import consume_by_key, expected_by_key
@@ -32,9 +33,37 @@ NAME = "shop.items"  # the records' namespace (--table-name)
 
 
 def _ends(bootstrap, topic, registry_url):
-    """The versions with an END on the transaction topic."""
-    txns = transactions(bootstrap, f"{topic}.transaction", registry_url)
+    """The versions with an END on the transaction topic (none while the broker does not
+    lead it: one frozen moments ago, see `_thaw`)."""
+    try:
+        txns = transactions(bootstrap, f"{topic}.transaction", registry_url)
+    except KafkaException:
+        return set()
     return {int(t["id"].rsplit(":", 1)[1]) for t in txns if t["status"] == "END"}
+
+
+def _thaw(broker, topic):
+    """The frozen broker let go on, and waited for until it leads the topics again: a
+    single KRaft node frozen past its session timeout is fenced by its own controller and
+    answers "not leader" / "unknown partition" until it has registered again (the next
+    test in this worker gets a broker that answers)."""
+    os.kill(broker.pid, signal.SIGCONT)
+    time.sleep(3)  # (its controller's look at the sessions, which may fence it first)
+    deadline = time.monotonic() + REACH_S
+    probe = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "thaw"})
+    try:
+        for name in (topic, f"{topic}.transaction"):
+            while True:
+                try:
+                    meta = probe.list_topics(name, timeout=10).topics[name]
+                    for p in meta.partitions:
+                        probe.get_watermark_offsets(TopicPartition(name, p), timeout=10)
+                    break
+                except KafkaException:
+                    assert time.monotonic() < deadline, f"the broker did not lead {name} again"
+                    time.sleep(0.5)
+    finally:
+        probe.close()
 
 
 def _wait_for(what, done, proc, log):
@@ -218,7 +247,7 @@ def test_a_head_start_that_meets_an_outage_leaves_the_rest_to_the_query(
         frozen = True
         _commit(src, [2, 40, 41])  # versions 7 and 8, for the head start to publish
         _wait_for("the head start's end", lambda: "head start ended" in log.read_text(), proc, log)
-        os.kill(kafka_broker.pid, signal.SIGCONT)
+        _thaw(kafka_broker, topic)
         frozen = False
         hold.unlink()  # the query's writers go on and publish versions 7 and 8
         _wait_for("versions 7-8", lambda: 8 in _ends(bootstrap, topic, registry), proc, log)
@@ -226,7 +255,7 @@ def test_a_head_start_that_meets_an_outage_leaves_the_rest_to_the_query(
         assert proc.wait(120) == 0, log.read_text()[-3000:]
     finally:
         if frozen:
-            os.kill(kafka_broker.pid, signal.SIGCONT)
+            _thaw(kafka_broker, topic)
         hold.unlink(missing_ok=True)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
