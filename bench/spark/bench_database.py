@@ -28,7 +28,8 @@ defaults (local[2], a trigger a second) as a subprocess. Once it follows every t
   split by that, the slowest commits listed, every commit in the JSON (`commits`), the
   Python processes' starts and ends; with --quiet-at, gaps without commits in the load
   (Spark stops the Python workers after a minute without a task), the commits after each
-  reported apart like the warm-up's;
+  reported apart like the warm-up's; with --hot-at, a window in which every commit goes to
+  one table (a table written every second), its commits reported apart (`load.hot_table`);
 - memory: RSS and PSS of the process tree at the end of each phase (smaps_rollup), and
   every --sample-every seconds of the load (the series, and its slope in MB/min over the
   last two thirds: a --load-seconds 1800 run is the 30-minute memory run).
@@ -339,6 +340,14 @@ def main() -> int:
     )
     ap.add_argument("--quiet-seconds", type=float, default=75)
     ap.add_argument(
+        "--hot-at",
+        type=float,
+        default=None,
+        help="a window starting this many seconds into the load in which every commit goes "
+        "to one table (a table written every second), reported apart (`load.hot_table`)",
+    )
+    ap.add_argument("--hot-seconds", type=float, default=60)
+    ap.add_argument(
         "--daemon-module",
         default=None,
         help="spark.python.daemon.module for publish (PYSPARK_SUBMIT_ARGS): "
@@ -422,7 +431,7 @@ def main() -> int:
                 writer = uncounted(s3.storage_options())
                 s3_flags, s3_env = s3_publish_flags(s3.storage_options())
             if args.commit_events:
-                from bench_commit_events import notified_queue
+                from bench.spark.bench_commit_events import notified_queue
 
                 queue = notified_queue(s3, S3_BUCKET) if s3 is not None else "files"
                 s3_flags += ["--commit-events", queue]
@@ -571,6 +580,8 @@ def main() -> int:
             t0_wall = time.time()
             next_sample = t0
             quiet = sorted((at, at + args.quiet_seconds) for at in args.quiet_at)
+            hot_name = sorted(paths)[0]
+            hot_keys: set[tuple[str, int]] = set()
             result["quiet_gaps_load_s"] = quiet
             result["load_started_epoch_s"] = round(t0_wall, 3)
             while time.monotonic() - t0 < args.load_seconds:
@@ -585,7 +596,8 @@ def main() -> int:
                 if gap is not None:  # a quiet gap: no commit until it ends
                     time.sleep(max(0.0, min(t0 + gap[1], next_sample) - time.monotonic()))
                     continue
-                name = rng.choice(sorted(paths))
+                hot = args.hot_at is not None and 0 <= tick - t0 - args.hot_at < args.hot_seconds
+                name = hot_name if hot else rng.choice(sorted(paths))
                 ds = lance.dataset(paths[name], storage_options=writer)
                 ds.update({"s": f"'u{ds.version}'"}, where=f"id = {rng.randrange(20)}")
                 done = time.time()
@@ -593,6 +605,8 @@ def main() -> int:
                 if not any(t == topics[name] for t, _ in commits):
                     first_use.add(key)
                 commits[key] = done
+                if hot:
+                    hot_keys.add(key)
                 period = 1.0 if args.fixed_phase else rng.uniform(0.5, 1.5)
                 time.sleep(max(0.0, period - (time.monotonic() - tick)))
             load_cpu = (cpu() - cpu0) / (time.monotonic() - t0)
@@ -638,6 +652,7 @@ def main() -> int:
                         "phase_s": round(c % 1.0, 3),
                         "latency_s": None if got is None else round(got - c, 3),
                         "first_use": k in first_use,
+                        "hot": k in hot_keys,
                         # a worker started for this commit's micro-batch, or for the one before
                         # that it waited behind
                         "new_python": [] if got is None else watcher.started_between(c - 3, got),
@@ -646,6 +661,10 @@ def main() -> int:
             ends = tuple(b for _, b in quiet)
             mark_quiet(rows, ends)
             result["load"].update(tail_figures(rows, args.warmup_seconds, ends))
+            if hot_keys:  # the table written every second (its first commit of the run apart)
+                result["load"]["hot_table"] = tail_figures([r for r in rows if r["hot"]], 0.0)[
+                    "steady"
+                ]
             result["commits"] = rows
             result["python_processes"] = [
                 {
@@ -684,7 +703,7 @@ def main() -> int:
         for p in procs:
             if p.poll() is None:
                 os.killpg(p.pid, signal.SIGKILL)
-        if args.keep_log:
+        if args.keep_log and os.path.exists(os.path.join(work, "publish.log")):
             shutil.copy(os.path.join(work, "publish.log"), args.keep_log)
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(result, indent=1))
