@@ -27,7 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 from lance_cdf.errors import KafkaUnavailableError, in_words
 from lance_cdf.ops.state_files import checkpoint_file, read_record, update_record
@@ -47,6 +47,20 @@ BACKOFF_S = (1.0, 2.0, 4.0, 8.0, 15.0)  # then 15 s between attempts
 STATE_FILE = "lance-cdf-kafka.json"
 
 T = TypeVar("T")
+
+
+class OutageSettings(Protocol):
+    """Settings that say how a broker outage is ridden out (`RideOut.of`): the sink's
+    options (`SinkOptions`) and a publisher's (`PublisherSettings`)."""
+
+    @property
+    def checkpoint(self) -> str | None: ...  # where the outage's state goes (None: nowhere)
+
+    @property
+    def flush_timeout_s(self) -> float: ...  # Kafka not answering this long: an outage
+
+    @property
+    def ride_out_s(self) -> float: ...  # how long an outage is ridden out
 
 
 @dataclass
@@ -99,6 +113,16 @@ class RideOut:
         self.since: float | None = None  # monotonic time Kafka stopped answering
         self.outage = False  # whether that has lasted `outage_after_s`: an outage
         self.attempts = 0
+
+    @classmethod
+    def of(cls, where: str, settings: OutageSettings) -> RideOut:
+        """The ride-out `settings` ask for, of Kafka at `where` (the bootstrap servers)."""
+        return cls(
+            where,
+            settings.checkpoint,
+            budget_s=settings.ride_out_s,
+            outage_after_s=settings.flush_timeout_s,
+        )
 
     def call(
         self, what: str, attempt: Callable[[], T], transient: tuple[type[Exception], ...]

@@ -204,7 +204,7 @@ class PublisherSettings:
     producer_config: dict[str, Any] = field(default_factory=dict)
     registry_config: dict[str, Any] = field(default_factory=dict)
     topic_settings: TopicSettings = field(default_factory=TopicSettings)
-    flush_timeout: float = FLUSH_TIMEOUT_S
+    flush_timeout_s: float = FLUSH_TIMEOUT_S
     checkpoint: str | None = None
     ride_out_s: float = RIDE_OUT_S
 
@@ -235,14 +235,9 @@ class KafkaChangePublisher:
         self.table_name = TableName.of(table_name)  # record names, source.name/db/table
         self.key_columns = key_columns
         self.tombstones = tombstones
-        self.flush_timeout = settings.flush_timeout
+        self.flush_timeout = settings.flush_timeout_s
         # a broker outage is ridden out (`RideOut`); its state goes to the checkpoint
-        self.ride_out = RideOut(
-            bootstrap_servers,
-            settings.checkpoint,
-            budget_s=settings.ride_out_s,
-            outage_after_s=settings.flush_timeout,
-        )
+        self.ride_out = RideOut.of(bootstrap_servers, settings)
         # the registry client, the producer and the marks consumer are the process's, shared
         # by every table's publisher with the same settings (`clients.registry`,
         # `clients.producer`, `clients.consumer`)

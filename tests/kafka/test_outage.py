@@ -161,3 +161,26 @@ def test_a_short_outage_after_a_long_one_keeps_the_longest(tmp_path):
     state = read_state(str(tmp_path))
     assert state.outages == 2 and state.last_outage_s < 5 and state.longest_outage_s >= 40
     assert describe_state(str(tmp_path))[1].endswith("; the longest 40 s")
+
+
+def test_the_sink_and_a_publisher_ride_out_as_their_settings_say(tmp_path):
+    """The sink's options and a publisher's settings make the same ride-out (`RideOut.of`):
+    rideOut is the budget, flushTimeout how long unanswered counts as an outage."""
+    from lance_cdf.kafka.publisher import PublisherSettings
+    from lance_cdf.spark.sink.sink_options import SinkOptions
+
+    options = SinkOptions.parse(
+        {
+            "kafka.bootstrap.servers": "b:9092",
+            "schema.registry.url": "http://r",
+            "topic": "t",
+            "table": "/t.lance",
+            "flushTimeout": "2.5",
+            "rideOut": "30",
+            "checkpointLocation": str(tmp_path),
+        }
+    )
+    settings = PublisherSettings(flush_timeout_s=2.5, ride_out_s=30.0, checkpoint=str(tmp_path))
+    for made in (RideOut.of(options.bootstrap_servers, options), RideOut.of("b:9092", settings)):
+        assert (made.where, made.budget_s, made.outage_after_s) == ("b:9092", 30.0, 2.5)
+        assert made.path == outage.state_path(str(tmp_path))

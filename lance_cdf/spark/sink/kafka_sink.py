@@ -193,7 +193,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
                     registry_config=options.registry_config,
                     topic_settings=options.topics,
                     checkpoint=options.checkpoint,
-                    flush_timeout=options.flush_timeout_s,
+                    flush_timeout_s=options.flush_timeout_s,
                     ride_out_s=options.ride_out_s,
                 ),
             )
@@ -255,12 +255,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         opts = self.options.for_table(uri, name)
         database, storage, topic = str(opts.database), opts.storage_options, str(opts.topic)
         checkpoint = opts.checkpoint
-        ride_out = RideOut(
-            opts.bootstrap_servers,
-            checkpoint,
-            budget_s=opts.ride_out_s,
-            outage_after_s=opts.flush_timeout_s,
-        )
+        ride_out = RideOut.of(opts.bootstrap_servers, opts)
 
         def attempt() -> Published | None:
             try:
@@ -448,13 +443,7 @@ class KafkaStreamWriter(DataSourceStreamArrowWriter):
         from lance_cdf.kafka.outage import RideOut
         from lance_cdf.ops.takeup import is_transient
 
-        o = self.options
-        ride_out = RideOut(
-            o.bootstrap_servers,
-            o.checkpoint,
-            budget_s=o.ride_out_s,
-            outage_after_s=o.flush_timeout_s,
-        )
+        ride_out = RideOut.of(self.options.bootstrap_servers, self.options)
 
         def attempt() -> int:
             if writer.producer.flush(10):
