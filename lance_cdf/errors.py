@@ -166,7 +166,9 @@ class CheckpointMismatchError(LanceCdfError):
 
 
 class KafkaUnavailableError(PublishError):
-    """The broker did not answer for longer than the publisher rides out an outage."""
+    """The broker did not answer for longer than the publisher rides out an outage. The
+    message says for how long and why, not what to do: a head start that ends on it leaves
+    the outage to the query; publish, stopped by it, says to rerun."""
 
     retriable = True
 

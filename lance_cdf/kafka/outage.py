@@ -157,10 +157,9 @@ class RideOut:
         self.attempts += 1
         self._write(lambda s: _retried(s, cause))
         if now - self.since >= self.budget_s:
+            # (the facts only: what to do is the caller's to say, publish's `_FIXES`)
             raise KafkaUnavailableError(
-                f"Kafka at {self.where} did not answer for {now - self.since:.0f} s ({cause}); "
-                "nothing is lost: rerun lance-cdf publish with the same --checkpoint once the "
-                "broker is back"
+                f"Kafka at {self.where} did not answer for {now - self.since:.0f} s ({cause})"
             )
 
     def answered(self) -> None:

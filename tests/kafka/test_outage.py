@@ -77,13 +77,36 @@ def test_an_outage_longer_than_the_budget_stops_with_one_line(tmp_path):
         ride.call("reading offsets", attempt, (KafkaException,))
     text = str(err.value)
     assert "\n" not in text and text.startswith("Kafka at 127.0.0.1:9 did not answer for 0 s")
-    assert text.endswith(
-        "rerun lance-cdf publish with the same --checkpoint once the broker is back"
-    )
+    # the facts only: the fix is the caller's to say (publish's, once it stops on it)
+    assert text.endswith("(reading offsets: broker down)") and "rerun" not in text
     # still unavailable as far as the checkpoint knows: status says so
     state = read_state(str(tmp_path))
     assert state.unavailable_since > 0
     assert "not answering the publisher since" in describe_state(str(tmp_path))[1]
+
+
+def test_publish_stopped_by_an_outage_says_to_rerun_and_a_head_start_does_not(tmp_path):
+    """The error says what happened; publish, stopped by it (the query's failure, as Spark
+    words it), adds the fix; a head start that ends on it leaves the outage to the query."""
+    from lance_cdf.spark.publish.runner import _one_line, _said
+
+    ride = RideOut("127.0.0.1:9", None, budget_s=0.0, outage_after_s=0.0)
+    with pytest.raises(KafkaUnavailableError) as err:
+        ride.waiting("flushing: broker down")
+    spark_text = (
+        "[STREAM_FAILED] Query terminated with exception: Job aborted.\n"
+        "Traceback (most recent call last):\n  ...\n"
+        f"lance_cdf.errors.KafkaUnavailableError: {err.value}\n\tat org.apache.spark..."
+    )
+    line = _one_line(RuntimeError(spark_text), str(tmp_path))
+    assert line.startswith(f"{err.value}; nothing is lost: rerun lance-cdf publish (same ")
+    assert "--checkpoint) once the broker is back (details: " in line and "\n" not in line
+    assert _said(err.value) == str(err.value)  # the head start's: no rerun advised
+    # other errors of ours are told as they are
+    other = "lance_cdf.errors.PublishError: the schema registry failed: no answer\n"
+    assert _one_line(RuntimeError(other), str(tmp_path)).startswith(
+        "the schema registry failed: no answer (details: "
+    )
 
 
 def test_other_errors_are_not_retried(tmp_path):

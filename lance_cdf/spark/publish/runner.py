@@ -10,13 +10,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from lance_cdf.core.stream_columns import KEY_HASH, PARTITION_COLUMN
-from lance_cdf.errors import (
-    KafkaUnavailableError,
-    LanceCdfError,
-    LeaseLostError,
-    PublishError,
-    in_words,
-)
+from lance_cdf.errors import LanceCdfError, LeaseLostError, PublishError, in_words
 from lance_cdf.kafka.endpoints import check_broker, check_registry, first_failure
 from lance_cdf.kafka.outage import FLUSH_TIMEOUT_S
 from lance_cdf.ops.clientconfig import KafkaConnection, redact, redact_url, scrub
@@ -477,15 +471,28 @@ def _finish_running(query: StreamingQuery, settings: PublishSettings) -> None:
 
 # a lance-cdf error as a Python worker's traceback names it, inside Spark's exception text
 _OURS = re.compile(r"lance_cdf\.errors\.(\w+): ([^\n]+)")
+# lance-cdf errors (by class name) whose message says what happened but not what to do,
+# which is publish's to say: the same error ends a head start, which the query rides out
+# (`_said`), and reaches a user of the sink outside publish, who restarts their own query
+_FIXES = {
+    "KafkaUnavailableError": "nothing is lost: rerun lance-cdf publish (same --checkpoint) "
+    "once the broker is back",
+}
 
 
 def _one_line(error: BaseException, checkpoint: str) -> str:
     """A failed query's cause in one line (the message of the lance-cdf error inside Spark's
-    exception, else its first line), and where the whole text went: a log file beside the
-    checkpoint's (`<checkpoint>/lance-cdf-publish.log`, local ones; else a temporary file)."""
+    exception, and its fix where publish names it (`_FIXES`), else the exception's first
+    line), and where the whole text went: a log file beside the checkpoint's
+    (`<checkpoint>/lance-cdf-publish.log`, local ones; else a temporary file)."""
     text = str(error)
     ours = _OURS.findall(text)
-    cause = ours[-1][1].strip() if ours else (text.strip().splitlines() or ["(no message)"])[0]
+    if ours:
+        name, message = ours[-1]
+        fix = _FIXES.get(name)
+        cause = f"{message.strip()}; {fix}" if fix else message.strip()
+    else:
+        cause = (text.strip().splitlines() or ["(no message)"])[0]
     log_path = log_file(checkpoint)
     try:
         with open(log_path, "a") as f:
@@ -665,10 +672,8 @@ def _head_start(
 
 
 def _said(exc: BaseException) -> str:
-    """Why a head start ended, in one line: a broker that does not answer is the query's to
-    ride out (`KafkaUnavailableError` advises a rerun, which is not needed here)."""
-    if isinstance(exc, KafkaUnavailableError):
-        return "Kafka did not answer within the flush timeout: the query rides the outage out"
+    """Why a head start ended, in one line (a broker that does not answer: for how long and
+    why; the query rides the outage out)."""
     return scrub(in_words(exc))
 
 
