@@ -116,9 +116,16 @@ class IdlePolls:
         that no event named while events were heard (`unannounced`)."""
         state = self.tables.get(name)
         heard = self.events and name not in self.unheard
+        # new versions of a table that was quiet while events were heard, and still are,
+        # and that no event named since its last look
         missed = (
-            state is not None and changed and heard and state.quiet and state.heard
-        ) and not state.hinted
+            changed
+            and heard
+            and state is not None
+            and state.quiet
+            and state.heard
+            and not state.hinted
+        )
         if missed:
             self.unannounced += 1
             self.unannounced_tables.add(name)
