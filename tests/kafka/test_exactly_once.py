@@ -7,7 +7,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from lance_cdf.cli import main
 from tests.kafka.test_kafka_order import consume_by_key, expected_by_key
+from tests.support.publish_process import CLI, cli_env, publish_args
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in subprocesses
 
@@ -85,8 +85,7 @@ def writer(uri, stop, commits=60):
 def killable_publish(args):
     """`lance-cdf publish ARGS` as a command to kill: a trigger that never waits, and a
     local master that retries a failed task (local[N,F])."""
-    cmd = [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds"]
-    return [*cmd, "--master", "local[2,100]"]
+    return [*CLI, *args, "--trigger-interval", "0 seconds", "--master", "local[2,100]"]
 
 
 def publish_under_kills(
@@ -174,29 +173,22 @@ def publish_killed_and_check(
     topic = f"eo-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, replication)])[topic].result(30)
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--starting-version",
         "1",
         "--key",
         "id",
         "--max-rows-per-trigger",
         "60",
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
     kills = publish_under_kills(
         killable_publish(args),
-        env,
+        cli_env(),
         uri,
         random.Random(20),
         kills_total=kills_total,

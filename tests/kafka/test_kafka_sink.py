@@ -15,6 +15,7 @@ import lance_cdf
 import lance_cdf.spark
 from lance_cdf.kafka.endpoints import PublishError, check_broker, check_registry
 from lance_cdf.spark.sink import kafka_sink as spark_sink
+from tests.support.publish_process import publish_args, start_cli
 
 pytestmark = pytest.mark.integration  # a broker of its own, `lance-cdf publish` in a subprocess
 
@@ -186,18 +187,12 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
     lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri, enable_stable_row_ids=True)
     lance.dataset(uri).delete("id = 2")
     topic = f"cli-{uuid.uuid4().hex[:8]}"
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka_broker.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--starting-version",
         "1",
         "--available-now",
@@ -205,7 +200,7 @@ def test_cli_publish_available_now(tmp_path, kafka_broker, schema_registry):
         "id",
         "--producer-config",
         "client.id=cli-test",
-    ]
+    )
     assert main(args) == 0
     got = consume_all(kafka_broker.bootstrap_servers, topic, schema_registry.url, 5)
     assert [(k["id"], v and v["op"]) for k, v in got] == [
@@ -398,23 +393,17 @@ def test_publish_snapshot_bootstrap_then_changes(tmp_path, kafka_broker, schema_
     lance.dataset(uri).cleanup_old_versions(older_than=timedelta(0), retain_versions=1)
     v0 = lance.dataset(uri).version
     topic = f"boot-{uuid.uuid4().hex[:8]}"
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka_broker.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--snapshot",
         "--available-now",
         "--max-rows-per-trigger",
         "4",
-    ]
+    )
     # a snapshot split over micro-batches has no transaction metadata (one version's BEGIN
     # and END cannot be written before its last micro-batch): publish refuses without this
     assert main(args) == 2
@@ -468,7 +457,6 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     import os
     import signal
     import subprocess
-    import sys
     import time
     from datetime import timedelta
 
@@ -490,30 +478,21 @@ def test_publish_killed_mid_snapshot_resumes_and_the_replica_equals_the_source(
     assert lance.dataset(uri).versions()[0]["version"] == 3  # versions 1 and 2 are gone
     topic = f"kill-{uuid.uuid4().hex[:8]}"
     ck = tmp_path / "ck"
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka_broker.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(ck),
+        ck,
         "--snapshot",
         "--max-rows-per-trigger",
         "30",
         "--no-transaction-metadata",
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "lance_cdf.cli", *args, "--trigger-interval", "0 seconds"],
-        env=env,
+    )
+    proc = start_cli(
+        [*args, "--trigger-interval", "0 seconds"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
-        start_new_session=True,
     )
     try:
         deadline = time.monotonic() + 240

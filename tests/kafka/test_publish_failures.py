@@ -6,7 +6,6 @@ afterwards."""
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -19,6 +18,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from lance_cdf.kafka.outage import read_state
 from lance_cdf.spark.source.checkpoint import checkpoint_version
 from tests.kafka.test_kafka_order import consume_by_key, expected_by_key
+from tests.support.publish_process import publish_args, start_cli
 
 PARTITIONS = 2
 # the outage test's publish waits this long for acknowledgements (--flush-timeout) before
@@ -31,32 +31,12 @@ FREEZE_S = 60
 def _cli(*args, **kw):
     kw.setdefault("stdout", subprocess.PIPE)
     kw.setdefault("stderr", subprocess.PIPE)
-    return subprocess.Popen(
-        [sys.executable, "-m", "lance_cdf.cli", *args],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        text=True,
-        start_new_session=True,
-        **kw,
-    )
+    return start_cli(args, text=True, **kw)
 
 
 def _args(uri, ck, topic, kafka_broker, schema_registry, *extra):
-    return [
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
-        "--topic",
-        topic,
-        "--schema-registry",
-        schema_registry.url,
-        "--checkpoint",
-        ck,
-        "--key",
-        "id",
-        *extra,
-    ]
+    bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
+    return publish_args(uri, bootstrap, topic, registry, ck, "--key", "id", *extra)
 
 
 def _topic(kafka_broker):

@@ -318,6 +318,7 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
     from lance_cdf.cli import main
     from tests.kafka.test_exactly_once import killable_publish, publish_under_kills
     from tests.kafka.test_kafka_order import consume_by_key, expected_by_key
+    from tests.support.publish_process import cli_env, publish_args
 
     kafka, registry = secure_kafka_broker, secure_schema_registry
     uri = str(tmp_path / "t.lance")
@@ -344,18 +345,12 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
         "T_KAFKA_PASSWORD": kafka.password,
         "T_REGISTRY_USERINFO": f"{registry.username}:{registry.password}",
     }
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--starting-version",
         "1",
         "--key",
@@ -366,12 +361,10 @@ def test_killed_publisher_and_restarted_broker_deliver_each_change_once_over_sas
         str(client),
         "--registry-config-file",
         str(reg),
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, **secrets_env}
-    cmd = killable_publish(args)
+    )
     kills = publish_under_kills(
-        cmd,
-        env,
+        killable_publish(args),
+        cli_env(**secrets_env),
         uri,
         random.Random(34),
         kills_total=5,

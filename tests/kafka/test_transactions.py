@@ -24,7 +24,8 @@ from confluent_kafka.schema_registry.avro import AvroDeserializer
 from confluent_kafka.serialization import MessageField, SerializationContext
 
 from lance_cdf.cli import main
-from tests.kafka.test_exactly_once import publish_under_kills
+from tests.kafka.test_exactly_once import killable_publish, publish_under_kills
+from tests.support.publish_process import cli_env, publish_args
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` (Spark) in subprocesses
 
@@ -141,18 +142,12 @@ def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
     topic = f"txn-{uuid.uuid4().hex[:8]}"
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     admin.create_topics([NewTopic(topic, PARTITIONS, 1)])[topic].result(30)
-    args = [
-        "publish",
-        "--table",
+    args = publish_args(
         uri,
-        "--bootstrap-servers",
         kafka_broker.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--starting-version",
         "1",
         "--key",
@@ -161,21 +156,10 @@ def test_every_version_one_begin_and_end_with_the_topics_counts_under_kills(
         "30",
         "--table-name",
         "shop.items",
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        *args,
-        "--trigger-interval",
-        "0 seconds",
-        "--master",
-        "local[2,100]",
-    ]
+    )
     kills = publish_under_kills(
-        cmd,
-        env,
+        killable_publish(args),
+        cli_env(),
         uri,
         random.Random(32),
         kills_total=6,
@@ -200,51 +184,16 @@ def test_no_transaction_metadata_writes_no_transaction_topic(
     lance.write_dataset(pa.table({"id": np.arange(10)}), uri, enable_stable_row_ids=True)
     lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
     topic = f"notxn-{uuid.uuid4().hex[:8]}"
-    common = [
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
-        "--schema-registry",
-        schema_registry.url,
-        "--starting-version",
-        "1",
-        "--available-now",
-        "--master",
-        "local[2]",
-    ]
-    assert (
-        main(
-            [
-                *common,
-                "--topic",
-                topic,
-                "--checkpoint",
-                str(tmp_path / "a"),
-                "--no-transaction-metadata",
-            ]
-        )
-        == 0
-    )
+    bootstrap, registry = kafka_broker.bootstrap_servers, schema_registry.url
+    once = ("--starting-version", "1", "--available-now", "--master", "local[2]")
+    args = publish_args(uri, bootstrap, topic, registry, tmp_path / "a", *once)
+    assert main([*args, "--no-transaction-metadata"]) == 0
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap_servers})
     assert f"{topic}.transaction" not in admin.list_topics(timeout=10).topics
     # the same table to another topic, with a named transaction topic: versions 1 and 2
     other = f"{topic}-b"
-    assert (
-        main(
-            [
-                *common,
-                "--topic",
-                other,
-                "--checkpoint",
-                str(tmp_path / "b"),
-                "--transaction-topic",
-                f"{other}-tx",
-            ]
-        )
-        == 0
-    )
+    args = publish_args(uri, bootstrap, other, registry, tmp_path / "b", *once)
+    assert main([*args, "--transaction-topic", f"{other}-tx"]) == 0
     counts = change_counts(kafka_broker.bootstrap_servers, other)
     assert sorted(counts) == [1, 2]
     txns = transactions(kafka_broker.bootstrap_servers, f"{other}-tx", schema_registry.url)
@@ -268,29 +217,19 @@ def test_docs_consumer_example_sees_each_version_complete(tmp_path, kafka_broker
     lance.write_dataset(pa.table({"id": np.arange(10, 15)}), uri, mode="append")
     lance.dataset(uri).delete("id < 3")
     topic = f"example-{uuid.uuid4().hex[:8]}"
-    assert (
-        main(
-            [
-                "publish",
-                "--table",
-                uri,
-                "--bootstrap-servers",
-                kafka_broker.bootstrap_servers,
-                "--schema-registry",
-                schema_registry.url,
-                "--starting-version",
-                "1",
-                "--available-now",
-                "--master",
-                "local[2]",
-                "--topic",
-                topic,
-                "--checkpoint",
-                str(tmp_path / "ck"),
-            ]
-        )
-        == 0
+    args = publish_args(
+        uri,
+        kafka_broker.bootstrap_servers,
+        topic,
+        schema_registry.url,
+        tmp_path / "ck",
+        "--starting-version",
+        "1",
+        "--available-now",
+        "--master",
+        "local[2]",
     )
+    assert main(args) == 0
     script = tmp_path / "transaction_example.py"
     script.write_text(docs_example())
     env = {

@@ -3,7 +3,6 @@ scraped over HTTP and parsed with prometheus_client's own text parser while the
 pipeline runs. Oracles: the table's versions and commit times as pylance reports
 them, read_changes' event counts, and the records in the topic."""
 
-import os
 import signal
 import subprocess
 import sys
@@ -19,6 +18,7 @@ import lance_cdf
 from lance_cdf.ops.metrics import PipelineMetrics, Progress
 from lance_cdf_devtools.process import free_port
 from tests.replicate.test_replicate import publish
+from tests.support.publish_process import publish_args, start_cli
 from tests.support.workload import Workload
 
 CHANGING = ["append", "update", "upsert", "delete_sparse", "upsert_delete_missing"]
@@ -219,31 +219,21 @@ def test_publish_metrics_while_it_runs(tmp_path, kafka_broker, schema_registry):
     w = Workload(src, seed=3, rows=200)
     w.step("update")
     port = free_port()
-    cmd = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        "publish",
-        "--table",
+    args = publish_args(
         src,
-        "--bootstrap-servers",
         kafka_broker.bootstrap_servers,
-        "--topic",
         topic,
-        "--schema-registry",
         schema_registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
+        tmp_path / "ck",
         "--starting-version",
         "1",
         "--trigger-interval",
         "500 milliseconds",
         "--metrics-port",
         str(port),
-    ]
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
+    )
     log = open(tmp_path / "publish.log", "w")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = start_cli(args, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}/metrics"
     try:
         for round_ in range(2):

@@ -27,6 +27,7 @@ from lance_cdf.replicate.replica import (
 )
 from lance_cdf.replicate.replicator import Replicator
 from tests.support.oracle import table_state
+from tests.support.publish_process import publish_args, start_cli
 from tests.support.workload import Workload
 
 pytestmark = pytest.mark.integration  # `lance-cdf publish` / `replicate` in subprocesses
@@ -123,29 +124,9 @@ def replicate_killed_and_check(tmp_path, kafka, schema_registry, replication=1, 
     w = Workload(src, seed=32, rows=200)
     bootstrap = kafka.bootstrap_servers
     topic = new_topic(bootstrap, "whole", replication)
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable}
-    publish = [
-        sys.executable,
-        "-m",
-        "lance_cdf.cli",
-        "publish",
-        "--table",
-        src,
-        "--bootstrap-servers",
-        bootstrap,
-        "--topic",
-        topic,
-        "--schema-registry",
-        schema_registry.url,
-        "--checkpoint",
-        str(tmp_path / "ck"),
-        "--starting-version",
-        "1",
-        "--trigger-interval",
-        "0 seconds",
-        "--master",
-        "local[2]",
-    ]
+    publish = publish_args(
+        src, bootstrap, topic, schema_registry.url, tmp_path / "ck", "--starting-version", "1"
+    )
     replicate = [
         sys.executable,
         "-m",
@@ -180,12 +161,10 @@ def replicate_killed_and_check(tmp_path, kafka, schema_registry, replication=1, 
             w.step(rng.choice(OPS))
             time.sleep(0.3)
 
-    pub = subprocess.Popen(
-        publish,
-        env=env,
+    pub = start_cli(
+        [*publish, "--trigger-interval", "0 seconds", "--master", "local[2]"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
-        start_new_session=True,
     )
     commits = threading.Thread(target=writer, daemon=True)
     commits.start()
@@ -210,7 +189,7 @@ def replicate_killed_and_check(tmp_path, kafka, schema_registry, replication=1, 
         pub.wait(60)
     assert kills >= kills_at_least
     # the rest published, then replicated undisturbed
-    assert main([*publish[3:-4], "--available-now"]) == 0
+    assert main([*publish, "--available-now"]) == 0
     run = subprocess.run([*replicate, "--idle-timeout", "8"], capture_output=True, timeout=300)
     assert run.returncode == 0, run.stderr.decode()[-3000:]
     assert check_every_commit(src, dst) >= 10
@@ -231,29 +210,9 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         w.step("append")  # 1-150 rows each
     bootstrap = kafka_broker.bootstrap_servers
     topic = new_topic(bootstrap, "pieces")
-    assert (
-        main(
-            [
-                "publish",
-                "--table",
-                src,
-                "--bootstrap-servers",
-                bootstrap,
-                "--topic",
-                topic,
-                "--schema-registry",
-                schema_registry.url,
-                "--checkpoint",
-                str(tmp_path / "ck"),
-                "--starting-version",
-                "1",
-                "--available-now",
-                "--master",
-                "local[2]",
-            ]
-        )
-        == 0
-    )
+    once = ("--starting-version", "1", "--available-now", "--master", "local[2]")
+    args = publish_args(src, bootstrap, topic, schema_registry.url, tmp_path / "ck", *once)
+    assert main(args) == 0
     rep = Replicator(
         bootstrap,
         topic,
@@ -289,27 +248,9 @@ def test_a_version_over_the_bound_is_applied_in_pieces_and_status_says_so(
         max_batch_interval=0.3,
         max_pending_records=20,
     )
-    assert (
-        main(
-            [
-                "publish",
-                "--table",
-                src,
-                "--bootstrap-servers",
-                bootstrap,
-                "--topic",
-                topic,
-                "--schema-registry",
-                schema_registry.url,
-                "--checkpoint",
-                str(tmp_path / "ck"),
-                "--available-now",
-                "--master",
-                "local[2]",
-            ]
-        )
-        == 0
-    )
+    once = ("--available-now", "--master", "local[2]")
+    args = publish_args(src, bootstrap, topic, schema_registry.url, tmp_path / "ck", *once)
+    assert main(args) == 0
     _ends_first(rep)
     rep.take = _stop_after_first_piece(rep)
     rep.run(idle_timeout=30)  # (stopped by its first piece)
@@ -391,30 +332,9 @@ def test_without_a_transaction_topic_no_source_version_is_recorded(
     Workload(src, seed=9, rows=30).step("update")
     bootstrap = kafka_broker.bootstrap_servers
     topic = new_topic(bootstrap, "notxn")
-    assert (
-        main(
-            [
-                "publish",
-                "--table",
-                src,
-                "--bootstrap-servers",
-                bootstrap,
-                "--topic",
-                topic,
-                "--schema-registry",
-                schema_registry.url,
-                "--checkpoint",
-                str(tmp_path / "ck"),
-                "--starting-version",
-                "1",
-                "--available-now",
-                "--master",
-                "local[2]",
-                "--no-transaction-metadata",
-            ]
-        )
-        == 0
-    )
+    once = ("--starting-version", "1", "--available-now", "--master", "local[2]")
+    args = publish_args(src, bootstrap, topic, schema_registry.url, tmp_path / "ck", *once)
+    assert main([*args, "--no-transaction-metadata"]) == 0
     rep = Replicator(
         bootstrap, topic, schema_registry.url, dst, group_id=f"g-{topic}", max_batch_interval=0.3
     )

@@ -5,7 +5,6 @@ next one takes the checkpoint over at once and the topic stays exactly once."""
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
 
@@ -14,33 +13,13 @@ import numpy as np
 import pyarrow as pa
 from confluent_kafka import Consumer, TopicPartition
 
+from tests.support.publish_process import publish_args, start_cli
+
 
 def _publish(uri, ck, topic, kafka_broker, schema_registry):
-    args = [
-        "publish",
-        "--table",
-        uri,
-        "--bootstrap-servers",
-        kafka_broker.bootstrap_servers,
-        "--topic",
-        topic,
-        "--schema-registry",
-        schema_registry.url,
-        "--checkpoint",
-        str(ck),
-        "--starting-version",
-        "1",
-        "--trigger-interval",
-        "200 milliseconds",
-    ]
-    return subprocess.Popen(
-        [sys.executable, "-m", "lance_cdf.cli", *args],
-        env={**os.environ, "PYSPARK_PYTHON": sys.executable},
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-    )
+    extra = ("--starting-version", "1", "--trigger-interval", "200 milliseconds")
+    args = publish_args(uri, kafka_broker.bootstrap_servers, topic, schema_registry.url, ck, *extra)
+    return start_cli(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _records(bootstrap, topic) -> int:
