@@ -223,6 +223,26 @@ class TableLog:
         self._trim_manifests()
         return manifest
 
+    def still_holds(self, version: int) -> bool:
+        """Whether this log's manifest of `version` is still the table's own, read again
+        (one request): False when it holds none, or another one (a table created again at
+        the same path is another table, whose version numbers start over)."""
+        held = self._manifests.get(version)
+        if held is None:
+            return False
+        try:
+            fresh = parse_manifest(
+                self.fs.read(manifest_path(version, self._scheme)),
+                f"{self.fs.root}/{manifest_path(version, self._scheme)}",
+                False,
+            )
+        except FileNotFoundError:
+            return False
+        return (fresh.timestamp_us, fresh.transaction_file) == (
+            held.timestamp_us,
+            held.transaction_file,
+        )
+
     def _trim_manifests(self) -> None:
         """Drop the least recently used manifests beyond MANIFEST_CACHE_FRAGMENTS fragment
         entries in all (the two newest stay: a diff needs both)."""

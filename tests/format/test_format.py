@@ -1,6 +1,7 @@
 """The format layer against hand-made protobuf messages and real pylance files."""
 
 import os
+import shutil
 import struct
 
 import lance
@@ -650,3 +651,23 @@ def test_corrupt_and_truncated_manifests_name_the_file(tmp_path):
     bad[pos + 4 : pos + 14] = b"\xff" * 10  # garbage inside the protobuf
     with pytest.raises(CorruptFileError, match=os.path.basename(path)):
         parse_manifest(bytes(bad), path)
+
+
+def test_a_log_tells_its_own_manifests_from_a_table_created_again_at_the_path(tmp_path):
+    from lance_cdf.format.table import TableLog
+
+    uri = str(tmp_path / "t.lance")
+    data = pa.table({"id": pa.array(range(5), pa.int64())})
+    lance.write_dataset(data, uri, enable_stable_row_ids=True)
+    lance.write_dataset(data, uri, mode="append")
+    log = TableLog(uri)
+    log.manifest(1, operation=False)
+    assert log.still_holds(1)  # read again: the same manifest
+    assert not log.still_holds(2)  # not held: nothing to tell by
+    lance.write_dataset(data, uri, mode="overwrite")  # version 3: 1 stays the table's
+    assert log.still_holds(1)
+    shutil.rmtree(uri)  # dropped, and another table made at the path
+    lance.write_dataset(data, uri, enable_stable_row_ids=True)
+    assert not log.still_holds(1)
+    shutil.rmtree(uri)
+    assert not log.still_holds(1)  # gone

@@ -254,6 +254,35 @@ def test_a_table_created_again_at_its_path_is_read_afresh_by_every_worker(tmp_pa
     assert events_by_table(r, o3, o4, root) == {"items": oracle(new.uri.removeprefix("file://"))}
 
 
+def test_a_writer_process_reads_only_what_each_micro_batch_adds(tmp_path, monkeypatch):
+    """A table written every second: each micro-batch's read costs the same few manifests
+    however many versions the table has had since the stream began (the writer keeps its
+    feed while it still holds the table's own manifests; opened afresh each time it traced
+    the column names from the stream's first version again, a manifest per version)."""
+    import lance_cdf.format.table as table_mod
+
+    parsed = []
+    real = table_mod.parse_manifest
+    monkeypatch.setattr(
+        table_mod, "parse_manifest", lambda *a, **k: parsed.append(1) or real(*a, **k)
+    )
+    root = str(tmp_path / "db")
+    hot = lancedb.connect(root).create_table("hot", rows(0, 20), storage_options=STABLE)
+    r = reader(root, startingVersion="1")
+    prev = r.latestOffset(r.initialOffset(), ReadAllAvailable())
+    costs = []
+    for i in range(16):
+        hot.update(where=f"id = {i % 20}", values={"s": f"u{i}"})
+        nxt = r.latestOffset(prev, ReadAllAvailable())
+        parsed.clear()
+        got = events_by_table(r, prev, nxt, root)
+        costs.append(len(parsed))
+        version = nxt["tables"]["hot"]["version"]
+        assert got == {"hot": [e for e in oracle(hot.uri, version) if e[0] == version]}
+        prev = nxt
+    assert max(costs[4:]) <= max(costs[:4]), costs
+
+
 def test_a_process_keeps_the_feeds_of_the_tables_used_last(tmp_path, monkeypatch):
     """A database stream's processes meet every table it follows; each table's feed caches
     what its versions cost to read again, so a feed kept for every table grew a process

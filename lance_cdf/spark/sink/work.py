@@ -32,9 +32,9 @@ from lance_cdf.core.stream_columns import (
     WORK_SLOT,
 )
 from lance_cdf.spark.source.handoff import WorkItem
-from lance_cdf.spark.source.partitions import SnapshotSlice, SourcePartition
+from lance_cdf.spark.source.partitions import SnapshotSlice, SourcePartition, base_version
 from lance_cdf.spark.source.readers import work_reading
-from lance_cdf.spark.source.table_feeds import forget_feed
+from lance_cdf.spark.source.table_feeds import keep_feed_if_same
 
 
 @dataclass(frozen=True)
@@ -60,12 +60,11 @@ class SlotWork:
         and on every replay; the share is held until all parts are read (the sink holds it
         anyway, to put it in commit order), plus 24 bytes per event for the numbering."""
         if self.item.name is not None:
-            # a database stream's table: read from its manifests as they are now, not from a
-            # feed this process kept from an earlier micro-batch. A table dropped and created
-            # again at the same path (LanceDB reuses `<name>.lance`) is another table whose
-            # versions 1, 2, ... are not the cached ones; the driver takes it up afresh, and
-            # a writer process must too (it cannot tell the take-up from the work item)
-            forget_feed(self.table, self.storage_options)
+            # a database stream's table may have been dropped and created again at the same
+            # path since this process read it (the driver takes it up afresh; the work item
+            # does not say so): the feed is kept only if it still holds the table's own
+            # manifest of the version the work reads from
+            keep_feed_if_same(self.table, self.storage_options, base_version(self.parts))
         reading = work_reading(self.item, self.table, self.storage_options)
         slot, slots, partitions = self.item.slot, self.item.slots, self.item.kafka_partitions
         kept: list[tuple[pa.RecordBatch, np.ndarray]] = []  # share, its records' indices

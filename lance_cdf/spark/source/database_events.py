@@ -49,10 +49,10 @@ from lance_cdf.errors import (
 from lance_cdf.format.namespace import list_tables
 from lance_cdf.ops.takeup import is_transient
 from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader, why_not_read
-from lance_cdf.spark.source.partitions import Offset, SourcePartition
+from lance_cdf.spark.source.partitions import Offset, SourcePartition, base_version
 from lance_cdf.spark.source.readers import LanceCdfBatchReader, LanceCdfStreamReader, TableReading
 from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
-from lance_cdf.spark.source.table_feeds import forget_feed
+from lance_cdf.spark.source.table_feeds import keep_feed_if_same
 from lance_cdf.spark.source.types import META_NAMES, arrow_target
 
 log = logging.getLogger("lance_cdf.spark.source")
@@ -143,11 +143,13 @@ class _SliceReading:
             )
             opts = SourceOptions.parse({**self.options.table_options, "path": partition.uri}, True)
             reading = cache[key] = TableReading(opts, columns, declared)
-        # read from the table's manifests as they are now, not from a feed this process kept
-        # from an earlier micro-batch: a table dropped and created again at the same path
-        # (LanceDB reuses `<name>.lance`) is another table whose versions 1, 2, ... are not
-        # the cached ones (as `SlotWork.events` does for publish --database)
-        forget_feed(partition.uri, reading.opts.storage_options)
+        # a table dropped and created again at the same path (LanceDB reuses `<name>.lance`)
+        # is another table whose versions 1, 2, ... are not the cached ones: the feed this
+        # process kept is read on only if it still holds the table's own manifest of the
+        # version the part reads from (as `SlotWork.events` does for publish --database)
+        keep_feed_if_same(
+            partition.uri, reading.opts.storage_options, base_version((partition.part,))
+        )
         for batch in reading.read(partition.part):
             yield widen(batch, partition.name, self.target)
 
