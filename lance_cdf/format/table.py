@@ -223,19 +223,19 @@ class TableLog:
         self._trim_manifests()
         return manifest
 
-    def still_holds(self, version: int) -> bool:
-        """Whether this log's manifest of `version` is still the table's own, read again
+    def still_own(self) -> bool:
+        """Whether the oldest manifest this log holds is still the table's own, read again
         (one request): False when it holds none, or another one (a table created again at
-        the same path is another table, whose version numbers start over)."""
-        held = self._manifests.get(version)
-        if held is None:
+        the same path is another table, whose version numbers start over). A table's
+        manifests never change and later ones were committed after it, so the oldest
+        vouches for every version this log holds."""
+        if not self._manifests:
             return False
+        version = min(self._manifests)
+        held = self._manifests[version]
+        path = manifest_path(version, self._scheme)
         try:
-            fresh = parse_manifest(
-                self.fs.read(manifest_path(version, self._scheme)),
-                f"{self.fs.root}/{manifest_path(version, self._scheme)}",
-                False,
-            )
+            fresh = parse_manifest(self.fs.read(path), f"{self.fs.root}/{path}", False)
         except FileNotFoundError:
             return False
         return (fresh.timestamp_us, fresh.transaction_file) == (

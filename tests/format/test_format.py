@@ -659,15 +659,16 @@ def test_a_log_tells_its_own_manifests_from_a_table_created_again_at_the_path(tm
     uri = str(tmp_path / "t.lance")
     data = pa.table({"id": pa.array(range(5), pa.int64())})
     lance.write_dataset(data, uri, enable_stable_row_ids=True)
-    lance.write_dataset(data, uri, mode="append")
     log = TableLog(uri)
-    log.manifest(1, operation=False)
-    assert log.still_holds(1)  # read again: the same manifest
-    assert not log.still_holds(2)  # not held: nothing to tell by
-    lance.write_dataset(data, uri, mode="overwrite")  # version 3: 1 stays the table's
-    assert log.still_holds(1)
+    assert not log.still_own()  # holds no manifest: nothing to tell by
+    lance.write_dataset(data, uri, mode="append")
+    log.manifest(2, operation=False)
+    assert log.still_own()  # read again: the same manifest
+    lance.write_dataset(data, uri, mode="overwrite")  # version 3: 2 stays the table's
+    assert log.still_own()
     shutil.rmtree(uri)  # dropped, and another table made at the path
     lance.write_dataset(data, uri, enable_stable_row_ids=True)
-    assert not log.still_holds(1)
+    lance.write_dataset(data, uri, mode="append")
+    assert not log.still_own()  # its version 2 is another manifest
     shutil.rmtree(uri)
-    assert not log.still_holds(1)  # gone
+    assert not log.still_own()  # gone

@@ -32,7 +32,7 @@ from lance_cdf.core.stream_columns import (
     WORK_SLOT,
 )
 from lance_cdf.spark.source.handoff import WorkItem
-from lance_cdf.spark.source.partitions import SnapshotSlice, SourcePartition, base_version
+from lance_cdf.spark.source.partitions import SnapshotSlice, SourcePartition
 from lance_cdf.spark.source.readers import work_reading
 from lance_cdf.spark.source.table_feeds import keep_feed_if_same
 
@@ -62,9 +62,9 @@ class SlotWork:
         if self.item.name is not None:
             # a database stream's table may have been dropped and created again at the same
             # path since this process read it (the driver takes it up afresh; the work item
-            # does not say so): the feed is kept only if it still holds the table's own
-            # manifest of the version the work reads from
-            keep_feed_if_same(self.table, self.storage_options, base_version(self.parts))
+            # does not say so): the feed is kept only while its manifests are still the
+            # table's own
+            keep_feed_if_same(self.table, self.storage_options)
         reading = work_reading(self.item, self.table, self.storage_options)
         slot, slots, partitions = self.item.slot, self.item.slots, self.item.kafka_partitions
         kept: list[tuple[pa.RecordBatch, np.ndarray]] = []  # share, its records' indices

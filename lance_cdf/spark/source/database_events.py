@@ -49,7 +49,7 @@ from lance_cdf.errors import (
 from lance_cdf.format.namespace import list_tables
 from lance_cdf.ops.takeup import is_transient
 from lance_cdf.spark.source.database_stream import DatabaseOptions, DatabaseReader, why_not_read
-from lance_cdf.spark.source.partitions import Offset, SourcePartition, base_version
+from lance_cdf.spark.source.partitions import Offset, SourcePartition
 from lance_cdf.spark.source.readers import LanceCdfBatchReader, LanceCdfStreamReader, TableReading
 from lance_cdf.spark.source.resolution import Resolved, event_struct, resolve
 from lance_cdf.spark.source.table_feeds import keep_feed_if_same
@@ -145,11 +145,9 @@ class _SliceReading:
             reading = cache[key] = TableReading(opts, columns, declared)
         # a table dropped and created again at the same path (LanceDB reuses `<name>.lance`)
         # is another table whose versions 1, 2, ... are not the cached ones: the feed this
-        # process kept is read on only if it still holds the table's own manifest of the
-        # version the part reads from (as `SlotWork.events` does for publish --database)
-        keep_feed_if_same(
-            partition.uri, reading.opts.storage_options, base_version((partition.part,))
-        )
+        # process kept is read on only while its manifests are still the table's own (as
+        # `SlotWork.events` does for publish --database)
+        keep_feed_if_same(partition.uri, reading.opts.storage_options)
         for batch in reading.read(partition.part):
             yield widen(batch, partition.name, self.target)
 

@@ -51,20 +51,6 @@ class NetSlice(InputPartition):
 SourcePartition = ChangeSlices | SnapshotSlice | NetSlice
 
 
-def base_version(parts: tuple[SourcePartition, ...]) -> int:
-    """The version reading `parts` starts from: the one before their first change (a diff's
-    base), or their first snapshot's version (1 at least)."""
-    first = min(
-        min(s[0] for s in p.segments) - 1
-        if isinstance(p, ChangeSlices)
-        else p.version
-        if isinstance(p, SnapshotSlice)
-        else min(p.versions) - 1
-        for p in parts
-    )
-    return max(first, 1)
-
-
 def part_json(part: SourcePartition) -> dict[str, Any]:
     """`part` as JSON-ready data: `{"kind": ..., <its fields>}`."""
     if isinstance(part, ChangeSlices):

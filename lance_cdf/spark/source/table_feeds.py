@@ -50,9 +50,9 @@ def forget_feed(path: str, storage_options: dict[str, str]) -> None:
         _FEEDS.pop((path, tuple(sorted(storage_options.items()))), None)
 
 
-def keep_feed_if_same(path: str, storage_options: dict[str, str], version: int) -> None:
-    """Drop this process's feed of a table unless its manifest of `version` is still the
-    table's own (`TableLog.still_holds`: one request). A database stream's table may be
+def keep_feed_if_same(path: str, storage_options: dict[str, str]) -> None:
+    """Drop this process's feed of a table unless the oldest manifest it holds is still the
+    table's own (`TableLog.still_own`: one request). A database stream's table may be
     dropped and created again at the same path (LanceDB reuses `<name>.lance`): another
     table, whose versions 1, 2, ... are not the cached ones. A kept feed reads only what
     is new: opened afresh for every micro-batch, a table's column names were traced from
@@ -60,7 +60,7 @@ def keep_feed_if_same(path: str, storage_options: dict[str, str], version: int) 
     key = (path, tuple(sorted(storage_options.items())))
     with _FEEDS_LOCK:
         feed = _FEEDS.get(key)
-    if feed is not None and not feed.table.still_holds(version):
+    if feed is not None and not feed.table.still_own():
         with _FEEDS_LOCK:
             if _FEEDS.get(key) is feed:
                 _FEEDS.pop(key, None)
