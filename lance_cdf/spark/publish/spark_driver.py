@@ -127,7 +127,7 @@ def session_builder(
         if "PYSPARK_GATEWAY_PORT" not in os.environ:  # the JVM is started here: its log
             options = spark_log(checkpoint)
             if (chosen or "").startswith("local"):
-                options = f"{options} {LOCAL_JVM_OPTIONS}"
+                options = f"{options} {local_jvm_options()}"
                 # the writer tasks' workers fork warm (`warm_daemon`): Spark
                 # starts them in the first micro-batch with data and again after any minute
                 # without one, and fresh workers' imports made those micro-batches' commits
@@ -156,6 +156,66 @@ def session_builder(
 # a small initial heap and young generation; the heap limit (Spark's driver memory) is
 # unchanged. Why each option: docs/reference/internals.md, "The local publisher's JVM".
 LOCAL_JVM_OPTIONS = "-XX:+UseSerialGC -XX:TieredStopAtLevel=1 -Xms64m -Xmn16m"
+
+# What the JVM frees of the memory it allocates with malloc (compiler arenas and other
+# short-lived native buffers) glibc keeps, resident, in its arenas: a publisher's JVM held
+# ~30 MB of it after 20 minutes, more than its heap grew (docs/benchmarks.md, "Publisher
+# footprint"). The JVM hands it back every 30 s (`TrimNativeHeapInterval`). The option is a product
+# option from JDK 17.0.11, 21.0.3 and 22.0.1 on, and a JVM that does not know it refuses
+# to start: it is given only to a JVM whose `release` file says it is one of those.
+NATIVE_TRIM_OPTION = "-XX:TrimNativeHeapInterval=30000"
+_NATIVE_TRIM_SINCE = ((17, 0, 11), (21, 0, 3), (22, 0, 1))
+
+
+def local_jvm_options(java_home: str | None = None) -> str:
+    """The options of a local publisher's JVM: LOCAL_JVM_OPTIONS, and NATIVE_TRIM_OPTION
+    where the JVM Spark starts (`java_home`, else JAVA_HOME's, else the `java` on PATH, as
+    spark-submit finds it) takes it."""
+    version = java_version(java_home if java_home is not None else _java_home())
+    if version is not None and trims_native_heap(version):
+        return f"{LOCAL_JVM_OPTIONS} {NATIVE_TRIM_OPTION}"
+    return LOCAL_JVM_OPTIONS
+
+
+def trims_native_heap(version: tuple[int, ...]) -> bool:
+    """Whether a JVM of this version has `TrimNativeHeapInterval` as a product option."""
+    major = version[0]
+    if major > 22:
+        return True
+    return any(major == since[0] and version >= since for since in _NATIVE_TRIM_SINCE)
+
+
+def _java_home() -> str | None:
+    home = os.environ.get("JAVA_HOME")
+    if home:
+        return home
+    import shutil
+
+    java = shutil.which("java")
+    return None if java is None else os.path.dirname(os.path.dirname(os.path.realpath(java)))
+
+
+def java_version(java_home: str | None) -> tuple[int, ...] | None:
+    """The JVM's version from its `release` file (JAVA_VERSION="17.0.15" -> (17, 0, 15));
+    None when there is none or it says something else."""
+    if not java_home:
+        return None
+    try:
+        with open(os.path.join(java_home, "release")) as f:
+            text = f.read()
+    except OSError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("JAVA_VERSION="):
+            parts = line.split("=", 1)[1].strip().strip('"').split(".")
+            numbers = []
+            for part in parts:
+                digits = part.split("_")[0].split("-")[0].split("+")[0]
+                if not digits.isdigit():
+                    break
+                numbers.append(int(digits))
+            return tuple(numbers) if numbers else None
+    return None
 
 
 # The Python data-source planners Spark runs in the driver when the query starts (look the
